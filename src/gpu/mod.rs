@@ -1,0 +1,341 @@
+//! The wgpu device, buffers, the pipeline cache and the command recorder.
+//!
+//! Conventions every kernel follows:
+//! - `@group(0) @binding(0)` is a uniform `Params` struct (the wrapper's `#[repr(C)]` twin);
+//!   storage buffers follow at bindings 1, 2, … in the order the wrapper passes them.
+//! - Buffers are always bound whole (offset 0); element offsets travel in `Params`.
+//! - Defines are prepended to the WGSL source as `const NAME = VALUE;` lines, and a pipeline
+//!   is cached by (shader name, entry point, defines).
+
+mod recorder;
+
+pub use recorder::Recorder;
+
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// What `sparsa devices` prints about one adapter.
+#[derive(Debug, Clone)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub max_storage_binding: u64,
+    pub max_buffer: u64,
+    pub max_invocations: u32,
+    pub max_storage_buffers_per_stage: u32,
+    pub max_workgroup_storage: u32,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub timestamps: bool,
+}
+
+impl AdapterSummary {
+    fn of(adapter: &wgpu::Adapter) -> Self {
+        let info = adapter.get_info();
+        let l = adapter.limits();
+        let f = adapter.features();
+        AdapterSummary {
+            name: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            max_storage_binding: l.max_storage_buffer_binding_size as u64,
+            max_buffer: l.max_buffer_size,
+            max_invocations: l.max_compute_invocations_per_workgroup,
+            max_storage_buffers_per_stage: l.max_storage_buffers_per_shader_stage,
+            max_workgroup_storage: l.max_compute_workgroup_storage_size,
+            shader_f16: f.contains(wgpu::Features::SHADER_F16),
+            subgroups: f.contains(wgpu::Features::SUBGROUP),
+            timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+        }
+    }
+
+    /// One line for logs and `sparsa devices`.
+    pub fn line(&self) -> String {
+        format!(
+            "{} ({}, {}) max binding {} MiB, max buffer {} MiB, {} invocations/workgroup, {} storage buffers/stage, f16 {}, subgroups {}, timestamps {}",
+            self.name,
+            self.backend,
+            self.device_type,
+            self.max_storage_binding >> 20,
+            self.max_buffer >> 20,
+            self.max_invocations,
+            self.max_storage_buffers_per_stage,
+            yes(self.shader_f16),
+            yes(self.subgroups),
+            yes(self.timestamps)
+        )
+    }
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+const NO_ADAPTER_HINT: &str = "no GPU adapter found: install a Vulkan driver (on Debian/Ubuntu without a GPU: `apt-get install mesa-vulkan-drivers` for the lavapipe software rasterizer)";
+
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+/// Every adapter wgpu can see, best first (discrete, integrated, then software).
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    sorted_adapters(&instance()).iter().map(AdapterSummary::of).collect()
+}
+
+fn sorted_adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    let mut v = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+    v.sort_by_key(|a| match a.get_info().device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    });
+    // The GL backend duplicates adapters and lacks compute features we rely on.
+    v.retain(|a| a.get_info().backend != wgpu::Backend::Gl);
+    v
+}
+
+type PipelineKey = (&'static str, &'static str, String);
+
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub adapter: AdapterSummary,
+    pub limits: wgpu::Limits,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    errors: Arc<Mutex<Vec<String>>>,
+    pub(crate) param_arena: wgpu::Buffer,
+    pub(crate) arena_lock: Mutex<()>,
+}
+
+/// Size of the uniform arena that holds the `Params` of the dispatches of one submission.
+pub(crate) const PARAM_ARENA: u64 = 1 << 20;
+
+impl Gpu {
+    /// Open the first adapter whose name contains `filter` (case-insensitive), or the best one.
+    pub fn new(filter: Option<&str>) -> Result<Gpu> {
+        let inst = instance();
+        let adapters = sorted_adapters(&inst);
+        if adapters.is_empty() {
+            return Err(Error::msg(NO_ADAPTER_HINT));
+        }
+        let adapter = match filter {
+            Some(f) => {
+                let fl = f.to_lowercase();
+                let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+                adapters
+                    .into_iter()
+                    .find(|a| a.get_info().name.to_lowercase().contains(&fl))
+                    .ok_or_else(|| {
+                        Error::msg(format!(
+                            "--adapter {f:?}: no adapter name contains it (adapters: {})",
+                            names.join(", ")
+                        ))
+                    })?
+            }
+            None => adapters.into_iter().next().unwrap(),
+        };
+        Self::from_adapter(adapter)
+    }
+
+    fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu> {
+        let summary = AdapterSummary::of(&adapter);
+        let limits = adapter.limits();
+        let wanted = wgpu::Features::TIMESTAMP_QUERY;
+        let features = adapter.features() & wanted;
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("sparsa"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::msg(format!("adapter {}: cannot open device: {e}", summary.name)))?;
+        let errors: Arc<Mutex<Vec<String>>> = Arc::default();
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let msg = e.to_string();
+            log::error!("wgpu: {msg}");
+            sink.lock().unwrap().push(msg);
+        }));
+        let param_arena = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("params"),
+            size: PARAM_ARENA,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(Gpu { device, queue, adapter: summary, limits, pipelines: Mutex::default(), errors, param_arena, arena_lock: Mutex::new(()) })
+    }
+
+    /// Largest buffer we bind as one storage binding.
+    pub fn max_binding(&self) -> u64 {
+        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size) & !255
+    }
+
+    /// Fails with the first GPU validation / out-of-memory error seen since the last check.
+    pub fn check(&self) -> Result<()> {
+        let mut e = self.errors.lock().unwrap();
+        if e.is_empty() {
+            Ok(())
+        } else {
+            let first = e[0].lines().next().unwrap_or("").to_string();
+            let all = std::mem::take(&mut *e);
+            log::debug!("all GPU errors: {all:?}");
+            Err(Error::msg(format!("GPU error on {}: {first}", self.adapter.name)))
+        }
+    }
+
+    /// A storage buffer of `bytes` (rounded up to 4), usable as copy source and destination.
+    pub fn buffer(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {
+        let size = bytes.max(4).div_ceil(4) * 4;
+        if size > self.max_binding() {
+            return Err(Error::msg(format!(
+                "buffer {label}: {size} bytes exceed the adapter's storage binding limit of {} bytes",
+                self.max_binding()
+            )));
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// A storage buffer holding `data`.
+    pub fn buffer_from<T: bytemuck::Pod>(&self, data: &[T], label: &str) -> Result<wgpu::Buffer> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let buf = self.buffer(bytes.len() as u64, label)?;
+        self.write(&buf, 0, bytes);
+        Ok(buf)
+    }
+
+    /// Write bytes at `offset` (a multiple of 4); a ragged tail is zero-padded to 4 bytes.
+    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        let whole = bytes.len() / 4 * 4;
+        if whole > 0 {
+            self.queue.write_buffer(buf, offset, &bytes[..whole]);
+        }
+        if whole < bytes.len() {
+            let mut tail = [0u8; 4];
+            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+            self.queue.write_buffer(buf, offset + whole as u64, &tail);
+        }
+    }
+
+    /// Copy `bytes` bytes from the start of `buf` back to the host (waits for the GPU).
+    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+        let size = bytes.div_ceil(4) * 4;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        let slice = staging.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::msg(format!("GPU wait failed on {}: {e}", self.adapter.name)))?;
+        self.check()?;
+        rx.recv()
+            .map_err(|_| Error::msg("GPU readback was dropped"))?
+            .map_err(|e| Error::msg(format!("GPU readback failed: {e}")))?;
+        let data = slice
+            .get_mapped_range()
+            .map_err(|e| Error::msg(format!("GPU readback failed: {e}")))?[..bytes as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(data)
+    }
+
+    pub fn read_f32(&self, buf: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<f32>> {
+        let b = self.read_bytes(buf, offset_elems * 4, n as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&b))
+    }
+
+    pub fn read_u32(&self, buf: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<u32>> {
+        let b = self.read_bytes(buf, offset_elems * 4, n as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&b))
+    }
+
+    /// Wait until all submitted work is done.
+    pub fn sync(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::msg(format!("GPU wait failed on {}: {e}", self.adapter.name)))?;
+        self.check()
+    }
+
+    /// The pipeline for `entry` of shader `name`, compiled with `defines` once and cached.
+    /// `defines` are `(NAME, WGSL literal)` pairs, e.g. `("WG", "256u")`.
+    pub fn pipeline(
+        &self,
+        name: &'static str,
+        source: &'static str,
+        entry: &'static str,
+        defines: &[(&str, String)],
+    ) -> Arc<wgpu::ComputePipeline> {
+        let mut header = String::new();
+        for (k, v) in defines {
+            header.push_str(&format!("const {k} = {v};\n"));
+        }
+        let key = (name, entry, header.clone());
+        if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
+            return p.clone();
+        }
+        let src = format!("{header}{source}");
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        let p = Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&format!("{name}::{entry}")),
+            layout: None,
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        }));
+        self.pipelines.lock().unwrap().insert(key, p.clone());
+        p
+    }
+
+    /// Largest workgroup count per dimension.
+    pub fn max_groups(&self) -> u32 {
+        self.limits.max_compute_workgroups_per_dimension
+    }
+
+    /// Spread `n` workgroups over x and y (kernels recover the linear id as
+    /// `wid.x + wid.y * nwg.x`).
+    pub fn grid(&self, n: u32) -> [u32; 3] {
+        let m = self.max_groups();
+        if n <= m {
+            [n.max(1), 1, 1]
+        } else {
+            let y = n.div_ceil(m);
+            [n.div_ceil(y), y, 1]
+        }
+    }
+}
+
+/// The WGSL literal of a u32 define.
+pub fn u(v: impl Into<u64>) -> String {
+    format!("{}u", v.into())
+}

@@ -1,0 +1,60 @@
+//! One module per WGSL kernel family (`shaders/<name>.wgsl`), each with its Rust wrapper
+//! and its tests against a plain-Rust CPU reference.
+//!
+//! Wrappers only record work into a [`Recorder`]; nothing waits for the GPU.
+//! All activations are f32. A [`View`] is a row-major f32 matrix inside a buffer:
+//! element (r, c) lives at `offset + r * stride + c`.
+
+pub mod attention;
+pub mod elementwise;
+pub mod embed;
+pub mod indexer;
+pub mod matmul;
+pub mod norm;
+pub mod rope;
+pub mod router;
+pub mod topk;
+
+#[cfg(test)]
+pub(crate) mod testutil;
+
+pub use crate::gpu::Recorder;
+
+/// Shader sources, embedded at compile time.
+pub mod src {
+    pub const ATTENTION: &str = include_str!("../../shaders/attention.wgsl");
+    pub const ELEMENTWISE: &str = include_str!("../../shaders/elementwise.wgsl");
+    pub const EMBED: &str = include_str!("../../shaders/embed.wgsl");
+    pub const INDEXER: &str = include_str!("../../shaders/indexer.wgsl");
+    pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+    pub const NORM: &str = include_str!("../../shaders/norm.wgsl");
+    pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
+    pub const ROUTER: &str = include_str!("../../shaders/router.wgsl");
+    pub const TOPK: &str = include_str!("../../shaders/topk.wgsl");
+}
+
+/// A row-major f32 matrix inside a buffer: element (r, c) at `offset + r * stride + c`.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub offset: u32,
+    pub stride: u32,
+}
+
+impl<'a> View<'a> {
+    pub fn new(buf: &'a wgpu::Buffer, offset: u32, stride: u32) -> Self {
+        View { buf, offset, stride }
+    }
+    /// Rows of `stride` elements starting at element 0.
+    pub fn rows(buf: &'a wgpu::Buffer, stride: u32) -> Self {
+        View { buf, offset: 0, stride }
+    }
+    /// The same matrix starting `cols` columns further right.
+    pub fn col(self, cols: u32) -> Self {
+        View { offset: self.offset + cols, ..self }
+    }
+    /// The same matrix starting `rows` rows further down.
+    pub fn row(self, rows: u32) -> Self {
+        View { offset: self.offset + rows * self.stride, ..self }
+    }
+}

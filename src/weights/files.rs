@@ -1,0 +1,219 @@
+//! Opening and validating safetensors files (single or sharded) without reading them.
+
+use super::DType;
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Bytes of one file: a read-only memory map natively, an owned buffer in the browser.
+pub enum Storage {
+    #[cfg(not(target_arch = "wasm32"))]
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Storage {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            Storage::Mapped(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+struct File {
+    path: PathBuf,
+    storage: Storage,
+}
+
+#[derive(Clone)]
+struct Entry {
+    file: usize,
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// All tensors of a model directory.
+#[derive(Clone)]
+pub struct WeightFiles {
+    files: Arc<Vec<File>>,
+    tensors: Arc<HashMap<String, Entry>>,
+}
+
+/// One tensor: its dtype, shape and bytes (inside the mapping).
+pub struct TensorRef<'a> {
+    pub name: String,
+    pub dtype: safetensors::Dtype,
+    pub shape: Vec<usize>,
+    pub bytes: &'a [u8],
+    pub file: &'a Path,
+}
+
+impl TensorRef<'_> {
+    pub fn dtype(&self) -> Result<DType> {
+        DType::from_safetensors(self.dtype, &self.name)
+    }
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// The tensor as f32 (for small tensors: norms, biases).
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        Ok(self.dtype()?.to_f32(self.bytes))
+    }
+    /// Fails unless the shape is `want`.
+    pub fn expect_shape(&self, want: &[usize]) -> Result<&Self> {
+        if self.shape != want {
+            return Err(Error::msg(format!(
+                "tensor {} in {}: shape {:?}, expected {:?} from config.json",
+                self.name,
+                self.file.display(),
+                self.shape,
+                want
+            )));
+        }
+        Ok(self)
+    }
+}
+
+impl WeightFiles {
+    /// Open the weights of a model directory: `model.safetensors.index.json` with its shards,
+    /// else `model.safetensors`, else every `*.safetensors` in the directory.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open(dir: &Path) -> Result<WeightFiles> {
+        let index = dir.join("model.safetensors.index.json");
+        let mut names: Vec<String> = Vec::new();
+        let mut weight_map: Option<HashMap<String, String>> = None;
+        if index.exists() {
+            let text = std::fs::read_to_string(&index)
+                .map_err(|e| Error::msg(format!("{}: cannot read: {e}", index.display())))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::msg(format!("{}: invalid JSON: {e}", index.display())))?;
+            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
+                Error::msg(format!("{}: missing object `weight_map`", index.display()))
+            })?;
+            let mut wm = HashMap::new();
+            for (k, f) in map {
+                let f = f.as_str().ok_or_else(|| {
+                    Error::msg(format!("{}: weight_map[{k:?}] is not a file name", index.display()))
+                })?;
+                if f.contains('/') || f.contains('\\') || f.starts_with('.') {
+                    return Err(Error::msg(format!(
+                        "{}: weight_map[{k:?}] = {f:?} is not a plain file name in the model directory",
+                        index.display()
+                    )));
+                }
+                if !names.iter().any(|n| n == f) {
+                    names.push(f.to_string());
+                }
+                wm.insert(k.clone(), f.to_string());
+            }
+            weight_map = Some(wm);
+        } else if dir.join("model.safetensors").exists() {
+            names.push("model.safetensors".into());
+        } else {
+            let rd = std::fs::read_dir(dir).map_err(|e| Error::msg(format!("{}: cannot read directory: {e}", dir.display())))?;
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().to_string();
+                if n.ends_with(".safetensors") {
+                    names.push(n);
+                }
+            }
+            names.sort();
+        }
+        if names.is_empty() {
+            return Err(Error::msg(format!(
+                "{}: no weights (expected model.safetensors or model.safetensors.index.json)",
+                dir.display()
+            )));
+        }
+        let mut files = Vec::new();
+        for n in &names {
+            let path = dir.join(n);
+            let f = std::fs::File::open(&path).map_err(|e| Error::msg(format!("{}: cannot open: {e}", path.display())))?;
+            // SAFETY: the map is read-only and private. Another process truncating the file
+            // while it is mapped would fault on access; sparsa never writes model files and
+            // documents that they must not change while a model is loaded.
+            let m = unsafe { memmap2::Mmap::map(&f) }
+                .map_err(|e| Error::msg(format!("{}: cannot map: {e}", path.display())))?;
+            files.push(File { path, storage: Storage::Mapped(m) });
+        }
+        let wf = Self::from_files(files)?;
+        if let Some(wm) = weight_map {
+            for (k, f) in &wm {
+                let e = wf.tensors.get(k).ok_or_else(|| {
+                    Error::msg(format!("{}: index names tensor {k} but that file does not hold it", dir.join(f).display()))
+                })?;
+                if wf.files[e.file].path.file_name().map(|x| x.to_string_lossy() != f.as_str()).unwrap_or(true) {
+                    return Err(Error::msg(format!(
+                        "model.safetensors.index.json: tensor {k} is listed in {f} but found in {}",
+                        wf.files[e.file].path.display()
+                    )));
+                }
+            }
+        }
+        Ok(wf)
+    }
+
+    /// Weights from in-memory files (name, bytes): the browser path, and tests.
+    pub fn from_owned(files: Vec<(String, Vec<u8>)>) -> Result<WeightFiles> {
+        Self::from_files(
+            files.into_iter().map(|(n, b)| File { path: PathBuf::from(n), storage: Storage::Owned(b) }).collect(),
+        )
+    }
+
+    fn from_files(files: Vec<File>) -> Result<WeightFiles> {
+        let mut tensors: HashMap<String, Entry> = HashMap::new();
+        for (i, f) in files.iter().enumerate() {
+            let bytes = f.storage.bytes();
+            let (n, meta) = safetensors::SafeTensors::read_metadata(bytes)
+                .map_err(|e| Error::msg(format!("{}: not a valid safetensors file: {e:?}", f.path.display())))?;
+            let base = 8 + n;
+            for (name, info) in meta.tensors() {
+                let (s, e) = info.data_offsets;
+                let entry =
+                    Entry { file: i, dtype: info.dtype, shape: info.shape.clone(), start: base + s, end: base + e };
+                if let Some(prev) = tensors.insert(name.clone(), entry) {
+                    return Err(Error::msg(format!(
+                        "tensor {name} appears twice: in {} and {}",
+                        files[prev.file].path.display(),
+                        f.path.display()
+                    )));
+                }
+            }
+        }
+        Ok(WeightFiles { files: Arc::new(files), tensors: Arc::new(tensors) })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+
+    /// The tensor `name`, or an error naming it.
+    pub fn get(&self, name: &str) -> Result<TensorRef<'_>> {
+        let e = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| Error::msg(format!("tensor {name} is missing from the model files")))?;
+        let f = &self.files[e.file];
+        Ok(TensorRef {
+            name: name.to_string(),
+            dtype: e.dtype,
+            shape: e.shape.clone(),
+            bytes: &f.storage.bytes()[e.start..e.end],
+            file: &f.path,
+        })
+    }
+
+    /// Total bytes of all tensors.
+    pub fn total_bytes(&self) -> u64 {
+        self.tensors.values().map(|e| (e.end - e.start) as u64).sum()
+    }
+}
