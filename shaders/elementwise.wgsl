@@ -1,1 +1,88 @@
-// placeholder
+// Small elementwise kernels, one invocation per output element (r, c).
+// Bindings: 1 = output (read_write), 2 = first input, 3 = second input.
+//   add          o[r, c] += a[r, c]
+//   swiglu       o[r, c] = silu(a[r, c]) * a[u_off + r * u_stride + c]  (g and u in one buffer)
+//   swiglu2      o[r, c] = silu(a[r, c]) * b[r, c]                      (g, u in two buffers)
+//   moe_combine  o[r, c] += Σ_j b[r * topk + j] · a[r * topk + j, c]
+
+struct Params {
+    a_off: u32,
+    a_stride: u32,
+    b_off: u32,
+    b_stride: u32,
+    o_off: u32,
+    o_stride: u32,
+    rows: u32,
+    dim: u32,
+    topk: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read_write> o: array<f32>;
+@group(0) @binding(2) var<storage, read> a: array<f32>;
+@group(0) @binding(3) var<storage, read> b: array<f32>;
+
+const WG: u32 = 256u;
+
+// (row, column) of this invocation; row = P.rows when out of range.
+fn rc(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> vec2<u32> {
+    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+    let r = i / P.dim;
+    return vec2<u32>(r, i - r * P.dim);
+}
+
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
+@compute @workgroup_size(256)
+fn add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let p = rc(wid, nwg, lid);
+    if (p.x >= P.rows) {
+        return;
+    }
+    o[P.o_off + p.x * P.o_stride + p.y] += a[P.a_off + p.x * P.a_stride + p.y];
+}
+
+@compute @workgroup_size(256)
+fn swiglu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let p = rc(wid, nwg, lid);
+    if (p.x >= P.rows) {
+        return;
+    }
+    let g = a[P.a_off + p.x * P.a_stride + p.y];
+    let u = a[P.b_off + p.x * P.b_stride + p.y];
+    o[P.o_off + p.x * P.o_stride + p.y] = silu(g) * u;
+}
+
+@compute @workgroup_size(256)
+fn swiglu2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let p = rc(wid, nwg, lid);
+    if (p.x >= P.rows) {
+        return;
+    }
+    let g = a[P.a_off + p.x * P.a_stride + p.y];
+    let u = b[P.b_off + p.x * P.b_stride + p.y];
+    o[P.o_off + p.x * P.o_stride + p.y] = silu(g) * u;
+}
+
+@compute @workgroup_size(256)
+fn moe_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let p = rc(wid, nwg, lid);
+    if (p.x >= P.rows) {
+        return;
+    }
+    var s = 0.0;
+    for (var j = 0u; j < P.topk; j++) {
+        let slot = p.x * P.topk + j;
+        s += b[slot] * a[P.a_off + slot * P.a_stride + p.y];
+    }
+    o[P.o_off + p.x * P.o_stride + p.y] += s;
+}

@@ -1,1 +1,178 @@
-// placeholder
+// Top-k per row by radix select, and the dense "select all" case.
+//
+// topk: one workgroup (WG = 256 threads) per row. Each f32 score is mapped to an
+// order-preserving u32 key (-0 is canonicalized to +0 first, so they tie; -inf is the
+// smallest non-NaN key). Four 8-bit histogram passes find the k-th largest key T and how
+// many keys equal to T must be taken. A collection pass walks the row in position order
+// with a workgroup prefix sum: every key > T is taken, and the lowest-position keys == T
+// until k are taken (tie rule: lower position wins). Positions come out ascending.
+//
+// Scores are read as raw u32 bits, so no float arithmetic touches -inf.
+// Both entry points share the binding declarations (1: idx, 2: cnt, 3: scores).
+
+const WG: u32 = 256u;
+
+struct Params {
+    s_off: u32,
+    s_stride: u32,
+    rows: u32,
+    n_keys: u32,
+    pos0: u32,
+    topk: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read_write> idx: array<u32>;
+@group(0) @binding(2) var<storage, read_write> cnt: array<u32>;
+@group(0) @binding(3) var<storage, read> scores: array<u32>;
+
+var<workgroup> hist: array<atomic<u32>, 256>;
+var<workgroup> scan: array<u32, 256>;
+var<workgroup> sel_bin: u32;
+var<workgroup> sel_below: u32;
+var<workgroup> chunk_total: u32;
+
+// Order-preserving map from f32 bits to u32 (larger float -> larger key), -0 == +0.
+fn key_of(bits: u32) -> u32 {
+    var b = bits;
+    if (b == 0x80000000u) {
+        b = 0u;
+    }
+    if ((b & 0x80000000u) != 0u) {
+        return ~b;
+    }
+    return b | 0x80000000u;
+}
+
+// Inclusive prefix sum of `v` over the workgroup (Hillis-Steele). Call from uniform
+// control flow. Returns this invocation's inclusive sum; scan[WG-1] holds the total.
+fn scan_incl(lid: u32, v: u32) -> u32 {
+    scan[lid] = v;
+    workgroupBarrier();
+    for (var off = 1u; off < WG; off = off << 1u) {
+        var x = scan[lid];
+        if (lid >= off) {
+            x = x + scan[lid - off];
+        }
+        workgroupBarrier();
+        scan[lid] = x;
+        workgroupBarrier();
+    }
+    return scan[lid];
+}
+
+@compute @workgroup_size(256)
+fn topk(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let t = wid.x + wid.y * nwg.x;
+    if (t >= P.rows) {
+        return;
+    }
+    let valid = min(P.pos0 + t + 1u, P.n_keys);
+    let k = min(P.topk, valid);
+    let ob = t * P.topk;
+    let sb = P.s_off + t * P.s_stride;
+    if (lid == 0u) {
+        cnt[t] = k;
+    }
+    if (k == valid) {
+        for (var i = lid; i < valid; i = i + WG) {
+            idx[ob + i] = i;
+        }
+        return;
+    }
+
+    // Radix select of the k-th largest key: after pass p, `prefix` holds its top 8(p+1)
+    // bits and `remaining` how many keys with that prefix still have to be taken.
+    var prefix = 0u;
+    var mask = 0u;
+    var remaining = k;
+    for (var pass = 0u; pass < 4u; pass = pass + 1u) {
+        let shift = 24u - 8u * pass;
+        atomicStore(&hist[lid], 0u);
+        workgroupBarrier();
+        for (var i = lid; i < valid; i = i + WG) {
+            let key = key_of(scores[sb + i]);
+            if ((key & mask) == prefix) {
+                atomicAdd(&hist[(key >> shift) & 255u], 1u);
+            }
+        }
+        workgroupBarrier();
+        // Invocation `lid` looks at bin 255 - lid, so the scan runs from the largest bin down.
+        let c = atomicLoad(&hist[255u - lid]);
+        let incl = scan_incl(lid, c);
+        let excl = incl - c;
+        if (excl < remaining && incl >= remaining) {
+            sel_bin = 255u - lid;
+            sel_below = excl;
+        }
+        let bin = workgroupUniformLoad(&sel_bin);
+        let below = workgroupUniformLoad(&sel_below);
+        prefix = prefix | (bin << shift);
+        mask = mask | (255u << shift);
+        remaining = remaining - below;
+    }
+
+    // Collection in position order: all keys > T, then the first `remaining` keys == T.
+    let thr = prefix;
+    let take_eq = remaining;
+    var written = 0u;
+    var eq_seen = 0u;
+    for (var base = 0u; base < valid; base = base + WG) {
+        let i = base + lid;
+        var gt = 0u;
+        var eq = 0u;
+        if (i < valid) {
+            let key = key_of(scores[sb + i]);
+            gt = select(0u, 1u, key > thr);
+            eq = select(0u, 1u, key == thr);
+        }
+        let packed = gt | (eq << 16u);
+        let incl = scan_incl(lid, packed);
+        let ex = incl - packed;
+        let gt_ex = ex & 0xffffu;
+        let eq_ex = ex >> 16u;
+        var eq_room = 0u;
+        if (take_eq > eq_seen) {
+            eq_room = take_eq - eq_seen;
+        }
+        if (gt == 1u) {
+            idx[ob + written + gt_ex + min(eq_ex, eq_room)] = i;
+        } else if (eq == 1u && eq_ex < eq_room) {
+            idx[ob + written + gt_ex + eq_ex] = i;
+        }
+        if (lid == WG - 1u) {
+            chunk_total = incl;
+        }
+        let tot = workgroupUniformLoad(&chunk_total);
+        written = written + (tot & 0xffffu) + min(tot >> 16u, eq_room);
+        eq_seen = eq_seen + (tot >> 16u);
+    }
+}
+
+// Dense case: idx[t*topk + j] = j for j <= pos0 + t, cnt[t] = pos0 + t + 1.
+@compute @workgroup_size(256)
+fn select_all(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = (wid.x + wid.y * nwg.x) * WG + lid;
+    if (g >= P.rows * P.topk) {
+        return;
+    }
+    let t = g / P.topk;
+    let j = g % P.topk;
+    let n = P.pos0 + t + 1u;
+    if (j < n) {
+        idx[g] = j;
+    }
+    if (j == 0u) {
+        cnt[t] = n;
+    }
+}

@@ -1,8 +1,20 @@
 //! sparsa: DeepSeek Sparse Attention models (GLM-5 family, DeepSeek-V3.2) on any wgpu adapter.
+//!
+//! - [`config`]: `config.json` of `glm_moe_dsa` / `deepseek_v32`.
+//! - [`weights`]: memory-mapped safetensors and their upload to the GPU.
+//! - [`gpu`]: device, pipeline cache, command recorder.
+//! - [`kernels`]: one WGSL kernel family per module, each with its CPU-reference tests.
+//! - [`model`]: weights on the GPU and the forward pass.
+//! - [`cache`]: latent MLA and indexer-key caches.
+//! - [`generate`]: sampling and the generation loop.
+pub mod cache;
+pub mod config;
 pub mod error;
+pub mod generate;
 pub mod gpu;
+pub mod kernels;
+pub mod model;
+pub mod tokenizer;
+pub mod weights;
 
 pub use error::{Error, Result};
-pub mod config;
-pub mod kernels;
-pub mod weights;

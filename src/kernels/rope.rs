@@ -1,6 +1,22 @@
 //! Rotary position embedding on a slice of each head (`shaders/rope.wgsl`).
 use super::{Recorder, View};
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    rows: u32,
+    heads: u32,
+    head_stride: u32,
+    rot_off: u32,
+    half: u32,
+    interleave: u32,
+    src_off: u32,
+    src_stride: u32,
+    dst_off: u32,
+    dst_stride: u32,
+    _pad: [u32; 2],
+}
+
 /// Rotate dims `[rot_off, rot_off + rot_dim)` of each of `heads` heads of each row `t < rows`.
 /// Head `h` of row `t` starts at `view.offset + t * stride + h * head_stride`.
 /// `cos_sin` (f32) holds, for row `t` and frequency `i < rot_dim / 2`, `cos` at
@@ -22,6 +38,128 @@ pub fn rope(
     interleave: bool,
     cos_sin: &wgpu::Buffer,
 ) {
-    let _ = (rec, src, dst, rows, heads, head_stride, rot_off, rot_dim, interleave, cos_sin);
-    todo!()
+    debug_assert!(rot_dim % 2 == 0, "rope: odd rot_dim {rot_dim}");
+    let half = rot_dim / 2;
+    let total = rows as u64 * heads as u64 * half as u64;
+    if total == 0 {
+        return;
+    }
+    assert!(total <= u32::MAX as u64, "rope: {total} rotations exceed u32");
+    let s = src.unwrap_or(dst);
+    let p = Params {
+        rows,
+        heads,
+        head_stride,
+        rot_off,
+        half,
+        interleave: interleave as u32,
+        src_off: s.offset,
+        src_stride: s.stride,
+        dst_off: dst.offset,
+        dst_stride: dst.stride,
+        _pad: [0; 2],
+    };
+    let gpu = rec.gpu();
+    let grid = gpu.grid((total as u32).div_ceil(256));
+    match src {
+        None => {
+            let pipe = gpu.pipeline("rope", super::src::ROPE, "rope_inplace", &[]);
+            rec.dispatch(&pipe, &p, &[dst.buf, cos_sin], grid);
+        }
+        Some(src) => {
+            let pipe = gpu.pipeline("rope", super::src::ROPE, "rope_copy", &[]);
+            rec.dispatch(&pipe, &p, &[dst.buf, cos_sin, src.buf], grid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::{assert_close, gpu, Rng};
+
+    struct Case {
+        rows: usize,
+        heads: usize,
+        head_stride: usize,
+        rot_off: usize,
+        rot_dim: usize,
+    }
+
+    /// CPU rope of one row-slice `x` (the head starts at x[0]).
+    fn rotate(x: &mut [f32], src: &[f32], cs: &[f32], rot_off: usize, rot_dim: usize, interleave: bool) {
+        let half = rot_dim / 2;
+        for i in 0..half {
+            let (ia, ib) = if interleave { (rot_off + 2 * i, rot_off + 2 * i + 1) } else { (rot_off + i, rot_off + i + half) };
+            let (c, s) = (cs[2 * i] as f64, cs[2 * i + 1] as f64);
+            let (a, b) = (src[ia] as f64, src[ib] as f64);
+            x[ia] = (a * c - b * s) as f32;
+            x[ib] = (b * c + a * s) as f32;
+        }
+    }
+
+    fn check(seed: u64, k: &Case, interleave: bool, in_place: bool) {
+        let g = gpu();
+        let mut rng = Rng::new(seed);
+        let half = k.rot_dim / 2;
+        let cs: Vec<f32> = (0..k.rows * half)
+            .flat_map(|_| {
+                let a = rng.uniform() * 3.0;
+                [a.cos(), a.sin()]
+            })
+            .collect();
+        let row_len = k.heads * k.head_stride;
+        let (d_off, d_stride) = (5usize, row_len + 3);
+        let (s_off, s_stride) = (2usize, row_len + 7);
+        let dlen = d_off + k.rows * d_stride + 4;
+        let slen = s_off + k.rows * s_stride + 1;
+        let d0 = rng.vec(dlen, 1.0);
+        let s0 = rng.vec(slen, 1.0);
+        let db = g.buffer_from(&d0, "dst").unwrap();
+        let sb = g.buffer_from(&s0, "src").unwrap();
+        let csb = g.buffer_from(&cs, "cos_sin").unwrap();
+        let dv = View::new(&db, d_off as u32, d_stride as u32);
+        let sv = View::new(&sb, s_off as u32, s_stride as u32);
+        let mut rec = g.recorder();
+        let src = if in_place { None } else { Some(sv) };
+        rope(&mut rec, src, dv, k.rows as u32, k.heads as u32, k.head_stride as u32, k.rot_off as u32, k.rot_dim as u32, interleave, &csb);
+        rec.finish().unwrap();
+        let got = g.read_f32(&db, 0, dlen).unwrap();
+        let mut want = d0.clone();
+        for t in 0..k.rows {
+            for h in 0..k.heads {
+                let db = d_off + t * d_stride + h * k.head_stride;
+                let from: Vec<f32> = if in_place {
+                    d0[db..][..k.head_stride].to_vec()
+                } else {
+                    s0[s_off + t * s_stride + h * k.head_stride..][..k.head_stride].to_vec()
+                };
+                rotate(&mut want[db..][..k.head_stride], &from, &cs[t * half * 2..][..half * 2], k.rot_off, k.rot_dim, interleave);
+            }
+        }
+        let what = format!(
+            "rope rows={} heads={} hs={} off={} dim={} interleave={interleave} in_place={in_place}",
+            k.rows, k.heads, k.head_stride, k.rot_off, k.rot_dim
+        );
+        assert_close(&got, &want, 1e-6, 1e-5, &what);
+    }
+
+    #[test]
+    fn rope_pairings_offsets_in_and_out_of_place() {
+        let cases = [
+            Case { rows: 3, heads: 5, head_stride: 24, rot_off: 7, rot_dim: 10 },
+            Case { rows: 37, heads: 5, head_stride: 18, rot_off: 0, rot_dim: 18 },
+            Case { rows: 1, heads: 3, head_stride: 192, rot_off: 128, rot_dim: 64 },
+            Case { rows: 2, heads: 1, head_stride: 4, rot_off: 2, rot_dim: 2 },
+        ];
+        let mut seed = 0;
+        for k in &cases {
+            for interleave in [false, true] {
+                for in_place in [true, false] {
+                    seed += 1;
+                    check(seed, k, interleave, in_place);
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,355 @@
+//! The forward pass, top to bottom, for one chunk of tokens at positions `pos .. pos + T`.
+//!
+//! Prefill and decode are the same code: a prompt is cut into chunks (GPU memory stays
+//! bounded), decode is a chunk of one. Every layer writes its latent cache rows (and, on
+//! full layers, its indexer key rows) before attending, so causal attention over the cache
+//! covers the chunk itself. Attention reads only the positions that the top-k selected.
+
+use super::load::{Layer, Mlp, SwiGlu};
+use super::rope::RopeTable;
+use super::Model;
+use crate::cache::Caches;
+use crate::error::{Error, Result};
+use crate::kernels::{attention, elementwise, embed, indexer, matmul, norm, rope, router, topk, View};
+use crate::gpu::Recorder;
+
+/// eps of `q_a_layernorm` / `kv_a_layernorm` (transformers builds them with the default 1e-6,
+/// not `rms_norm_eps`) and of the indexer's `k_norm` LayerNorm.
+const LATENT_NORM_EPS: f32 = 1e-6;
+const K_NORM_EPS: f32 = 1e-6;
+
+/// Logits of the rows asked for, row-major `[rows, vocab]`.
+pub struct Logits {
+    pub rows: usize,
+    pub vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.vocab..(r + 1) * self.vocab]
+    }
+    pub fn last(&self) -> &[f32] {
+        self.row(self.rows - 1)
+    }
+}
+
+/// Activations for one chunk of up to `chunk` rows.
+struct Scratch {
+    ids: wgpu::Buffer,
+    cos_sin: wgpu::Buffer,
+    h: wgpu::Buffer,
+    x: wgpu::Buffer,
+    tmp_h: wgpu::Buffer,
+    qa_raw: wgpu::Buffer,
+    qa: wgpu::Buffer,
+    q: wgpu::Buffer,
+    kva: wgpu::Buffer,
+    q_abs: wgpu::Buffer,
+    o_lat: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    iq: wgpu::Buffer,
+    ik: wgpu::Buffer,
+    iw: wgpu::Buffer,
+    scores: wgpu::Buffer,
+    sel_idx: wgpu::Buffer,
+    sel_cnt: wgpu::Buffer,
+    rlogits: wgpu::Buffer,
+    ridx: wgpu::Buffer,
+    rw: wgpu::Buffer,
+    moe_gu: wgpu::Buffer,
+    moe_act: wgpu::Buffer,
+    moe_out: wgpu::Buffer,
+    mlp_gu: wgpu::Buffer,
+    mlp_act: wgpu::Buffer,
+    logits: wgpu::Buffer,
+}
+
+/// One conversation: its caches, scratch and position.
+pub struct Session<'m> {
+    pub model: &'m Model,
+    pub caches: Caches,
+    /// Tokens already in the caches.
+    pub pos: usize,
+    /// Rows per prefill chunk.
+    pub chunk: usize,
+    rope: RopeTable,
+    s: Scratch,
+}
+
+impl<'m> Session<'m> {
+    pub fn new(model: &'m Model, max_ctx: usize) -> Result<Session<'m>> {
+        let cfg = &model.config;
+        let gpu = &*model.gpu;
+        if max_ctx == 0 {
+            return Err(Error::msg("--ctx must be at least 1"));
+        }
+        let caches = Caches::new(gpu, cfg, max_ctx)?;
+        // Largest per-row footprints decide the chunk: scores are [chunk, ctx], logits
+        // [chunk, vocab], the absorbed queries [chunk, heads * kv_lora].
+        let lim = gpu.max_binding() as usize / 4;
+        let widest = [
+            max_ctx,
+            cfg.vocab_size,
+            cfg.num_attention_heads * cfg.kv_lora_rank,
+            cfg.num_experts_per_tok * 2 * cfg.moe_intermediate_size.max(1),
+            cfg.num_experts_per_tok * cfg.hidden_size,
+            2 * cfg.intermediate_size,
+        ]
+        .into_iter()
+        .max()
+        .unwrap();
+        let chunk = (lim / widest).clamp(1, 128);
+        let c = chunk;
+        let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
+        let qk = cfg.qk_head_dim();
+        let k = cfg.num_experts_per_tok;
+        let inter = cfg.intermediate_size.max(cfg.moe_intermediate_size * cfg.n_shared_experts);
+        let f = |n: usize, name: &str| gpu.buffer((n * 4) as u64, name);
+        let s = Scratch {
+            ids: f(c, "ids")?,
+            cos_sin: f(c * cfg.qk_rope_head_dim, "cos_sin")?,
+            h: f(c * h, "h")?,
+            x: f(c * h, "x")?,
+            tmp_h: f(c * h, "tmp_h")?,
+            qa_raw: f(c * cfg.q_lora_rank, "qa_raw")?,
+            qa: f(c * cfg.q_lora_rank, "qa")?,
+            q: f(c * heads * qk, "q")?,
+            kva: f(c * (cfg.kv_lora_rank + cfg.qk_rope_head_dim), "kva")?,
+            q_abs: f(c * heads * cfg.kv_lora_rank, "q_abs")?,
+            o_lat: f(c * heads * cfg.kv_lora_rank, "o_lat")?,
+            attn: f(c * heads * cfg.v_head_dim, "attn")?,
+            iq: f(c * cfg.index_n_heads * cfg.index_head_dim, "iq")?,
+            ik: f(c * cfg.index_head_dim, "ik")?,
+            iw: f(c * cfg.index_n_heads, "iw")?,
+            scores: f(c * max_ctx, "scores")?,
+            sel_idx: f(c * cfg.index_topk, "sel_idx")?,
+            sel_cnt: f(c, "sel_cnt")?,
+            rlogits: f(c * cfg.n_routed_experts.max(1), "router logits")?,
+            ridx: f(c * k, "router idx")?,
+            rw: f(c * k, "router weights")?,
+            moe_gu: f(c * k * 2 * cfg.moe_intermediate_size.max(1), "moe gate_up")?,
+            moe_act: f(c * k * cfg.moe_intermediate_size.max(1), "moe act")?,
+            moe_out: f(c * k * h, "moe out")?,
+            mlp_gu: f(c * 2 * inter, "mlp gate_up")?,
+            mlp_act: f(c * inter, "mlp act")?,
+            logits: f(c * cfg.vocab_size, "logits")?,
+        };
+        gpu.check()?;
+        Ok(Session { model, caches, pos: 0, chunk, rope: RopeTable::new(cfg), s })
+    }
+
+    pub fn max_ctx(&self) -> usize {
+        self.caches.max_ctx
+    }
+
+    /// Forget the conversation (the caches are overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Roll back to `pos` tokens (e.g. to reuse a shared prefix).
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+
+    /// Run `tokens` through the model at positions `pos ..`, appending them to the caches.
+    /// Returns the logits of every token (`all_logits`) or of the last one.
+    pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Logits> {
+        let cfg = &self.model.config;
+        if tokens.is_empty() {
+            return Err(Error::msg("empty prompt: at least one token is needed"));
+        }
+        if self.pos + tokens.len() > self.max_ctx() {
+            return Err(Error::msg(format!(
+                "context full: {} cached + {} new tokens exceed --ctx {}",
+                self.pos,
+                tokens.len(),
+                self.max_ctx()
+            )));
+        }
+        if let Some(t) = tokens.iter().find(|t| **t as usize >= cfg.vocab_size) {
+            return Err(Error::msg(format!("token id {t} is out of range (vocab_size {})", cfg.vocab_size)));
+        }
+        let vocab = cfg.vocab_size;
+        let mut data = Vec::with_capacity(if all_logits { tokens.len() * vocab } else { vocab });
+        let mut rows = 0;
+        for part in tokens.chunks(self.chunk) {
+            let last = rows + part.len() == tokens.len();
+            let want = if all_logits { part.len() } else if last { 1 } else { 0 };
+            self.chunk_forward(part, want)?;
+            if want > 0 {
+                data.extend(self.model.gpu.read_f32(&self.s.logits, 0, want * vocab)?);
+            }
+            rows += part.len();
+        }
+        let rows = if all_logits { tokens.len() } else { 1 };
+        Ok(Logits { rows, vocab, data })
+    }
+
+    /// One chunk; leaves the logits of its last `want_logits` rows in `s.logits`.
+    fn chunk_forward(&mut self, tokens: &[u32], want_logits: usize) -> Result<()> {
+        let model = self.model;
+        let cfg = &model.config;
+        let gpu = &*model.gpu;
+        let w = &model.weights;
+        let s = &self.s;
+        let t = tokens.len() as u32;
+        let pos0 = self.pos as u32;
+        gpu.write(&s.ids, 0, bytemuck::cast_slice(tokens));
+        let cs = self.rope.cos_sin(self.pos..self.pos + tokens.len());
+        gpu.write(&s.cos_sin, 0, bytemuck::cast_slice(&cs));
+
+        let hd = cfg.hidden_size as u32;
+        let mut rec = gpu.recorder();
+        embed::embed(&mut rec, &w.embed, &s.ids, 0, t, View::rows(&s.h, hd));
+        for (i, layer) in w.layers.iter().enumerate() {
+            self.attention(&mut rec, i, layer, t, pos0);
+            // h += MLP(RMSNorm(h))
+            norm::rms_norm(&mut rec, View::rows(&s.h, hd), &layer.post_norm, View::rows(&s.x, hd), t, hd, cfg.rms_norm_eps);
+            match &layer.mlp {
+                Mlp::Dense(m) => self.swiglu(&mut rec, m, t),
+                Mlp::Moe(m) => {
+                    let e = cfg.n_routed_experts as u32;
+                    let k = cfg.num_experts_per_tok as u32;
+                    let mi = cfg.moe_intermediate_size as u32;
+                    matmul::matmul(&mut rec, View::rows(&s.x, hd), &m.router, View::rows(&s.rlogits, e), t);
+                    router::route(
+                        &mut rec,
+                        View::rows(&s.rlogits, e),
+                        &m.bias,
+                        t,
+                        e,
+                        cfg.n_group as u32,
+                        cfg.topk_group as u32,
+                        k,
+                        cfg.norm_topk_prob,
+                        cfg.routed_scaling_factor,
+                        &s.ridx,
+                        &s.rw,
+                    );
+                    let gu = View::rows(&s.moe_gu, 2 * mi);
+                    matmul::matmul_experts(&mut rec, View::rows(&s.x, hd), false, &m.gate_up, e, &s.ridx, k, gu, t);
+                    let act = View::rows(&s.moe_act, mi);
+                    elementwise::swiglu(&mut rec, gu, gu.col(mi), act, t * k, mi);
+                    let out = View::rows(&s.moe_out, hd);
+                    matmul::matmul_experts(&mut rec, act, true, &m.down, e, &s.ridx, k, out, t);
+                    if let Some(sh) = &m.shared {
+                        self.swiglu(&mut rec, sh, t);
+                    }
+                    elementwise::moe_combine(&mut rec, out, &s.rw, k, View::rows(&s.h, hd), t, hd);
+                }
+            }
+        }
+        if want_logits > 0 {
+            let first = t - want_logits as u32;
+            norm::rms_norm(&mut rec, View::rows(&s.h, hd).row(first), &w.norm, View::rows(&s.x, hd), want_logits as u32, hd, cfg.rms_norm_eps);
+            let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+            matmul::matmul(&mut rec, View::rows(&s.x, hd), head, View::rows(&s.logits, cfg.vocab_size as u32), want_logits as u32);
+        }
+        rec.finish()?;
+        self.pos += tokens.len();
+        Ok(())
+    }
+
+    /// `h += down(silu(gate(x)) * up(x))` for a dense MLP or the shared expert.
+    fn swiglu(&self, rec: &mut Recorder, m: &SwiGlu, t: u32) {
+        let s = &self.s;
+        let hd = self.model.config.hidden_size as u32;
+        let i = m.inter as u32;
+        let gu = View::rows(&s.mlp_gu, 2 * i);
+        matmul::matmul(rec, View::rows(&s.x, hd), &m.gate_up, gu, t);
+        elementwise::swiglu(rec, gu, gu.col(i), View::rows(&s.mlp_act, i), t, i);
+        matmul::matmul(rec, View::rows(&s.mlp_act, i), &m.down, View::rows(&s.tmp_h, hd), t);
+        elementwise::add(rec, View::rows(&s.tmp_h, hd), View::rows(&s.h, hd), t, hd);
+    }
+
+    /// `h += o_proj(SparseMLA(RMSNorm(h)))`, selecting positions with this layer's indexer
+    /// (full layers) or the previous full layer's selection (IndexShare layers).
+    fn attention(&self, rec: &mut Recorder, i: usize, layer: &Layer, t: u32, pos0: u32) {
+        let cfg = &self.model.config;
+        let s = &self.s;
+        let hd = cfg.hidden_size as u32;
+        let heads = cfg.num_attention_heads as u32;
+        let (dn, dr, dv) = (cfg.qk_nope_head_dim as u32, cfg.qk_rope_head_dim as u32, cfg.v_head_dim as u32);
+        let (ql, kl) = (cfg.q_lora_rank as u32, cfg.kv_lora_rank as u32);
+        let qk = dn + dr;
+        let row = kl + dr;
+        let latent = View::new(&self.caches.latent[i], pos0 * row, row);
+
+        norm::rms_norm(rec, View::rows(&s.h, hd), &layer.input_norm, View::rows(&s.x, hd), t, hd, cfg.rms_norm_eps);
+        let x = View::rows(&s.x, hd);
+        // Queries: q_resid = RMSNorm(x·W_qa), q = q_resid·W_qb, RoPE on the last dr dims per head.
+        matmul::matmul(rec, x, &layer.q_a, View::rows(&s.qa_raw, ql), t);
+        norm::rms_norm(rec, View::rows(&s.qa_raw, ql), &layer.q_a_norm, View::rows(&s.qa, ql), t, ql, LATENT_NORM_EPS);
+        let qa = View::rows(&s.qa, ql);
+        let q = View::rows(&s.q, heads * qk);
+        matmul::matmul(rec, qa, &layer.q_b, q, t);
+        rope::rope(rec, None, q, t, heads, qk, dn, dr, cfg.mla_rope_interleave, &s.cos_sin);
+        // Latent cache rows: [RMSNorm(c_kv) | RoPE(k_pe)].
+        let kva = View::rows(&s.kva, row);
+        matmul::matmul(rec, x, &layer.kv_a, kva, t);
+        norm::rms_norm(rec, kva, &layer.kv_a_norm, latent, t, kl, LATENT_NORM_EPS);
+        rope::rope(rec, Some(kva.col(kl)), latent.col(kl), t, 1, row, 0, dr, cfg.mla_rope_interleave, &s.cos_sin);
+
+        // Top-k selection.
+        let k = cfg.index_topk as u32;
+        if let Some(ix) = &layer.indexer {
+            let (ih, id) = (cfg.index_n_heads as u32, cfg.index_head_dim as u32);
+            let keys = self.caches.keys[i].as_ref().expect("full layer has a key cache");
+            let key_rows = View::new(keys, pos0 * id, id);
+            matmul::matmul(rec, qa, &ix.wq_b, View::rows(&s.iq, ih * id), t);
+            rope::rope(rec, None, View::rows(&s.iq, ih * id), t, ih, id, 0, dr, cfg.indexer_rope_interleave, &s.cos_sin);
+            matmul::matmul(rec, x, &ix.wk, View::rows(&s.ik, id), t);
+            norm::layer_norm(rec, View::rows(&s.ik, id), &ix.k_norm_w, &ix.k_norm_b, key_rows, t, id, K_NORM_EPS);
+            rope::rope(rec, None, key_rows, t, 1, id, 0, dr, cfg.indexer_rope_interleave, &s.cos_sin);
+            let n_keys = pos0 + t;
+            if n_keys <= k {
+                topk::select_all(rec, t, pos0, k, &s.sel_idx, &s.sel_cnt);
+            } else {
+                matmul::matmul(rec, x, &ix.weights_proj, View::rows(&s.iw, ih), t);
+                let scores = View::rows(&s.scores, n_keys);
+                indexer::indexer_scores(
+                    rec,
+                    View::rows(&s.iq, ih * id),
+                    View::rows(&s.iw, ih),
+                    View::rows(keys, id),
+                    scores,
+                    t,
+                    ih,
+                    id,
+                    n_keys,
+                    pos0,
+                    (ih as f32).powf(-0.5),
+                    (id as f32).powf(-0.5),
+                );
+                topk::topk(rec, scores, t, n_keys, pos0, k, &s.sel_idx, &s.sel_cnt);
+            }
+        }
+        // Shared layers keep s.sel_idx / s.sel_cnt from the last full layer of this chunk.
+
+        // Absorbed sparse MLA over the selected latent rows.
+        let q_abs = View::rows(&s.q_abs, heads * kl);
+        let o_lat = View::rows(&s.o_lat, heads * kl);
+        attention::absorb_q(rec, q, &layer.kv_b, q_abs, t, heads, dn, dr, dv);
+        attention::sparse_mla(
+            rec,
+            q_abs,
+            q,
+            View::rows(&self.caches.latent[i], row),
+            &s.sel_idx,
+            &s.sel_cnt,
+            k,
+            o_lat,
+            t,
+            heads,
+            dn,
+            dr,
+            kl,
+            cfg.softmax_scale(),
+        );
+        attention::up_v(rec, o_lat, &layer.kv_b, View::rows(&s.attn, heads * dv), t, heads, dn, dv);
+        matmul::matmul(rec, View::rows(&s.attn, heads * dv), &layer.o, View::rows(&s.tmp_h, hd), t);
+        elementwise::add(rec, View::rows(&s.tmp_h, hd), View::rows(&s.h, hd), t, hd);
+    }
+}

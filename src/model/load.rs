@@ -1,0 +1,228 @@
+//! Loading a model directory's tensors onto the GPU, checking every shape against config.json.
+//!
+//! Tensor names are the Hugging Face ones (`model.layers.{i}.self_attn.q_a_proj.weight`, …).
+//! Routed experts are accepted per expert (`mlp.experts.{e}.gate_proj.weight`, as the
+//! official releases ship) or fused (`mlp.experts.gate_up_proj` `[E, 2I, H]` and
+//! `mlp.experts.down_proj` `[E, H, I]`, as transformers 5 saves them). Layers past
+//! `num_hidden_layers` (the MTP layer) are not loaded.
+
+use crate::config::{Config, IndexerKind};
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::weights::{GpuWeight, TensorRef, WeightFiles};
+
+pub struct Indexer {
+    pub wq_b: GpuWeight,
+    pub wk: GpuWeight,
+    pub k_norm_w: wgpu::Buffer,
+    pub k_norm_b: wgpu::Buffer,
+    pub weights_proj: GpuWeight,
+}
+
+/// A SwiGLU MLP with gate and up fused into one `[2I, H]` matrix (gate rows first).
+pub struct SwiGlu {
+    pub gate_up: GpuWeight,
+    pub down: GpuWeight,
+    pub inter: usize,
+}
+
+pub struct Moe {
+    pub router: GpuWeight,
+    pub bias: wgpu::Buffer,
+    /// `[E * 2I, H]`: expert e's gate rows then its up rows.
+    pub gate_up: GpuWeight,
+    /// `[E * H, I]`.
+    pub down: GpuWeight,
+    pub shared: Option<SwiGlu>,
+}
+
+pub enum Mlp {
+    Dense(SwiGlu),
+    Moe(Moe),
+}
+
+pub struct Layer {
+    pub input_norm: wgpu::Buffer,
+    pub post_norm: wgpu::Buffer,
+    pub q_a: GpuWeight,
+    pub q_a_norm: wgpu::Buffer,
+    pub q_b: GpuWeight,
+    pub kv_a: GpuWeight,
+    pub kv_a_norm: wgpu::Buffer,
+    pub kv_b: GpuWeight,
+    pub o: GpuWeight,
+    pub indexer: Option<Indexer>,
+    pub mlp: Mlp,
+}
+
+pub struct Weights {
+    pub embed: GpuWeight,
+    /// `None` when tied to the embedding.
+    pub lm_head: Option<GpuWeight>,
+    pub norm: wgpu::Buffer,
+    pub layers: Vec<Layer>,
+}
+
+/// Progress callback: (bytes uploaded so far, total bytes).
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+
+struct Loader<'a, 'p> {
+    gpu: &'a Gpu,
+    files: &'a WeightFiles,
+    done: u64,
+    total: u64,
+    progress: Progress<'p>,
+}
+
+impl Loader<'_, '_> {
+    fn tensor(&self, name: &str) -> Result<TensorRef<'_>> {
+        self.files.get(name)
+    }
+
+    fn tick(&mut self, bytes: u64) {
+        self.done += bytes;
+        (self.progress)(self.done, self.total);
+    }
+
+    /// A matrix `[rows, cols]` from one tensor.
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<GpuWeight> {
+        let t = self.files.get(name)?;
+        t.expect_shape(&[rows, cols])?;
+        let w = GpuWeight::upload(self.gpu, &[t], cols, 1, name)?;
+        self.tick(w.bytes());
+        Ok(w)
+    }
+
+    /// A matrix made of several tensors stacked by rows (each `[r_i, cols]`).
+    fn stacked(&mut self, names: &[String], rows_each: &[usize], cols: usize, align: usize, label: &str) -> Result<GpuWeight> {
+        let mut parts = Vec::with_capacity(names.len());
+        for (n, r) in names.iter().zip(rows_each) {
+            let t = self.files.get(n)?;
+            t.expect_shape(&[*r, cols])?;
+            parts.push(t);
+        }
+        let w = GpuWeight::upload(self.gpu, &parts, cols, align, label)?;
+        self.tick(w.bytes());
+        Ok(w)
+    }
+
+    /// A small vector as f32.
+    fn vector(&mut self, name: &str, len: usize) -> Result<wgpu::Buffer> {
+        let t = self.files.get(name)?;
+        t.expect_shape(&[len])?;
+        let v = t.to_f32()?;
+        if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+            return Err(Error::msg(format!("tensor {name}: element {i} is {} (weights must be finite)", v[i])));
+        }
+        self.tick(t.bytes.len() as u64);
+        self.gpu.buffer_from(&v, name)
+    }
+
+    fn swiglu(&mut self, p: &str, hidden: usize, inter: usize) -> Result<SwiGlu> {
+        let gate_up = self.stacked(
+            &[format!("{p}.gate_proj.weight"), format!("{p}.up_proj.weight")],
+            &[inter, inter],
+            hidden,
+            1,
+            &format!("{p}.gate_up"),
+        )?;
+        let down = self.matrix(&format!("{p}.down_proj.weight"), hidden, inter)?;
+        Ok(SwiGlu { gate_up, down, inter })
+    }
+
+    fn experts(&mut self, p: &str, cfg: &Config) -> Result<(GpuWeight, GpuWeight)> {
+        let (e, h, i) = (cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size);
+        let fused = format!("{p}.experts.gate_up_proj");
+        if self.files.contains(&fused) {
+            // transformers 5 layout: [E, 2I, H] and [E, H, I] (no `.weight` suffix).
+            let t = self.tensor(&fused)?;
+            t.expect_shape(&[e, 2 * i, h])?;
+            let gu = GpuWeight::upload(self.gpu, &[t], h, 2 * i, &fused)?;
+            self.tick(gu.bytes());
+            let dn = format!("{p}.experts.down_proj");
+            let t = self.tensor(&dn)?;
+            t.expect_shape(&[e, h, i])?;
+            let d = GpuWeight::upload(self.gpu, &[t], i, h, &dn)?;
+            self.tick(d.bytes());
+            return Ok((gu, d));
+        }
+        let mut gu_names = Vec::with_capacity(2 * e);
+        let mut dn_names = Vec::with_capacity(e);
+        for x in 0..e {
+            gu_names.push(format!("{p}.experts.{x}.gate_proj.weight"));
+            gu_names.push(format!("{p}.experts.{x}.up_proj.weight"));
+            dn_names.push(format!("{p}.experts.{x}.down_proj.weight"));
+        }
+        let gu = self.stacked(&gu_names, &vec![i; 2 * e], h, 2 * i, &format!("{p}.experts.gate_up"))?;
+        let d = self.stacked(&dn_names, &vec![h; e], i, h, &format!("{p}.experts.down"))?;
+        Ok((gu, d))
+    }
+}
+
+pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) -> Result<Weights> {
+    let total = files.total_bytes();
+    let mut l = Loader { gpu, files, done: 0, total, progress };
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+    let embed = l.matrix("model.embed_tokens.weight", v, h)?;
+    let lm_head = if cfg.tie_word_embeddings && !files.contains("lm_head.weight") {
+        None
+    } else {
+        Some(l.matrix("lm_head.weight", v, h)?)
+    };
+    let norm = l.vector("model.norm.weight", h)?;
+    let heads = cfg.num_attention_heads;
+    let (dn, dr, dv) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim);
+    let (ql, kl) = (cfg.q_lora_rank, cfg.kv_lora_rank);
+    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let a = format!("{p}.self_attn");
+        let indexer = match cfg.indexer_types[i] {
+            IndexerKind::Full => {
+                let x = format!("{a}.indexer");
+                Some(Indexer {
+                    wq_b: l.matrix(&format!("{x}.wq_b.weight"), cfg.index_n_heads * cfg.index_head_dim, ql)?,
+                    wk: l.matrix(&format!("{x}.wk.weight"), cfg.index_head_dim, h)?,
+                    k_norm_w: l.vector(&format!("{x}.k_norm.weight"), cfg.index_head_dim)?,
+                    k_norm_b: l.vector(&format!("{x}.k_norm.bias"), cfg.index_head_dim)?,
+                    weights_proj: l.matrix(&format!("{x}.weights_proj.weight"), cfg.index_n_heads, h)?,
+                })
+            }
+            IndexerKind::Shared => None,
+        };
+        let mlp = if cfg.is_dense_layer(i) {
+            Mlp::Dense(l.swiglu(&format!("{p}.mlp"), h, cfg.intermediate_size)?)
+        } else {
+            let m = format!("{p}.mlp");
+            let router = l.matrix(&format!("{m}.gate.weight"), cfg.n_routed_experts, h)?;
+            let bname = format!("{m}.gate.e_score_correction_bias");
+            let bias = if files.contains(&bname) {
+                l.vector(&bname, cfg.n_routed_experts)?
+            } else {
+                gpu.buffer_from(&vec![0f32; cfg.n_routed_experts], &bname)?
+            };
+            let (gate_up, down) = l.experts(&m, cfg)?;
+            let shared = if cfg.n_shared_experts > 0 {
+                Some(l.swiglu(&format!("{m}.shared_experts"), h, cfg.moe_intermediate_size * cfg.n_shared_experts)?)
+            } else {
+                None
+            };
+            Mlp::Moe(Moe { router, bias, gate_up, down, shared })
+        };
+        layers.push(Layer {
+            input_norm: l.vector(&format!("{p}.input_layernorm.weight"), h)?,
+            post_norm: l.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            q_a: l.matrix(&format!("{a}.q_a_proj.weight"), ql, h)?,
+            q_a_norm: l.vector(&format!("{a}.q_a_layernorm.weight"), ql)?,
+            q_b: l.matrix(&format!("{a}.q_b_proj.weight"), heads * (dn + dr), ql)?,
+            kv_a: l.matrix(&format!("{a}.kv_a_proj_with_mqa.weight"), kl + dr, h)?,
+            kv_a_norm: l.vector(&format!("{a}.kv_a_layernorm.weight"), kl)?,
+            kv_b: l.matrix(&format!("{a}.kv_b_proj.weight"), heads * (dn + dv), kl)?,
+            o: l.matrix(&format!("{a}.o_proj.weight"), h, heads * dv)?,
+            indexer,
+            mlp,
+        });
+        gpu.check().map_err(|e| e.context(format!("uploading layer {i}")))?;
+    }
+    Ok(Weights { embed, lm_head, norm, layers })
+}

@@ -1,0 +1,50 @@
+//! DSA models: GLM-5 family (`glm_moe_dsa`) and DeepSeek-V3.2 (`deepseek_v32`).
+//!
+//! Both families share one forward pass (`forward.rs`); what differs is data in
+//! [`Config`]: the indexer RoPE pairing (GLM interleaved, V3.2 half-split), IndexShare
+//! (GLM-5.2: shared layers reuse the previous full layer's top-k), router groups
+//! (V3.2: n_group 8 / topk_group 4) and YaRN (V3.2's mscale in the softmax scale).
+
+mod forward;
+pub mod load;
+pub mod rope;
+
+pub use forward::{Logits, Session};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::weights::WeightFiles;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub struct Model {
+    pub config: Config,
+    pub gpu: Arc<Gpu>,
+    pub weights: load::Weights,
+    pub dir: PathBuf,
+}
+
+impl Model {
+    /// Load a Hugging Face model directory onto `gpu`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn load(dir: &Path, gpu: Arc<Gpu>, progress: load::Progress) -> Result<Model> {
+        if !dir.is_dir() {
+            return Err(Error::msg(format!("{}: not a directory (expected a model directory with config.json)", dir.display())));
+        }
+        let config = Config::from_dir(dir)?;
+        let files = WeightFiles::open(dir)?;
+        Self::from_parts(config, &files, gpu, dir.to_path_buf(), progress)
+    }
+
+    pub fn from_parts(config: Config, files: &WeightFiles, gpu: Arc<Gpu>, dir: PathBuf, progress: load::Progress) -> Result<Model> {
+        let weights = load::load(&gpu, &config, files, progress)?;
+        gpu.sync()?;
+        Ok(Model { config, gpu, weights, dir })
+    }
+
+    /// Start a conversation with caches for `max_ctx` tokens.
+    pub fn session(&self, max_ctx: usize) -> Result<Session<'_>> {
+        Session::new(self, max_ctx)
+    }
+}

@@ -1,0 +1,62 @@
+//! The model's `tokenizer.json`, through the `tokenizers` crate.
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+impl Tokenizer {
+    pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            return Err(Error::msg(format!(
+                "{}: missing (this model has no tokenizer; pass token ids with --tokens instead of --prompt)",
+                path.display()
+            )));
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| Error::msg(format!("{}: cannot load tokenizer: {e}", path.display())))?;
+        Ok(Tokenizer { inner })
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| Error::msg(format!("tokenizer.json: {e}")))?;
+        Ok(Tokenizer { inner })
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, false).map_err(|e| Error::msg(format!("tokenizing the prompt: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(|e| Error::msg(format!("decoding tokens: {e}")))
+    }
+}
+
+/// Streams text for a growing token list: decodes everything generated so far and returns
+/// only the new, complete part (so multi-byte characters split across tokens come out whole).
+pub struct TextStream<'t> {
+    tok: &'t Tokenizer,
+    ids: Vec<u32>,
+    printed: usize,
+}
+
+impl<'t> TextStream<'t> {
+    pub fn new(tok: &'t Tokenizer) -> Self {
+        TextStream { tok, ids: Vec::new(), printed: 0 }
+    }
+
+    pub fn push(&mut self, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let text = self.tok.decode(&self.ids)?;
+        if text.ends_with('\u{FFFD}') || text.len() < self.printed || !text.is_char_boundary(self.printed) {
+            return Ok(String::new());
+        }
+        let new = text[self.printed..].to_string();
+        self.printed = text.len();
+        Ok(new)
+    }
+}
