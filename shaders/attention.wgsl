@@ -1,1 +1,303 @@
-// placeholder
+// Sparse MLA in absorbed form over the latent cache: absorb_q, sparse_mla, up_v.
+//
+// All three entry points share one set of binding declarations (each uses a prefix of
+// them, the wrapper passes buffers in binding order):
+//   1 in0  (f32, read): q (absorb_q) / q_abs (sparse_mla) / o_lat (up_v)
+//   2 wts  (u32, read): kv_b weight in W_DTYPE (absorb_q, up_v) / idx (sparse_mla)
+//   3 out0 (f32, rw)  : q_abs / o_lat / o
+//   4 in1  (f32, read): q (sparse_mla, for q_pe)
+//   5 in2  (f32, read): latent cache (sparse_mla)
+//   6 cnt  (u32, read): selected counts (sparse_mla)
+//
+// Defines (every pipeline of this file sets all of them):
+//   W_DTYPE: 0 = f32, 1 = bf16, 2 = f16 (weight element i in word i >> 1, low half even)
+//   TR: query rows per workgroup (absorb_q, up_v)
+//   NC: output columns per invocation in sparse_mla = ceil(kv_lora / 256)
+//   QD: kv_lora + dr (sparse_mla's query in workgroup memory)
+
+const WG: u32 = 256u;
+const DCH: u32 = 64u;   // absorb_q: dn chunk staged in workgroup memory
+const KCH: u32 = 128u;  // up_v: kv_lora chunk staged in workgroup memory
+const VT: u32 = 16u;    // up_v: outputs per workgroup (16 invocations each)
+const BLK: u32 = 32u;   // sparse_mla: positions per block (8 invocations each for the logit)
+const NEG_BIG: f32 = -3.0e38;
+
+struct Params {
+    a_off: u32,
+    a_stride: u32,
+    b_off: u32,
+    b_stride: u32,
+    c_off: u32,
+    c_stride: u32,
+    o_off: u32,
+    o_stride: u32,
+    rows: u32,
+    heads: u32,
+    dn: u32,
+    dr: u32,
+    dv: u32,
+    kv_lora: u32,
+    topk: u32,
+    tiles: u32,
+    scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> in0: array<f32>;
+@group(0) @binding(2) var<storage, read> wts: array<u32>;
+@group(0) @binding(3) var<storage, read_write> out0: array<f32>;
+@group(0) @binding(4) var<storage, read> in1: array<f32>;
+@group(0) @binding(5) var<storage, read> in2: array<f32>;
+@group(0) @binding(6) var<storage, read> cnt: array<u32>;
+
+fn wget(i: u32) -> f32 {
+    if (W_DTYPE == 0u) {
+        return bitcast<f32>(wts[i]);
+    } else if (W_DTYPE == 1u) {
+        let word = wts[i >> 1u];
+        return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
+    } else {
+        return unpack2x16float(wts[i >> 1u])[i & 1u];
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// absorb_q: q_abs[t, h*kv_lora + c] = Σ_{d<dn} q[t, h*(dn+dr) + d] · W[h*(dn+dv) + d, c].
+// Workgroup: one head, 256 columns c, TR rows; q chunks staged, W read along rows
+// (consecutive c per invocation: coalesced), each W element used by TR rows.
+
+var<workgroup> qs: array<f32, TR * DCH>;
+
+@compute @workgroup_size(256)
+fn absorb_q(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    let n_rt = (P.rows + TR - 1u) / TR;
+    if (g >= P.tiles * P.heads * n_rt) {
+        return;
+    }
+    let ct = g % P.tiles;
+    let rest = g / P.tiles;
+    let h = rest % P.heads;
+    let r0 = (rest / P.heads) * TR;
+    let c = ct * WG + lid;
+    let hq = P.dn + P.dr;
+    let wrow0 = h * (P.dn + P.dv);
+    var acc: array<f32, TR>;
+    for (var r = 0u; r < TR; r = r + 1u) {
+        acc[r] = 0.0;
+    }
+    for (var d0 = 0u; d0 < P.dn; d0 = d0 + DCH) {
+        workgroupBarrier();
+        for (var i = lid; i < TR * DCH; i = i + WG) {
+            let r = i / DCH;
+            let d = d0 + i % DCH;
+            var v = 0.0;
+            if (r0 + r < P.rows && d < P.dn) {
+                v = in0[P.a_off + (r0 + r) * P.a_stride + h * hq + d];
+            }
+            qs[i] = v;
+        }
+        workgroupBarrier();
+        if (c < P.kv_lora) {
+            let dend = min(DCH, P.dn - d0);
+            for (var dd = 0u; dd < dend; dd = dd + 1u) {
+                let wv = wget((wrow0 + d0 + dd) * P.kv_lora + c);
+                for (var r = 0u; r < TR; r = r + 1u) {
+                    acc[r] = acc[r] + qs[r * DCH + dd] * wv;
+                }
+            }
+        }
+    }
+    if (c < P.kv_lora) {
+        for (var r = 0u; r < TR; r = r + 1u) {
+            if (r0 + r < P.rows) {
+                out0[P.o_off + (r0 + r) * P.o_stride + h * P.kv_lora + c] = acc[r];
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// up_v: o[t, h*dv + v] = Σ_c W[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c].
+// Workgroup: one head, VT outputs v (16 invocations each, striding along the W row:
+// coalesced), TR rows; o_lat chunks staged; partial sums reduced in workgroup memory.
+
+var<workgroup> ols: array<f32, TR * KCH>;
+var<workgroup> red: array<f32, TR * WG>;
+
+@compute @workgroup_size(256)
+fn up_v(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    let n_rt = (P.rows + TR - 1u) / TR;
+    if (g >= P.tiles * P.heads * n_rt) {
+        return;
+    }
+    let vt = g % P.tiles;
+    let rest = g / P.tiles;
+    let h = rest % P.heads;
+    let r0 = (rest / P.heads) * TR;
+    let kvl = P.kv_lora;
+    let lane = lid % VT;
+    let v = vt * VT + lid / VT;
+    let wrow = h * (P.dn + P.dv) + P.dn + v;
+    var acc: array<f32, TR>;
+    for (var r = 0u; r < TR; r = r + 1u) {
+        acc[r] = 0.0;
+    }
+    for (var c0 = 0u; c0 < kvl; c0 = c0 + KCH) {
+        workgroupBarrier();
+        for (var i = lid; i < TR * KCH; i = i + WG) {
+            let r = i / KCH;
+            let c = c0 + i % KCH;
+            var x = 0.0;
+            if (r0 + r < P.rows && c < kvl) {
+                x = in0[P.a_off + (r0 + r) * P.a_stride + h * kvl + c];
+            }
+            ols[i] = x;
+        }
+        workgroupBarrier();
+        if (v < P.dv) {
+            let cend = min(KCH, kvl - c0);
+            for (var cc = lane; cc < cend; cc = cc + VT) {
+                let wv = wget(wrow * kvl + c0 + cc);
+                for (var r = 0u; r < TR; r = r + 1u) {
+                    acc[r] = acc[r] + wv * ols[r * KCH + cc];
+                }
+            }
+        }
+    }
+    for (var r = 0u; r < TR; r = r + 1u) {
+        red[r * WG + lid] = acc[r];
+    }
+    workgroupBarrier();
+    if (lid < VT * TR) {
+        let r = lid / VT;
+        let vl = lid % VT;
+        let v2 = vt * VT + vl;
+        var sum = 0.0;
+        for (var i = 0u; i < VT; i = i + 1u) {
+            sum = sum + red[r * WG + vl * VT + i];
+        }
+        if (v2 < P.dv && r0 + r < P.rows) {
+            out0[P.o_off + (r0 + r) * P.o_stride + h * P.dv + v2] = sum;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// sparse_mla: one workgroup per (row t, head h). The selected positions are walked in
+// blocks of BLK: 8 invocations per position compute the logit over the kv_lora + dr
+// latent values, then every invocation updates the online softmax and its NC output
+// columns. Only cache rows named in idx[t*topk .. t*topk + cnt[t]] are ever read.
+
+var<workgroup> qsh: array<f32, QD>;
+var<workgroup> pos_sh: array<u32, BLK>;
+var<workgroup> lg: array<f32, BLK>;
+var<workgroup> part_sh: array<f32, WG>;
+var<workgroup> n_sh: u32;
+
+@compute @workgroup_size(256)
+fn sparse_mla(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if (g >= P.rows * P.heads) {
+        return;
+    }
+    let t = g / P.heads;
+    let h = g % P.heads;
+    let kvl = P.kv_lora;
+    let qd = kvl + P.dr;
+    if (lid == 0u) {
+        n_sh = min(cnt[t], P.topk);
+    }
+    let qa = P.a_off + t * P.a_stride + h * kvl;
+    for (var i = lid; i < kvl; i = i + WG) {
+        qsh[i] = in0[qa + i];
+    }
+    let qp = P.b_off + t * P.b_stride + h * (P.dn + P.dr) + P.dn;
+    for (var i = lid; i < P.dr; i = i + WG) {
+        qsh[kvl + i] = in1[qp + i];
+    }
+    let n = workgroupUniformLoad(&n_sh);
+
+    var m = NEG_BIG;
+    var l = 0.0;
+    var acc: array<f32, NC>;
+    for (var i = 0u; i < NC; i = i + 1u) {
+        acc[i] = 0.0;
+    }
+    let ib = t * P.topk;
+    for (var j0 = 0u; j0 < n; j0 = j0 + BLK) {
+        let nb = min(BLK, n - j0);
+        workgroupBarrier();
+        if (lid < nb) {
+            pos_sh[lid] = wts[ib + j0 + lid];
+        }
+        workgroupBarrier();
+        let p = lid / 8u;
+        let lane = lid % 8u;
+        var part = 0.0;
+        if (p < nb) {
+            let base = P.c_off + pos_sh[p] * P.c_stride;
+            for (var i = lane; i < qd; i = i + 8u) {
+                part = part + qsh[i] * in2[base + i];
+            }
+        }
+        part_sh[lid] = part;
+        workgroupBarrier();
+        if (lid < nb) {
+            var sum = 0.0;
+            for (var i = 0u; i < 8u; i = i + 1u) {
+                sum = sum + part_sh[lid * 8u + i];
+            }
+            lg[lid] = sum * P.scale;
+        }
+        workgroupBarrier();
+        var mb = m;
+        for (var jj = 0u; jj < nb; jj = jj + 1u) {
+            mb = max(mb, lg[jj]);
+        }
+        let corr = exp(m - mb);
+        l = l * corr;
+        for (var i = 0u; i < NC; i = i + 1u) {
+            acc[i] = acc[i] * corr;
+        }
+        for (var jj = 0u; jj < nb; jj = jj + 1u) {
+            let pj = exp(lg[jj] - mb);
+            l = l + pj;
+            let base = P.c_off + pos_sh[jj] * P.c_stride;
+            for (var i = 0u; i < NC; i = i + 1u) {
+                let c = lid + i * WG;
+                if (c < kvl) {
+                    acc[i] = acc[i] + pj * in2[base + c];
+                }
+            }
+        }
+        m = mb;
+    }
+    var inv = 0.0;
+    if (l > 0.0) {
+        inv = 1.0 / l;
+    }
+    let ob = P.o_off + t * P.o_stride + h * kvl;
+    for (var i = 0u; i < NC; i = i + 1u) {
+        let c = lid + i * WG;
+        if (c < kvl) {
+            out0[ob + c] = acc[i] * inv;
+        }
+    }
+}

@@ -4,10 +4,13 @@
 //   W_DTYPE: 0 = f32, 1 = bf16, 2 = f16 (weights bound as array<u32>; 16-bit element i
 //            lives in word i >> 1, low half = even index).
 //   T:       rows of x handled by one GEMV workgroup (1 ..= 8; 1 for the other entries).
+//   TPR4, RR, EPV: gemv4's lanes per weight row, weight rows per lane, elements per 16 bytes.
 //
 // Entry points (bindings: 1 = x, 2 = weight chunk, 3 = y, 4 = expert ids):
 //   gemv          y[t, n] for all t < T, RPW weight rows n per workgroup.
+//   gemv4         the same over 16-byte words (aligned rows and x), RR rows per lane.
 //   gemm          64×64 tiles of (t × n), K-tiles of 16, 4×4 outputs per invocation.
+//   gemm128       128×128 tiles, K-tiles of 8, 8×8 outputs per invocation (large products).
 //   gemv_experts  one slot × RPW expert rows per workgroup.
 //   gemm_experts  one (expert, 64-column tile) per workgroup; gathers the slots routed to
 //                 that expert into 64-row tiles (a grouped GEMM).
@@ -70,48 +73,91 @@ fn wload2(i: u32) -> vec2<f32> {
     return vec2<f32>(wload(i), wload(i + 1u));
 }
 
-// ---- GEMV ---------------------------------------------------------------------------
+// ---- GEMV ----------------------------------------------------------------------------
+// Accumulators live in vectors, never in indexed private arrays (those end up in local
+// memory behind bounds checks on some drivers).
 
-var<workgroup> red: array<f32, 2048>;   // WG * T (T <= 8)
+struct Acc8 {
+    lo: vec4<f32>,   // x rows 0..3
+    hi: vec4<f32>,   // x rows 4..7
+}
+
+// Dots of weight pair `wv` with columns c, c + 1 of the T x rows; `xo` = row 0's offset of c.
+fn pair_dots(wv: vec2<f32>, xo: u32) -> Acc8 {
+    let xs = P.x_stride;
+    var r = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    r.lo.x = dot(wv, vec2<f32>(x[xo], x[xo + 1u]));
+    if (T > 1u) { r.lo.y = dot(wv, vec2<f32>(x[xo + xs], x[xo + xs + 1u])); }
+    if (T > 2u) { r.lo.z = dot(wv, vec2<f32>(x[xo + 2u * xs], x[xo + 2u * xs + 1u])); }
+    if (T > 3u) { r.lo.w = dot(wv, vec2<f32>(x[xo + 3u * xs], x[xo + 3u * xs + 1u])); }
+    if (T > 4u) { r.hi.x = dot(wv, vec2<f32>(x[xo + 4u * xs], x[xo + 4u * xs + 1u])); }
+    if (T > 5u) { r.hi.y = dot(wv, vec2<f32>(x[xo + 5u * xs], x[xo + 5u * xs + 1u])); }
+    if (T > 6u) { r.hi.z = dot(wv, vec2<f32>(x[xo + 6u * xs], x[xo + 6u * xs + 1u])); }
+    if (T > 7u) { r.hi.w = dot(wv, vec2<f32>(x[xo + 7u * xs], x[xo + 7u * xs + 1u])); }
+    return r;
+}
 
 // Partial dots of weight row `wbase` (element index of its column 0; NONE = inactive)
-// with x rows `xbase + t * P.x_stride`, over this lane's columns.
-fn gemv_partial(wbase: u32, xbase: u32, lane: u32) -> array<f32, T> {
-    var acc: array<f32, T>;
+// with the T x rows starting at `xbase`, over this lane's columns.
+fn gemv_partial(wbase: u32, xbase: u32, lane: u32) -> Acc8 {
+    var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
     if (wbase == NONE) {
         return acc;
     }
     let k = P.k;
     let pairs = k >> 1u;
-    for (var p = lane; p < pairs; p += TPR) {
-        let c = p << 1u;
-        let wv = wload2(wbase + c);
-        for (var t = 0u; t < T; t++) {
-            let xo = xbase + t * P.x_stride + c;
-            acc[t] += wv.x * x[xo] + wv.y * x[xo + 1u];
+    var p = lane;
+    // Four independent pairs per step keep more loads in flight.
+    for (; p + 3u * TPR < pairs; p += 4u * TPR) {
+        let c0 = p << 1u;
+        let c1 = c0 + 2u * TPR;
+        let c2 = c1 + 2u * TPR;
+        let c3 = c2 + 2u * TPR;
+        let w0 = wload2(wbase + c0);
+        let w1 = wload2(wbase + c1);
+        let w2 = wload2(wbase + c2);
+        let w3 = wload2(wbase + c3);
+        let d0 = pair_dots(w0, xbase + c0);
+        let d1 = pair_dots(w1, xbase + c1);
+        let d2 = pair_dots(w2, xbase + c2);
+        let d3 = pair_dots(w3, xbase + c3);
+        acc.lo += (d0.lo + d1.lo) + (d2.lo + d3.lo);
+        if (T > 4u) {
+            acc.hi += (d0.hi + d1.hi) + (d2.hi + d3.hi);
         }
     }
+    for (; p < pairs; p += TPR) {
+        let c = p << 1u;
+        let d = pair_dots(wload2(wbase + c), xbase + c);
+        acc.lo += d.lo;
+        acc.hi += d.hi;
+    }
     if ((k & 1u) == 1u && lane == TPR - 1u) {
-        let wv = wload(wbase + k - 1u);
-        for (var t = 0u; t < T; t++) {
-            acc[t] += wv * x[xbase + t * P.x_stride + k - 1u];
-        }
+        // The odd last column, as a pair with a zero weight.
+        let c = k - 1u;
+        let d = pair_dots(vec2<f32>(wload(wbase + c), 0.0), xbase + c);
+        acc.lo += d.lo;
+        acc.hi += d.hi;
     }
     return acc;
 }
 
-// Sums the partials of the TPR lanes of each row group; afterwards red[t * WG + sub * TPR]
-// holds the dot of row group `sub` with x row t.
-fn gemv_reduce(acc: array<f32, T>, lid: u32) {
-    for (var t = 0u; t < T; t++) {
-        red[t * WG + lid] = acc[t];
+var<workgroup> red: array<vec4<f32>, 512>;   // [lo | hi] × WG
+
+// Sums the partials of the TPR lanes of each row group; afterwards red[sub * TPR] (rows
+// 0..3) and red[WG + sub * TPR] (rows 4..7) hold the dots of row group `sub`.
+fn gemv_reduce(acc: Acc8, lid: u32) {
+    red[lid] = acc.lo;
+    if (T > 4u) {
+        red[WG + lid] = acc.hi;
     }
     workgroupBarrier();
     let lane = lid % TPR;
     for (var s = TPR / 2u; s > 0u; s >>= 1u) {
         if (lane < s) {
-            for (var t = 0u; t < T; t++) {
-                red[t * WG + lid] += red[t * WG + lid + s];
+            red[lid] += red[lid + s];
+            if (T > 4u) {
+                red[WG + lid] += red[WG + lid + s];
             }
         }
         workgroupBarrier();
@@ -129,10 +175,10 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (n < P.n) {
         wbase = n * P.k;
     }
-    let acc = gemv_partial(wbase, P.x_off, lane);
-    gemv_reduce(acc, lid);
+    gemv_reduce(gemv_partial(wbase, P.x_off, lane), lid);
     if (lane < T && n < P.n) {
-        y[P.y_off + lane * P.y_stride + n] = red[lane * WG + sub * TPR];
+        let v = red[(lane / 4u) * WG + sub * TPR];
+        y[P.y_off + lane * P.y_stride + n] = v[lane % 4u];
     }
 }
 
@@ -159,74 +205,278 @@ fn gemv_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             xbase = P.x_off + r * P.x_stride;
         }
     }
-    let acc = gemv_partial(wbase, xbase, lane);
-    gemv_reduce(acc, lid);
+    gemv_reduce(gemv_partial(wbase, xbase, lane), lid);
     if (lane == 0u && wbase != NONE) {
-        y[P.y_off + slot * P.y_stride + n] = red[sub * TPR];
+        y[P.y_off + slot * P.y_stride + n] = red[sub * TPR].x;
     }
 }
 
-// ---- GEMM ---------------------------------------------------------------------------
+// ---- GEMV over 16-byte words -----------------------------------------------------------
+// For rows of a whole number of 16-byte words and x rows starting on 4-float boundaries:
+// each lane loads one vec4<u32> of RR weight rows (EPV elements each) per step and the
+// matching x floats as vec4s. Workgroup: WG / TPR4 row groups of TPR4 lanes, each group RR
+// consecutive weight rows. Extra defines: TPR4, RR (1 or 2), EPV (8 for 16-bit, 4 for f32).
+
+@group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w4: array<vec4<u32>>;
+
+struct W8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn unpack_w(v: vec4<u32>) -> W8 {
+    if (W_DTYPE == 0u) {
+        return W8(bitcast<vec4<f32>>(v), vec4<f32>(0.0));
+    }
+    if (W_DTYPE == 1u) {
+        let l = v << vec4<u32>(16u);
+        let h = v & vec4<u32>(0xffff0000u);
+        return W8(bitcast<vec4<f32>>(vec4<u32>(l.x, h.x, l.y, h.y)), bitcast<vec4<f32>>(vec4<u32>(l.z, h.z, l.w, h.w)));
+    }
+    return W8(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)), vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
+}
+
+// x row t's EPV floats at vec4 index `xi` (+ t * stride4).
+fn xdot(w: W8, xi: u32) -> f32 {
+    if (EPV == 4u) {
+        return dot(w.lo, x4[xi]);
+    }
+    return dot(w.lo, x4[xi]) + dot(w.hi, x4[xi + 1u]);
+}
+
+fn dots8(w: W8, xi: u32, xs4: u32) -> Acc8 {
+    var r = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    r.lo.x = xdot(w, xi);
+    if (T > 1u) { r.lo.y = xdot(w, xi + xs4); }
+    if (T > 2u) { r.lo.z = xdot(w, xi + 2u * xs4); }
+    if (T > 3u) { r.lo.w = xdot(w, xi + 3u * xs4); }
+    if (T > 4u) { r.hi.x = xdot(w, xi + 4u * xs4); }
+    if (T > 5u) { r.hi.y = xdot(w, xi + 5u * xs4); }
+    if (T > 6u) { r.hi.z = xdot(w, xi + 6u * xs4); }
+    if (T > 7u) { r.hi.w = xdot(w, xi + 7u * xs4); }
+    return r;
+}
+
+// Tree-sums `va` and `vb` over the TPR4 lanes of each group; every invocation gets its
+// group's sums.
+fn reduce_pair(va: vec4<f32>, vb: vec4<f32>, lid: u32) -> Acc8 {
+    red[lid] = va;
+    red[WG + lid] = vb;
+    workgroupBarrier();
+    let lane = lid % TPR4;
+    for (var s = TPR4 / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) {
+            red[lid] += red[lid + s];
+            red[WG + lid] += red[WG + lid + s];
+        }
+        workgroupBarrier();
+    }
+    let g0 = lid - lane;
+    let r = Acc8(red[g0], red[WG + g0]);
+    workgroupBarrier();
+    return r;
+}
+
+struct Acc8x2 {
+    a: Acc8,
+    b: Acc8,
+}
+
+// This lane's partial dots of weight rows at 16-byte word offsets `wa` and `wb` (NONE =
+// inactive; `wb` only used when RR = 2) with the T x rows at vec4 offset `xb`.
+fn gemv4_partial(wa: u32, wb: u32, xb: u32, lane: u32) -> Acc8x2 {
+    var a = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    var b = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (wa != NONE) {
+        let kw = P.k / EPV;
+        let xs4 = P.x_stride / 4u;
+        let wb2 = select(wa, wb, RR > 1u && wb != NONE);
+        for (var q = lane; q < kw; q += TPR4) {
+            let xi = xb + q * (EPV / 4u);
+            let da = dots8(unpack_w(w4[wa + q]), xi, xs4);
+            a.lo += da.lo;
+            a.hi += da.hi;
+            if (RR > 1u) {
+                let db = dots8(unpack_w(w4[wb2 + q]), xi, xs4);
+                b.lo += db.lo;
+                b.hi += db.hi;
+            }
+        }
+    }
+    return Acc8x2(a, b);
+}
+
+@compute @workgroup_size(256)
+fn gemv4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let sub = lid / TPR4;
+    let lane = lid % TPR4;
+    let na = (g * (WG / TPR4) + sub) * RR;
+    let nb = na + 1u;
+    let kw = P.k / EPV;                 // 16-byte words per weight row
+    let part = gemv4_partial(select(NONE, na * kw, na < P.n), select(NONE, nb * kw, nb < P.n), P.x_off / 4u, lane);
+    let a = part.a;
+    let b = part.b;
+    let lo = reduce_pair(a.lo, b.lo, lid);
+    var hi = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (T > 4u) {
+        hi = reduce_pair(a.hi, b.hi, lid);
+    }
+    if (lane < T) {
+        let t = lane;
+        let ya = select(lo.lo, hi.lo, t >= 4u)[t % 4u];
+        let yb = select(lo.hi, hi.hi, t >= 4u)[t % 4u];
+        if (na < P.n) {
+            y[P.y_off + t * P.y_stride + na] = ya;
+        }
+        if (RR > 1u && nb < P.n) {
+            y[P.y_off + t * P.y_stride + nb] = yb;
+        }
+    }
+}
+
+// One slot (T = 1) per workgroup, WG / TPR4 * RR rows of its expert.
+@compute @workgroup_size(256)
+fn gemv4_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let per = WG / TPR4 * RR;
+    let groups = (P.n + per - 1u) / per;
+    let slot = g / groups;
+    let sub = lid / TPR4;
+    let lane = lid % TPR4;
+    let na = (g % groups) * per + sub * RR;
+    let nb = na + 1u;
+    let kw = P.k / EPV;
+    var wa = NONE;
+    var wb = NONE;
+    var xb = 0u;
+    var e = 0u;
+    if (slot < P.rows) {
+        e = experts[slot];
+        if (e < P.n_experts) {
+            xb = slot_x(slot) / 4u;
+            let ga = e * P.n + na;
+            if (na < P.n && ga >= P.row0 && ga < P.row0 + P.crow) {
+                wa = (ga - P.row0) * kw;
+            }
+            let gb = ga + 1u;
+            if (nb < P.n && gb >= P.row0 && gb < P.row0 + P.crow) {
+                wb = (gb - P.row0) * kw;
+            }
+        }
+    }
+    // Row b may lie in this chunk when row a does not (a chunk boundary inside an expert).
+    var part: Acc8x2;
+    if (wa == NONE) {
+        part = gemv4_partial(wb, NONE, xb, lane);
+        part.b = part.a;
+        part.a = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    } else {
+        part = gemv4_partial(wa, wb, xb, lane);
+    }
+    let r = reduce_pair(part.a.lo, part.b.lo, lid);
+    if (lane == 0u) {
+        let base = P.y_off + slot * P.y_stride;
+        if (wa != NONE) {
+            y[base + na] = r.lo.x;
+        }
+        if (RR > 1u && wb != NONE) {
+            y[base + nb] = r.hi.x;
+        }
+    }
+}
+
+// ---- GEMM, 64×64 tiles ----------------------------------------------------------------
+// Invocation (tx, ty) = (lid % 16, lid / 16) owns tile rows 4 ty .. 4 ty + 3 and columns
+// 4 tx .. 4 tx + 3. Tiles are stored k-major as vec4s of 4 consecutive rows / columns.
 
 const BM: u32 = 64u;
 const BN: u32 = 64u;
 const BK: u32 = 16u;
 
-var<workgroup> As: array<f32, 1024>;   // [BK][BM]
-var<workgroup> Bs: array<f32, 1024>;   // [BK][BN]
+var<workgroup> As: array<vec4<f32>, 256>;   // [BK][BM / 4]
+var<workgroup> Bs: array<vec4<f32>, 256>;   // [BK][BN / 4]
 
-// One BM × BN output tile over the whole K. `xrows[p]`: element offset of x row
-// `lid / 16 + 16 p` of the tile (NONE = zero row); `wrows[q]`: element offset in the chunk
-// of weight row `lid / 8 + 32 q` of the tile (NONE = zero row). Returns acc[i * 4 + j] for
-// tile row `lid / 16 + 16 i`, tile column `lid % 16 + 16 j`. Call in uniform control flow.
-fn gemm_tile(xrows: array<u32, 4>, wrows: array<u32, 2>, lid: u32) -> array<f32, 16> {
-    var acc: array<f32, 16>;
-    let k = P.k;
-    let ak = lid % BK;          // A loads: column in the K-tile
-    let am = lid / BK;          //          first row (+16 p)
-    let bp = lid % 8u;          // B loads: column pair in the K-tile
-    let bn = lid / 8u;          //          first row (+32 q)
+struct Acc16 {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+}
+
+fn xload(row: u32, k: u32) -> f32 {
+    if (row == NONE || k >= P.k) {
+        return 0.0;
+    }
+    return x[row + k];
+}
+
+fn wpair(row: u32, k: u32) -> vec2<f32> {
+    if (row == NONE || k >= P.k) {
+        return vec2<f32>(0.0);
+    }
+    if (k + 1u < P.k) {
+        return wload2(row + k);
+    }
+    return vec2<f32>(wload(row + k), 0.0);
+}
+
+// One 64 × 64 output tile over the whole K. `xr[p]`: element offset of x for tile row
+// `lid / 16 + 16 p` (NONE = zero row); `wr[q]`: element offset in the chunk of weight row
+// `lid / 8 + 32 q` (NONE = zero row). Call in uniform control flow.
+fn tile64(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
+    var acc = Acc16(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    let ak = lid % BK;
+    let am = lid / BK;           // + 16 p: vec4 index am / 4 + 4 p, component am % 4
+    let bp = lid % 8u;
+    let bn = lid / 8u;           // + 32 q: vec4 index bn / 4 + 8 q, component bn % 4
     let tx = lid % 16u;
     let ty = lid / 16u;
-    for (var k0 = 0u; k0 < k; k0 += BK) {
-        let ka = k0 + ak;
-        for (var p = 0u; p < 4u; p++) {
-            var v = 0.0;
-            if (xrows[p] != NONE && ka < k) {
-                v = x[xrows[p] + ka];
-            }
-            As[ak * BM + am + 16u * p] = v;
-        }
-        let kb = k0 + 2u * bp;
-        for (var q = 0u; q < 2u; q++) {
-            var v = vec2<f32>(0.0);
-            if (wrows[q] != NONE) {
-                if (kb + 1u < k) {
-                    v = wload2(wrows[q] + kb);
-                } else if (kb < k) {
-                    v.x = wload(wrows[q] + kb);
-                }
-            }
-            Bs[2u * bp * BN + bn + 32u * q] = v.x;
-            Bs[(2u * bp + 1u) * BN + bn + 32u * q] = v.y;
-        }
+    let ai = ak * (BM / 4u) + am / 4u;
+    let ac = am % 4u;
+    let bi = 2u * bp * (BN / 4u) + bn / 4u;
+    let bc = bn % 4u;
+    // The next K-tile's values are loaded into registers while this one is computed.
+    var pa = vec4<f32>(xload(xr.x, ak), xload(xr.y, ak), xload(xr.z, ak), xload(xr.w, ak));
+    var pb0 = wpair(wr.x, 2u * bp);
+    var pb1 = wpair(wr.y, 2u * bp);
+    for (var k0 = 0u; k0 < P.k; k0 += BK) {
+        As[ai][ac] = pa.x;
+        As[ai + 4u][ac] = pa.y;
+        As[ai + 8u][ac] = pa.z;
+        As[ai + 12u][ac] = pa.w;
+        Bs[bi][bc] = pb0.x;
+        Bs[bi + BN / 4u][bc] = pb0.y;
+        Bs[bi + 8u][bc] = pb1.x;
+        Bs[bi + 8u + BN / 4u][bc] = pb1.y;
         workgroupBarrier();
+        let ka = k0 + BK + ak;
+        pa = vec4<f32>(xload(xr.x, ka), xload(xr.y, ka), xload(xr.z, ka), xload(xr.w, ka));
+        let kb = k0 + BK + 2u * bp;
+        pb0 = wpair(wr.x, kb);
+        pb1 = wpair(wr.y, kb);
         for (var kk = 0u; kk < BK; kk++) {
-            var a: array<f32, 4>;
-            var b: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                a[i] = As[kk * BM + ty + 16u * i];
-                b[i] = Bs[kk * BN + tx + 16u * i];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i * 4u + j] = fma(a[i], b[j], acc[i * 4u + j]);
-                }
-            }
+            let a = As[kk * (BM / 4u) + ty];
+            let b = Bs[kk * (BN / 4u) + tx];
+            acc.r0 = fma(vec4<f32>(a.x), b, acc.r0);
+            acc.r1 = fma(vec4<f32>(a.y), b, acc.r1);
+            acc.r2 = fma(vec4<f32>(a.z), b, acc.r2);
+            acc.r3 = fma(vec4<f32>(a.w), b, acc.r3);
         }
         workgroupBarrier();
     }
     return acc;
+}
+
+// Stores tile row `i` of an invocation's 4 × 4 block: y[base + c] for columns n0 + 4 tx + j < nmax.
+fn store4(base: u32, n: u32, nmax: u32, v: vec4<f32>) {
+    if (n < nmax) { y[base + n] = v.x; }
+    if (n + 1u < nmax) { y[base + n + 1u] = v.y; }
+    if (n + 2u < nmax) { y[base + n + 2u] = v.z; }
+    if (n + 3u < nmax) { y[base + n + 3u] = v.w; }
 }
 
 @compute @workgroup_size(256)
@@ -241,36 +491,158 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     // Consecutive workgroups share a weight tile (the larger operand).
     let m0 = (g % mt) * BM;
     let n0 = (g / mt) * BN;
-    var xrows: array<u32, 4>;
+    var xr = vec4<u32>(NONE);
     for (var p = 0u; p < 4u; p++) {
         let t = m0 + lid / BK + 16u * p;
-        xrows[p] = select(NONE, P.x_off + t * P.x_stride, t < P.rows);
-    }
-    var wrows: array<u32, 2>;
-    for (var q = 0u; q < 2u; q++) {
-        let n = n0 + lid / 8u + 32u * q;
-        wrows[q] = select(NONE, n * P.k, n < P.n);
-    }
-    let acc = gemm_tile(xrows, wrows, lid);
-    let tx = lid % 16u;
-    let ty = lid / 16u;
-    for (var i = 0u; i < 4u; i++) {
-        let t = m0 + ty + 16u * i;
         if (t < P.rows) {
-            for (var j = 0u; j < 4u; j++) {
-                let n = n0 + tx + 16u * j;
-                if (n < P.n) {
-                    y[P.y_off + t * P.y_stride + n] = acc[i * 4u + j];
-                }
-            }
+            xr[p] = P.x_off + t * P.x_stride;
         }
     }
+    var wr = vec2<u32>(NONE);
+    for (var q = 0u; q < 2u; q++) {
+        let n = n0 + lid / 8u + 32u * q;
+        if (n < P.n) {
+            wr[q] = n * P.k;
+        }
+    }
+    let acc = tile64(xr, wr, lid);
+    let t0 = m0 + 4u * (lid / 16u);
+    let nc = n0 + 4u * (lid % 16u);
+    let base = P.y_off + t0 * P.y_stride;
+    if (t0 < P.rows) { store4(base, nc, P.n, acc.r0); }
+    if (t0 + 1u < P.rows) { store4(base + P.y_stride, nc, P.n, acc.r1); }
+    if (t0 + 2u < P.rows) { store4(base + 2u * P.y_stride, nc, P.n, acc.r2); }
+    if (t0 + 3u < P.rows) { store4(base + 3u * P.y_stride, nc, P.n, acc.r3); }
 }
+
+// ---- GEMM, 128×128 tiles ----------------------------------------------------------------
+// Invocation (tx, ty) owns rows 4 ty + {0..3} and 64 + 4 ty + {0..3}, columns likewise.
+
+const CM: u32 = 128u;
+const CK: u32 = 8u;
+
+var<workgroup> As2: array<vec4<f32>, 256>;   // [CK][CM / 4]
+var<workgroup> Bs2: array<vec4<f32>, 256>;   // [CK][CM / 4]
+
+@compute @workgroup_size(256)
+fn gemm128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let mt = (P.rows + CM - 1u) / CM;
+    let nt = (P.n + CM - 1u) / CM;
+    if (g >= mt * nt) {
+        return;
+    }
+    let m0 = (g % mt) * CM;
+    let n0 = (g / mt) * CM;
+    // A loads: column lid % 8, rows lid / 8 + 32 p. B loads: pair lid % 4, rows lid / 4 + 64 q.
+    let ak = lid % CK;
+    let am = lid / CK;
+    var xr = vec4<u32>(NONE);
+    for (var p = 0u; p < 4u; p++) {
+        let t = m0 + am + 32u * p;
+        if (t < P.rows) {
+            xr[p] = P.x_off + t * P.x_stride;
+        }
+    }
+    let bp = lid % 4u;
+    let bn = lid / 4u;
+    var wr = vec2<u32>(NONE);
+    for (var q = 0u; q < 2u; q++) {
+        let n = n0 + bn + 64u * q;
+        if (n < P.n) {
+            wr[q] = n * P.k;
+        }
+    }
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0); var c02 = vec4<f32>(0.0); var c03 = vec4<f32>(0.0);
+    var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0); var c12 = vec4<f32>(0.0); var c13 = vec4<f32>(0.0);
+    var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0); var c22 = vec4<f32>(0.0); var c23 = vec4<f32>(0.0);
+    var c30 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0); var c32 = vec4<f32>(0.0); var c33 = vec4<f32>(0.0);
+    let ai = ak * (CM / 4u) + am / 4u;
+    let ac = am % 4u;
+    let bi = 2u * bp * (CM / 4u) + bn / 4u;
+    let bc = bn % 4u;
+    var pa = vec4<f32>(xload(xr.x, ak), xload(xr.y, ak), xload(xr.z, ak), xload(xr.w, ak));
+    var pb0 = wpair(wr.x, 2u * bp);
+    var pb1 = wpair(wr.y, 2u * bp);
+    for (var k0 = 0u; k0 < P.k; k0 += CK) {
+        As2[ai][ac] = pa.x;
+        As2[ai + 8u][ac] = pa.y;
+        As2[ai + 16u][ac] = pa.z;
+        As2[ai + 24u][ac] = pa.w;
+        Bs2[bi][bc] = pb0.x;
+        Bs2[bi + CM / 4u][bc] = pb0.y;
+        Bs2[bi + 16u][bc] = pb1.x;
+        Bs2[bi + 16u + CM / 4u][bc] = pb1.y;
+        workgroupBarrier();
+        let ka = k0 + CK + ak;
+        pa = vec4<f32>(xload(xr.x, ka), xload(xr.y, ka), xload(xr.z, ka), xload(xr.w, ka));
+        let kb = k0 + CK + 2u * bp;
+        pb0 = wpair(wr.x, kb);
+        pb1 = wpair(wr.y, kb);
+        for (var kk = 0u; kk < CK; kk++) {
+            let a0 = As2[kk * (CM / 4u) + ty];
+            let a1 = As2[kk * (CM / 4u) + 16u + ty];
+            let b0 = Bs2[kk * (CM / 4u) + tx];
+            let b1 = Bs2[kk * (CM / 4u) + 16u + tx];
+            // rows 4 ty + i (a0) and 64 + 4 ty + i (a1); columns b0 | b1.
+            c00 = fma(vec4<f32>(a0.x), b0, c00); c01 = fma(vec4<f32>(a0.x), b1, c01);
+            c02 = fma(vec4<f32>(a0.y), b0, c02); c03 = fma(vec4<f32>(a0.y), b1, c03);
+            c10 = fma(vec4<f32>(a0.z), b0, c10); c11 = fma(vec4<f32>(a0.z), b1, c11);
+            c12 = fma(vec4<f32>(a0.w), b0, c12); c13 = fma(vec4<f32>(a0.w), b1, c13);
+            c20 = fma(vec4<f32>(a1.x), b0, c20); c21 = fma(vec4<f32>(a1.x), b1, c21);
+            c22 = fma(vec4<f32>(a1.y), b0, c22); c23 = fma(vec4<f32>(a1.y), b1, c23);
+            c30 = fma(vec4<f32>(a1.z), b0, c30); c31 = fma(vec4<f32>(a1.z), b1, c31);
+            c32 = fma(vec4<f32>(a1.w), b0, c32); c33 = fma(vec4<f32>(a1.w), b1, c33);
+        }
+        workgroupBarrier();
+    }
+    let ta = m0 + 4u * ty;
+    let tb = ta + 64u;
+    let na = n0 + 4u * tx;
+    let nb = na + 64u;
+    let ys = P.y_stride;
+    if (ta < P.rows) { store4(P.y_off + ta * ys, na, P.n, c00); store4(P.y_off + ta * ys, nb, P.n, c01); }
+    if (ta + 1u < P.rows) { store4(P.y_off + (ta + 1u) * ys, na, P.n, c02); store4(P.y_off + (ta + 1u) * ys, nb, P.n, c03); }
+    if (ta + 2u < P.rows) { store4(P.y_off + (ta + 2u) * ys, na, P.n, c10); store4(P.y_off + (ta + 2u) * ys, nb, P.n, c11); }
+    if (ta + 3u < P.rows) { store4(P.y_off + (ta + 3u) * ys, na, P.n, c12); store4(P.y_off + (ta + 3u) * ys, nb, P.n, c13); }
+    if (tb < P.rows) { store4(P.y_off + tb * ys, na, P.n, c20); store4(P.y_off + tb * ys, nb, P.n, c21); }
+    if (tb + 1u < P.rows) { store4(P.y_off + (tb + 1u) * ys, na, P.n, c22); store4(P.y_off + (tb + 1u) * ys, nb, P.n, c23); }
+    if (tb + 2u < P.rows) { store4(P.y_off + (tb + 2u) * ys, na, P.n, c30); store4(P.y_off + (tb + 2u) * ys, nb, P.n, c31); }
+    if (tb + 3u < P.rows) { store4(P.y_off + (tb + 3u) * ys, na, P.n, c32); store4(P.y_off + (tb + 3u) * ys, nb, P.n, c33); }
+}
+
+// ---- grouped GEMM for routed experts ------------------------------------------------------
 
 const LCAP: u32 = BM + WG;              // a partial tile plus one scan block
 var<workgroup> slot_list: array<u32, LCAP>;
 var<workgroup> slot_cnt: atomic<u32>;
 var<workgroup> slot_cnt_u: u32;
+
+fn slot_x(s: u32) -> u32 {
+    var r = s / P.topk;
+    if (P.x_per_slot != 0u) {
+        r = s;
+    }
+    return P.x_off + r * P.x_stride;
+}
+
+// Stores one row of an invocation's block for slot list entry `li` (if li < m).
+fn store_slot(li: u32, m: u32, e: u32, nc: u32, v: vec4<f32>) {
+    if (li >= m) {
+        return;
+    }
+    let base = P.y_off + slot_list[li] * P.y_stride;
+    for (var j = 0u; j < 4u; j++) {
+        let n = nc + j;
+        let gr = e * P.n + n;
+        if (n < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
+            y[base + n] = v[j];
+        }
+    }
+}
 
 @compute @workgroup_size(256)
 fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -283,11 +655,13 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     // This invocation's weight rows for the B loads (fixed for the whole workgroup).
-    var wrows: array<u32, 2>;
+    var wr = vec2<u32>(NONE);
     for (var q = 0u; q < 2u; q++) {
         let n = n0 + lid / 8u + 32u * q;
         let gr = e * P.n + n;
-        wrows[q] = select(NONE, (gr - P.row0) * P.k, n < P.n && gr >= P.row0 && gr < P.row0 + P.crow);
+        if (n < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
+            wr[q] = (gr - P.row0) * P.k;
+        }
     }
     if (lid == 0u) {
         atomicStore(&slot_cnt, 0u);
@@ -318,35 +692,20 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             break;
         }
         let m = min(c, BM);
-        var xrows: array<u32, 4>;
+        var xr = vec4<u32>(NONE);
         for (var p = 0u; p < 4u; p++) {
             let i = lid / BK + 16u * p;
-            xrows[p] = NONE;
             if (i < m) {
-                let s = slot_list[i];
-                var r = s / P.topk;
-                if (P.x_per_slot != 0u) {
-                    r = s;
-                }
-                xrows[p] = P.x_off + r * P.x_stride;
+                xr[p] = slot_x(slot_list[i]);
             }
         }
-        let acc = gemm_tile(xrows, wrows, lid);
-        let tx = lid % 16u;
-        let ty = lid / 16u;
-        for (var i = 0u; i < 4u; i++) {
-            let li = ty + 16u * i;
-            if (li < m) {
-                let s = slot_list[li];
-                for (var j = 0u; j < 4u; j++) {
-                    let n = n0 + tx + 16u * j;
-                    let gr = e * P.n + n;
-                    if (n < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
-                        y[P.y_off + s * P.y_stride + n] = acc[i * 4u + j];
-                    }
-                }
-            }
-        }
+        let acc = tile64(xr, wr, lid);
+        let l0 = 4u * (lid / 16u);
+        let nc = n0 + 4u * (lid % 16u);
+        store_slot(l0, m, e, nc, acc.r0);
+        store_slot(l0 + 1u, m, e, nc, acc.r1);
+        store_slot(l0 + 2u, m, e, nc, acc.r2);
+        store_slot(l0 + 3u, m, e, nc, acc.r3);
         // Move the slots beyond this tile to the front.
         let rest = c - m;
         var keep = 0u;

@@ -92,8 +92,8 @@ fn topk(
     var prefix = 0u;
     var mask = 0u;
     var remaining = k;
-    for (var pass = 0u; pass < 4u; pass = pass + 1u) {
-        let shift = 24u - 8u * pass;
+    for (var ps = 0u; ps < 4u; ps = ps + 1u) {
+        let shift = 24u - 8u * ps;
         atomicStore(&hist[lid], 0u);
         workgroupBarrier();
         for (var i = lid; i < valid; i = i + WG) {

@@ -99,7 +99,7 @@ fn quiet_mesa() {
     if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("sparsa-runtime-{}", std::process::id()));
+    let dir = std::env::temp_dir().join("sparsa-xdg-runtime");
     #[cfg(unix)]
     {
         use std::os::unix::fs::DirBuilderExt;
@@ -154,6 +154,9 @@ fn ctx_for(m: &ModelArgs, model: &Model, need: usize) -> Result<usize> {
 }
 
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
+    if a.prompt.is_some() {
+        Tokenizer::from_dir(&a.m.model)?;
+    }
     let model = open_model(&a.m)?;
     let tok = match (&a.prompt, &a.tokens) {
         (Some(_), _) => Some(Tokenizer::from_dir(&a.m.model)?),

@@ -49,12 +49,14 @@ fn run(rec: &mut Recorder, entry: &'static str, p: &Params, buffers: &[&wgpu::Bu
 
 /// `y[r, c] += x[r, c]` for `r < rows`, `c < dim` (x and y in different buffers).
 pub fn add(rec: &mut Recorder, x: View, y: View, rows: u32, dim: u32) {
+    debug_assert!(x.buf != y.buf, "add: x and y must be different buffers");
     run(rec, "add", &Params::new(x, None, y, rows, dim, 0), &[y.buf, x.buf]);
 }
 
 /// SwiGLU: `out[r, c] = silu(g[r, c]) * u[r, c]`, `silu(v) = v / (1 + exp(-v))`.
 /// `g` and `u` may be views of one buffer; `out` must be another buffer.
 pub fn swiglu(rec: &mut Recorder, g: View, u: View, out: View, rows: u32, dim: u32) {
+    debug_assert!(out.buf != g.buf && out.buf != u.buf, "swiglu: out must be a buffer of its own");
     let p = Params::new(g, Some(u), out, rows, dim, 0);
     if g.buf == u.buf {
         run(rec, "swiglu", &p, &[out.buf, g.buf]);
@@ -66,6 +68,7 @@ pub fn swiglu(rec: &mut Recorder, g: View, u: View, out: View, rows: u32, dim: u
 /// MoE combine into the residual: `y[t, c] += Σ_{j<topk} weights[t*topk + j] · e[t*topk + j, c]`.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_combine(rec: &mut Recorder, e: View, weights: &wgpu::Buffer, topk: u32, y: View, rows: u32, dim: u32) {
+    debug_assert!(e.buf != y.buf && weights != y.buf, "moe_combine: y must be a buffer of its own");
     if topk == 0 {
         return;
     }
@@ -94,7 +97,13 @@ mod tests {
             let xb = g.buffer_from(&x, "x").unwrap();
             let yb = g.buffer_from(&y0, "y").unwrap();
             let mut rec = g.recorder();
-            add(&mut rec, View::new(&xb, xo as u32, xs as u32), View::new(&yb, yo as u32, ys as u32), rows as u32, dim as u32);
+            add(
+                &mut rec,
+                View::new(&xb, xo as u32, xs as u32),
+                View::new(&yb, yo as u32, ys as u32),
+                rows as u32,
+                dim as u32,
+            );
             rec.finish().unwrap();
             let got = g.read_f32(&yb, 0, y0.len()).unwrap();
             let mut want = y0.clone();
@@ -132,7 +141,11 @@ mod tests {
             for two in [false, true] {
                 let ob = g.buffer_from(&o0, "out").unwrap();
                 let gv = View::new(&gub, 4 + 1, stride as u32);
-                let uv = if two { View::new(&u2b, uo as u32, us as u32) } else { View::new(&gub, 4 + dim as u32 + 2, stride as u32) };
+                let uv = if two {
+                    View::new(&u2b, uo as u32, us as u32)
+                } else {
+                    View::new(&gub, 4 + dim as u32 + 2, stride as u32)
+                };
                 let mut rec = g.recorder();
                 swiglu(&mut rec, gv, uv, View::new(&ob, oo as u32, os as u32), rows as u32, dim as u32);
                 rec.finish().unwrap();
@@ -153,7 +166,9 @@ mod tests {
     #[test]
     fn moe_combine_sizes() {
         let g = gpu();
-        for (seed, (rows, dim, topk)) in [(1usize, 577usize, 8usize), (3, 131, 3), (37, 7, 1), (20, 300, 6)].into_iter().enumerate() {
+        for (seed, (rows, dim, topk)) in
+            [(1usize, 577usize, 8usize), (3, 131, 3), (37, 7, 1), (20, 300, 6)].into_iter().enumerate()
+        {
             let mut rng = Rng::new(200 + seed as u64);
             let slots = rows * topk;
             let (eo, es) = layout(5, 3, dim);
@@ -165,13 +180,22 @@ mod tests {
             let wb = g.buffer_from(&wts, "w").unwrap();
             let yb = g.buffer_from(&y0, "y").unwrap();
             let mut rec = g.recorder();
-            moe_combine(&mut rec, View::new(&eb, eo as u32, es as u32), &wb, topk as u32, View::new(&yb, yo as u32, ys as u32), rows as u32, dim as u32);
+            moe_combine(
+                &mut rec,
+                View::new(&eb, eo as u32, es as u32),
+                &wb,
+                topk as u32,
+                View::new(&yb, yo as u32, ys as u32),
+                rows as u32,
+                dim as u32,
+            );
             rec.finish().unwrap();
             let got = g.read_f32(&yb, 0, y0.len()).unwrap();
             let mut want = y0.clone();
             for t in 0..rows {
                 for c in 0..dim {
-                    let s: f64 = (0..topk).map(|j| wts[t * topk + j] as f64 * e[eo + (t * topk + j) * es + c] as f64).sum();
+                    let s: f64 =
+                        (0..topk).map(|j| wts[t * topk + j] as f64 * e[eo + (t * topk + j) * es + c] as f64).sum();
                     want[yo + t * ys + c] = (want[yo + t * ys + c] as f64 + s) as f32;
                 }
             }

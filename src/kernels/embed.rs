@@ -22,6 +22,7 @@ struct Params {
 /// in any [`crate::weights::DType`] and may be split into chunks (one dispatch per chunk;
 /// each writes the rows whose id falls in that chunk). Ids ≥ vocab write zeros.
 pub fn embed(rec: &mut Recorder, table: &GpuWeight, ids: &wgpu::Buffer, ids_off: u32, n: u32, out: View) {
+    debug_assert!(ids != out.buf, "embed: ids and out must be different buffers");
     if n == 0 || table.cols == 0 {
         return;
     }

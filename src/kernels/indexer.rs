@@ -1,10 +1,38 @@
 //! Lightning-indexer scores in f32 (`shaders/indexer.wgsl`).
-use super::{Recorder, View};
+use super::{src, Recorder, View};
+use crate::gpu::u;
+
+/// Keys per workgroup (= invocations per workgroup).
+const WG: u32 = 64;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    q_off: u32,
+    q_stride: u32,
+    w_off: u32,
+    w_stride: u32,
+    k_off: u32,
+    k_stride: u32,
+    o_off: u32,
+    o_stride: u32,
+    rows: u32,
+    dim: u32,
+    n_keys: u32,
+    pos0: u32,
+    key_blocks: u32,
+    _pad: u32,
+    w_scale: f32,
+    scale: f32,
+}
 
 /// For query rows `t < rows` (absolute position `pos0 + t`) and keys `s < n_keys`:
 /// `out[t, s] = Σ_{h<heads} (w[t, h] · w_scale) · relu(q[t, h*dim .. h*dim+dim] · keys[s, :dim]) · scale`
 /// and `out[t, s] = -inf` where `s > pos0 + t` (causal mask before top-k).
 /// `q`: rows × heads·dim; `w`: rows × heads; `keys`: n_keys × dim.
+///
+/// `out` must be a buffer of its own (the inputs may share one). One workgroup covers one
+/// query row and 64 keys; blocks wholly in the causal future only write -inf.
 #[allow(clippy::too_many_arguments)]
 pub fn indexer_scores(
     rec: &mut Recorder,
@@ -20,6 +48,221 @@ pub fn indexer_scores(
     w_scale: f32,
     scale: f32,
 ) {
-    let _ = (rec, q, w, keys, out, rows, heads, dim, n_keys, pos0, w_scale, scale);
-    todo!()
+    if rows == 0 || n_keys == 0 {
+        return;
+    }
+    assert!((1..=256).contains(&heads), "indexer_scores: heads = {heads}, supported 1..=256");
+    assert!(dim > 0, "indexer_scores: dim must be positive");
+    // The q chunk in workgroup memory is heads × dc floats ≤ 8 KiB.
+    let dc = (2048 / heads).clamp(1, 32);
+    let gpu = rec.gpu();
+    let p = gpu.pipeline("indexer", src::INDEXER, "scores", &[("WG", u(WG)), ("HEADS", u(heads)), ("DC", u(dc))]);
+    let key_blocks = n_keys.div_ceil(WG);
+    let params = Params {
+        q_off: q.offset,
+        q_stride: q.stride,
+        w_off: w.offset,
+        w_stride: w.stride,
+        k_off: keys.offset,
+        k_stride: keys.stride,
+        o_off: out.offset,
+        o_stride: out.stride,
+        rows,
+        dim,
+        n_keys,
+        pos0,
+        key_blocks,
+        _pad: 0,
+        w_scale,
+        scale,
+    };
+    let groups = rows as u64 * key_blocks as u64;
+    assert!(groups <= u32::MAX as u64, "indexer_scores: too many workgroups");
+    rec.dispatch(&p, &params, &[q.buf, w.buf, keys.buf, out.buf], gpu.grid(groups as u32));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::kernels::topk::{topk, topk_ref};
+
+    #[allow(clippy::too_many_arguments)]
+    fn cpu_scores(
+        q: &[f32],
+        w: &[f32],
+        keys: &[f32],
+        rows: usize,
+        heads: usize,
+        dim: usize,
+        n_keys: usize,
+        pos0: usize,
+        w_scale: f32,
+        scale: f32,
+    ) -> Vec<f32> {
+        let mut out = vec![0f32; rows * n_keys];
+        for t in 0..rows {
+            for s in 0..n_keys {
+                out[t * n_keys + s] = if s > pos0 + t {
+                    f32::NEG_INFINITY
+                } else {
+                    let mut acc = 0f64;
+                    for h in 0..heads {
+                        let mut d = 0f64;
+                        for i in 0..dim {
+                            d += q[t * heads * dim + h * dim + i] as f64 * keys[s * dim + i] as f64;
+                        }
+                        acc += (w[t * heads + h] * w_scale) as f64 * d.max(0.0) * scale as f64;
+                    }
+                    acc as f32
+                };
+            }
+        }
+        out
+    }
+
+    struct Case {
+        rows: usize,
+        heads: usize,
+        dim: usize,
+        n_keys: usize,
+        pos0: usize,
+    }
+
+    /// Runs the kernel with inputs inside padded matrices (offsets, strides) and returns the
+    /// GPU scores plus the CPU reference, both rows × n_keys.
+    fn run(c: &Case, q: &[f32], w: &[f32], keys: &[f32], w_scale: f32, scale: f32) -> (Vec<f32>, Vec<f32>) {
+        let g = gpu();
+        let (rows, heads, dim, n_keys) = (c.rows, c.heads, c.dim, c.n_keys);
+        // q and w share one buffer: q rows of stride heads*dim + 3 at offset 5, w after it.
+        let qs = heads * dim + 3;
+        let qoff = 5;
+        let woff = qoff + rows * qs + 2;
+        let ws = heads + 1;
+        let mut qw = vec![f32::NAN; woff + rows * ws];
+        for t in 0..rows {
+            qw[qoff + t * qs..qoff + t * qs + heads * dim].copy_from_slice(&q[t * heads * dim..(t + 1) * heads * dim]);
+            qw[woff + t * ws..woff + t * ws + heads].copy_from_slice(&w[t * heads..(t + 1) * heads]);
+        }
+        let ks = dim + 2;
+        let koff = 1;
+        let mut kb = vec![f32::NAN; koff + n_keys * ks];
+        for s in 0..n_keys {
+            kb[koff + s * ks..koff + s * ks + dim].copy_from_slice(&keys[s * dim..(s + 1) * dim]);
+        }
+        let os = n_keys + 4;
+        let ooff = 3;
+        let qwb = g.buffer_from(&qw, "qw").unwrap();
+        let kbuf = g.buffer_from(&kb, "keys").unwrap();
+        let obuf = g.buffer_from(&vec![7.5f32; ooff + rows * os], "out").unwrap();
+        let mut rec = g.recorder();
+        indexer_scores(
+            &mut rec,
+            View::new(&qwb, qoff as u32, qs as u32),
+            View::new(&qwb, woff as u32, ws as u32),
+            View::new(&kbuf, koff as u32, ks as u32),
+            View::new(&obuf, ooff as u32, os as u32),
+            rows as u32,
+            heads as u32,
+            dim as u32,
+            n_keys as u32,
+            c.pos0 as u32,
+            w_scale,
+            scale,
+        );
+        rec.finish().unwrap();
+        let all = g.read_f32(&obuf, 0, ooff + rows * os).unwrap();
+        let mut got = Vec::new();
+        for t in 0..rows {
+            got.extend_from_slice(&all[ooff + t * os..ooff + t * os + n_keys]);
+            assert!(all[ooff + t * os + n_keys..ooff + (t + 1) * os].iter().all(|&x| x == 7.5), "row {t}: wrote past n_keys");
+        }
+        assert!(all[..ooff].iter().all(|&x| x == 7.5), "wrote before the offset");
+        let want = cpu_scores(q, w, keys, rows, heads, dim, n_keys, c.pos0, w_scale, scale);
+        (got, want)
+    }
+
+    fn check_scores(got: &[f32], want: &[f32]) {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            if w.is_infinite() {
+                assert!(*g == f32::NEG_INFINITY, "[{i}]: got {g}, want -inf");
+            }
+        }
+        assert_close(got, want, 1e-4, 1e-4, "indexer scores");
+    }
+
+    #[test]
+    fn indexer_prefill_chunks_and_decode() {
+        let mut rng = Rng::new(11);
+        for (i, c) in [
+            // prefill from 0, awkward sizes
+            Case { rows: 7, heads: 3, dim: 37, n_keys: 7, pos0: 0 },
+            // chunk at pos0 > 0, keys beyond one block
+            Case { rows: 5, heads: 4, dim: 40, n_keys: 150, pos0: 145 },
+            Case { rows: 9, heads: 5, dim: 33, n_keys: 200, pos0: 70 },
+            // decode: one row, pos0 = L - 1
+            Case { rows: 1, heads: 8, dim: 64, n_keys: 301, pos0: 300 },
+            // many heads: smaller dim chunk
+            Case { rows: 2, heads: 100, dim: 24, n_keys: 70, pos0: 68 },
+        ]
+        .iter()
+        .enumerate()
+        {
+            let q = rng.vec(c.rows * c.heads * c.dim, 1.0);
+            let w = rng.vec(c.rows * c.heads, 1.0);
+            let keys = rng.vec(c.n_keys * c.dim, 1.0);
+            let (got, want) = run(c, &q, &w, &keys, 0.37, 0.125);
+            check_scores(&got, &want);
+            // the causal mask really is there for prefill-like cases
+            if c.pos0 + c.rows < c.n_keys {
+                assert!(want.iter().any(|x| x.is_infinite()), "case {i} exercises the mask");
+            }
+        }
+    }
+
+    #[test]
+    fn indexer_relu_ties_then_topk() {
+        // One head: about half the scores are exactly 0 (ReLU), all of them when the row's
+        // head weight is negative, so top-k must break many ties with the lower-position rule.
+        let g = gpu();
+        let mut rng = Rng::new(12);
+        let c = Case { rows: 6, heads: 1, dim: 16, n_keys: 600, pos0: 594 };
+        let q = rng.vec(c.rows * c.heads * c.dim, 1.0);
+        let w: Vec<f32> = (0..c.rows * c.heads).map(|i| if i % 3 == 1 { -0.5 } else { 0.7 }).collect();
+        let keys = rng.vec(c.n_keys * c.dim, 1.0);
+        let (got, want) = run(&c, &q, &w, &keys, 1.0, 0.25);
+        check_scores(&got, &want);
+        let zeros = got.iter().filter(|&&x| x == 0.0).count();
+        assert!(zeros > got.len() / 5, "enough exact zeros ({zeros})");
+
+        // GPU top-k over the GPU scores, CPU reference over the same values.
+        let k = 400u32;
+        let sbuf = g.buffer_from(&got, "scores").unwrap();
+        let idx = g.buffer(c.rows as u64 * k as u64 * 4, "idx").unwrap();
+        let cnt = g.buffer(c.rows as u64 * 4, "cnt").unwrap();
+        let mut rec = g.recorder();
+        topk(&mut rec, View::rows(&sbuf, c.n_keys as u32), c.rows as u32, c.n_keys as u32, c.pos0 as u32, k, &idx, &cnt);
+        rec.finish().unwrap();
+        let gi = g.read_u32(&idx, 0, c.rows * k as usize).unwrap();
+        for t in 0..c.rows {
+            let valid = (c.pos0 + t + 1).min(c.n_keys);
+            let row = &got[t * c.n_keys..(t + 1) * c.n_keys];
+            let want = topk_ref(row, valid, k as usize);
+            let positive = row[..valid].iter().filter(|&&x| x > 0.0).count();
+            assert!(positive < k as usize, "row {t}: the cut falls inside the zeros");
+            assert_eq!(&gi[t * k as usize..(t + 1) * k as usize], want.as_slice(), "row {t}");
+        }
+    }
+
+    #[test]
+    fn indexer_fully_masked_blocks() {
+        // Short chunk at the start of a long key range: later key blocks are all -inf.
+        let mut rng = Rng::new(13);
+        let c = Case { rows: 3, heads: 2, dim: 8, n_keys: 260, pos0: 10 };
+        let q = rng.vec(c.rows * c.heads * c.dim, 1.0);
+        let w = rng.vec(c.rows * c.heads, 1.0);
+        let keys = rng.vec(c.n_keys * c.dim, 1.0);
+        let (got, want) = run(&c, &q, &w, &keys, 1.0, 1.0);
+        check_scores(&got, &want);
+    }
 }

@@ -2,17 +2,21 @@
 //! a GEMV for decode (few rows) and a tiled GEMM for prefill, f32 accumulation.
 use super::{Recorder, View};
 use crate::gpu::u;
-use bytemuck::Zeroable;
 use crate::weights::GpuWeight;
+use bytemuck::Zeroable;
 
-/// Up to this many rows of `x`, `matmul` runs the GEMV kernel (one pass over the weights);
-/// beyond, the 64×64-tiled GEMM. `matmul_experts` uses the per-slot GEMV up to this many
-/// tokens and the grouped GEMM beyond.
+/// Rows of `x` one GEMV pass handles (`T` in the shader). `matmul_experts` uses the
+/// per-slot GEMV up to this many tokens and the grouped GEMM beyond.
 pub const GEMV_MAX_ROWS: u32 = 8;
+/// Up to this many rows `matmul` runs GEMV passes of up to [`GEMV_MAX_ROWS`] rows (each
+/// reads the weights once); beyond, a tiled GEMM.
+pub const GEMV_PASSES_MAX_ROWS: u32 = 32;
+/// Up to this many rows `matmul` uses 64×64 GEMM tiles, beyond 128×128.
+const GEMM64_MAX_ROWS: u32 = 384;
+/// The grouped expert GEMM's tile (`BM` = `BN` in the shader).
+const EXPERT_TILE: u32 = 64;
 /// Weight rows per GEMV workgroup (`RPW` in the shader).
 const GEMV_RPW: u32 = 4;
-/// GEMM tile (`BM` = `BN` in the shader).
-const TILE: u32 = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -33,19 +37,103 @@ struct Params {
     _pad: [u32; 3],
 }
 
-fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, t: u32) -> std::sync::Arc<wgpu::ComputePipeline> {
-    rec.gpu().pipeline("matmul", super::src::MATMUL, entry, &[("W_DTYPE", u(w.dtype.code())), ("T", u(t))])
+/// Kernel variant knobs that become defines (all are always defined: one shader module).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Knobs {
+    t: u32,
+    tpr4: u32,
+    rr: u32,
+}
+
+const KNOBS: Knobs = Knobs { t: 1, tpr4: 64, rr: 1 };
+
+fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> std::sync::Arc<wgpu::ComputePipeline> {
+    let epv = 16 / w.dtype.size() as u32;
+    rec.gpu().pipeline(
+        "matmul",
+        super::src::MATMUL,
+        entry,
+        &[("W_DTYPE", u(w.dtype.code())), ("T", u(k.t)), ("TPR4", u(k.tpr4)), ("RR", u(k.rr)), ("EPV", u(epv))],
+    )
+}
+
+/// The dense kernels.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Dense {
+    /// Any layout.
+    Gemv,
+    /// 16-byte loads: lanes per row, rows per lane.
+    Gemv4(u32, u32),
+    /// Square tiles of this size.
+    Gemm(u32),
+}
+
+/// Whether the 16-byte GEMV applies: weight rows of whole 16-byte words, x rows on 4-float
+/// boundaries.
+fn gemv4_ok(rows: u32, x: View, w: &GpuWeight) -> bool {
+    (w.cols * w.dtype.size()).is_multiple_of(16)
+        && x.offset.is_multiple_of(4)
+        && (rows == 1 || x.stride.is_multiple_of(4))
+}
+
+/// gemv4's (lanes per row, rows per lane): short rows do better with fewer lanes each.
+fn gemv4_knobs(w: &GpuWeight) -> (u32, u32) {
+    if w.cols * w.dtype.size() / 16 >= 512 {
+        (64, 2)
+    } else {
+        (32, 2)
+    }
+}
+
+impl Dense {
+    fn pick(rows: u32, x: View, w: &GpuWeight) -> Dense {
+        if rows <= GEMV_MAX_ROWS {
+            if gemv4_ok(rows, x, w) {
+                let (tpr, rr) = gemv4_knobs(w);
+                Dense::Gemv4(tpr, rr)
+            } else {
+                Dense::Gemv
+            }
+        } else if rows <= GEMM64_MAX_ROWS {
+            Dense::Gemm(64)
+        } else {
+            Dense::Gemm(128)
+        }
+    }
 }
 
 /// `y[t, n] = Σ_k x[t, k] · W[n, k]` for `t < rows`, `n < w.rows`, `k < w.cols`.
 /// One dispatch per weight chunk; picks GEMV or GEMM by `rows`. `x` and `y` must be
 /// different buffers.
 pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
+    if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS {
+        // A few GEMV passes beat a GEMM whose tiles are mostly empty.
+        let mut t = 0;
+        while t < rows {
+            let r = (rows - t).min(GEMV_MAX_ROWS);
+            let xv = x.row(t);
+            matmul_with(rec, xv, w, y.row(t), r, Dense::pick(r, xv, w));
+            t += r;
+        }
+        return;
+    }
+    matmul_with(rec, x, w, y, rows, Dense::pick(rows, x, w));
+}
+
+fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, kind: Dense) {
+    debug_assert!(x.buf != y.buf, "matmul: x and y must be different buffers");
     if rows == 0 || w.rows == 0 {
         return;
     }
-    let gemv = rows <= GEMV_MAX_ROWS;
-    let pipe = if gemv { pipeline(rec, "gemv", w, rows) } else { pipeline(rec, "gemm", w, 1) };
+    let pipe = match kind {
+        Dense::Gemv => pipeline(rec, "gemv", w, Knobs { t: rows, ..KNOBS }),
+        Dense::Gemv4(tpr4, rr) => {
+            debug_assert!(tpr4 >= rows && 256 % tpr4 == 0 && (rr == 1 || rr == 2), "gemv4 knobs {kind:?}");
+            pipeline(rec, "gemv4", w, Knobs { t: rows, tpr4, rr })
+        }
+        Dense::Gemm(64) => pipeline(rec, "gemm", w, KNOBS),
+        Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
+    };
     for c in &w.chunks {
         if c.rows == 0 {
             continue;
@@ -61,7 +149,11 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
             y_stride: y.stride,
             ..Params::zeroed()
         };
-        let groups = if gemv { n.div_ceil(GEMV_RPW) } else { rows.div_ceil(TILE) * n.div_ceil(TILE) };
+        let groups = match kind {
+            Dense::Gemv => n.div_ceil(GEMV_RPW),
+            Dense::Gemv4(tpr4, rr) => n.div_ceil(256 / tpr4 * rr),
+            Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
+        };
         let grid = rec.gpu().grid(groups);
         rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf], grid);
     }
@@ -83,14 +175,27 @@ pub fn matmul_experts(
     y: View,
     rows: u32,
 ) {
+    debug_assert!(x.buf != y.buf && experts != y.buf, "matmul_experts: y must be a buffer of its own");
     if rows == 0 || topk == 0 || n_experts == 0 || w.rows == 0 {
         return;
     }
-    assert!(w.rows % n_experts as usize == 0, "matmul_experts: {} rows do not split into {n_experts} experts", w.rows);
+    assert!(
+        w.rows.is_multiple_of(n_experts as usize),
+        "matmul_experts: {} rows do not split into {n_experts} experts",
+        w.rows
+    );
     let rpe = (w.rows / n_experts as usize) as u32;
     let slots = rows * topk;
     let gemv = rows <= GEMV_MAX_ROWS;
-    let pipe = if gemv { pipeline(rec, "gemv_experts", w, 1) } else { pipeline(rec, "gemm_experts", w, 1) };
+    let gemv4 = gemv && gemv4_ok(2, x, w);
+    let (tpr4, rr) = gemv4_knobs(w);
+    let pipe = if gemv4 {
+        pipeline(rec, "gemv4_experts", w, Knobs { t: 1, tpr4, rr })
+    } else if gemv {
+        pipeline(rec, "gemv_experts", w, KNOBS)
+    } else {
+        pipeline(rec, "gemm_experts", w, KNOBS)
+    };
     for c in &w.chunks {
         if c.rows == 0 {
             continue;
@@ -115,7 +220,13 @@ pub fn matmul_experts(
             n_experts,
             _pad: [0; 3],
         };
-        let groups = if gemv { slots * rpe.div_ceil(GEMV_RPW) } else { (e1 - e0) * rpe.div_ceil(TILE) };
+        let groups = if gemv4 {
+            slots * rpe.div_ceil(256 / tpr4 * rr)
+        } else if gemv {
+            slots * rpe.div_ceil(GEMV_RPW)
+        } else {
+            (e1 - e0) * rpe.div_ceil(EXPERT_TILE)
+        };
         let grid = rec.gpu().grid(groups);
         rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, experts], grid);
     }
@@ -139,12 +250,30 @@ mod tests {
         a.iter().zip(b).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() as f32
     }
 
-    /// Runs `matmul` with x at (x_off, x_stride) and y at (y_off, y_stride) and checks every
-    /// element of y's buffer: the product where written, the sentinel elsewhere.
     fn check_matmul(seed: u64, rows: usize, k: usize, n: usize, dtype: DType, chunk: Option<usize>) {
+        run_matmul(seed, rows, k, n, dtype, chunk, None, (5, k + 3));
+    }
+
+    fn check_matmul_with(seed: u64, rows: usize, k: usize, n: usize, dtype: DType, chunk: Option<usize>, kind: Dense) {
+        run_matmul(seed, rows, k, n, dtype, chunk, Some(kind), (5, k + 3));
+    }
+
+    /// Runs `matmul` (or the given kernel) with x at `(x_off, x_stride)` and y at offset 7,
+    /// stride n + 2, and checks every element of y's buffer: the product where written, the
+    /// sentinel elsewhere.
+    #[allow(clippy::too_many_arguments)]
+    fn run_matmul(
+        seed: u64,
+        rows: usize,
+        k: usize,
+        n: usize,
+        dtype: DType,
+        chunk: Option<usize>,
+        kind: Option<Dense>,
+        (x_off, x_stride): (usize, usize),
+    ) {
         let g = gpu();
         let mut rng = Rng::new(seed);
-        let (x_off, x_stride) = (5usize, k + 3);
         let (y_off, y_stride) = (7usize, n + 2);
         let xs = rng.vec(x_off + rows * x_stride, 1.0);
         let wv = rng.vec(n * k, 1.0);
@@ -156,8 +285,10 @@ mod tests {
         let xb = g.buffer_from(&xs, "x").unwrap();
         let ylen = y_off + rows * y_stride + 3;
         let yb = g.buffer_from(&vec![SENTINEL; ylen], "y").unwrap();
+        let xv = View::new(&xb, x_off as u32, x_stride as u32);
+        let kind = kind.unwrap_or_else(|| Dense::pick(rows as u32, xv, &wgt));
         let mut rec = g.recorder();
-        matmul(&mut rec, View::new(&xb, x_off as u32, x_stride as u32), &wgt, View::new(&yb, y_off as u32, y_stride as u32), rows as u32);
+        matmul_with(&mut rec, xv, &wgt, View::new(&yb, y_off as u32, y_stride as u32), rows as u32, kind);
         rec.finish().unwrap();
         let got = g.read_f32(&yb, 0, ylen).unwrap();
         let mut want = vec![SENTINEL; ylen];
@@ -167,7 +298,7 @@ mod tests {
                 want[y_off + t * y_stride + j] = dot(xr, &wr[j * k..][..k]);
             }
         }
-        let what = format!("matmul rows={rows} k={k} n={n} {dtype:?} chunk={chunk:?}");
+        let what = format!("matmul {kind:?} rows={rows} k={k} n={n} {dtype:?} chunk={chunk:?}");
         assert_close(&got, &want, 1e-4, 1e-4, &what);
     }
 
@@ -181,6 +312,29 @@ mod tests {
     }
 
     #[test]
+    fn gemv4_all_dtypes_and_shapes() {
+        let g = gpu();
+        // The picker takes the 16-byte path only for aligned rows and x.
+        let w = GpuWeight::from_f32(g, &[0.0; 16 * 24], 16, 24, DType::BF16, None, "w").unwrap();
+        let xb = g.buffer(4 * 1024, "x").unwrap();
+        assert!(matches!(Dense::pick(3, View::new(&xb, 4, 28), &w), Dense::Gemv4(..)));
+        assert_eq!(Dense::pick(3, View::new(&xb, 4, 26), &w), Dense::Gemv);
+        assert_eq!(Dense::pick(3, View::new(&xb, 2, 28), &w), Dense::Gemv);
+        assert!(matches!(Dense::pick(1, View::new(&xb, 4, 26), &w), Dense::Gemv4(..)));
+        for (i, dtype) in DTYPES.into_iter().enumerate() {
+            for (tpr, rr) in [(64, 1), (16, 2), (256, 2), (8, 1)] {
+                for rows in [1, 2, 5, GEMV_MAX_ROWS as usize] {
+                    let s = 100 + i as u64 * 100 + tpr as u64 + rr as u64 * 1000 + rows as u64;
+                    // K of 520 elements: not a multiple of the lanes' stride.
+                    run_matmul(s, rows, 520, 37, dtype, None, Some(Dense::Gemv4(tpr, rr)), (8, 524));
+                    run_matmul(s + 1, rows, 24, 131, dtype, Some(7), Some(Dense::Gemv4(tpr, rr)), (4, 36));
+                }
+            }
+            run_matmul(1000 + i as u64, 4, 520, 131, dtype, Some(38), None, (0, 520));
+        }
+    }
+
+    #[test]
     fn gemv_chunked() {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             // Odd chunk row counts: with an odd K every other 16-bit row starts mid-word.
@@ -190,23 +344,50 @@ mod tests {
         }
     }
 
+    const GEMMS: [Dense; 2] = [Dense::Gemm(64), Dense::Gemm(128)];
+
     #[test]
     fn gemm_all_dtypes_odd_sizes() {
+        let w = GpuWeight::from_f32(gpu(), &[0.0; 8], 1, 8, DType::F32, None, "w").unwrap();
+        let xb = gpu().buffer(1024, "x").unwrap();
+        assert_eq!(Dense::pick(GEMV_MAX_ROWS + 1, View::rows(&xb, 8), &w), Dense::Gemm(64));
+        assert_eq!(Dense::pick(GEMM64_MAX_ROWS + 1, View::rows(&xb, 8), &w), Dense::Gemm(128));
         for (i, dtype) in DTYPES.into_iter().enumerate() {
-            check_matmul(30 + i as u64, 37, 577, 131, dtype, None);
-            check_matmul(33 + i as u64, GEMV_MAX_ROWS as usize + 1, 31, 70, dtype, None);
+            for kind in GEMMS {
+                let s = 30 + i as u64 * 10 + if kind == GEMMS[0] { 0 } else { 5 };
+                check_matmul_with(s, 37, 577, 131, dtype, None, kind);
+                check_matmul_with(s + 1, GEMV_MAX_ROWS as usize + 1, 31, 70, dtype, None, kind);
+            }
         }
     }
 
     #[test]
     fn gemm_chunked_and_multi_tile() {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
-            check_matmul(40 + i as u64, 37, 577, 131, dtype, Some(37));
-            check_matmul(43 + i as u64, 70, 80, 129, dtype, Some(64));
-            check_matmul(46 + i as u64, 130, 17, 5, dtype, Some(3));
+            for kind in GEMMS {
+                let s = 60 + i as u64 * 10 + if kind == GEMMS[0] { 0 } else { 5 };
+                check_matmul_with(s, 37, 577, 131, dtype, Some(37), kind);
+                check_matmul_with(s + 1, 130, 80, 259, dtype, Some(130), kind);
+                check_matmul_with(s + 2, 140, 17, 5, dtype, Some(3), kind);
+            }
         }
         // Exact tile multiples.
-        check_matmul(49, 64, 64, 128, DType::BF16, None);
+        check_matmul_with(99, 64, 64, 128, DType::BF16, None, Dense::Gemm(64));
+        check_matmul_with(98, 128, 64, 256, DType::F16, None, Dense::Gemm(128));
+    }
+
+    #[test]
+    #[ignore = "several seconds on lavapipe"]
+    fn gemv_and_gemm_2d_grid() {
+        // More workgroups than fit one grid dimension.
+        let n = gpu().max_groups() as usize * GEMV_RPW as usize + 5;
+        check_matmul(60, 1, 3, n, DType::BF16, None);
+        let n = gpu().max_groups() as usize * 64 + 3;
+        check_matmul_with(61, GEMV_MAX_ROWS as usize + 1, 2, n, DType::F32, None, Dense::Gemm(64));
+        let n = gpu().max_groups() as usize * 128 + 3;
+        check_matmul_with(62, GEMV_MAX_ROWS as usize + 1, 2, n, DType::F32, None, Dense::Gemm(128));
+        let n = gpu().max_groups() as usize * 4 + 5;
+        run_matmul(63, 2, 8, n, DType::BF16, None, Some(Dense::Gemv4(64, 1)), (0, 8));
     }
 
     /// Stacked experts `[n_experts * rpe, k]` uploaded with `align_rows` and `chunk`.
@@ -227,13 +408,15 @@ mod tests {
         let mut rng = Rng::new(seed);
         let slots = rows * topk;
         let xr_n = if x_per_slot { slots } else { rows };
-        let (x_off, x_stride) = (3usize, k + 1);
+        // K a multiple of 8: 16-byte aligned rows and x (the gemv4 path); else misaligned x.
+        let (x_off, x_stride) = if k % 8 == 0 { (4usize, k + 4) } else { (3usize, k + 1) };
         let (y_off, y_stride) = (11usize, rpe + 5);
         let xs = rng.vec(x_off + xr_n * x_stride, 1.0);
         let wv = rng.vec(n_experts * rpe * k, 1.0);
         let wr = rounded(&wv, dtype);
         let bytes = dtype.from_f32(&wv);
-        let wgt = GpuWeight::upload_bytes(g, &[&bytes], n_experts * rpe, k, dtype, align_rows, chunk, "experts").unwrap();
+        let wgt =
+            GpuWeight::upload_bytes(g, &[&bytes], n_experts * rpe, k, dtype, align_rows, chunk, "experts").unwrap();
         if chunk.is_some() {
             assert!(wgt.chunks.len() > 1, "chunking not exercised");
         }
@@ -285,6 +468,23 @@ mod tests {
     }
 
     #[test]
+    fn experts_gemv4() {
+        for (i, dtype) in DTYPES.into_iter().enumerate() {
+            for (rows, per_slot) in [(1, false), (3, true), (GEMV_MAX_ROWS as usize, false)] {
+                let seed = 150 + i as u64 * 10 + rows as u64;
+                // 520 columns: 16-byte words = 65 (bf16) / 130 (f32): the 32-lane knobs.
+                check_experts(seed, rows, 3, 5, 37, 520, dtype, per_slot, 37, None);
+                check_experts(seed + 100, rows, 3, 5, 37, 24, dtype, !per_slot, 37, Some(37));
+                check_experts(seed + 200, rows, 2, 5, 38, 520, dtype, per_slot, 38, Some(76));
+                // Chunk boundaries inside experts, at odd rows (a lane's row pair straddles them).
+                check_experts(seed + 300, rows, 3, 4, 37, 24, dtype, per_slot, 1, Some(9));
+            }
+        }
+        // The 64-lane knobs (≥ 512 words per row).
+        check_experts(190, 1, 4, 3, 21, 4096, DType::F32, false, 21, Some(42));
+    }
+
+    #[test]
     fn experts_gemm() {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             let seed = 80 + i as u64 * 10;
@@ -302,6 +502,132 @@ mod tests {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             check_experts(90 + i as u64, 2, 3, 4, 37, 65, dtype, false, 1, Some(10));
             check_experts(93 + i as u64, 20, 3, 4, 37, 65, dtype, true, 1, Some(10));
+        }
+    }
+
+    /// Weight bytes of `dtype` with small finite values (fast to make; values don't matter).
+    fn bench_weight(rows: usize, cols: usize, dtype: DType) -> GpuWeight {
+        let n = rows * cols;
+        let mut r = 0x12345678u32;
+        let bytes: Vec<u8> = match dtype {
+            DType::F32 => (0..n)
+                .flat_map(|_| {
+                    r = r.wrapping_mul(1664525).wrapping_add(1013904223);
+                    ((r >> 9) as f32 / (1u32 << 23) as f32 - 0.5).to_le_bytes()
+                })
+                .collect(),
+            _ => (0..n)
+                .flat_map(|_| {
+                    r = r.wrapping_mul(1664525).wrapping_add(1013904223);
+                    (((r >> 16) as u16 & 0x80ff) | 0x2000).to_le_bytes()
+                })
+                .collect(),
+        };
+        GpuWeight::upload_bytes(gpu(), &[&bytes], rows, cols, dtype, 1, None, "bench").unwrap()
+    }
+
+    /// Seconds per call of `f` (recorded `iters` times into one submission).
+    fn time_it(iters: usize, mut f: impl FnMut(&mut Recorder)) -> f64 {
+        let g = gpu();
+        let mut rec = g.recorder();
+        f(&mut rec);
+        rec.finish().unwrap();
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let mut rec = g.recorder();
+            for _ in 0..iters {
+                f(&mut rec);
+            }
+            let t0 = std::time::Instant::now();
+            rec.finish().unwrap();
+            best = best.min(t0.elapsed().as_secs_f64() / iters as f64);
+        }
+        best
+    }
+
+    #[test]
+    #[ignore = "benchmark for real GPUs: cargo test --release -- --ignored --nocapture bench_matmul"]
+    fn bench_matmul() {
+        let g = gpu();
+        println!("adapter: {}", g.adapter.line());
+        for (dtype, k, n) in [(DType::BF16, 7168, 18432), (DType::BF16, 2048, 7168), (DType::F32, 7168, 4096)] {
+            let w = bench_weight(n, k, dtype);
+            for rows in [1u32, 2, 4, 8, 16, 32, 128, 256, 1024] {
+                let x = g.buffer(rows as u64 * k as u64 * 4, "x").unwrap();
+                let y = g.buffer(rows as u64 * n as u64 * 4, "y").unwrap();
+                let iters = if rows <= 64 { 50 } else { 10 };
+                let picked = Dense::pick(rows, View::rows(&x, k as u32), &w);
+                let mut kinds = vec![picked];
+                if rows <= GEMV_MAX_ROWS {
+                    kinds.extend([
+                        Dense::Gemv,
+                        Dense::Gemv4(64, 1),
+                        Dense::Gemv4(64, 2),
+                        Dense::Gemv4(32, 2),
+                        Dense::Gemv4(16, 1),
+                        Dense::Gemv4(16, 2),
+                        Dense::Gemv4(8, 2),
+                    ]);
+                } else {
+                    kinds.extend(GEMMS);
+                }
+                for (i, kind) in kinds.into_iter().enumerate() {
+                    if i > 0 && kind == picked {
+                        continue;
+                    }
+                    let s = time_it(iters, |rec| {
+                        matmul_with(rec, View::rows(&x, k as u32), &w, View::rows(&y, n as u32), rows, kind)
+                    });
+                    let gbs = w.bytes() as f64 / s / 1e9;
+                    let tf = 2.0 * rows as f64 * n as f64 * k as f64 / s / 1e12;
+                    let tag = if i == 0 { "matmul" } else { "      " };
+                    println!("{tag} {dtype:?} rows={rows:5} k={k} n={n} {kind:?}: {:9.1} us  {gbs:7.0} GB/s (weights)  {tf:6.2} TFLOP/s", s * 1e6);
+                }
+            }
+        }
+        let (ne, rpe, k, topk) = (16usize, 4096usize, 7168usize, 8u32);
+        let w = bench_weight(ne * rpe, k, DType::BF16);
+        for rows in [1u32, 8, 64, 512] {
+            let slots = (rows * topk) as usize;
+            let mut rng = Rng::new(7);
+            let ex: Vec<u32> = (0..rows as usize)
+                .flat_map(|_| {
+                    let mut v: Vec<u32> = Vec::new();
+                    while v.len() < topk as usize {
+                        let e = rng.below(ne as u64) as u32;
+                        if !v.contains(&e) {
+                            v.push(e);
+                        }
+                    }
+                    v
+                })
+                .collect();
+            let used = {
+                let mut u = ex.clone();
+                u.sort();
+                u.dedup();
+                u.len()
+            };
+            let eb = g.buffer_from(&ex, "experts").unwrap();
+            let x = g.buffer(rows as u64 * k as u64 * 4, "x").unwrap();
+            let y = g.buffer(slots as u64 * rpe as u64 * 4, "y").unwrap();
+            let iters = if rows <= 8 { 50 } else { 5 };
+            let s = time_it(iters, |rec| {
+                matmul_experts(
+                    rec,
+                    View::rows(&x, k as u32),
+                    false,
+                    &w,
+                    ne as u32,
+                    &eb,
+                    topk,
+                    View::rows(&y, rpe as u32),
+                    rows,
+                )
+            });
+            let gbs = (used * rpe * k * 2) as f64 / s / 1e9;
+            let tf = 2.0 * slots as f64 * rpe as f64 * k as f64 / s / 1e12;
+            println!("matmul_experts bf16 rows={rows:4} topk={topk} experts={ne}x{rpe}x{k}: {:9.1} us  {gbs:7.0} GB/s (used experts)  {tf:6.2} TFLOP/s", s * 1e6);
         }
     }
 }

@@ -21,6 +21,7 @@ fn params(x: View, y: View, rows: u32, dim: u32, eps: f32) -> Params {
 /// `y[r, :dim] = x[r, :dim] * rsqrt(mean(x²) + eps) * w` for `r < rows`, in f32
 /// (`w`: f32 buffer of `dim`).
 pub fn rms_norm(rec: &mut Recorder, x: View, w: &wgpu::Buffer, y: View, rows: u32, dim: u32, eps: f32) {
+    debug_assert!(x.buf != y.buf, "norm: x and y must be different buffers");
     if rows == 0 || dim == 0 {
         return;
     }
@@ -32,6 +33,7 @@ pub fn rms_norm(rec: &mut Recorder, x: View, w: &wgpu::Buffer, y: View, rows: u3
 /// LayerNorm with bias: `y = (x - mean) / sqrt(var + eps) * w + b` (biased variance), f32.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm(rec: &mut Recorder, x: View, w: &wgpu::Buffer, b: &wgpu::Buffer, y: View, rows: u32, dim: u32, eps: f32) {
+    debug_assert!(x.buf != y.buf, "norm: x and y must be different buffers");
     if rows == 0 || dim == 0 {
         return;
     }
@@ -117,6 +119,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "about 5 s on lavapipe; the 2D grid is covered by elementwise::add_2d_grid"]
     fn norm_many_rows_2d_grid() {
         // More rows than workgroups per grid dimension.
         let rows = gpu().max_groups() as usize + 37;

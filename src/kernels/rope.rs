@@ -38,7 +38,8 @@ pub fn rope(
     interleave: bool,
     cos_sin: &wgpu::Buffer,
 ) {
-    debug_assert!(rot_dim % 2 == 0, "rope: odd rot_dim {rot_dim}");
+    debug_assert!(rot_dim.is_multiple_of(2), "rope: odd rot_dim {rot_dim}");
+    debug_assert!(src.is_none_or(|s| s.buf != dst.buf), "rope: src and dst must be different buffers (use src = None)");
     let half = rot_dim / 2;
     let total = rows as u64 * heads as u64 * half as u64;
     if total == 0 {
@@ -90,7 +91,8 @@ mod tests {
     fn rotate(x: &mut [f32], src: &[f32], cs: &[f32], rot_off: usize, rot_dim: usize, interleave: bool) {
         let half = rot_dim / 2;
         for i in 0..half {
-            let (ia, ib) = if interleave { (rot_off + 2 * i, rot_off + 2 * i + 1) } else { (rot_off + i, rot_off + i + half) };
+            let (ia, ib) =
+                if interleave { (rot_off + 2 * i, rot_off + 2 * i + 1) } else { (rot_off + i, rot_off + i + half) };
             let (c, s) = (cs[2 * i] as f64, cs[2 * i + 1] as f64);
             let (a, b) = (src[ia] as f64, src[ib] as f64);
             x[ia] = (a * c - b * s) as f32;
@@ -122,7 +124,18 @@ mod tests {
         let sv = View::new(&sb, s_off as u32, s_stride as u32);
         let mut rec = g.recorder();
         let src = if in_place { None } else { Some(sv) };
-        rope(&mut rec, src, dv, k.rows as u32, k.heads as u32, k.head_stride as u32, k.rot_off as u32, k.rot_dim as u32, interleave, &csb);
+        rope(
+            &mut rec,
+            src,
+            dv,
+            k.rows as u32,
+            k.heads as u32,
+            k.head_stride as u32,
+            k.rot_off as u32,
+            k.rot_dim as u32,
+            interleave,
+            &csb,
+        );
         rec.finish().unwrap();
         let got = g.read_f32(&db, 0, dlen).unwrap();
         let mut want = d0.clone();
@@ -134,7 +147,14 @@ mod tests {
                 } else {
                     s0[s_off + t * s_stride + h * k.head_stride..][..k.head_stride].to_vec()
                 };
-                rotate(&mut want[db..][..k.head_stride], &from, &cs[t * half * 2..][..half * 2], k.rot_off, k.rot_dim, interleave);
+                rotate(
+                    &mut want[db..][..k.head_stride],
+                    &from,
+                    &cs[t * half * 2..][..half * 2],
+                    k.rot_off,
+                    k.rot_dim,
+                    interleave,
+                );
             }
         }
         let what = format!(

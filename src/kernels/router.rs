@@ -1,5 +1,21 @@
 //! MoE router (`shaders/router.wgsl`), DeepSeek-V3 "noaux_tc" rule.
-use super::{Recorder, View};
+use super::{src, Recorder, View};
+use crate::gpu::u;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Params {
+    l_off: u32,
+    l_stride: u32,
+    rows: u32,
+    n_experts: u32,
+    n_group: u32,
+    topk_group: u32,
+    topk: u32,
+    norm: u32,
+    scaling: f32,
+    _pad: [u32; 3],
+}
 
 /// For each row `t < rows` with router logits `logits[t, :n_experts]` (f32, from a matmul):
 /// `s = sigmoid(logit)`; choice scores `c = s + bias` (bias f32 buffer of n_experts);
@@ -9,6 +25,10 @@ use super::{Recorder, View};
 /// weights are the unbiased `s` of the picks, divided by their sum (+1e-20) when
 /// `norm_topk_prob`, times `scaling`. Writes `idx[t*topk + j]` (u32) and `weights[t*topk + j]`
 /// (f32) in descending order of `c`.
+///
+/// Ties between group scores also go to the lower group index. When `topk` exceeds the
+/// experts of the kept groups, the remaining picks are masked experts in index order.
+/// One workgroup per row; limits: `n_experts ≤ 1024`, `n_group ≤ 64`, `topk ≤ 256`.
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     rec: &mut Recorder,
@@ -24,6 +44,212 @@ pub fn route(
     idx: &wgpu::Buffer,
     weights: &wgpu::Buffer,
 ) {
-    let _ = (rec, logits, bias, rows, n_experts, n_group, topk_group, topk, norm_topk_prob, scaling, idx, weights);
-    todo!()
+    if rows == 0 {
+        return;
+    }
+    assert!((1..=1024).contains(&n_experts), "route: n_experts = {n_experts}, supported 1..=1024");
+    assert!(
+        (1..=64).contains(&n_group) && n_experts.is_multiple_of(n_group),
+        "route: n_group = {n_group} must be in 1..=64 and divide n_experts = {n_experts}"
+    );
+    assert!(topk_group >= 1, "route: topk_group must be at least 1");
+    assert!(topk >= 1 && topk <= n_experts && topk <= 256, "route: topk = {topk} must be in 1..=min(n_experts, 256)");
+    let n2 = n_experts.next_power_of_two().max(2);
+    let gpu = rec.gpu();
+    let p = gpu.pipeline("router", src::ROUTER, "route", &[("N2", u(n2))]);
+    let params = Params {
+        l_off: logits.offset,
+        l_stride: logits.stride,
+        rows,
+        n_experts,
+        n_group,
+        topk_group,
+        topk,
+        norm: norm_topk_prob as u32,
+        scaling,
+        _pad: [0; 3],
+    };
+    rec.dispatch(&p, &params, &[logits.buf, bias, idx, weights], gpu.grid(rows));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::{assert_close, gpu, Rng};
+
+    fn sigmoid(x: f32) -> f32 {
+        if x >= 0.0 {
+            1.0 / (1.0 + (-x).exp())
+        } else {
+            let e = x.exp();
+            e / (1.0 + e)
+        }
+    }
+
+    /// transformers' DeepseekV3TopkRouter / GlmMoeDsa router for one row, with -inf group
+    /// masking and ties to the lower index.
+    #[allow(clippy::too_many_arguments)]
+    fn route_ref(
+        logits: &[f32],
+        bias: &[f32],
+        n_group: usize,
+        topk_group: usize,
+        topk: usize,
+        norm: bool,
+        scaling: f32,
+    ) -> (Vec<u32>, Vec<f32>) {
+        let n = logits.len();
+        let s: Vec<f32> = logits.iter().map(|&x| sigmoid(x)).collect();
+        let mut c: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
+        if n_group > 1 && topk_group < n_group {
+            let gs = n / n_group;
+            let gscore: Vec<f32> = (0..n_group)
+                .map(|g| {
+                    let mut v = c[g * gs..(g + 1) * gs].to_vec();
+                    v.sort_by(|a, b| b.partial_cmp(a).unwrap());
+                    if gs > 1 {
+                        v[0] + v[1]
+                    } else {
+                        v[0]
+                    }
+                })
+                .collect();
+            let mut order: Vec<usize> = (0..n_group).collect();
+            order.sort_by(|&a, &b| gscore[b].partial_cmp(&gscore[a]).unwrap().then(a.cmp(&b)));
+            for &g in &order[topk_group..] {
+                for x in &mut c[g * gs..(g + 1) * gs] {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| (c[b] + 0.0).partial_cmp(&(c[a] + 0.0)).unwrap().then(a.cmp(&b)));
+        let idx: Vec<u32> = order[..topk].iter().map(|&e| e as u32).collect();
+        let mut w: Vec<f32> = order[..topk].iter().map(|&e| s[e]).collect();
+        if norm {
+            let sum: f32 = w.iter().sum::<f32>() + 1e-20;
+            for x in &mut w {
+                *x /= sum;
+            }
+        }
+        for x in &mut w {
+            *x *= scaling;
+        }
+        (idx, w)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        logits: &[f32],
+        bias: &[f32],
+        rows: usize,
+        n_experts: usize,
+        n_group: usize,
+        topk_group: usize,
+        topk: usize,
+        norm: bool,
+        scaling: f32,
+    ) {
+        let g = gpu();
+        // Logit rows padded to a larger stride at an offset.
+        let (off, stride) = (3usize, n_experts + 5);
+        let mut lb = vec![f32::NAN; off + rows * stride];
+        for t in 0..rows {
+            lb[off + t * stride..off + t * stride + n_experts].copy_from_slice(&logits[t * n_experts..(t + 1) * n_experts]);
+        }
+        let lbuf = g.buffer_from(&lb, "logits").unwrap();
+        let bbuf = g.buffer_from(bias, "bias").unwrap();
+        let ibuf = g.buffer((rows * topk * 4) as u64, "idx").unwrap();
+        let wbuf = g.buffer((rows * topk * 4) as u64, "weights").unwrap();
+        let mut rec = g.recorder();
+        route(
+            &mut rec,
+            View::new(&lbuf, off as u32, stride as u32),
+            &bbuf,
+            rows as u32,
+            n_experts as u32,
+            n_group as u32,
+            topk_group as u32,
+            topk as u32,
+            norm,
+            scaling,
+            &ibuf,
+            &wbuf,
+        );
+        rec.finish().unwrap();
+        let gi = g.read_u32(&ibuf, 0, rows * topk).unwrap();
+        let gw = g.read_f32(&wbuf, 0, rows * topk).unwrap();
+        for t in 0..rows {
+            let (wi, ww) = route_ref(&logits[t * n_experts..(t + 1) * n_experts], bias, n_group, topk_group, topk, norm, scaling);
+            assert_eq!(&gi[t * topk..(t + 1) * topk], wi.as_slice(), "row {t}: experts (n_group {n_group}, topk_group {topk_group})");
+            assert_close(&gw[t * topk..(t + 1) * topk], &ww, 1e-6, 1e-5, &format!("row {t} weights"));
+        }
+    }
+
+    #[test]
+    fn router_single_group_glm() {
+        let mut rng = Rng::new(21);
+        let (rows, n) = (5, 256);
+        let logits = rng.vec(rows * n, 4.0);
+        let bias = rng.vec(n, 0.5);
+        check(&logits, &bias, rows, n, 1, 1, 8, true, 2.5);
+        check(&logits, &bias, rows, n, 1, 1, 8, false, 1.0);
+    }
+
+    #[test]
+    fn router_groups_deepseek() {
+        let mut rng = Rng::new(22);
+        let (rows, n) = (4, 256);
+        let logits = rng.vec(rows * n, 4.0);
+        let bias = rng.vec(n, 0.5);
+        check(&logits, &bias, rows, n, 8, 4, 8, true, 2.5);
+        check(&logits, &bias, rows, n, 8, 4, 8, false, 2.5);
+        check(&logits, &bias, rows, n, 8, 1, 8, true, 1.0); // one group left
+    }
+
+    #[test]
+    fn router_large_and_awkward() {
+        let mut rng = Rng::new(23);
+        // 1024 experts, 64 groups of 16, 64 picks.
+        let logits = rng.vec(2 * 1024, 6.0);
+        let bias = rng.vec(1024, 0.3);
+        check(&logits, &bias, 2, 1024, 64, 7, 64, true, 1.5);
+        // Not a power of two; groups of one expert; topk_group = n_group (no masking).
+        let logits = rng.vec(3 * 40, 3.0);
+        let bias = rng.vec(40, 0.2);
+        check(&logits, &bias, 3, 40, 5, 2, 6, true, 2.0);
+        check(&logits, &bias, 3, 40, 40, 10, 5, false, 1.0);
+        check(&logits, &bias, 3, 40, 5, 5, 6, true, 1.0);
+        // topk larger than the kept groups hold: masked experts follow in index order.
+        check(&logits, &bias, 3, 40, 10, 1, 6, true, 1.0);
+        // One expert.
+        check(&logits[..1], &bias[..1], 1, 1, 1, 1, 1, true, 1.0);
+    }
+
+    #[test]
+    fn router_ties() {
+        let mut rng = Rng::new(24);
+        // Few distinct logits and a zero bias: many exact ties among experts.
+        let (rows, n) = (4, 64);
+        let vals = [-1.0f32, 0.0, 0.5, 2.0];
+        let logits: Vec<f32> = (0..rows * n).map(|_| vals[rng.below(4) as usize]).collect();
+        let zero = vec![0.0f32; n];
+        check(&logits, &zero, rows, n, 1, 1, 8, true, 2.5);
+        check(&logits, &zero, rows, n, 4, 2, 8, true, 2.5);
+        // Identical groups: group ties go to the lower group index.
+        let g0 = rng.vec(8, 2.0);
+        let logits: Vec<f32> = (0..n).map(|e| g0[e % 8]).collect();
+        let bias: Vec<f32> = (0..n).map(|e| 0.1 * (e % 8) as f32).collect();
+        check(&logits, &bias, 1, n, 8, 3, 8, true, 1.0);
+        check(&logits, &bias, 1, n, 8, 3, 5, false, 1.0);
+    }
+
+    #[test]
+    fn router_many_rows() {
+        let mut rng = Rng::new(25);
+        let (rows, n) = (300, 64);
+        let logits = rng.vec(rows * n, 3.0);
+        let bias = rng.vec(n, 0.1);
+        check(&logits, &bias, rows, n, 8, 3, 6, true, 2.5);
+    }
 }

@@ -25,6 +25,7 @@ struct Params {
 /// For each row `t < rows`: `valid = min(pos0 + t + 1, n_keys)`, `k = min(topk, valid)`;
 /// writes the `k` positions `s < valid` with the largest `scores[t, s]` to
 /// `idx[t * topk .. t * topk + k]` (u32, ascending position order) and `k` to `cnt[t]`.
+#[allow(clippy::too_many_arguments)]
 pub fn topk(rec: &mut Recorder, scores: View, rows: u32, n_keys: u32, pos0: u32, topk: u32, idx: &wgpu::Buffer, cnt: &wgpu::Buffer) {
     if rows == 0 {
         return;
@@ -172,12 +173,12 @@ mod tests {
         let mut rng = Rng::new(6);
         let n = 800;
         let mut s = random_scores(&mut rng, n);
-        for i in 0..n {
+        for x in s.iter_mut() {
             match rng.below(6) {
-                0 => s[i] = f32::NEG_INFINITY,
-                1 => s[i] = f32::INFINITY,
-                2 => s[i] = f32::MIN,
-                3 => s[i] = 1e-40, // denormal
+                0 => *x = f32::NEG_INFINITY,
+                1 => *x = f32::INFINITY,
+                2 => *x = f32::MIN,
+                3 => *x = 1e-40, // denormal
                 _ => {}
             }
         }

@@ -73,6 +73,8 @@ pub struct Session<'m> {
     pub pos: usize,
     /// Rows per prefill chunk.
     pub chunk: usize,
+    /// Positions attended per query: `min(index_topk, max_ctx)`.
+    topk: usize,
     rope: RopeTable,
     s: Scratch,
 }
@@ -123,7 +125,7 @@ impl<'m> Session<'m> {
             ik: f(c * cfg.index_head_dim, "ik")?,
             iw: f(c * cfg.index_n_heads, "iw")?,
             scores: f(c * max_ctx, "scores")?,
-            sel_idx: f(c * cfg.index_topk, "sel_idx")?,
+            sel_idx: f(c * cfg.index_topk.min(max_ctx), "sel_idx")?,
             sel_cnt: f(c, "sel_cnt")?,
             rlogits: f(c * cfg.n_routed_experts.max(1), "router logits")?,
             ridx: f(c * k, "router idx")?,
@@ -136,7 +138,7 @@ impl<'m> Session<'m> {
             logits: f(c * cfg.vocab_size, "logits")?,
         };
         gpu.check()?;
-        Ok(Session { model, caches, pos: 0, chunk, rope: RopeTable::new(cfg), s })
+        Ok(Session { model, caches, pos: 0, chunk, topk: cfg.index_topk.min(max_ctx), rope: RopeTable::new(cfg), s })
     }
 
     pub fn max_ctx(&self) -> usize {
@@ -293,7 +295,7 @@ impl<'m> Session<'m> {
         rope::rope(rec, Some(kva.col(kl)), latent.col(kl), t, 1, row, 0, dr, cfg.mla_rope_interleave, &s.cos_sin);
 
         // Top-k selection.
-        let k = cfg.index_topk as u32;
+        let k = self.topk as u32;
         if let Some(ix) = &layer.indexer {
             let (ih, id) = (cfg.index_n_heads as u32, cfg.index_head_dim as u32);
             let keys = self.caches.keys[i].as_ref().expect("full layer has a key cache");

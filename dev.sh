@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# sparsa developer entry point. Works on a fresh Debian/Ubuntu machine without a GPU:
+#   ./dev.sh run    build sparsa (release) and generate text with the default model
+#   ./dev.sh test   run every test (GPU kernels on lavapipe when no other Vulkan driver exists)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+        echo "need root to run: $*" >&2; exit 1; fi
+}
+
+# A Vulkan driver: lavapipe (Mesa's software rasterizer) when none is installed.
+ensure_vulkan() {
+    if ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1 \
+        && ldconfig -p 2>/dev/null | grep -q libvulkan.so.1; then
+        return
+    fi
+    echo "dev.sh: no Vulkan driver found; installing lavapipe (mesa-vulkan-drivers)" >&2
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+}
+
+# Rust >= 1.87 (wgpu 30). Debian's packaged cargo is older, so use rustup when missing.
+ensure_rust() {
+    if [ -x "$HOME/.cargo/bin/cargo" ]; then export PATH="$HOME/.cargo/bin:$PATH"; fi
+    if command -v cargo >/dev/null; then return; fi
+    echo "dev.sh: installing Rust with rustup" >&2
+    if ! command -v curl >/dev/null; then as_root apt-get update -qq; as_root apt-get install -y -qq curl ca-certificates >/dev/null; fi
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+    export PATH="$HOME/.cargo/bin:$PATH"
+}
+
+# Mesa warns on stderr without a runtime dir (containers, CI).
+if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+    export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/sparsa-xdg-runtime"
+    mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+fi
+
+cmd="${1:-help}"
+shift || true
+case "$cmd" in
+run)
+    ensure_vulkan; ensure_rust
+    cargo build --release --quiet
+    if [ $# -eq 0 ]; then
+        # Until the small trained model ships (issue 3), the default is the tiny
+        # random-weight GLM-5.2-style golden model: the tokens are noise, the pipeline is real.
+        set -- generate --model tests/data/glm52 --tokens 1,2,3,4,5 --max-tokens 32 --temperature 0 --print-ids
+    fi
+    exec target/release/sparsa "$@"
+    ;;
+test)
+    ensure_vulkan; ensure_rust
+    cargo build --tests --quiet
+    exec cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}" "$@"
+    ;;
+*)
+    echo "usage: ./dev.sh run [sparsa arguments] | ./dev.sh test [test filter]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,172 @@
+//! The `sparsa` binary end to end: the commands the acceptance checks use, and clear
+//! one-line errors for bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sparsa"))
+}
+
+fn data(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(family)
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("sparsa-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn reference_tokens(family: &str, name: &str) -> Vec<i32> {
+    let bytes = std::fs::read(data(family).join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    bytemuck::pod_collect_to_vec(st.tensor(name).unwrap().data())
+}
+
+fn join(ids: &[i32]) -> String {
+    ids.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+}
+
+#[test]
+fn generate_print_ids_is_greedy_reference() {
+    let prompt = reference_tokens("dsv32", "tokens_0");
+    let want = reference_tokens("dsv32", "greedy_0");
+    let out = bin()
+        .args(["generate", "--model"])
+        .arg(data("dsv32"))
+        .args(["--tokens", &join(&prompt), "--temperature", "0", "--print-ids", "--max-tokens"])
+        .arg(want.len().to_string())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim(), join(&want));
+}
+
+#[test]
+fn logits_writes_safetensors() {
+    let prompt = reference_tokens("glm52", "tokens_1");
+    let dir = tmpdir("logits");
+    let file = dir.join("out.safetensors");
+    let out = bin()
+        .args(["logits", "--model"])
+        .arg(data("glm52"))
+        .args(["--tokens", &join(&prompt), "--out"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let bytes = std::fs::read(&file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    assert_eq!(t.shape()[0], prompt.len());
+    let got: Vec<f32> = bytemuck::pod_collect_to_vec(t.data());
+    let bytes = std::fs::read(data("glm52").join("reference.safetensors")).unwrap();
+    let r = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let want: Vec<f32> = bytemuck::pod_collect_to_vec(r.tensor("logits_1").unwrap().data());
+    let max = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(max < 1e-2, "max |Δ| {max}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Runs sparsa expecting failure; returns its stderr (one line, naming the problem).
+fn fails(args: &[&str], model: Option<&Path>) -> String {
+    let mut c = bin();
+    c.args(args);
+    if let Some(m) = model {
+        c.arg("--model").arg(m);
+    }
+    let out = c.output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "expected failure for {args:?}");
+    assert_eq!(out.status.code(), Some(1), "exit code for {args:?}: {err}");
+    assert!(!err.contains("panicked") && !err.contains("internal error"), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(lines.len(), 1, "one error line expected: {err}");
+    lines[0].to_string()
+}
+
+/// A copy of a test model directory (weights linked) with a modified config.json.
+fn variant(family: &str, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let src = data(family);
+    let dir = tmpdir(name);
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        let n = e.file_name();
+        if n.to_string_lossy().ends_with(".safetensors") || n.to_string_lossy().ends_with(".json") {
+            std::fs::copy(e.path(), dir.join(&n)).unwrap();
+        }
+    }
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn missing_model_dir() {
+    let e = fails(&["generate", "--tokens", "1,2"], Some(Path::new("/nonexistent/model")));
+    assert!(e.contains("/nonexistent/model"), "{e}");
+}
+
+#[test]
+fn not_a_dsa_model() {
+    let d = variant("glm52", "llama", |c| c["model_type"] = "llama".into());
+    let e = fails(&["generate", "--tokens", "1,2"], Some(&d));
+    assert!(e.contains("model_type") && e.contains("llama"), "{e}");
+}
+
+#[test]
+fn missing_config_field() {
+    let d = variant("glm52", "nofield", |c| {
+        c.as_object_mut().unwrap().remove("kv_lora_rank");
+    });
+    let e = fails(&["logits", "--tokens", "1,2", "--out", "/tmp/x.safetensors"], Some(&d));
+    assert!(e.contains("kv_lora_rank"), "{e}");
+}
+
+#[test]
+fn missing_tensor() {
+    let d = variant("glm52", "moretensors", |c| {
+        let n = c["num_hidden_layers"].as_u64().unwrap();
+        c["num_hidden_layers"] = (n + 1).into();
+        c.as_object_mut().unwrap().remove("indexer_types");
+        c.as_object_mut().unwrap().remove("mlp_layer_types");
+    });
+    let e = fails(&["generate", "--tokens", "1,2"], Some(&d));
+    assert!(e.contains("missing") && e.contains("model.layers."), "{e}");
+}
+
+#[test]
+fn shape_mismatch() {
+    let d = variant("glm52", "shape", |c| {
+        let n = c["q_lora_rank"].as_u64().unwrap();
+        c["q_lora_rank"] = (n + 2).into();
+    });
+    let e = fails(&["generate", "--tokens", "1,2"], Some(&d));
+    assert!(e.contains("model.layers.0") && e.contains("shape") && e.contains("expected"), "{e}");
+}
+
+#[test]
+fn token_out_of_range_and_bad_ids() {
+    let e = fails(&["generate", "--tokens", "1,99999999", "--max-tokens", "1"], Some(&data("glm52")));
+    assert!(e.contains("99999999"), "{e}");
+    let out = bin().args(["generate", "--tokens", "1,x"]).arg("--model").arg(data("glm52")).output().unwrap();
+    assert!(!out.status.success());
+}
+
+#[test]
+fn prompt_without_tokenizer() {
+    let e = fails(&["generate", "--prompt", "hello"], Some(&data("glm52")));
+    assert!(e.contains("tokenizer.json"), "{e}");
+}
+
+#[test]
+fn devices_lists_an_adapter() {
+    let out = bin().arg("devices").output().unwrap();
+    assert!(out.status.success());
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(s.contains("max binding"), "{s}");
+}

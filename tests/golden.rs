@@ -1,0 +1,142 @@
+//! Whole-model checks against transformers 5.24.0 (eager, f32) goldens made by
+//! `tests/reference/make_goldens.py`: tiny random-weight GLM-5-style (all layers full),
+//! GLM-5.2-style (IndexShare) and DeepSeek-V3.2-style (router groups, YaRN) models whose
+//! `index_topk` is much smaller than the prompts, so sparse attention really selects.
+//!
+//! Tolerance: the engine and transformers both compute in f32 but sum in different orders
+//! (tiled matmuls, absorbed vs expanded MLA, online softmax), so logits differ by float
+//! rounding that grows through the layers: ~1e-5 relative. We allow |Δ| ≤ 1e-3 + 1e-3·|ref|
+//! (logits here are O(1..10)), far below the changes a wrong kernel causes (≥ 0.05; the
+//! dense-vs-sparse check below shows one selection change alone moves them that much).
+
+use sparsa::gpu::Gpu;
+use sparsa::model::Model;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+fn gpu() -> Arc<Gpu> {
+    static G: OnceLock<Arc<Gpu>> = OnceLock::new();
+    G.get_or_init(|| Arc::new(Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).expect("a GPU adapter")))
+        .clone()
+}
+
+fn data(family: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(family)
+}
+
+pub struct Reference {
+    pub prompts: Vec<Vec<u32>>,
+    pub logits: Vec<Vec<f32>>,
+    pub dense: Vec<Vec<f32>>,
+    pub greedy: Vec<Vec<u32>>,
+}
+
+fn reference(family: &str) -> Reference {
+    let bytes = std::fs::read(data(family).join("reference.safetensors")).expect("reference.safetensors");
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid reference file");
+    let f32s = |n: &str| -> Vec<f32> { bytemuck::pod_collect_to_vec(st.tensor(n).unwrap().data()) };
+    let ids = |n: &str| -> Vec<u32> {
+        let v: Vec<i32> = bytemuck::pod_collect_to_vec(st.tensor(n).unwrap().data());
+        v.into_iter().map(|x| x as u32).collect()
+    };
+    let mut r = Reference { prompts: vec![], logits: vec![], dense: vec![], greedy: vec![] };
+    let mut i = 0;
+    while st.tensor(&format!("tokens_{i}")).is_ok() {
+        r.prompts.push(ids(&format!("tokens_{i}")));
+        r.logits.push(f32s(&format!("logits_{i}")));
+        r.dense.push(f32s(&format!("logits_dense_{i}")));
+        r.greedy.push(ids(&format!("greedy_{i}")));
+        i += 1;
+    }
+    assert!(i > 0, "{family}: no prompts in the reference");
+    r
+}
+
+fn argmax(v: &[f32]) -> usize {
+    sparsa::generate::argmax(v) as usize
+}
+
+/// max |Δ|, and asserts the tolerance and argmax agreement at every position.
+fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: logits length");
+    let mut max = 0f32;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let d = (g - w).abs();
+        assert!(d.is_finite(), "{what}: logit {i} is {g}, want {w}");
+        assert!(d <= 1e-3 + 1e-3 * w.abs(), "{what}: logit [{}, {}] = {g}, want {w}", i / vocab, i % vocab);
+        max = max.max(d);
+    }
+    for (t, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+        assert_eq!(argmax(g), argmax(w), "{what}: argmax differs at position {t}");
+    }
+    max
+}
+
+fn check_family(family: &str) {
+    let r = reference(family);
+    let model = Model::load(&data(family), gpu(), &mut |_, _| {}).expect("model loads");
+    let vocab = model.config.vocab_size;
+    let mut worst = 0f32;
+    for (i, prompt) in r.prompts.iter().enumerate() {
+        // Prefill logits for every position.
+        let mut s = model.session(prompt.len() + r.greedy[i].len()).unwrap();
+        let got = s.forward(prompt, true).unwrap();
+        worst = worst.max(compare(&format!("{family} prompt {i}"), &got.data, &r.logits[i], vocab));
+        // Greedy continuation with the caches, token by token.
+        s.reset();
+        let mut sampler = sparsa::generate::Sampler::new(Default::default());
+        let (out, _) =
+            sparsa::generate::generate(&mut s, prompt, r.greedy[i].len(), &mut sampler, &[], |_| true).unwrap();
+        assert_eq!(out, r.greedy[i], "{family} prompt {i}: greedy continuation");
+    }
+    eprintln!("{family}: max |Δlogit| vs transformers = {worst:.3e}");
+}
+
+/// The same weights with index_topk ≥ the prompt are dense: they must match transformers'
+/// dense logits, and differ clearly from the sparse ones (top-k really selects).
+fn check_dense(family: &str) {
+    let r = reference(family);
+    let dir = data(family);
+    let mut cfg = sparsa::config::Config::from_dir(&dir).unwrap();
+    cfg.index_topk = 1 << 20;
+    let files = sparsa::weights::WeightFiles::open(&dir).unwrap();
+    let model = Model::from_parts(cfg, &files, gpu(), dir.clone(), &mut |_, _| {}).unwrap();
+    let vocab = model.config.vocab_size;
+    for (i, prompt) in r.prompts.iter().enumerate() {
+        let mut s = model.session(prompt.len()).unwrap();
+        let got = s.forward(prompt, true).unwrap();
+        compare(&format!("{family} dense prompt {i}"), &got.data, &r.dense[i], vocab);
+        let diff = got.data.iter().zip(&r.logits[i]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(diff > 0.05, "{family} prompt {i}: dense and sparse logits differ by only {diff}");
+    }
+}
+
+#[test]
+fn glm5_matches_transformers() {
+    check_family("glm5");
+}
+
+#[test]
+fn glm52_indexshare_matches_transformers() {
+    check_family("glm52");
+}
+
+#[test]
+fn dsv32_matches_transformers() {
+    check_family("dsv32");
+}
+
+#[test]
+fn glm5_dense_topk_changes_output() {
+    check_dense("glm5");
+}
+
+#[test]
+fn glm52_dense_topk_changes_output() {
+    check_dense("glm52");
+}
+
+#[test]
+fn dsv32_dense_topk_changes_output() {
+    check_dense("dsv32");
+}
