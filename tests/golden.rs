@@ -5,9 +5,10 @@
 //!
 //! Tolerance: the engine and transformers both compute in f32 but sum in different orders
 //! (tiled matmuls, absorbed vs expanded MLA, online softmax), so logits differ by float
-//! rounding that grows through the layers: ~1e-5 relative. We allow |Δ| ≤ 1e-3 + 1e-3·|ref|
-//! (logits here are O(1..10)), far below the changes a wrong kernel causes (≥ 0.05; the
-//! dense-vs-sparse check below shows one selection change alone moves them that much).
+//! rounding that grows through the layers. Measured on lavapipe: max |Δ| 2.3e-5 (glm5),
+//! 2.8e-5 (glm52), 4.6e-5 (dsv32) on logits of magnitude O(1). We allow
+//! |Δ| ≤ 5e-4 + 1e-4·|ref|: ~10× the rounding we see, and far below what a wrong kernel or
+//! a single changed top-k choice causes (≥ 0.05, see the dense-vs-sparse check below).
 
 use sparsa::gpu::Gpu;
 use sparsa::model::Model;
@@ -63,7 +64,7 @@ fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let d = (g - w).abs();
         assert!(d.is_finite(), "{what}: logit {i} is {g}, want {w}");
-        assert!(d <= 1e-3 + 1e-3 * w.abs(), "{what}: logit [{}, {}] = {g}, want {w}", i / vocab, i % vocab);
+        assert!(d <= 5e-4 + 1e-4 * w.abs(), "{what}: logit [{}, {}] = {g}, want {w}", i / vocab, i % vocab);
         max = max.max(d);
     }
     for (t, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
@@ -82,6 +83,12 @@ fn check_family(family: &str) {
         let mut s = model.session(prompt.len() + r.greedy[i].len()).unwrap();
         let got = s.forward(prompt, true).unwrap();
         worst = worst.max(compare(&format!("{family} prompt {i}"), &got.data, &r.logits[i], vocab));
+        // The same prompt prefilled in chunks of 13 rows (chunks see keys cached by earlier
+        // chunks, and cross index_topk mid-prompt).
+        s.reset();
+        s.chunk = 13;
+        let got = s.forward(prompt, true).unwrap();
+        worst = worst.max(compare(&format!("{family} prompt {i} in chunks"), &got.data, &r.logits[i], vocab));
         // Greedy continuation with the caches, token by token.
         s.reset();
         let mut sampler = sparsa::generate::Sampler::new(Default::default());

@@ -113,7 +113,7 @@ fn quiet_mesa() {
 
 fn main() {
     quiet_mesa();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,wgpu_hal=off")).init();
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error (please report): {info}");
     }));

@@ -312,6 +312,15 @@ mod tests {
     }
 
     #[test]
+    fn gemv_passes() {
+        // Between GEMV_MAX_ROWS and GEMV_PASSES_MAX_ROWS rows `matmul` runs several GEMVs.
+        for (i, dtype) in DTYPES.into_iter().enumerate() {
+            check_matmul(300 + i as u64, 17, 577, 131, dtype, Some(64));
+            run_matmul(310 + i as u64, GEMV_PASSES_MAX_ROWS as usize, 520, 37, dtype, None, None, (4, 524));
+        }
+    }
+
+    #[test]
     fn gemv4_all_dtypes_and_shapes() {
         let g = gpu();
         // The picker takes the 16-byte path only for aligned rows and x.
@@ -552,36 +561,29 @@ mod tests {
         println!("adapter: {}", g.adapter.line());
         for (dtype, k, n) in [(DType::BF16, 7168, 18432), (DType::BF16, 2048, 7168), (DType::F32, 7168, 4096)] {
             let w = bench_weight(n, k, dtype);
-            for rows in [1u32, 2, 4, 8, 16, 32, 128, 256, 1024] {
+            for rows in [1u32, 2, 8, 16, 32, 64, 128, 256, 512, 1024] {
                 let x = g.buffer(rows as u64 * k as u64 * 4, "x").unwrap();
                 let y = g.buffer(rows as u64 * n as u64 * 4, "y").unwrap();
                 let iters = if rows <= 64 { 50 } else { 10 };
-                let picked = Dense::pick(rows, View::rows(&x, k as u32), &w);
-                let mut kinds = vec![picked];
+                let mut kinds: Vec<Option<Dense>> = vec![None];
                 if rows <= GEMV_MAX_ROWS {
-                    kinds.extend([
-                        Dense::Gemv,
-                        Dense::Gemv4(64, 1),
-                        Dense::Gemv4(64, 2),
-                        Dense::Gemv4(32, 2),
-                        Dense::Gemv4(16, 1),
-                        Dense::Gemv4(16, 2),
-                        Dense::Gemv4(8, 2),
-                    ]);
+                    kinds.extend([Dense::Gemv, Dense::Gemv4(64, 2), Dense::Gemv4(32, 2)].map(Some));
                 } else {
-                    kinds.extend(GEMMS);
+                    kinds.extend(GEMMS.map(Some));
                 }
-                for (i, kind) in kinds.into_iter().enumerate() {
-                    if i > 0 && kind == picked {
-                        continue;
-                    }
-                    let s = time_it(iters, |rec| {
-                        matmul_with(rec, View::rows(&x, k as u32), &w, View::rows(&y, n as u32), rows, kind)
+                for kind in kinds {
+                    let (xv, yv) = (View::rows(&x, k as u32), View::rows(&y, n as u32));
+                    let s = time_it(iters, |rec| match kind {
+                        None => matmul(rec, xv, &w, yv, rows),
+                        Some(kind) => matmul_with(rec, xv, &w, yv, rows, kind),
                     });
                     let gbs = w.bytes() as f64 / s / 1e9;
                     let tf = 2.0 * rows as f64 * n as f64 * k as f64 / s / 1e12;
-                    let tag = if i == 0 { "matmul" } else { "      " };
-                    println!("{tag} {dtype:?} rows={rows:5} k={k} n={n} {kind:?}: {:9.1} us  {gbs:7.0} GB/s (weights)  {tf:6.2} TFLOP/s", s * 1e6);
+                    let tag = match kind {
+                        None => "matmul".to_string(),
+                        Some(k) => format!("  {k:?}"),
+                    };
+                    println!("{tag:14} {dtype:?} rows={rows:5} k={k} n={n}: {:9.1} us  {gbs:7.0} GB/s (weights)  {tf:6.2} TFLOP/s", s * 1e6);
                 }
             }
         }

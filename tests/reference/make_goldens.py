@@ -93,7 +93,7 @@ FAMILIES = {
         storage=torch.bfloat16,
         shard="450KB",
         mtp=True,
-        search_from=1000, seed=None,
+        search_from=1000, seed=1149,  # first passing seed (python3 make_goldens.py --search)
         prompt_lens=(43, 59, 77),
         config=dict(
             vocab_size=331, hidden_size=112, intermediate_size=176, moe_intermediate_size=16,
@@ -111,7 +111,7 @@ FAMILIES = {
         storage=torch.float16,
         shard=None,
         mtp=False,
-        search_from=2000, seed=None,
+        search_from=2000, seed=2031,  # first passing seed
         prompt_lens=(43, 66, 85),
         config=dict(
             vocab_size=307, hidden_size=88, intermediate_size=136, moe_intermediate_size=16,
@@ -131,7 +131,7 @@ FAMILIES = {
         storage=torch.float32,
         shard=None,
         mtp=False,
-        search_from=3000, seed=None,
+        search_from=3000, seed=3019,  # first passing seed
         prompt_lens=(41, 62, 83),
         config=dict(
             vocab_size=263, hidden_size=96, intermediate_size=128, moe_intermediate_size=16,
