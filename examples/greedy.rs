@@ -9,12 +9,24 @@ use std::sync::Arc;
 fn main() -> sparsa::Result<()> {
     let mut args = std::env::args().skip(1);
     let dir = args.next().unwrap_or_else(|| "tests/data/glm52".into());
-    let ids: Vec<u32> = args.next().unwrap_or_else(|| "1,2,3".into()).split(',').filter_map(|x| x.parse().ok()).collect();
+    let ids: Vec<u32> = args
+        .next()
+        .unwrap_or_else(|| "1,2,3".into())
+        .split(',')
+        .filter_map(|x| x.parse().ok())
+        .collect();
     let gpu = Arc::new(Gpu::new(None)?);
     let model = Model::load(std::path::Path::new(&dir), gpu, &mut |_, _| {})?;
     let mut session = model.session(ids.len() + 16)?;
     let mut sampler = Sampler::new(SamplingParams::default());
-    let (out, _) = generate(&mut session, &ids, 16, &mut sampler, &model.config.eos_token_ids, |_| true)?;
+    let (out, _) = generate(
+        &mut session,
+        &ids,
+        16,
+        &mut sampler,
+        &model.config.eos_token_ids,
+        |_| true,
+    )?;
     println!("{out:?}");
     Ok(())
 }

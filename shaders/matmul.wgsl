@@ -564,6 +564,7 @@ fn gemm128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let ac = am % 4u;
     let bi = 2u * bp * (CM / 4u) + bn / 4u;
     let bc = bn % 4u;
+    // The next K-tile's values are loaded into registers while this one is computed.
     var pa = vec4<f32>(xload(xr.x, ak), xload(xr.y, ak), xload(xr.z, ak), xload(xr.w, ak));
     var pb0 = wpair(wr.x, 2u * bp);
     var pb1 = wpair(wr.y, 2u * bp);

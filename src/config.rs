@@ -102,17 +102,27 @@ struct Fields<'a> {
 
 impl Fields<'_> {
     fn missing(&self, k: &str, what: &str) -> Error {
-        Error::msg(format!("{}: required field `{k}` is missing (expected {what})", self.file))
+        Error::msg(format!(
+            "{}: required field `{k}` is missing (expected {what})",
+            self.file
+        ))
     }
     fn bad(&self, k: &str, what: &str) -> Error {
-        Error::msg(format!("{}: field `{k}` = {} is not {what}", self.file, self.map[k]))
+        Error::msg(format!(
+            "{}: field `{k}` = {} is not {what}",
+            self.file, self.map[k]
+        ))
     }
     fn get(&self, k: &str) -> Option<&Value> {
         self.map.get(k).filter(|v| !v.is_null())
     }
     fn usize(&self, k: &str) -> Result<usize> {
-        let v = self.get(k).ok_or_else(|| self.missing(k, "a non-negative integer"))?;
-        let n = v.as_u64().ok_or_else(|| self.bad(k, "a non-negative integer"))?;
+        let v = self
+            .get(k)
+            .ok_or_else(|| self.missing(k, "a non-negative integer"))?;
+        let n = v
+            .as_u64()
+            .ok_or_else(|| self.bad(k, "a non-negative integer"))?;
         if n > (1 << 40) {
             return Err(self.bad(k, "a plausible size (≤ 2^40)"));
         }
@@ -142,7 +152,11 @@ impl Fields<'_> {
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
         _ => vec![],
     }
 }
@@ -170,9 +184,15 @@ impl Config {
 
     /// Parse the text of a `config.json`; `file` names it in errors.
     pub fn from_json(text: &str, file: &str) -> Result<Config> {
-        let v: Value = serde_json::from_str(text).map_err(|e| Error::msg(format!("{file}: invalid JSON: {e}")))?;
-        let map = v.as_object().ok_or_else(|| Error::msg(format!("{file}: expected a JSON object")))?;
-        let f = Fields { file: file.to_string(), map };
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| Error::msg(format!("{file}: invalid JSON: {e}")))?;
+        let map = v
+            .as_object()
+            .ok_or_else(|| Error::msg(format!("{file}: expected a JSON object")))?;
+        let f = Fields {
+            file: file.to_string(),
+            map,
+        };
         let family = match f.get("model_type").and_then(|m| m.as_str()) {
             Some("glm_moe_dsa") => Family::GlmMoeDsa,
             Some("deepseek_v32") => Family::DeepseekV32,
@@ -205,7 +225,9 @@ impl Config {
         let first_k_dense_replace = f.usize_or("first_k_dense_replace", 3)?;
         let dense_layers = match f.get("mlp_layer_types") {
             Some(v) => {
-                let a = v.as_array().ok_or_else(|| f.bad("mlp_layer_types", "a list of \"dense\" / \"sparse\""))?;
+                let a = v
+                    .as_array()
+                    .ok_or_else(|| f.bad("mlp_layer_types", "a list of \"dense\" / \"sparse\""))?;
                 if a.len() < num_hidden_layers {
                     return Err(Error::msg(format!(
                         "{file}: field `mlp_layer_types` has {} entries, expected num_hidden_layers = {num_hidden_layers}",
@@ -221,7 +243,9 @@ impl Config {
                     })
                     .collect::<Result<Vec<bool>>>()?
             }
-            None => (0..num_hidden_layers).map(|i| i < first_k_dense_replace).collect(),
+            None => (0..num_hidden_layers)
+                .map(|i| i < first_k_dense_replace)
+                .collect(),
         };
         let rope = rope(&f)?;
 
@@ -288,13 +312,22 @@ impl Config {
         ] {
             chk(v > 0, &format!("field `{name}` must be positive"))?;
         }
-        chk(self.qk_rope_head_dim % 2 == 0, "field `qk_rope_head_dim` must be even")?;
+        chk(
+            self.qk_rope_head_dim.is_multiple_of(2),
+            "field `qk_rope_head_dim` must be even",
+        )?;
         chk(
             self.index_head_dim >= self.qk_rope_head_dim,
             "field `index_head_dim` must be at least `qk_rope_head_dim` (the indexer ropes its first qk_rope_head_dim dims)",
         )?;
-        chk(self.n_routed_experts % self.n_group == 0, "field `n_routed_experts` must be divisible by `n_group`")?;
-        chk(self.topk_group <= self.n_group, "field `topk_group` must be ≤ `n_group`")?;
+        chk(
+            self.n_routed_experts.is_multiple_of(self.n_group),
+            "field `n_routed_experts` must be divisible by `n_group`",
+        )?;
+        chk(
+            self.topk_group <= self.n_group,
+            "field `topk_group` must be ≤ `n_group`",
+        )?;
         chk(
             self.num_experts_per_tok <= self.n_routed_experts && self.num_experts_per_tok > 0,
             "field `num_experts_per_tok` must be in 1..=n_routed_experts",
@@ -303,10 +336,22 @@ impl Config {
             self.num_experts_per_tok <= self.topk_group * (self.n_routed_experts / self.n_group),
             "fields `num_experts_per_tok`, `topk_group`: fewer experts in the kept groups than experts per token",
         )?;
-        chk(self.n_routed_experts <= 1024, "field `n_routed_experts` must be ≤ 1024")?;
-        chk(self.num_experts_per_tok <= 64, "field `num_experts_per_tok` must be ≤ 64")?;
-        chk(self.index_n_heads <= 256, "field `index_n_heads` must be ≤ 256")?;
-        chk(self.indexer_types.first() == Some(&IndexerKind::Full), "layer 0 must run its own indexer (indexer_types[0] must be \"full\")")?;
+        chk(
+            self.n_routed_experts <= 1024,
+            "field `n_routed_experts` must be ≤ 1024",
+        )?;
+        chk(
+            self.num_experts_per_tok <= 64,
+            "field `num_experts_per_tok` must be ≤ 64",
+        )?;
+        chk(
+            self.index_n_heads <= 256,
+            "field `index_n_heads` must be ≤ 256",
+        )?;
+        chk(
+            self.indexer_types.first() == Some(&IndexerKind::Full),
+            "layer 0 must run its own indexer (indexer_types[0] must be \"full\")",
+        )?;
         Ok(())
     }
 
@@ -322,7 +367,12 @@ impl Config {
     /// The MLA softmax scale: qk_head_dim^-0.5, times mscale² under YaRN with mscale_all_dim.
     pub fn softmax_scale(&self) -> f32 {
         let mut s = (self.qk_head_dim() as f64).powf(-0.5);
-        if let RopeKind::Yarn { factor, mscale_all_dim: Some(d), .. } = self.rope.kind {
+        if let RopeKind::Yarn {
+            factor,
+            mscale_all_dim: Some(d),
+            ..
+        } = self.rope.kind
+        {
             if d != 0.0 {
                 let m = yarn_get_mscale(factor, d);
                 s *= m * m;
@@ -332,7 +382,10 @@ impl Config {
     }
 
     pub fn n_full_layers(&self) -> usize {
-        self.indexer_types.iter().filter(|k| **k == IndexerKind::Full).count()
+        self.indexer_types
+            .iter()
+            .filter(|k| **k == IndexerKind::Full)
+            .count()
     }
 }
 
@@ -347,7 +400,9 @@ pub fn yarn_get_mscale(scale: f64, mscale: f64) -> f64 {
 /// Full / shared per layer, derived as transformers derives it.
 fn indexer_types(f: &Fields, family: Family, layers: usize) -> Result<Vec<IndexerKind>> {
     if let Some(v) = f.get("indexer_types") {
-        let a = v.as_array().ok_or_else(|| f.bad("indexer_types", "a list of \"full\" / \"shared\""))?;
+        let a = v
+            .as_array()
+            .ok_or_else(|| f.bad("indexer_types", "a list of \"full\" / \"shared\""))?;
         if a.len() < layers {
             return Err(Error::msg(format!(
                 "{}: field `indexer_types` has {} entries, expected num_hidden_layers = {layers}",
@@ -369,7 +424,9 @@ fn indexer_types(f: &Fields, family: Family, layers: usize) -> Result<Vec<Indexe
         return Ok(vec![IndexerKind::Full; layers]);
     }
     if let Some(v) = f.get("index_topk_pattern") {
-        let s = v.as_str().ok_or_else(|| f.bad("index_topk_pattern", "a string of 'F'/'S'"))?;
+        let s = v
+            .as_str()
+            .ok_or_else(|| f.bad("index_topk_pattern", "a string of 'F'/'S'"))?;
         let kinds: Vec<IndexerKind> = s
             .chars()
             .map(|c| match c {
@@ -390,7 +447,13 @@ fn indexer_types(f: &Fields, family: Family, layers: usize) -> Result<Vec<Indexe
     let freq = f.usize_or("index_topk_freq", 1)?.max(1);
     let offset = f.usize_or("index_skip_topk_offset", 2)? as i64;
     Ok((0..layers as i64)
-        .map(|i| if (i - offset + 1).max(0) % freq as i64 == 0 { IndexerKind::Full } else { IndexerKind::Shared })
+        .map(|i| {
+            if (i - offset + 1).max(0) % freq as i64 == 0 {
+                IndexerKind::Full
+            } else {
+                IndexerKind::Shared
+            }
+        })
         .collect())
 }
 
@@ -410,15 +473,27 @@ fn rope(f: &Fields) -> Result<Rope> {
         Some(_) => return Err(f.bad("rope_parameters", "an object")),
         None => None,
     };
-    let pf = pmap.map(|m| Fields { file: f.file.clone(), map: m });
+    let pf = pmap.map(|m| Fields {
+        file: f.file.clone(),
+        map: m,
+    });
     let theta = match pf.as_ref().and_then(|p| p.get("rope_theta")) {
-        Some(v) => v.as_f64().ok_or_else(|| Error::msg(format!("{}: rope_theta is not a number", f.file)))?,
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| Error::msg(format!("{}: rope_theta is not a number", f.file)))?,
         None => f.f64_or("rope_theta", 10000.0)?,
     };
     let Some(p) = pf else {
-        return Ok(Rope { theta, kind: RopeKind::Default });
+        return Ok(Rope {
+            theta,
+            kind: RopeKind::Default,
+        });
     };
-    let rtype = p.get("rope_type").or_else(|| p.get("type")).and_then(|v| v.as_str()).unwrap_or("default");
+    let rtype = p
+        .get("rope_type")
+        .or_else(|| p.get("type"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("default");
     let kind = match rtype {
         "default" => RopeKind::Default,
         "yarn" => RopeKind::Yarn {
@@ -427,16 +502,25 @@ fn rope(f: &Fields) -> Result<Rope> {
                 None => return Err(p.missing("factor", "the YaRN scaling factor")),
             },
             original_max_position_embeddings: match p.get("original_max_position_embeddings") {
-                Some(v) => v.as_f64().ok_or_else(|| p.bad("original_max_position_embeddings", "a number"))?,
+                Some(v) => v
+                    .as_f64()
+                    .ok_or_else(|| p.bad("original_max_position_embeddings", "a number"))?,
                 None => f.f64_or("max_position_embeddings", 4096.0)?,
             },
             // transformers: `get("beta_fast") or 32`, so 0 also means the default.
-            beta_fast: Some(p.f64_or("beta_fast", 32.0)?).filter(|v| *v != 0.0).unwrap_or(32.0),
-            beta_slow: Some(p.f64_or("beta_slow", 1.0)?).filter(|v| *v != 0.0).unwrap_or(1.0),
+            beta_fast: Some(p.f64_or("beta_fast", 32.0)?)
+                .filter(|v| *v != 0.0)
+                .unwrap_or(32.0),
+            beta_slow: Some(p.f64_or("beta_slow", 1.0)?)
+                .filter(|v| *v != 0.0)
+                .unwrap_or(1.0),
             mscale: opt_f64(&p, "mscale")?,
             mscale_all_dim: opt_f64(&p, "mscale_all_dim")?,
             attention_factor: match p.get("attention_factor") {
-                Some(v) => Some(v.as_f64().ok_or_else(|| p.bad("attention_factor", "a number"))?),
+                Some(v) => Some(
+                    v.as_f64()
+                        .ok_or_else(|| p.bad("attention_factor", "a number"))?,
+                ),
                 None => None,
             },
             truncate: p.bool_or("truncate", true)?,

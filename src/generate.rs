@@ -16,7 +16,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, seed: 0 }
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        }
     }
 }
 
@@ -30,7 +35,10 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let state = params.seed.wrapping_mul(0x9E3779B97F4A7C15) ^ 0xD1B54A32D192ED03;
-        Sampler { params, state: state | 1 }
+        Sampler {
+            params,
+            state: state | 1,
+        }
     }
 
     fn uniform(&mut self) -> f64 {

@@ -22,17 +22,23 @@ impl Tokenizer {
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| Error::msg(format!("tokenizer.json: {e}")))?;
+        let inner = tokenizers::Tokenizer::from_bytes(bytes)
+            .map_err(|e| Error::msg(format!("tokenizer.json: {e}")))?;
         Ok(Tokenizer { inner })
     }
 
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, false).map_err(|e| Error::msg(format!("tokenizing the prompt: {e}")))?;
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::msg(format!("tokenizing the prompt: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, false).map_err(|e| Error::msg(format!("decoding tokens: {e}")))
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::msg(format!("decoding tokens: {e}")))
     }
 }
 
@@ -46,13 +52,20 @@ pub struct TextStream<'t> {
 
 impl<'t> TextStream<'t> {
     pub fn new(tok: &'t Tokenizer) -> Self {
-        TextStream { tok, ids: Vec::new(), printed: 0 }
+        TextStream {
+            tok,
+            ids: Vec::new(),
+            printed: 0,
+        }
     }
 
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
         let text = self.tok.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}') || text.len() < self.printed || !text.is_char_boundary(self.printed) {
+        if text.ends_with('\u{FFFD}')
+            || text.len() < self.printed
+            || !text.is_char_boundary(self.printed)
+        {
             return Ok(String::new());
         }
         let new = text[self.printed..].to_string();

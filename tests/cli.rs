@@ -9,7 +9,9 @@ fn bin() -> Command {
 }
 
 fn data(family: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(family)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(family)
 }
 
 fn tmpdir(name: &str) -> PathBuf {
@@ -26,7 +28,10 @@ fn reference_tokens(family: &str, name: &str) -> Vec<i32> {
 }
 
 fn join(ids: &[i32]) -> String {
-    ids.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+    ids.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[test]
@@ -36,11 +41,22 @@ fn generate_print_ids_is_greedy_reference() {
     let out = bin()
         .args(["generate", "--model"])
         .arg(data("dsv32"))
-        .args(["--tokens", &join(&prompt), "--temperature", "0", "--print-ids", "--max-tokens"])
+        .args([
+            "--tokens",
+            &join(&prompt),
+            "--temperature",
+            "0",
+            "--print-ids",
+            "--max-tokens",
+        ])
         .arg(want.len().to_string())
         .output()
         .unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert_eq!(stdout.trim(), join(&want));
 }
@@ -57,7 +73,11 @@ fn logits_writes_safetensors() {
         .arg(&file)
         .output()
         .unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let bytes = std::fs::read(&file).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("logits").unwrap();
@@ -67,7 +87,11 @@ fn logits_writes_safetensors() {
     let bytes = std::fs::read(data("glm52").join("reference.safetensors")).unwrap();
     let r = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let want: Vec<f32> = bytemuck::pod_collect_to_vec(r.tensor("logits_1").unwrap().data());
-    let max = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let max = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
     assert!(max < 1e-2, "max |Δ| {max}");
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -83,7 +107,10 @@ fn fails(args: &[&str], model: Option<&Path>) -> String {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success(), "expected failure for {args:?}");
     assert_eq!(out.status.code(), Some(1), "exit code for {args:?}: {err}");
-    assert!(!err.contains("panicked") && !err.contains("internal error"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("internal error"),
+        "{err}"
+    );
     let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(lines.len(), 1, "one error line expected: {err}");
     lines[0].to_string()
@@ -99,7 +126,8 @@ fn variant(family: &str, name: &str, edit: impl FnOnce(&mut serde_json::Value)) 
             std::fs::copy(e.path(), dir.join(&n)).unwrap();
         }
     }
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     edit(&mut cfg);
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     dir
@@ -107,7 +135,10 @@ fn variant(family: &str, name: &str, edit: impl FnOnce(&mut serde_json::Value)) 
 
 #[test]
 fn missing_model_dir() {
-    let e = fails(&["generate", "--tokens", "1,2"], Some(Path::new("/nonexistent/model")));
+    let e = fails(
+        &["generate", "--tokens", "1,2"],
+        Some(Path::new("/nonexistent/model")),
+    );
     assert!(e.contains("/nonexistent/model"), "{e}");
 }
 
@@ -123,7 +154,10 @@ fn missing_config_field() {
     let d = variant("glm52", "nofield", |c| {
         c.as_object_mut().unwrap().remove("kv_lora_rank");
     });
-    let e = fails(&["logits", "--tokens", "1,2", "--out", "/tmp/x.safetensors"], Some(&d));
+    let e = fails(
+        &["logits", "--tokens", "1,2", "--out", "/tmp/x.safetensors"],
+        Some(&d),
+    );
     assert!(e.contains("kv_lora_rank"), "{e}");
 }
 
@@ -146,14 +180,25 @@ fn shape_mismatch() {
         c["q_lora_rank"] = (n + 2).into();
     });
     let e = fails(&["generate", "--tokens", "1,2"], Some(&d));
-    assert!(e.contains("model.layers.0") && e.contains("shape") && e.contains("expected"), "{e}");
+    assert!(
+        e.contains("model.layers.0") && e.contains("shape") && e.contains("expected"),
+        "{e}"
+    );
 }
 
 #[test]
 fn token_out_of_range_and_bad_ids() {
-    let e = fails(&["generate", "--tokens", "1,99999999", "--max-tokens", "1"], Some(&data("glm52")));
+    let e = fails(
+        &["generate", "--tokens", "1,99999999", "--max-tokens", "1"],
+        Some(&data("glm52")),
+    );
     assert!(e.contains("99999999"), "{e}");
-    let out = bin().args(["generate", "--tokens", "1,x"]).arg("--model").arg(data("glm52")).output().unwrap();
+    let out = bin()
+        .args(["generate", "--tokens", "1,x"])
+        .arg("--model")
+        .arg(data("glm52"))
+        .output()
+        .unwrap();
     assert!(!out.status.success());
 }
 

@@ -17,12 +17,16 @@ use std::sync::{Arc, OnceLock};
 
 fn gpu() -> Arc<Gpu> {
     static G: OnceLock<Arc<Gpu>> = OnceLock::new();
-    G.get_or_init(|| Arc::new(Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).expect("a GPU adapter")))
-        .clone()
+    G.get_or_init(|| {
+        Arc::new(Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).expect("a GPU adapter"))
+    })
+    .clone()
 }
 
 fn data(family: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(family)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(family)
 }
 
 pub struct Reference {
@@ -33,14 +37,20 @@ pub struct Reference {
 }
 
 fn reference(family: &str) -> Reference {
-    let bytes = std::fs::read(data(family).join("reference.safetensors")).expect("reference.safetensors");
+    let bytes =
+        std::fs::read(data(family).join("reference.safetensors")).expect("reference.safetensors");
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("valid reference file");
     let f32s = |n: &str| -> Vec<f32> { bytemuck::pod_collect_to_vec(st.tensor(n).unwrap().data()) };
     let ids = |n: &str| -> Vec<u32> {
         let v: Vec<i32> = bytemuck::pod_collect_to_vec(st.tensor(n).unwrap().data());
         v.into_iter().map(|x| x as u32).collect()
     };
-    let mut r = Reference { prompts: vec![], logits: vec![], dense: vec![], greedy: vec![] };
+    let mut r = Reference {
+        prompts: vec![],
+        logits: vec![],
+        dense: vec![],
+        greedy: vec![],
+    };
     let mut i = 0;
     while st.tensor(&format!("tokens_{i}")).is_ok() {
         r.prompts.push(ids(&format!("tokens_{i}")));
@@ -64,11 +74,20 @@ fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let d = (g - w).abs();
         assert!(d.is_finite(), "{what}: logit {i} is {g}, want {w}");
-        assert!(d <= 5e-4 + 1e-4 * w.abs(), "{what}: logit [{}, {}] = {g}, want {w}", i / vocab, i % vocab);
+        assert!(
+            d <= 5e-4 + 1e-4 * w.abs(),
+            "{what}: logit [{}, {}] = {g}, want {w}",
+            i / vocab,
+            i % vocab
+        );
         max = max.max(d);
     }
     for (t, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
-        assert_eq!(argmax(g), argmax(w), "{what}: argmax differs at position {t}");
+        assert_eq!(
+            argmax(g),
+            argmax(w),
+            "{what}: argmax differs at position {t}"
+        );
     }
     max
 }
@@ -82,18 +101,35 @@ fn check_family(family: &str) {
         // Prefill logits for every position.
         let mut s = model.session(prompt.len() + r.greedy[i].len()).unwrap();
         let got = s.forward(prompt, true).unwrap();
-        worst = worst.max(compare(&format!("{family} prompt {i}"), &got.data, &r.logits[i], vocab));
+        worst = worst.max(compare(
+            &format!("{family} prompt {i}"),
+            &got.data,
+            &r.logits[i],
+            vocab,
+        ));
         // The same prompt prefilled in chunks of 13 rows (chunks see keys cached by earlier
         // chunks, and cross index_topk mid-prompt).
         s.reset();
         s.chunk = 13;
         let got = s.forward(prompt, true).unwrap();
-        worst = worst.max(compare(&format!("{family} prompt {i} in chunks"), &got.data, &r.logits[i], vocab));
+        worst = worst.max(compare(
+            &format!("{family} prompt {i} in chunks"),
+            &got.data,
+            &r.logits[i],
+            vocab,
+        ));
         // Greedy continuation with the caches, token by token.
         s.reset();
         let mut sampler = sparsa::generate::Sampler::new(Default::default());
-        let (out, _) =
-            sparsa::generate::generate(&mut s, prompt, r.greedy[i].len(), &mut sampler, &[], |_| true).unwrap();
+        let (out, _) = sparsa::generate::generate(
+            &mut s,
+            prompt,
+            r.greedy[i].len(),
+            &mut sampler,
+            &[],
+            |_| true,
+        )
+        .unwrap();
         assert_eq!(out, r.greedy[i], "{family} prompt {i}: greedy continuation");
     }
     eprintln!("{family}: max |Δlogit| vs transformers = {worst:.3e}");
@@ -112,9 +148,22 @@ fn check_dense(family: &str) {
     for (i, prompt) in r.prompts.iter().enumerate() {
         let mut s = model.session(prompt.len()).unwrap();
         let got = s.forward(prompt, true).unwrap();
-        compare(&format!("{family} dense prompt {i}"), &got.data, &r.dense[i], vocab);
-        let diff = got.data.iter().zip(&r.logits[i]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        assert!(diff > 0.05, "{family} prompt {i}: dense and sparse logits differ by only {diff}");
+        compare(
+            &format!("{family} dense prompt {i}"),
+            &got.data,
+            &r.dense[i],
+            vocab,
+        );
+        let diff = got
+            .data
+            .iter()
+            .zip(&r.logits[i])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            diff > 0.05,
+            "{family} prompt {i}: dense and sparse logits differ by only {diff}"
+        );
     }
 }
 

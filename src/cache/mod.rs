@@ -33,15 +33,25 @@ impl Caches {
             .iter()
             .enumerate()
             .map(|(i, k)| match k {
-                IndexerKind::Full => gpu.buffer((max_ctx * cfg.index_head_dim * 4) as u64, &format!("indexer keys {i}")).map(Some),
+                IndexerKind::Full => gpu
+                    .buffer(
+                        (max_ctx * cfg.index_head_dim * 4) as u64,
+                        &format!("indexer keys {i}"),
+                    )
+                    .map(Some),
                 IndexerKind::Shared => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Caches { max_ctx, latent, keys })
+        Ok(Caches {
+            max_ctx,
+            latent,
+            keys,
+        })
     }
 
     /// GPU bytes held by the caches.
     pub fn bytes(&self) -> u64 {
-        self.latent.iter().map(|b| b.size()).sum::<u64>() + self.keys.iter().flatten().map(|b| b.size()).sum::<u64>()
+        self.latent.iter().map(|b| b.size()).sum::<u64>()
+            + self.keys.iter().flatten().map(|b| b.size()).sum::<u64>()
     }
 }

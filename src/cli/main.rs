@@ -12,7 +12,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "sparsa", version, about = "DeepSeek Sparse Attention models (GLM-5, DeepSeek-V3.2) on any GPU, via wgpu")]
+#[command(
+    name = "sparsa",
+    version,
+    about = "DeepSeek Sparse Attention models (GLM-5, DeepSeek-V3.2) on any GPU, via wgpu"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -84,12 +88,18 @@ struct LogitsArgs {
 struct Ids(Vec<u32>);
 
 fn parse_ids(s: &str) -> std::result::Result<Ids, String> {
-    let v: std::result::Result<Vec<u32>, _> =
-        s.split(',').map(|x| x.trim()).filter(|x| !x.is_empty()).map(|x| x.parse::<u32>()).collect();
+    let v: std::result::Result<Vec<u32>, _> = s
+        .split(',')
+        .map(|x| x.trim())
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse::<u32>())
+        .collect();
     match v {
         Ok(v) if !v.is_empty() => Ok(Ids(v)),
         Ok(_) => Err("expected at least one token id".into()),
-        Err(e) => Err(format!("expected comma-separated token ids like 1,2,3 ({e})")),
+        Err(e) => Err(format!(
+            "expected comma-separated token ids like 1,2,3 ({e})"
+        )),
     }
 }
 
@@ -113,7 +123,10 @@ fn quiet_mesa() {
 
 fn main() {
     quiet_mesa();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,wgpu_hal=off")).init();
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("warn,wgpu_hal=off"),
+    )
+    .init();
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error (please report): {info}");
     }));
@@ -132,23 +145,37 @@ fn main() {
 fn open_model(m: &ModelArgs) -> Result<Model> {
     if !m.model.join("config.json").exists() {
         if !m.model.exists() {
-            return Err(Error::msg(format!("--model {}: no such directory", m.model.display())));
+            return Err(Error::msg(format!(
+                "--model {}: no such directory",
+                m.model.display()
+            )));
         }
-        return Err(Error::msg(format!("--model {}: no config.json (expected a Hugging Face model directory)", m.model.display())));
+        return Err(Error::msg(format!(
+            "--model {}: no config.json (expected a Hugging Face model directory)",
+            m.model.display()
+        )));
     }
     sparsa::config::Config::from_dir(&m.model)?;
     let gpu = Arc::new(Gpu::new(m.adapter.as_deref())?);
     log::info!("adapter: {}", gpu.adapter.line());
     let t0 = Instant::now();
     let model = Model::load(&m.model, gpu, &mut |_, _| {})?;
-    log::info!("loaded {} in {:.2}s", m.model.display(), t0.elapsed().as_secs_f64());
+    log::info!(
+        "loaded {} in {:.2}s",
+        m.model.display(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(model)
 }
 
 fn ctx_for(m: &ModelArgs, model: &Model, need: usize) -> Result<usize> {
-    let ctx = m.ctx.unwrap_or(need.min(model.config.max_position_embeddings.max(1)));
+    let ctx = m
+        .ctx
+        .unwrap_or(need.min(model.config.max_position_embeddings.max(1)));
     if need > ctx {
-        return Err(Error::msg(format!("--ctx {ctx}: the request needs {need} positions")));
+        return Err(Error::msg(format!(
+            "--ctx {ctx}: the request needs {need} positions"
+        )));
     }
     Ok(ctx)
 }
@@ -160,7 +187,11 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let model = open_model(&a.m)?;
     let tok = match (&a.prompt, &a.tokens) {
         (Some(_), _) => Some(Tokenizer::from_dir(&a.m.model)?),
-        (None, None) => return Err(Error::msg("give a prompt with --prompt TEXT or --tokens 1,2,3")),
+        (None, None) => {
+            return Err(Error::msg(
+                "give a prompt with --prompt TEXT or --tokens 1,2,3",
+            ))
+        }
         (None, Some(_)) => Tokenizer::from_dir(&a.m.model).ok(),
     };
     let prompt = match (&a.prompt, &a.tokens) {
@@ -169,38 +200,56 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         _ => unreachable!(),
     };
     if prompt.is_empty() {
-        return Err(Error::msg("--prompt: the prompt is empty after tokenization"));
+        return Err(Error::msg(
+            "--prompt: the prompt is empty after tokenization",
+        ));
     }
     let ctx = ctx_for(&a.m, &model, prompt.len() + a.max_tokens)?;
     let mut session = model.session(ctx)?;
-    let mut sampler = Sampler::new(SamplingParams { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, seed: a.seed });
+    let mut sampler = Sampler::new(SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        seed: a.seed,
+    });
     let eos = model.config.eos_token_ids.clone();
     let stdout = std::io::stdout();
-    let mut stream = if a.print_ids { None } else { tok.as_ref().map(TextStream::new) };
+    let mut stream = if a.print_ids {
+        None
+    } else {
+        tok.as_ref().map(TextStream::new)
+    };
     let t0 = Instant::now();
     let mut first: Option<Instant> = None;
     let mut err: Option<Error> = None;
-    let (out, stop) = generate(&mut session, &prompt, a.max_tokens, &mut sampler, &eos, |id| {
-        first.get_or_insert_with(Instant::now);
-        if let Some(s) = stream.as_mut() {
-            match s.push(id) {
-                Ok(text) => {
-                    let mut o = stdout.lock();
-                    let _ = o.write_all(text.as_bytes());
-                    let _ = o.flush();
+    let (out, stop) = generate(
+        &mut session,
+        &prompt,
+        a.max_tokens,
+        &mut sampler,
+        &eos,
+        |id| {
+            first.get_or_insert_with(Instant::now);
+            if let Some(s) = stream.as_mut() {
+                match s.push(id) {
+                    Ok(text) => {
+                        let mut o = stdout.lock();
+                        let _ = o.write_all(text.as_bytes());
+                        let _ = o.flush();
+                    }
+                    Err(e) => {
+                        err = Some(e);
+                        return false;
+                    }
                 }
-                Err(e) => {
-                    err = Some(e);
-                    return false;
-                }
+            } else if !a.print_ids {
+                let mut o = stdout.lock();
+                let _ = write!(o, "{id} ");
+                let _ = o.flush();
             }
-        } else if !a.print_ids {
-            let mut o = stdout.lock();
-            let _ = write!(o, "{id} ");
-            let _ = o.flush();
-        }
-        true
-    })?;
+            true
+        },
+    )?;
     if let Some(e) = err {
         return Err(e);
     }
@@ -239,15 +288,18 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
 /// A safetensors file with one f32 tensor.
 fn write_f32_safetensors(path: &Path, name: &str, shape: &[usize], data: &[f32]) -> Result<()> {
     let bytes = data.len() * 4;
-    let mut header = serde_json::json!({ name: { "dtype": "F32", "shape": shape, "data_offsets": [0, bytes] } }).to_string();
-    while (header.len() + 8) % 8 != 0 {
+    let mut header =
+        serde_json::json!({ name: { "dtype": "F32", "shape": shape, "data_offsets": [0, bytes] } })
+            .to_string();
+    while !(header.len() + 8).is_multiple_of(8) {
         header.push(' ');
     }
     let mut out = Vec::with_capacity(8 + header.len() + bytes);
     out.extend_from_slice(&(header.len() as u64).to_le_bytes());
     out.extend_from_slice(header.as_bytes());
     out.extend_from_slice(bytemuck::cast_slice(data));
-    std::fs::write(path, out).map_err(|e| Error::msg(format!("--out {}: cannot write: {e}", path.display())))
+    std::fs::write(path, out)
+        .map_err(|e| Error::msg(format!("--out {}: cannot write: {e}", path.display())))
 }
 
 fn cmd_devices() -> Result<()> {

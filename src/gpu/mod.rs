@@ -41,8 +41,10 @@ impl AdapterSummary {
             name: info.name.clone(),
             backend: format!("{:?}", info.backend),
             device_type: format!("{:?}", info.device_type),
-            driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
-            max_storage_binding: l.max_storage_buffer_binding_size as u64,
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
+            max_storage_binding: l.max_storage_buffer_binding_size,
             max_buffer: l.max_buffer_size,
             max_invocations: l.max_compute_invocations_per_workgroup,
             max_storage_buffers_per_stage: l.max_storage_buffers_per_shader_stage,
@@ -87,7 +89,10 @@ fn instance() -> wgpu::Instance {
 
 /// Every adapter wgpu can see, best first (discrete, integrated, then software).
 pub fn list_adapters() -> Vec<AdapterSummary> {
-    sorted_adapters(&instance()).iter().map(AdapterSummary::of).collect()
+    sorted_adapters(&instance())
+        .iter()
+        .map(AdapterSummary::of)
+        .collect()
 }
 
 fn sorted_adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
@@ -174,12 +179,21 @@ impl Gpu {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Ok(Gpu { device, queue, adapter: summary, limits, pipelines: Mutex::default(), errors, param_arena, arena_lock: Mutex::new(()) })
+        Ok(Gpu {
+            device,
+            queue,
+            adapter: summary,
+            limits,
+            pipelines: Mutex::default(),
+            errors,
+            param_arena,
+            arena_lock: Mutex::new(()),
+        })
     }
 
     /// Largest buffer we bind as one storage binding.
     pub fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size) & !255
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size) & !255
     }
 
     /// Fails with the first GPU validation / out-of-memory error seen since the last check.
@@ -191,7 +205,10 @@ impl Gpu {
             let first = e[0].lines().next().unwrap_or("").to_string();
             let all = std::mem::take(&mut *e);
             log::debug!("all GPU errors: {all:?}");
-            Err(Error::msg(format!("GPU error on {}: {first}", self.adapter.name)))
+            Err(Error::msg(format!(
+                "GPU error on {}: {first}",
+                self.adapter.name
+            )))
         }
     }
 
@@ -207,7 +224,9 @@ impl Gpu {
         Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         }))
     }
@@ -301,18 +320,23 @@ impl Gpu {
             return p.clone();
         }
         let src = format!("{header}{source}");
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        let p = Arc::new(self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&format!("{name}::{entry}")),
-            layout: None,
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        }));
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+        let p = Arc::new(
+            self.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&format!("{name}::{entry}")),
+                    layout: None,
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                }),
+        );
         self.pipelines.lock().unwrap().insert(key, p.clone());
         p
     }

@@ -11,8 +11,18 @@ use std::sync::{Arc, MutexGuard};
 const PARAM_STRIDE: u64 = 256;
 
 enum Op {
-    Dispatch { pipeline: Arc<wgpu::ComputePipeline>, group: wgpu::BindGroup, wg: [u32; 3] },
-    Copy { src: wgpu::Buffer, src_off: u64, dst: wgpu::Buffer, dst_off: u64, size: u64 },
+    Dispatch {
+        pipeline: Arc<wgpu::ComputePipeline>,
+        group: wgpu::BindGroup,
+        wg: [u32; 3],
+    },
+    Copy {
+        src: wgpu::Buffer,
+        src_off: u64,
+        dst: wgpu::Buffer,
+        dst_off: u64,
+        size: u64,
+    },
 }
 
 pub struct Recorder<'g> {
@@ -25,7 +35,12 @@ pub struct Recorder<'g> {
 impl Gpu {
     /// Start recording. Only one recorder exists at a time (it owns the param arena).
     pub fn recorder(&self) -> Recorder<'_> {
-        Recorder { gpu: self, params: Vec::new(), ops: Vec::new(), _arena: self.arena_lock.lock().unwrap() }
+        Recorder {
+            gpu: self,
+            params: Vec::new(),
+            ops: Vec::new(),
+            _arena: self.arena_lock.lock().unwrap(),
+        }
     }
 }
 
@@ -47,7 +62,10 @@ impl<'g> Recorder<'g> {
             return;
         }
         let bytes = bytemuck::bytes_of(params);
-        assert!(bytes.len() as u64 <= PARAM_STRIDE, "kernel params larger than {PARAM_STRIDE} bytes");
+        assert!(
+            bytes.len() as u64 <= PARAM_STRIDE,
+            "kernel params larger than {PARAM_STRIDE} bytes"
+        );
         if self.params.len() as u64 + PARAM_STRIDE > PARAM_ARENA {
             self.flush();
         }
@@ -64,22 +82,45 @@ impl<'g> Recorder<'g> {
             }),
         }];
         for (i, b) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.as_entire_binding(),
+            });
         }
-        let group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
+        let group = self
+            .gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+        self.ops.push(Op::Dispatch {
+            pipeline: pipeline.clone(),
+            group,
+            wg,
         });
-        self.ops.push(Op::Dispatch { pipeline: pipeline.clone(), group, wg });
     }
 
     /// Copy `size` bytes (multiple of 4) between buffers, in order with the dispatches.
-    pub fn copy(&mut self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, size: u64) {
+    pub fn copy(
+        &mut self,
+        src: &wgpu::Buffer,
+        src_off: u64,
+        dst: &wgpu::Buffer,
+        dst_off: u64,
+        size: u64,
+    ) {
         if size == 0 {
             return;
         }
-        self.ops.push(Op::Copy { src: src.clone(), src_off, dst: dst.clone(), dst_off, size });
+        self.ops.push(Op::Copy {
+            src: src.clone(),
+            src_off,
+            dst: dst.clone(),
+            dst_off,
+            size,
+        });
     }
 
     /// Submit everything recorded so far (does not wait).
@@ -88,13 +129,22 @@ impl<'g> Recorder<'g> {
             return;
         }
         if !self.params.is_empty() {
-            self.gpu.queue.write_buffer(&self.gpu.param_arena, 0, &self.params);
+            self.gpu
+                .queue
+                .write_buffer(&self.gpu.param_arena, 0, &self.params);
         }
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
         let mut i = 0;
         let ops = std::mem::take(&mut self.ops);
         while i < ops.len() {
-            if let Op::Copy { src, src_off, dst, dst_off, size } = &ops[i] {
+            if let Op::Copy {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                size,
+            } = &ops[i]
+            {
                 enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
                 i += 1;
                 continue;
@@ -102,7 +152,11 @@ impl<'g> Recorder<'g> {
             let mut pass = enc.begin_compute_pass(&Default::default());
             while i < ops.len() {
                 match &ops[i] {
-                    Op::Dispatch { pipeline, group, wg } => {
+                    Op::Dispatch {
+                        pipeline,
+                        group,
+                        wg,
+                    } => {
                         pass.set_pipeline(pipeline);
                         pass.set_bind_group(0, group, &[]);
                         pass.dispatch_workgroups(wg[0], wg[1], wg[2]);

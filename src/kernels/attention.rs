@@ -41,7 +41,12 @@ struct Params {
 
 /// All pipelines of attention.wgsl set every define (module-scope workgroup arrays use them).
 fn defines(w_dtype: u32, tr: u32, nc: u32, qd: u32) -> [(&'static str, String); 4] {
-    [("W_DTYPE", u(w_dtype)), ("TR", u(tr)), ("NC", u(nc)), ("QD", u(qd))]
+    [
+        ("W_DTYPE", u(w_dtype)),
+        ("TR", u(tr)),
+        ("NC", u(nc)),
+        ("QD", u(qd)),
+    ]
 }
 
 /// Query rows per workgroup for the two weight products.
@@ -77,7 +82,17 @@ fn grid_count(what: &str, n: u64) -> u32 {
 
 /// `q_abs[t, h*kv_lora + c] = Σ_{d<dn} q[t, h*(dn+dr) + d] · wkvb[h*(dn+dv) + d, c]`.
 #[allow(clippy::too_many_arguments)]
-pub fn absorb_q(rec: &mut Recorder, q: View, wkvb: &GpuWeight, q_abs: View, rows: u32, heads: u32, dn: u32, dr: u32, dv: u32) {
+pub fn absorb_q(
+    rec: &mut Recorder,
+    q: View,
+    wkvb: &GpuWeight,
+    q_abs: View,
+    rows: u32,
+    heads: u32,
+    dn: u32,
+    dr: u32,
+    dv: u32,
+) {
     if rows == 0 || heads == 0 {
         return;
     }
@@ -85,7 +100,12 @@ pub fn absorb_q(rec: &mut Recorder, q: View, wkvb: &GpuWeight, q_abs: View, rows
     let kv_lora = wkvb.cols as u32;
     let tr = row_tile(rows);
     let gpu = rec.gpu();
-    let p = gpu.pipeline("attention", src::ATTENTION, "absorb_q", &defines(wkvb.dtype.code(), tr, 1, 4));
+    let p = gpu.pipeline(
+        "attention",
+        src::ATTENTION,
+        "absorb_q",
+        &defines(wkvb.dtype.code(), tr, 1, 4),
+    );
     let tiles = kv_lora.div_ceil(WG);
     let params = Params {
         a_off: q.offset,
@@ -101,8 +121,16 @@ pub fn absorb_q(rec: &mut Recorder, q: View, wkvb: &GpuWeight, q_abs: View, rows
         tiles,
         ..Params::zeroed()
     };
-    let n = grid_count("absorb_q", tiles as u64 * heads as u64 * rows.div_ceil(tr) as u64);
-    rec.dispatch(&p, &params, &[q.buf, &wkvb.chunks[0].buf, q_abs.buf], gpu.grid(n));
+    let n = grid_count(
+        "absorb_q",
+        tiles as u64 * heads as u64 * rows.div_ceil(tr) as u64,
+    );
+    rec.dispatch(
+        &p,
+        &params,
+        &[q.buf, &wkvb.chunks[0].buf, q_abs.buf],
+        gpu.grid(n),
+    );
 }
 
 /// For each `t < rows`, `h < heads`, over the selected positions `s = idx[t*topk + j]`,
@@ -131,10 +159,18 @@ pub fn sparse_mla(
     if rows == 0 || heads == 0 {
         return;
     }
-    assert!(kv_lora > 0 && kv_lora + dr <= 2048, "sparse_mla: kv_lora {kv_lora} + dr {dr} must be in 1..=2048");
+    assert!(
+        kv_lora > 0 && kv_lora + dr <= 2048,
+        "sparse_mla: kv_lora {kv_lora} + dr {dr} must be in 1..=2048"
+    );
     let nc = kv_lora.div_ceil(WG);
     let gpu = rec.gpu();
-    let p = gpu.pipeline("attention", src::ATTENTION, "sparse_mla", &defines(0, 1, nc, kv_lora + dr));
+    let p = gpu.pipeline(
+        "attention",
+        src::ATTENTION,
+        "sparse_mla",
+        &defines(0, 1, nc, kv_lora + dr),
+    );
     let params = Params {
         a_off: q_abs.offset,
         a_stride: q_abs.stride,
@@ -154,12 +190,26 @@ pub fn sparse_mla(
         ..Params::zeroed()
     };
     let n = grid_count("sparse_mla", rows as u64 * heads as u64);
-    rec.dispatch(&p, &params, &[q_abs.buf, idx, o_lat.buf, q.buf, cache.buf, cnt], gpu.grid(n));
+    rec.dispatch(
+        &p,
+        &params,
+        &[q_abs.buf, idx, o_lat.buf, q.buf, cache.buf, cnt],
+        gpu.grid(n),
+    );
 }
 
 /// `o[t, h*dv + v] = Σ_c wkvb[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c]`.
 #[allow(clippy::too_many_arguments)]
-pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u32, heads: u32, dn: u32, dv: u32) {
+pub fn up_v(
+    rec: &mut Recorder,
+    o_lat: View,
+    wkvb: &GpuWeight,
+    o: View,
+    rows: u32,
+    heads: u32,
+    dn: u32,
+    dv: u32,
+) {
     if rows == 0 || heads == 0 || dv == 0 {
         return;
     }
@@ -167,7 +217,12 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
     let kv_lora = wkvb.cols as u32;
     let tr = row_tile(rows);
     let gpu = rec.gpu();
-    let p = gpu.pipeline("attention", src::ATTENTION, "up_v", &defines(wkvb.dtype.code(), tr, 1, 4));
+    let p = gpu.pipeline(
+        "attention",
+        src::ATTENTION,
+        "up_v",
+        &defines(wkvb.dtype.code(), tr, 1, 4),
+    );
     let tiles = dv.div_ceil(VT);
     let params = Params {
         a_off: o_lat.offset,
@@ -182,8 +237,16 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
         tiles,
         ..Params::zeroed()
     };
-    let n = grid_count("up_v", tiles as u64 * heads as u64 * rows.div_ceil(tr) as u64);
-    rec.dispatch(&p, &params, &[o_lat.buf, &wkvb.chunks[0].buf, o.buf], gpu.grid(n));
+    let n = grid_count(
+        "up_v",
+        tiles as u64 * heads as u64 * rows.div_ceil(tr) as u64,
+    );
+    rec.dispatch(
+        &p,
+        &params,
+        &[o_lat.buf, &wkvb.chunks[0].buf, o.buf],
+        gpu.grid(n),
+    );
 }
 
 #[cfg(test)]
@@ -201,13 +264,16 @@ mod tests {
     fn padded(data: &[f32], rows: usize, cols: usize, off: usize, stride: usize) -> Vec<f32> {
         let mut v = vec![f32::NAN; off + rows * stride];
         for r in 0..rows {
-            v[off + r * stride..off + r * stride + cols].copy_from_slice(&data[r * cols..(r + 1) * cols]);
+            v[off + r * stride..off + r * stride + cols]
+                .copy_from_slice(&data[r * cols..(r + 1) * cols]);
         }
         v
     }
 
     fn unpad(all: &[f32], rows: usize, cols: usize, off: usize, stride: usize) -> Vec<f32> {
-        (0..rows).flat_map(|r| all[off + r * stride..off + r * stride + cols].to_vec()).collect()
+        (0..rows)
+            .flat_map(|r| all[off + r * stride..off + r * stride + cols].to_vec())
+            .collect()
     }
 
     struct Dims {
@@ -242,7 +308,8 @@ mod tests {
                 for v in 0..d.dv {
                     let mut s = 0f64;
                     for c in 0..d.kv {
-                        s += w[(h * (d.dn + d.dv) + d.dn + v) * d.kv + c] as f64 * ol[(t * d.heads + h) * d.kv + c] as f64;
+                        s += w[(h * (d.dn + d.dv) + d.dn + v) * d.kv + c] as f64
+                            * ol[(t * d.heads + h) * d.kv + c] as f64;
                     }
                     out[(t * d.heads + h) * d.dv + v] = s as f32;
                 }
@@ -305,7 +372,13 @@ mod tests {
     fn absorb_q_all_dtypes() {
         let g = gpu();
         let mut rng = Rng::new(31);
-        let d = Dims { heads: 3, dn: 70, dr: 6, dv: 12, kv: 300 };
+        let d = Dims {
+            heads: 3,
+            dn: 70,
+            dr: 6,
+            dv: 12,
+            kv: 300,
+        };
         let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             let wg = weight(g, &w, &d, dtype);
@@ -316,7 +389,9 @@ mod tests {
                 let (qoff, qs) = (2, qc + 3);
                 let (ooff, os) = (5, d.heads * d.kv + 7);
                 let qb = g.buffer_from(&padded(&q, rows, qc, qoff, qs), "q").unwrap();
-                let ob = g.buffer_from(&vec![9.0f32; ooff + rows * os], "q_abs").unwrap();
+                let ob = g
+                    .buffer_from(&vec![9.0f32; ooff + rows * os], "q_abs")
+                    .unwrap();
                 let mut rec = g.recorder();
                 absorb_q(
                     &mut rec,
@@ -334,9 +409,17 @@ mod tests {
                 let got = unpad(&all, rows, d.heads * d.kv, ooff, os);
                 assert!(all[..ooff].iter().all(|&x| x == 9.0));
                 for r in 0..rows {
-                    assert!(all[ooff + r * os + d.heads * d.kv..ooff + (r + 1) * os].iter().all(|&x| x == 9.0));
+                    assert!(all[ooff + r * os + d.heads * d.kv..ooff + (r + 1) * os]
+                        .iter()
+                        .all(|&x| x == 9.0));
                 }
-                assert_close(&got, &absorb_ref(&q, &wr, rows, &d), 1e-4, 1e-4, &format!("absorb_q {dtype:?} rows {rows}"));
+                assert_close(
+                    &got,
+                    &absorb_ref(&q, &wr, rows, &d),
+                    1e-4,
+                    1e-4,
+                    &format!("absorb_q {dtype:?} rows {rows}"),
+                );
             }
         }
     }
@@ -345,7 +428,13 @@ mod tests {
     fn up_v_all_dtypes() {
         let g = gpu();
         let mut rng = Rng::new(32);
-        let d = Dims { heads: 2, dn: 5, dr: 4, dv: 37, kv: 300 };
+        let d = Dims {
+            heads: 2,
+            dn: 5,
+            dr: 4,
+            dv: 37,
+            kv: 300,
+        };
         let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             let wg = weight(g, &w, &d, dtype);
@@ -355,7 +444,9 @@ mod tests {
                 let ol = rng.vec(rows * ic, 1.0);
                 let (ioff, is) = (1, ic + 2);
                 let (ooff, os) = (3, d.heads * d.dv + 1);
-                let ib = g.buffer_from(&padded(&ol, rows, ic, ioff, is), "o_lat").unwrap();
+                let ib = g
+                    .buffer_from(&padded(&ol, rows, ic, ioff, is), "o_lat")
+                    .unwrap();
                 let ob = g.buffer_from(&vec![9.0f32; ooff + rows * os], "o").unwrap();
                 let mut rec = g.recorder();
                 up_v(
@@ -372,9 +463,17 @@ mod tests {
                 let all = g.read_f32(&ob, 0, ooff + rows * os).unwrap();
                 let got = unpad(&all, rows, d.heads * d.dv, ooff, os);
                 for r in 0..rows {
-                    assert!(all[ooff + r * os + d.heads * d.dv..ooff + (r + 1) * os].iter().all(|&x| x == 9.0));
+                    assert!(all[ooff + r * os + d.heads * d.dv..ooff + (r + 1) * os]
+                        .iter()
+                        .all(|&x| x == 9.0));
                 }
-                assert_close(&got, &up_v_ref(&ol, &wr, rows, &d), 1e-4, 1e-4, &format!("up_v {dtype:?} rows {rows}"));
+                assert_close(
+                    &got,
+                    &up_v_ref(&ol, &wr, rows, &d),
+                    1e-4,
+                    1e-4,
+                    &format!("up_v {dtype:?} rows {rows}"),
+                );
             }
         }
     }
@@ -382,7 +481,15 @@ mod tests {
     /// Runs sparse_mla with the selection `sel` (per row) and returns GPU and CPU outputs.
     /// Cache rows not selected by any row are set to NaN when `poison`.
     #[allow(clippy::too_many_arguments)]
-    fn run_sparse(rng: &mut Rng, d: &Dims, rows: usize, n_keys: usize, topk: usize, sel: &[Vec<u32>], poison: bool) -> (Vec<f32>, Vec<f32>) {
+    fn run_sparse(
+        rng: &mut Rng,
+        d: &Dims,
+        rows: usize,
+        n_keys: usize,
+        topk: usize,
+        sel: &[Vec<u32>],
+        poison: bool,
+    ) -> (Vec<f32>, Vec<f32>) {
         let g = gpu();
         let scale = 0.07f32;
         let w = d.kv + d.dr;
@@ -400,7 +507,18 @@ mod tests {
         }
         let qa = rng.vec(rows * d.heads * d.kv, 1.0);
         let qc = d.heads * (d.dn + d.dr);
-        let q: Vec<f32> = rng.vec(rows * qc, 1.0).into_iter().enumerate().map(|(i, x)| if (i % (d.dn + d.dr)) < d.dn { f32::NAN } else { x }).collect();
+        let q: Vec<f32> = rng
+            .vec(rows * qc, 1.0)
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| {
+                if (i % (d.dn + d.dr)) < d.dn {
+                    f32::NAN
+                } else {
+                    x
+                }
+            })
+            .collect();
         let mut idx = vec![0xFFFF_FFFFu32; rows * topk]; // garbage past cnt
         let mut cnt = vec![0u32; rows];
         for t in 0..rows {
@@ -408,14 +526,20 @@ mod tests {
             cnt[t] = sel[t].len() as u32;
         }
         let (coff, cs) = (4, w + 3);
-        let cb = g.buffer_from(&padded(&cache, n_keys, w, coff, cs), "cache").unwrap();
+        let cb = g
+            .buffer_from(&padded(&cache, n_keys, w, coff, cs), "cache")
+            .unwrap();
         let (aoff, as_) = (1, d.heads * d.kv + 2);
-        let ab = g.buffer_from(&padded(&qa, rows, d.heads * d.kv, aoff, as_), "q_abs").unwrap();
+        let ab = g
+            .buffer_from(&padded(&qa, rows, d.heads * d.kv, aoff, as_), "q_abs")
+            .unwrap();
         let qb = g.buffer_from(&q, "q").unwrap();
         let ib = g.buffer_from(&idx, "idx").unwrap();
         let nb = g.buffer_from(&cnt, "cnt").unwrap();
         let (ooff, os) = (2, d.heads * d.kv + 1);
-        let ob = g.buffer_from(&vec![9.0f32; ooff + rows * os], "o_lat").unwrap();
+        let ob = g
+            .buffer_from(&vec![9.0f32; ooff + rows * os], "o_lat")
+            .unwrap();
         let mut rec = g.recorder();
         sparse_mla(
             &mut rec,
@@ -436,7 +560,11 @@ mod tests {
         rec.finish().unwrap();
         let all = g.read_f32(&ob, 0, ooff + rows * os).unwrap();
         for r in 0..rows {
-            assert_eq!(all[ooff + r * os + d.heads * d.kv], 9.0, "row {r}: wrote past the row");
+            assert_eq!(
+                all[ooff + r * os + d.heads * d.kv],
+                9.0,
+                "row {r}: wrote past the row"
+            );
         }
         let got = unpad(&all, rows, d.heads * d.kv, ooff, os);
         (got, sparse_ref(&qa, &q, &cache, sel, rows, d, scale))
@@ -456,11 +584,20 @@ mod tests {
     #[test]
     fn sparse_mla_matches_selected_attention() {
         let mut rng = Rng::new(33);
-        let d = Dims { heads: 3, dn: 8, dr: 12, dv: 4, kv: 300 };
+        let d = Dims {
+            heads: 3,
+            dn: 8,
+            dr: 12,
+            dv: 4,
+            kv: 300,
+        };
         let (rows, n_keys, topk) = (5, 400, 77);
         // counts: 1, below a block, a block exactly, several blocks, full topk
         let counts = [1usize, 13, 32, 70, 77];
-        let sel: Vec<Vec<u32>> = counts.iter().map(|&c| random_selection(&mut rng, n_keys, c)).collect();
+        let sel: Vec<Vec<u32>> = counts
+            .iter()
+            .map(|&c| random_selection(&mut rng, n_keys, c))
+            .collect();
         let (got, want) = run_sparse(&mut rng, &d, rows, n_keys, topk, &sel, false);
         assert_close(&got, &want, 1e-5, 1e-4, "sparse_mla");
     }
@@ -470,14 +607,22 @@ mod tests {
         // Unselected cache rows hold NaN (and q_nope is NaN: it must not be read either);
         // the output stays finite and equal to attention over the selected set.
         let mut rng = Rng::new(34);
-        let d = Dims { heads: 4, dn: 6, dr: 16, dv: 4, kv: 512 };
+        let d = Dims {
+            heads: 4,
+            dn: 6,
+            dr: 16,
+            dv: 4,
+            kv: 512,
+        };
         let (n_keys, topk) = (1000, 64);
         let sel = vec![random_selection(&mut rng, n_keys, topk)];
         let (got, want) = run_sparse(&mut rng, &d, 1, n_keys, topk, &sel, true);
         assert!(got.iter().all(|x| x.is_finite()), "output finite");
         assert_close(&got, &want, 1e-5, 1e-4, "sparse_mla poisoned");
         // Prefill-like rows with overlapping selections.
-        let sel: Vec<Vec<u32>> = (0..3).map(|_| random_selection(&mut rng, 200, 50)).collect();
+        let sel: Vec<Vec<u32>> = (0..3)
+            .map(|_| random_selection(&mut rng, 200, 50))
+            .collect();
         let (got, want) = run_sparse(&mut rng, &d, 3, 200, 64, &sel, true);
         assert!(got.iter().all(|x| x.is_finite()), "output finite");
         assert_close(&got, &want, 1e-5, 1e-4, "sparse_mla poisoned prefill");
@@ -487,7 +632,13 @@ mod tests {
     fn sparse_mla_large_logits_stable() {
         // Big logits: the online softmax must not overflow.
         let mut rng = Rng::new(35);
-        let d = Dims { heads: 2, dn: 4, dr: 4, dv: 4, kv: 64 };
+        let d = Dims {
+            heads: 2,
+            dn: 4,
+            dr: 4,
+            dv: 4,
+            kv: 64,
+        };
         let sel = vec![random_selection(&mut rng, 150, 100)];
         let g = gpu();
         let w = d.kv + d.dr;
@@ -528,7 +679,13 @@ mod tests {
         // absorb_q → sparse_mla → up_v equals attention with k_nope / v expanded from c_kv.
         let g = gpu();
         let mut rng = Rng::new(36);
-        let d = Dims { heads: 2, dn: 16, dr: 8, dv: 12, kv: 64 };
+        let d = Dims {
+            heads: 2,
+            dn: 16,
+            dr: 8,
+            dv: 12,
+            kv: 64,
+        };
         let (rows, n_keys, topk) = (2, 90, 40);
         let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.3);
         let wg = weight(g, &w, &d, DType::BF16);
@@ -537,7 +694,9 @@ mod tests {
         let cache = rng.vec(n_keys * lw, 1.0);
         let qc = d.heads * (d.dn + d.dr);
         let q = rng.vec(rows * qc, 1.0);
-        let sel: Vec<Vec<u32>> = (0..rows).map(|_| random_selection(&mut rng, n_keys, topk)).collect();
+        let sel: Vec<Vec<u32>> = (0..rows)
+            .map(|_| random_selection(&mut rng, n_keys, topk))
+            .collect();
         let scale = (d.dn as f32 + d.dr as f32).powf(-0.5);
 
         let qb = g.buffer_from(&q, "q").unwrap();
@@ -545,12 +704,32 @@ mod tests {
         let idx: Vec<u32> = sel.iter().flatten().cloned().collect();
         let ib = g.buffer_from(&idx, "idx").unwrap();
         let nb = g.buffer_from(&vec![topk as u32; rows], "cnt").unwrap();
-        let qa = g.buffer((rows * d.heads * d.kv * 4) as u64, "q_abs").unwrap();
-        let ol = g.buffer((rows * d.heads * d.kv * 4) as u64, "o_lat").unwrap();
+        let qa = g
+            .buffer((rows * d.heads * d.kv * 4) as u64, "q_abs")
+            .unwrap();
+        let ol = g
+            .buffer((rows * d.heads * d.kv * 4) as u64, "o_lat")
+            .unwrap();
         let ob = g.buffer((rows * d.heads * d.dv * 4) as u64, "o").unwrap();
-        let (h, dn, dr, dv, kv) = (d.heads as u32, d.dn as u32, d.dr as u32, d.dv as u32, d.kv as u32);
+        let (h, dn, dr, dv, kv) = (
+            d.heads as u32,
+            d.dn as u32,
+            d.dr as u32,
+            d.dv as u32,
+            d.kv as u32,
+        );
         let mut rec = g.recorder();
-        absorb_q(&mut rec, View::rows(&qb, qc as u32), &wg, View::rows(&qa, h * kv), rows as u32, h, dn, dr, dv);
+        absorb_q(
+            &mut rec,
+            View::rows(&qb, qc as u32),
+            &wg,
+            View::rows(&qa, h * kv),
+            rows as u32,
+            h,
+            dn,
+            dr,
+            dv,
+        );
         sparse_mla(
             &mut rec,
             View::rows(&qa, h * kv),
@@ -567,7 +746,16 @@ mod tests {
             kv,
             scale,
         );
-        up_v(&mut rec, View::rows(&ol, h * kv), &wg, View::rows(&ob, h * dv), rows as u32, h, dn, dv);
+        up_v(
+            &mut rec,
+            View::rows(&ol, h * kv),
+            &wg,
+            View::rows(&ob, h * dv),
+            rows as u32,
+            h,
+            dn,
+            dv,
+        );
         rec.finish().unwrap();
         let got = g.read_f32(&ob, 0, rows * d.heads * d.dv).unwrap();
 
@@ -579,11 +767,20 @@ mod tests {
                 let mut vals = Vec::new();
                 for &s in &sel[t] {
                     let row = &cache[s as usize * lw..(s as usize + 1) * lw];
-                    let proj = |r: usize| -> f64 { (0..d.kv).map(|c| wr[r * d.kv + c] as f64 * row[c] as f64).sum() };
-                    let k_nope: Vec<f64> = (0..d.dn).map(|i| proj(hh * (d.dn + d.dv) + i)).collect();
-                    let v: Vec<f64> = (0..d.dv).map(|i| proj(hh * (d.dn + d.dv) + d.dn + i)).collect();
+                    let proj = |r: usize| -> f64 {
+                        (0..d.kv)
+                            .map(|c| wr[r * d.kv + c] as f64 * row[c] as f64)
+                            .sum()
+                    };
+                    let k_nope: Vec<f64> =
+                        (0..d.dn).map(|i| proj(hh * (d.dn + d.dv) + i)).collect();
+                    let v: Vec<f64> = (0..d.dv)
+                        .map(|i| proj(hh * (d.dn + d.dv) + d.dn + i))
+                        .collect();
                     let mut x: f64 = (0..d.dn).map(|i| qh[i] as f64 * k_nope[i]).sum();
-                    x += (0..d.dr).map(|i| qh[d.dn + i] as f64 * row[d.kv + i] as f64).sum::<f64>();
+                    x += (0..d.dr)
+                        .map(|i| qh[d.dn + i] as f64 * row[d.kv + i] as f64)
+                        .sum::<f64>();
                     logits.push(x * scale as f64);
                     vals.push(v);
                 }
@@ -591,7 +788,8 @@ mod tests {
                 let e: Vec<f64> = logits.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
                 for i in 0..d.dv {
-                    want[(t * d.heads + hh) * d.dv + i] = (0..e.len()).map(|j| e[j] / z * vals[j][i]).sum::<f64>() as f32;
+                    want[(t * d.heads + hh) * d.dv + i] =
+                        (0..e.len()).map(|j| e[j] / z * vals[j][i]).sum::<f64>() as f32;
                 }
             }
         }
@@ -604,9 +802,24 @@ mod tests {
         // Checked through the wrapper's precondition directly: a panic while a Recorder is
         // alive would poison the shared GPU's param-arena lock for the other tests.
         let g = gpu();
-        let d = Dims { heads: 2, dn: 2, dr: 2, dv: 2, kv: 8 };
+        let d = Dims {
+            heads: 2,
+            dn: 2,
+            dr: 2,
+            dv: 2,
+            kv: 8,
+        };
         let w = vec![0.0f32; d.heads * (d.dn + d.dv) * d.kv];
-        let wg = GpuWeight::from_f32(g, &w, d.heads * (d.dn + d.dv), d.kv, DType::F32, Some(4), "wkvb").unwrap();
+        let wg = GpuWeight::from_f32(
+            g,
+            &w,
+            d.heads * (d.dn + d.dv),
+            d.kv,
+            DType::F32,
+            Some(4),
+            "wkvb",
+        )
+        .unwrap();
         check_wkvb("absorb_q", &wg, 2, 2, 2);
     }
 }

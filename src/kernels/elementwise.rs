@@ -50,13 +50,21 @@ fn run(rec: &mut Recorder, entry: &'static str, p: &Params, buffers: &[&wgpu::Bu
 /// `y[r, c] += x[r, c]` for `r < rows`, `c < dim` (x and y in different buffers).
 pub fn add(rec: &mut Recorder, x: View, y: View, rows: u32, dim: u32) {
     debug_assert!(x.buf != y.buf, "add: x and y must be different buffers");
-    run(rec, "add", &Params::new(x, None, y, rows, dim, 0), &[y.buf, x.buf]);
+    run(
+        rec,
+        "add",
+        &Params::new(x, None, y, rows, dim, 0),
+        &[y.buf, x.buf],
+    );
 }
 
 /// SwiGLU: `out[r, c] = silu(g[r, c]) * u[r, c]`, `silu(v) = v / (1 + exp(-v))`.
 /// `g` and `u` may be views of one buffer; `out` must be another buffer.
 pub fn swiglu(rec: &mut Recorder, g: View, u: View, out: View, rows: u32, dim: u32) {
-    debug_assert!(out.buf != g.buf && out.buf != u.buf, "swiglu: out must be a buffer of its own");
+    debug_assert!(
+        out.buf != g.buf && out.buf != u.buf,
+        "swiglu: out must be a buffer of its own"
+    );
     let p = Params::new(g, Some(u), out, rows, dim, 0);
     if g.buf == u.buf {
         run(rec, "swiglu", &p, &[out.buf, g.buf]);
@@ -67,12 +75,28 @@ pub fn swiglu(rec: &mut Recorder, g: View, u: View, out: View, rows: u32, dim: u
 
 /// MoE combine into the residual: `y[t, c] += Σ_{j<topk} weights[t*topk + j] · e[t*topk + j, c]`.
 #[allow(clippy::too_many_arguments)]
-pub fn moe_combine(rec: &mut Recorder, e: View, weights: &wgpu::Buffer, topk: u32, y: View, rows: u32, dim: u32) {
-    debug_assert!(e.buf != y.buf && weights != y.buf, "moe_combine: y must be a buffer of its own");
+pub fn moe_combine(
+    rec: &mut Recorder,
+    e: View,
+    weights: &wgpu::Buffer,
+    topk: u32,
+    y: View,
+    rows: u32,
+    dim: u32,
+) {
+    debug_assert!(
+        e.buf != y.buf && weights != y.buf,
+        "moe_combine: y must be a buffer of its own"
+    );
     if topk == 0 {
         return;
     }
-    run(rec, "moe_combine", &Params::new(e, None, y, rows, dim, topk), &[y.buf, e.buf, weights]);
+    run(
+        rec,
+        "moe_combine",
+        &Params::new(e, None, y, rows, dim, topk),
+        &[y.buf, e.buf, weights],
+    );
 }
 
 #[cfg(test)]
@@ -88,7 +112,10 @@ mod tests {
     #[test]
     fn add_offsets_and_sizes() {
         let g = gpu();
-        for (seed, (rows, dim)) in [(1usize, 1usize), (3, 577), (37, 131), (300, 7)].into_iter().enumerate() {
+        for (seed, (rows, dim)) in [(1usize, 1usize), (3, 577), (37, 131), (300, 7)]
+            .into_iter()
+            .enumerate()
+        {
             let mut rng = Rng::new(seed as u64);
             let (xo, xs) = layout(3, 2, dim);
             let (yo, ys) = layout(8, 5, dim);
@@ -124,7 +151,10 @@ mod tests {
     #[test]
     fn swiglu_one_and_two_buffers() {
         let g = gpu();
-        for (seed, (rows, dim)) in [(1usize, 1usize), (3, 577), (37, 131), (300, 7)].into_iter().enumerate() {
+        for (seed, (rows, dim)) in [(1usize, 1usize), (3, 577), (37, 131), (300, 7)]
+            .into_iter()
+            .enumerate()
+        {
             let mut rng = Rng::new(100 + seed as u64);
             // One buffer [rows, 2*dim + 3]: g at column 1, u at column dim + 2 (the usual
             // fused gate|up projection, shifted).
@@ -147,18 +177,35 @@ mod tests {
                     View::new(&gub, 4 + dim as u32 + 2, stride as u32)
                 };
                 let mut rec = g.recorder();
-                swiglu(&mut rec, gv, uv, View::new(&ob, oo as u32, os as u32), rows as u32, dim as u32);
+                swiglu(
+                    &mut rec,
+                    gv,
+                    uv,
+                    View::new(&ob, oo as u32, os as u32),
+                    rows as u32,
+                    dim as u32,
+                );
                 rec.finish().unwrap();
                 let got = g.read_f32(&ob, 0, olen).unwrap();
                 let mut want = o0.clone();
                 for r in 0..rows {
                     for c in 0..dim {
                         let gval = gu[5 + r * stride + c];
-                        let u = if two { u2[uo + r * us + c] } else { gu[4 + dim + 2 + r * stride + c] };
+                        let u = if two {
+                            u2[uo + r * us + c]
+                        } else {
+                            gu[4 + dim + 2 + r * stride + c]
+                        };
                         want[oo + r * os + c] = (silu(gval) * u as f64) as f32;
                     }
                 }
-                assert_close(&got, &want, 1e-6, 1e-5, &format!("swiglu rows={rows} dim={dim} two_buffers={two}"));
+                assert_close(
+                    &got,
+                    &want,
+                    1e-6,
+                    1e-5,
+                    &format!("swiglu rows={rows} dim={dim} two_buffers={two}"),
+                );
             }
         }
     }
@@ -166,8 +213,14 @@ mod tests {
     #[test]
     fn moe_combine_sizes() {
         let g = gpu();
-        for (seed, (rows, dim, topk)) in
-            [(1usize, 577usize, 8usize), (3, 131, 3), (37, 7, 1), (20, 300, 6)].into_iter().enumerate()
+        for (seed, (rows, dim, topk)) in [
+            (1usize, 577usize, 8usize),
+            (3, 131, 3),
+            (37, 7, 1),
+            (20, 300, 6),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let mut rng = Rng::new(200 + seed as u64);
             let slots = rows * topk;
@@ -194,12 +247,19 @@ mod tests {
             let mut want = y0.clone();
             for t in 0..rows {
                 for c in 0..dim {
-                    let s: f64 =
-                        (0..topk).map(|j| wts[t * topk + j] as f64 * e[eo + (t * topk + j) * es + c] as f64).sum();
+                    let s: f64 = (0..topk)
+                        .map(|j| wts[t * topk + j] as f64 * e[eo + (t * topk + j) * es + c] as f64)
+                        .sum();
                     want[yo + t * ys + c] = (want[yo + t * ys + c] as f64 + s) as f32;
                 }
             }
-            assert_close(&got, &want, 1e-5, 1e-5, &format!("moe_combine rows={rows} dim={dim} topk={topk}"));
+            assert_close(
+                &got,
+                &want,
+                1e-5,
+                1e-5,
+                &format!("moe_combine rows={rows} dim={dim} topk={topk}"),
+            );
         }
     }
 
@@ -215,7 +275,13 @@ mod tests {
         let xb = g.buffer_from(&x, "x").unwrap();
         let yb = g.buffer_from(&y0, "y").unwrap();
         let mut rec = g.recorder();
-        add(&mut rec, View::rows(&xb, dim as u32), View::rows(&yb, dim as u32), rows as u32, dim as u32);
+        add(
+            &mut rec,
+            View::rows(&xb, dim as u32),
+            View::rows(&yb, dim as u32),
+            rows as u32,
+            dim as u32,
+        );
         rec.finish().unwrap();
         let got = g.read_f32(&yb, 0, n).unwrap();
         let want: Vec<f32> = x.iter().zip(&y0).map(|(a, b)| a + b).collect();

@@ -21,13 +21,28 @@ struct Params {
 /// `out[t, :] = table[ids[ids_off + t], :]` as f32, for `t < n`. `table` is `[vocab, dim]`
 /// in any [`crate::weights::DType`] and may be split into chunks (one dispatch per chunk;
 /// each writes the rows whose id falls in that chunk). Ids ≥ vocab write zeros.
-pub fn embed(rec: &mut Recorder, table: &GpuWeight, ids: &wgpu::Buffer, ids_off: u32, n: u32, out: View) {
-    debug_assert!(ids != out.buf, "embed: ids and out must be different buffers");
+pub fn embed(
+    rec: &mut Recorder,
+    table: &GpuWeight,
+    ids: &wgpu::Buffer,
+    ids_off: u32,
+    n: u32,
+    out: View,
+) {
+    debug_assert!(
+        ids != out.buf,
+        "embed: ids and out must be different buffers"
+    );
     if n == 0 || table.cols == 0 {
         return;
     }
     let gpu = rec.gpu();
-    let pipe = gpu.pipeline("embed", super::src::EMBED, "embed", &[("W_DTYPE", u(table.dtype.code()))]);
+    let pipe = gpu.pipeline(
+        "embed",
+        super::src::EMBED,
+        "embed",
+        &[("W_DTYPE", u(table.dtype.code()))],
+    );
     let grid = gpu.grid(n);
     let last = table.chunks.len().saturating_sub(1);
     for (i, c) in table.chunks.iter().enumerate() {
@@ -65,7 +80,9 @@ mod tests {
             assert!(wgt.chunks.len() > 1, "chunking not exercised");
         }
         let ids_off = 4usize;
-        let mut ids: Vec<u32> = (0..ids_off + n).map(|_| rng.below(vocab as u64) as u32).collect();
+        let mut ids: Vec<u32> = (0..ids_off + n)
+            .map(|_| rng.below(vocab as u64) as u32)
+            .collect();
         // Out-of-vocabulary ids, the first and last rows.
         ids[ids_off] = vocab as u32;
         if n > 1 {
@@ -80,7 +97,14 @@ mod tests {
         let ib = g.buffer_from(&ids, "ids").unwrap();
         let ob = g.buffer_from(&vec![SENTINEL; olen], "out").unwrap();
         let mut rec = g.recorder();
-        embed(&mut rec, &wgt, &ib, ids_off as u32, n as u32, View::new(&ob, o_off as u32, o_stride as u32));
+        embed(
+            &mut rec,
+            &wgt,
+            &ib,
+            ids_off as u32,
+            n as u32,
+            View::new(&ob, o_off as u32, o_stride as u32),
+        );
         rec.finish().unwrap();
         let got = g.read_f32(&ob, 0, olen).unwrap();
         let mut want = vec![SENTINEL; olen];
@@ -93,12 +117,21 @@ mod tests {
                 dst.fill(0.0);
             }
         }
-        assert_close(&got, &want, 0.0, 0.0, &format!("embed vocab={vocab} dim={dim} n={n} {dtype:?} chunk={chunk:?}"));
+        assert_close(
+            &got,
+            &want,
+            0.0,
+            0.0,
+            &format!("embed vocab={vocab} dim={dim} n={n} {dtype:?} chunk={chunk:?}"),
+        );
     }
 
     #[test]
     fn embed_all_dtypes() {
-        for (i, dtype) in [DType::F32, DType::BF16, DType::F16].into_iter().enumerate() {
+        for (i, dtype) in [DType::F32, DType::BF16, DType::F16]
+            .into_iter()
+            .enumerate()
+        {
             let s = i as u64 * 10;
             check(s, 37, 131, 1, dtype, None);
             check(s + 1, 37, 577, 29, dtype, None);

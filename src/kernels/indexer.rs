@@ -51,12 +51,20 @@ pub fn indexer_scores(
     if rows == 0 || n_keys == 0 {
         return;
     }
-    assert!((1..=256).contains(&heads), "indexer_scores: heads = {heads}, supported 1..=256");
+    assert!(
+        (1..=256).contains(&heads),
+        "indexer_scores: heads = {heads}, supported 1..=256"
+    );
     assert!(dim > 0, "indexer_scores: dim must be positive");
     // The q chunk in workgroup memory is heads × dc floats ≤ 8 KiB.
     let dc = (2048 / heads).clamp(1, 32);
     let gpu = rec.gpu();
-    let p = gpu.pipeline("indexer", src::INDEXER, "scores", &[("WG", u(WG)), ("HEADS", u(heads)), ("DC", u(dc))]);
+    let p = gpu.pipeline(
+        "indexer",
+        src::INDEXER,
+        "scores",
+        &[("WG", u(WG)), ("HEADS", u(heads)), ("DC", u(dc))],
+    );
     let key_blocks = n_keys.div_ceil(WG);
     let params = Params {
         q_off: q.offset,
@@ -77,8 +85,16 @@ pub fn indexer_scores(
         scale,
     };
     let groups = rows as u64 * key_blocks as u64;
-    assert!(groups <= u32::MAX as u64, "indexer_scores: too many workgroups");
-    rec.dispatch(&p, &params, &[q.buf, w.buf, keys.buf, out.buf], gpu.grid(groups as u32));
+    assert!(
+        groups <= u32::MAX as u64,
+        "indexer_scores: too many workgroups"
+    );
+    rec.dispatch(
+        &p,
+        &params,
+        &[q.buf, w.buf, keys.buf, out.buf],
+        gpu.grid(groups as u32),
+    );
 }
 
 #[cfg(test)]
@@ -131,7 +147,14 @@ mod tests {
 
     /// Runs the kernel with inputs inside padded matrices (offsets, strides) and returns the
     /// GPU scores plus the CPU reference, both rows × n_keys.
-    fn run(c: &Case, q: &[f32], w: &[f32], keys: &[f32], w_scale: f32, scale: f32) -> (Vec<f32>, Vec<f32>) {
+    fn run(
+        c: &Case,
+        q: &[f32],
+        w: &[f32],
+        keys: &[f32],
+        w_scale: f32,
+        scale: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
         let g = gpu();
         let (rows, heads, dim, n_keys) = (c.rows, c.heads, c.dim, c.n_keys);
         // q and w share one buffer: q rows of stride heads*dim + 3 at offset 5, w after it.
@@ -141,8 +164,10 @@ mod tests {
         let ws = heads + 1;
         let mut qw = vec![f32::NAN; woff + rows * ws];
         for t in 0..rows {
-            qw[qoff + t * qs..qoff + t * qs + heads * dim].copy_from_slice(&q[t * heads * dim..(t + 1) * heads * dim]);
-            qw[woff + t * ws..woff + t * ws + heads].copy_from_slice(&w[t * heads..(t + 1) * heads]);
+            qw[qoff + t * qs..qoff + t * qs + heads * dim]
+                .copy_from_slice(&q[t * heads * dim..(t + 1) * heads * dim]);
+            qw[woff + t * ws..woff + t * ws + heads]
+                .copy_from_slice(&w[t * heads..(t + 1) * heads]);
         }
         let ks = dim + 2;
         let koff = 1;
@@ -154,7 +179,9 @@ mod tests {
         let ooff = 3;
         let qwb = g.buffer_from(&qw, "qw").unwrap();
         let kbuf = g.buffer_from(&kb, "keys").unwrap();
-        let obuf = g.buffer_from(&vec![7.5f32; ooff + rows * os], "out").unwrap();
+        let obuf = g
+            .buffer_from(&vec![7.5f32; ooff + rows * os], "out")
+            .unwrap();
         let mut rec = g.recorder();
         indexer_scores(
             &mut rec,
@@ -175,9 +202,17 @@ mod tests {
         let mut got = Vec::new();
         for t in 0..rows {
             got.extend_from_slice(&all[ooff + t * os..ooff + t * os + n_keys]);
-            assert!(all[ooff + t * os + n_keys..ooff + (t + 1) * os].iter().all(|&x| x == 7.5), "row {t}: wrote past n_keys");
+            assert!(
+                all[ooff + t * os + n_keys..ooff + (t + 1) * os]
+                    .iter()
+                    .all(|&x| x == 7.5),
+                "row {t}: wrote past n_keys"
+            );
         }
-        assert!(all[..ooff].iter().all(|&x| x == 7.5), "wrote before the offset");
+        assert!(
+            all[..ooff].iter().all(|&x| x == 7.5),
+            "wrote before the offset"
+        );
         let want = cpu_scores(q, w, keys, rows, heads, dim, n_keys, c.pos0, w_scale, scale);
         (got, want)
     }
@@ -196,14 +231,44 @@ mod tests {
         let mut rng = Rng::new(11);
         for (i, c) in [
             // prefill from 0, awkward sizes
-            Case { rows: 7, heads: 3, dim: 37, n_keys: 7, pos0: 0 },
+            Case {
+                rows: 7,
+                heads: 3,
+                dim: 37,
+                n_keys: 7,
+                pos0: 0,
+            },
             // chunk at pos0 > 0, keys beyond one block
-            Case { rows: 5, heads: 4, dim: 40, n_keys: 150, pos0: 145 },
-            Case { rows: 9, heads: 5, dim: 33, n_keys: 200, pos0: 70 },
+            Case {
+                rows: 5,
+                heads: 4,
+                dim: 40,
+                n_keys: 150,
+                pos0: 145,
+            },
+            Case {
+                rows: 9,
+                heads: 5,
+                dim: 33,
+                n_keys: 200,
+                pos0: 70,
+            },
             // decode: one row, pos0 = L - 1
-            Case { rows: 1, heads: 8, dim: 64, n_keys: 301, pos0: 300 },
+            Case {
+                rows: 1,
+                heads: 8,
+                dim: 64,
+                n_keys: 301,
+                pos0: 300,
+            },
             // many heads: smaller dim chunk
-            Case { rows: 2, heads: 100, dim: 24, n_keys: 70, pos0: 68 },
+            Case {
+                rows: 2,
+                heads: 100,
+                dim: 24,
+                n_keys: 70,
+                pos0: 68,
+            },
         ]
         .iter()
         .enumerate()
@@ -215,7 +280,10 @@ mod tests {
             check_scores(&got, &want);
             // the causal mask really is there for prefill-like cases
             if c.pos0 + c.rows < c.n_keys {
-                assert!(want.iter().any(|x| x.is_infinite()), "case {i} exercises the mask");
+                assert!(
+                    want.iter().any(|x| x.is_infinite()),
+                    "case {i} exercises the mask"
+                );
             }
         }
     }
@@ -226,9 +294,17 @@ mod tests {
         // head weight is negative, so top-k must break many ties with the lower-position rule.
         let g = gpu();
         let mut rng = Rng::new(12);
-        let c = Case { rows: 6, heads: 1, dim: 16, n_keys: 600, pos0: 594 };
+        let c = Case {
+            rows: 6,
+            heads: 1,
+            dim: 16,
+            n_keys: 600,
+            pos0: 594,
+        };
         let q = rng.vec(c.rows * c.heads * c.dim, 1.0);
-        let w: Vec<f32> = (0..c.rows * c.heads).map(|i| if i % 3 == 1 { -0.5 } else { 0.7 }).collect();
+        let w: Vec<f32> = (0..c.rows * c.heads)
+            .map(|i| if i % 3 == 1 { -0.5 } else { 0.7 })
+            .collect();
         let keys = rng.vec(c.n_keys * c.dim, 1.0);
         let (got, want) = run(&c, &q, &w, &keys, 1.0, 0.25);
         check_scores(&got, &want);
@@ -241,7 +317,16 @@ mod tests {
         let idx = g.buffer(c.rows as u64 * k as u64 * 4, "idx").unwrap();
         let cnt = g.buffer(c.rows as u64 * 4, "cnt").unwrap();
         let mut rec = g.recorder();
-        topk(&mut rec, View::rows(&sbuf, c.n_keys as u32), c.rows as u32, c.n_keys as u32, c.pos0 as u32, k, &idx, &cnt);
+        topk(
+            &mut rec,
+            View::rows(&sbuf, c.n_keys as u32),
+            c.rows as u32,
+            c.n_keys as u32,
+            c.pos0 as u32,
+            k,
+            &idx,
+            &cnt,
+        );
         rec.finish().unwrap();
         let gi = g.read_u32(&idx, 0, c.rows * k as usize).unwrap();
         for t in 0..c.rows {
@@ -249,8 +334,15 @@ mod tests {
             let row = &got[t * c.n_keys..(t + 1) * c.n_keys];
             let want = topk_ref(row, valid, k as usize);
             let positive = row[..valid].iter().filter(|&&x| x > 0.0).count();
-            assert!(positive < k as usize, "row {t}: the cut falls inside the zeros");
-            assert_eq!(&gi[t * k as usize..(t + 1) * k as usize], want.as_slice(), "row {t}");
+            assert!(
+                positive < k as usize,
+                "row {t}: the cut falls inside the zeros"
+            );
+            assert_eq!(
+                &gi[t * k as usize..(t + 1) * k as usize],
+                want.as_slice(),
+                "row {t}"
+            );
         }
     }
 
@@ -258,7 +350,13 @@ mod tests {
     fn indexer_fully_masked_blocks() {
         // Short chunk at the start of a long key range: later key blocks are all -inf.
         let mut rng = Rng::new(13);
-        let c = Case { rows: 3, heads: 2, dim: 8, n_keys: 260, pos0: 10 };
+        let c = Case {
+            rows: 3,
+            heads: 2,
+            dim: 8,
+            n_keys: 260,
+            pos0: 10,
+        };
         let q = rng.vec(c.rows * c.heads * c.dim, 1.0);
         let w = rng.vec(c.rows * c.heads, 1.0);
         let keys = rng.vec(c.n_keys * c.dim, 1.0);

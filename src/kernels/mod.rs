@@ -43,18 +43,32 @@ pub struct View<'a> {
 
 impl<'a> View<'a> {
     pub fn new(buf: &'a wgpu::Buffer, offset: u32, stride: u32) -> Self {
-        View { buf, offset, stride }
+        View {
+            buf,
+            offset,
+            stride,
+        }
     }
     /// Rows of `stride` elements starting at element 0.
     pub fn rows(buf: &'a wgpu::Buffer, stride: u32) -> Self {
-        View { buf, offset: 0, stride }
+        View {
+            buf,
+            offset: 0,
+            stride,
+        }
     }
     /// The same matrix starting `cols` columns further right.
     pub fn col(self, cols: u32) -> Self {
-        View { offset: self.offset + cols, ..self }
+        View {
+            offset: self.offset + cols,
+            ..self
+        }
     }
     /// The same matrix starting `rows` rows further down.
     pub fn row(self, rows: u32) -> Self {
-        View { offset: self.offset + rows * self.stride, ..self }
+        View {
+            offset: self.offset + rows * self.stride,
+            ..self
+        }
     }
 }

@@ -39,13 +39,19 @@ pub fn rope(
     cos_sin: &wgpu::Buffer,
 ) {
     debug_assert!(rot_dim.is_multiple_of(2), "rope: odd rot_dim {rot_dim}");
-    debug_assert!(src.is_none_or(|s| s.buf != dst.buf), "rope: src and dst must be different buffers (use src = None)");
+    debug_assert!(
+        src.is_none_or(|s| s.buf != dst.buf),
+        "rope: src and dst must be different buffers (use src = None)"
+    );
     let half = rot_dim / 2;
     let total = rows as u64 * heads as u64 * half as u64;
     if total == 0 {
         return;
     }
-    assert!(total <= u32::MAX as u64, "rope: {total} rotations exceed u32");
+    assert!(
+        total <= u32::MAX as u64,
+        "rope: {total} rotations exceed u32"
+    );
     let s = src.unwrap_or(dst);
     let p = Params {
         rows,
@@ -88,11 +94,21 @@ mod tests {
     }
 
     /// CPU rope of one row-slice `x` (the head starts at x[0]).
-    fn rotate(x: &mut [f32], src: &[f32], cs: &[f32], rot_off: usize, rot_dim: usize, interleave: bool) {
+    fn rotate(
+        x: &mut [f32],
+        src: &[f32],
+        cs: &[f32],
+        rot_off: usize,
+        rot_dim: usize,
+        interleave: bool,
+    ) {
         let half = rot_dim / 2;
         for i in 0..half {
-            let (ia, ib) =
-                if interleave { (rot_off + 2 * i, rot_off + 2 * i + 1) } else { (rot_off + i, rot_off + i + half) };
+            let (ia, ib) = if interleave {
+                (rot_off + 2 * i, rot_off + 2 * i + 1)
+            } else {
+                (rot_off + i, rot_off + i + half)
+            };
             let (c, s) = (cs[2 * i] as f64, cs[2 * i + 1] as f64);
             let (a, b) = (src[ia] as f64, src[ib] as f64);
             x[ia] = (a * c - b * s) as f32;
@@ -167,10 +183,34 @@ mod tests {
     #[test]
     fn rope_pairings_offsets_in_and_out_of_place() {
         let cases = [
-            Case { rows: 3, heads: 5, head_stride: 24, rot_off: 7, rot_dim: 10 },
-            Case { rows: 37, heads: 5, head_stride: 18, rot_off: 0, rot_dim: 18 },
-            Case { rows: 1, heads: 3, head_stride: 192, rot_off: 128, rot_dim: 64 },
-            Case { rows: 2, heads: 1, head_stride: 4, rot_off: 2, rot_dim: 2 },
+            Case {
+                rows: 3,
+                heads: 5,
+                head_stride: 24,
+                rot_off: 7,
+                rot_dim: 10,
+            },
+            Case {
+                rows: 37,
+                heads: 5,
+                head_stride: 18,
+                rot_off: 0,
+                rot_dim: 18,
+            },
+            Case {
+                rows: 1,
+                heads: 3,
+                head_stride: 192,
+                rot_off: 128,
+                rot_dim: 64,
+            },
+            Case {
+                rows: 2,
+                heads: 1,
+                head_stride: 4,
+                rot_off: 2,
+                rot_dim: 2,
+            },
         ];
         let mut seed = 0;
         for k in &cases {

@@ -47,13 +47,19 @@ pub fn route(
     if rows == 0 {
         return;
     }
-    assert!((1..=1024).contains(&n_experts), "route: n_experts = {n_experts}, supported 1..=1024");
+    assert!(
+        (1..=1024).contains(&n_experts),
+        "route: n_experts = {n_experts}, supported 1..=1024"
+    );
     assert!(
         (1..=64).contains(&n_group) && n_experts.is_multiple_of(n_group),
         "route: n_group = {n_group} must be in 1..=64 and divide n_experts = {n_experts}"
     );
     assert!(topk_group >= 1, "route: topk_group must be at least 1");
-    assert!(topk >= 1 && topk <= n_experts && topk <= 256, "route: topk = {topk} must be in 1..=min(n_experts, 256)");
+    assert!(
+        topk >= 1 && topk <= n_experts && topk <= 256,
+        "route: topk = {topk} must be in 1..=min(n_experts, 256)"
+    );
     let n2 = n_experts.next_power_of_two().max(2);
     let gpu = rec.gpu();
     let p = gpu.pipeline("router", src::ROUTER, "route", &[("N2", u(n2))]);
@@ -69,7 +75,12 @@ pub fn route(
         scaling,
         _pad: [0; 3],
     };
-    rec.dispatch(&p, &params, &[logits.buf, bias, idx, weights], gpu.grid(rows));
+    rec.dispatch(
+        &p,
+        &params,
+        &[logits.buf, bias, idx, weights],
+        gpu.grid(rows),
+    );
 }
 
 #[cfg(test)]
@@ -123,7 +134,12 @@ mod tests {
             }
         }
         let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&a, &b| (c[b] + 0.0).partial_cmp(&(c[a] + 0.0)).unwrap().then(a.cmp(&b)));
+        order.sort_by(|&a, &b| {
+            (c[b] + 0.0)
+                .partial_cmp(&(c[a] + 0.0))
+                .unwrap()
+                .then(a.cmp(&b))
+        });
         let idx: Vec<u32> = order[..topk].iter().map(|&e| e as u32).collect();
         let mut w: Vec<f32> = order[..topk].iter().map(|&e| s[e]).collect();
         if norm {
@@ -155,7 +171,8 @@ mod tests {
         let (off, stride) = (3usize, n_experts + 5);
         let mut lb = vec![f32::NAN; off + rows * stride];
         for t in 0..rows {
-            lb[off + t * stride..off + t * stride + n_experts].copy_from_slice(&logits[t * n_experts..(t + 1) * n_experts]);
+            lb[off + t * stride..off + t * stride + n_experts]
+                .copy_from_slice(&logits[t * n_experts..(t + 1) * n_experts]);
         }
         let lbuf = g.buffer_from(&lb, "logits").unwrap();
         let bbuf = g.buffer_from(bias, "bias").unwrap();
@@ -180,9 +197,27 @@ mod tests {
         let gi = g.read_u32(&ibuf, 0, rows * topk).unwrap();
         let gw = g.read_f32(&wbuf, 0, rows * topk).unwrap();
         for t in 0..rows {
-            let (wi, ww) = route_ref(&logits[t * n_experts..(t + 1) * n_experts], bias, n_group, topk_group, topk, norm, scaling);
-            assert_eq!(&gi[t * topk..(t + 1) * topk], wi.as_slice(), "row {t}: experts (n_group {n_group}, topk_group {topk_group})");
-            assert_close(&gw[t * topk..(t + 1) * topk], &ww, 1e-6, 1e-5, &format!("row {t} weights"));
+            let (wi, ww) = route_ref(
+                &logits[t * n_experts..(t + 1) * n_experts],
+                bias,
+                n_group,
+                topk_group,
+                topk,
+                norm,
+                scaling,
+            );
+            assert_eq!(
+                &gi[t * topk..(t + 1) * topk],
+                wi.as_slice(),
+                "row {t}: experts (n_group {n_group}, topk_group {topk_group})"
+            );
+            assert_close(
+                &gw[t * topk..(t + 1) * topk],
+                &ww,
+                1e-6,
+                1e-5,
+                &format!("row {t} weights"),
+            );
         }
     }
 

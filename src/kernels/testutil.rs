@@ -7,7 +7,10 @@ use std::sync::OnceLock;
 /// The test GPU (lavapipe in CI). Tests fail, never skip, when no adapter exists.
 pub fn gpu() -> &'static Gpu {
     static G: OnceLock<Gpu> = OnceLock::new();
-    G.get_or_init(|| Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).expect("a GPU adapter for the tests"))
+    G.get_or_init(|| {
+        Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref())
+            .expect("a GPU adapter for the tests")
+    })
 }
 
 /// A small deterministic generator (xorshift64*), so tests need no extra crate.
@@ -42,10 +45,20 @@ pub fn assert_close(got: &[f32], want: &[f32], atol: f32, rtol: f32, what: &str)
     let mut worst = (0usize, 0f32);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let err = (g - w).abs();
-        assert!(g.is_finite() == w.is_finite(), "{what}[{i}]: got {g}, want {w}");
+        assert!(
+            g.is_finite() == w.is_finite(),
+            "{what}[{i}]: got {g}, want {w}"
+        );
         if w.is_finite() && err > atol + rtol * w.abs() && err > worst.1 {
             worst = (i, err);
         }
     }
-    assert!(worst.1 == 0.0, "{what}[{}]: got {}, want {} (|Δ| = {})", worst.0, got[worst.0], want[worst.0], worst.1);
+    assert!(
+        worst.1 == 0.0,
+        "{what}[{}]: got {}, want {} (|Δ| = {})",
+        worst.0,
+        got[worst.0],
+        want[worst.0],
+        worst.1
+    );
 }

@@ -26,27 +26,62 @@ struct Params {
 /// writes the `k` positions `s < valid` with the largest `scores[t, s]` to
 /// `idx[t * topk .. t * topk + k]` (u32, ascending position order) and `k` to `cnt[t]`.
 #[allow(clippy::too_many_arguments)]
-pub fn topk(rec: &mut Recorder, scores: View, rows: u32, n_keys: u32, pos0: u32, topk: u32, idx: &wgpu::Buffer, cnt: &wgpu::Buffer) {
+pub fn topk(
+    rec: &mut Recorder,
+    scores: View,
+    rows: u32,
+    n_keys: u32,
+    pos0: u32,
+    topk: u32,
+    idx: &wgpu::Buffer,
+    cnt: &wgpu::Buffer,
+) {
     if rows == 0 {
         return;
     }
     assert!(topk > 0, "topk: topk must be at least 1");
     let gpu = rec.gpu();
     let p = gpu.pipeline("topk", src::TOPK, "topk", &[]);
-    let params = Params { s_off: scores.offset, s_stride: scores.stride, rows, n_keys, pos0, topk, _pad: [0; 2] };
+    let params = Params {
+        s_off: scores.offset,
+        s_stride: scores.stride,
+        rows,
+        n_keys,
+        pos0,
+        topk,
+        _pad: [0; 2],
+    };
     rec.dispatch(&p, &params, &[idx, cnt, scores.buf], gpu.grid(rows));
 }
 
 /// The dense case (every row has `pos0 + t + 1 ≤ topk` valid keys): selects all of them,
 /// `idx[t * topk + j] = j` for `j ≤ pos0 + t`, `cnt[t] = pos0 + t + 1`. No scores needed.
-pub fn select_all(rec: &mut Recorder, rows: u32, pos0: u32, topk: u32, idx: &wgpu::Buffer, cnt: &wgpu::Buffer) {
+pub fn select_all(
+    rec: &mut Recorder,
+    rows: u32,
+    pos0: u32,
+    topk: u32,
+    idx: &wgpu::Buffer,
+    cnt: &wgpu::Buffer,
+) {
     if rows == 0 {
         return;
     }
-    assert!(pos0 + rows <= topk, "select_all: pos0 {pos0} + rows {rows} exceeds topk {topk} (use topk())");
+    assert!(
+        pos0 + rows <= topk,
+        "select_all: pos0 {pos0} + rows {rows} exceeds topk {topk} (use topk())"
+    );
     let gpu = rec.gpu();
     let p = gpu.pipeline("topk", src::TOPK, "select_all", &[]);
-    let params = Params { s_off: 0, s_stride: 0, rows, n_keys: 0, pos0, topk, _pad: [0; 2] };
+    let params = Params {
+        s_off: 0,
+        s_stride: 0,
+        rows,
+        n_keys: 0,
+        pos0,
+        topk,
+        _pad: [0; 2],
+    };
     let n = rows as u64 * topk as u64;
     rec.dispatch(&p, &params, &[idx, cnt], gpu.grid(n.div_ceil(256) as u32));
 }
@@ -57,7 +92,12 @@ pub(crate) fn topk_ref(row: &[f32], valid: usize, topk: usize) -> Vec<u32> {
     let k = topk.min(valid);
     let mut order: Vec<usize> = (0..valid).collect();
     // +0.0 canonicalizes -0 (f32 comparison already treats them equal).
-    order.sort_by(|&a, &b| (row[b] + 0.0).partial_cmp(&(row[a] + 0.0)).unwrap().then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        (row[b] + 0.0)
+            .partial_cmp(&(row[a] + 0.0))
+            .unwrap()
+            .then(a.cmp(&b))
+    });
     let mut sel: Vec<u32> = order[..k].iter().map(|&i| i as u32).collect();
     sel.sort_unstable();
     sel
@@ -75,10 +115,21 @@ mod tests {
     fn check(scores: &[f32], offset: u32, stride: u32, rows: u32, n_keys: u32, pos0: u32, k: u32) {
         let g = gpu();
         let sbuf = g.buffer_from(scores, "scores").unwrap();
-        let idx = g.buffer_from(&vec![POISON; (rows * k) as usize], "idx").unwrap();
+        let idx = g
+            .buffer_from(&vec![POISON; (rows * k) as usize], "idx")
+            .unwrap();
         let cnt = g.buffer_from(&vec![POISON; rows as usize], "cnt").unwrap();
         let mut rec = g.recorder();
-        topk(&mut rec, View::new(&sbuf, offset, stride), rows, n_keys, pos0, k, &idx, &cnt);
+        topk(
+            &mut rec,
+            View::new(&sbuf, offset, stride),
+            rows,
+            n_keys,
+            pos0,
+            k,
+            &idx,
+            &cnt,
+        );
         rec.finish().unwrap();
         let got_idx = g.read_u32(&idx, 0, (rows * k) as usize).unwrap();
         let got_cnt = g.read_u32(&cnt, 0, rows as usize).unwrap();
@@ -90,10 +141,21 @@ mod tests {
             assert_eq!(got_cnt[t] as usize, kk, "row {t}: count");
             let got = &got_idx[t * k as usize..t * k as usize + kk];
             if got != want.as_slice() {
-                let diff: Vec<_> = got.iter().zip(&want).enumerate().filter(|(_, (a, b))| a != b).take(5).collect();
+                let diff: Vec<_> = got
+                    .iter()
+                    .zip(&want)
+                    .enumerate()
+                    .filter(|(_, (a, b))| a != b)
+                    .take(5)
+                    .collect();
                 panic!("row {t} (valid {valid}, k {k}): selection differs, first (j, (got, want)): {diff:?}");
             }
-            assert!(got_idx[t * k as usize + kk..(t + 1) * k as usize].iter().all(|&x| x == POISON), "row {t}: wrote past k");
+            assert!(
+                got_idx[t * k as usize + kk..(t + 1) * k as usize]
+                    .iter()
+                    .all(|&x| x == POISON),
+                "row {t}: wrote past k"
+            );
         }
     }
 
@@ -147,7 +209,9 @@ mod tests {
         let mut rng = Rng::new(5);
         let n = 1500;
         let vals = [0.0f32, -0.0, 1.0, -1.0, 0.5];
-        let s: Vec<f32> = (0..4 * n).map(|_| vals[rng.below(vals.len() as u64) as usize]).collect();
+        let s: Vec<f32> = (0..4 * n)
+            .map(|_| vals[rng.below(vals.len() as u64) as usize])
+            .collect();
         for k in [1u32, 7, 64, 300, 700, 1499] {
             check(&s, 0, n as u32, 4, n as u32, n as u32 - 4, k);
         }
@@ -206,10 +270,21 @@ mod tests {
         let (n_keys, k) = (2u32, 2u32);
         let s = vec![1.0f32; (rows * n_keys) as usize];
         let sbuf = g.buffer_from(&s, "scores").unwrap();
-        let idx = g.buffer_from(&vec![POISON; (rows * k) as usize], "idx").unwrap();
+        let idx = g
+            .buffer_from(&vec![POISON; (rows * k) as usize], "idx")
+            .unwrap();
         let cnt = g.buffer_from(&vec![POISON; rows as usize], "cnt").unwrap();
         let mut rec = g.recorder();
-        topk(&mut rec, View::rows(&sbuf, n_keys), rows, n_keys, 0, k, &idx, &cnt);
+        topk(
+            &mut rec,
+            View::rows(&sbuf, n_keys),
+            rows,
+            n_keys,
+            0,
+            k,
+            &idx,
+            &cnt,
+        );
         rec.finish().unwrap();
         let c = g.read_u32(&cnt, 0, rows as usize).unwrap();
         let ix = g.read_u32(&idx, 0, (rows * k) as usize).unwrap();
@@ -227,7 +302,9 @@ mod tests {
     fn select_all_dense() {
         let g = gpu();
         let (rows, pos0, k) = (5u32, 3u32, 9u32);
-        let idx = g.buffer_from(&vec![POISON; (rows * k) as usize], "idx").unwrap();
+        let idx = g
+            .buffer_from(&vec![POISON; (rows * k) as usize], "idx")
+            .unwrap();
         let cnt = g.buffer_from(&vec![POISON; rows as usize], "cnt").unwrap();
         let mut rec = g.recorder();
         select_all(&mut rec, rows, pos0, k, &idx, &cnt);

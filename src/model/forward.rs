@@ -10,8 +10,10 @@ use super::rope::RopeTable;
 use super::Model;
 use crate::cache::Caches;
 use crate::error::{Error, Result};
-use crate::kernels::{attention, elementwise, embed, indexer, matmul, norm, rope, router, topk, View};
 use crate::gpu::Recorder;
+use crate::kernels::{
+    attention, elementwise, embed, indexer, matmul, norm, rope, router, topk, View,
+};
 
 /// eps of `q_a_layernorm` / `kv_a_layernorm` (transformers builds them with the default 1e-6,
 /// not `rms_norm_eps`) and of the indexer's `k_norm` LayerNorm.
@@ -106,7 +108,9 @@ impl<'m> Session<'m> {
         let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
         let qk = cfg.qk_head_dim();
         let k = cfg.num_experts_per_tok;
-        let inter = cfg.intermediate_size.max(cfg.moe_intermediate_size * cfg.n_shared_experts);
+        let inter = cfg
+            .intermediate_size
+            .max(cfg.moe_intermediate_size * cfg.n_shared_experts);
         let f = |n: usize, name: &str| gpu.buffer((n * 4) as u64, name);
         let s = Scratch {
             ids: f(c, "ids")?,
@@ -138,7 +142,15 @@ impl<'m> Session<'m> {
             logits: f(c * cfg.vocab_size, "logits")?,
         };
         gpu.check()?;
-        Ok(Session { model, caches, pos: 0, chunk, topk: cfg.index_topk.min(max_ctx), rope: RopeTable::new(cfg), s })
+        Ok(Session {
+            model,
+            caches,
+            pos: 0,
+            chunk,
+            topk: cfg.index_topk.min(max_ctx),
+            rope: RopeTable::new(cfg),
+            s,
+        })
     }
 
     pub fn max_ctx(&self) -> usize {
@@ -171,14 +183,27 @@ impl<'m> Session<'m> {
             )));
         }
         if let Some(t) = tokens.iter().find(|t| **t as usize >= cfg.vocab_size) {
-            return Err(Error::msg(format!("token id {t} is out of range (vocab_size {})", cfg.vocab_size)));
+            return Err(Error::msg(format!(
+                "token id {t} is out of range (vocab_size {})",
+                cfg.vocab_size
+            )));
         }
         let vocab = cfg.vocab_size;
-        let mut data = Vec::with_capacity(if all_logits { tokens.len() * vocab } else { vocab });
+        let mut data = Vec::with_capacity(if all_logits {
+            tokens.len() * vocab
+        } else {
+            vocab
+        });
         let mut rows = 0;
         for part in tokens.chunks(self.chunk) {
             let last = rows + part.len() == tokens.len();
-            let want = if all_logits { part.len() } else if last { 1 } else { 0 };
+            let want = if all_logits {
+                part.len()
+            } else if last {
+                1
+            } else {
+                0
+            };
             self.chunk_forward(part, want)?;
             if want > 0 {
                 data.extend(self.model.gpu.read_f32(&self.s.logits, 0, want * vocab)?);
@@ -208,14 +233,28 @@ impl<'m> Session<'m> {
         for (i, layer) in w.layers.iter().enumerate() {
             self.attention(&mut rec, i, layer, t, pos0);
             // h += MLP(RMSNorm(h))
-            norm::rms_norm(&mut rec, View::rows(&s.h, hd), &layer.post_norm, View::rows(&s.x, hd), t, hd, cfg.rms_norm_eps);
+            norm::rms_norm(
+                &mut rec,
+                View::rows(&s.h, hd),
+                &layer.post_norm,
+                View::rows(&s.x, hd),
+                t,
+                hd,
+                cfg.rms_norm_eps,
+            );
             match &layer.mlp {
                 Mlp::Dense(m) => self.swiglu(&mut rec, m, t),
                 Mlp::Moe(m) => {
                     let e = cfg.n_routed_experts as u32;
                     let k = cfg.num_experts_per_tok as u32;
                     let mi = cfg.moe_intermediate_size as u32;
-                    matmul::matmul(&mut rec, View::rows(&s.x, hd), &m.router, View::rows(&s.rlogits, e), t);
+                    matmul::matmul(
+                        &mut rec,
+                        View::rows(&s.x, hd),
+                        &m.router,
+                        View::rows(&s.rlogits, e),
+                        t,
+                    );
                     router::route(
                         &mut rec,
                         View::rows(&s.rlogits, e),
@@ -231,7 +270,17 @@ impl<'m> Session<'m> {
                         &s.rw,
                     );
                     let gu = View::rows(&s.moe_gu, 2 * mi);
-                    matmul::matmul_experts(&mut rec, View::rows(&s.x, hd), false, &m.gate_up, e, &s.ridx, k, gu, t);
+                    matmul::matmul_experts(
+                        &mut rec,
+                        View::rows(&s.x, hd),
+                        false,
+                        &m.gate_up,
+                        e,
+                        &s.ridx,
+                        k,
+                        gu,
+                        t,
+                    );
                     let act = View::rows(&s.moe_act, mi);
                     elementwise::swiglu(&mut rec, gu, gu.col(mi), act, t * k, mi);
                     let out = View::rows(&s.moe_out, hd);
@@ -245,9 +294,23 @@ impl<'m> Session<'m> {
         }
         if want_logits > 0 {
             let first = t - want_logits as u32;
-            norm::rms_norm(&mut rec, View::rows(&s.h, hd).row(first), &w.norm, View::rows(&s.x, hd), want_logits as u32, hd, cfg.rms_norm_eps);
+            norm::rms_norm(
+                &mut rec,
+                View::rows(&s.h, hd).row(first),
+                &w.norm,
+                View::rows(&s.x, hd),
+                want_logits as u32,
+                hd,
+                cfg.rms_norm_eps,
+            );
             let head = w.lm_head.as_ref().unwrap_or(&w.embed);
-            matmul::matmul(&mut rec, View::rows(&s.x, hd), head, View::rows(&s.logits, cfg.vocab_size as u32), want_logits as u32);
+            matmul::matmul(
+                &mut rec,
+                View::rows(&s.x, hd),
+                head,
+                View::rows(&s.logits, cfg.vocab_size as u32),
+                want_logits as u32,
+            );
         }
         rec.finish()?;
         self.pos += tokens.len();
@@ -262,7 +325,13 @@ impl<'m> Session<'m> {
         let gu = View::rows(&s.mlp_gu, 2 * i);
         matmul::matmul(rec, View::rows(&s.x, hd), &m.gate_up, gu, t);
         elementwise::swiglu(rec, gu, gu.col(i), View::rows(&s.mlp_act, i), t, i);
-        matmul::matmul(rec, View::rows(&s.mlp_act, i), &m.down, View::rows(&s.tmp_h, hd), t);
+        matmul::matmul(
+            rec,
+            View::rows(&s.mlp_act, i),
+            &m.down,
+            View::rows(&s.tmp_h, hd),
+            t,
+        );
         elementwise::add(rec, View::rows(&s.tmp_h, hd), View::rows(&s.h, hd), t, hd);
     }
 
@@ -273,38 +342,113 @@ impl<'m> Session<'m> {
         let s = &self.s;
         let hd = cfg.hidden_size as u32;
         let heads = cfg.num_attention_heads as u32;
-        let (dn, dr, dv) = (cfg.qk_nope_head_dim as u32, cfg.qk_rope_head_dim as u32, cfg.v_head_dim as u32);
+        let (dn, dr, dv) = (
+            cfg.qk_nope_head_dim as u32,
+            cfg.qk_rope_head_dim as u32,
+            cfg.v_head_dim as u32,
+        );
         let (ql, kl) = (cfg.q_lora_rank as u32, cfg.kv_lora_rank as u32);
         let qk = dn + dr;
         let row = kl + dr;
         let latent = View::new(&self.caches.latent[i], pos0 * row, row);
 
-        norm::rms_norm(rec, View::rows(&s.h, hd), &layer.input_norm, View::rows(&s.x, hd), t, hd, cfg.rms_norm_eps);
+        norm::rms_norm(
+            rec,
+            View::rows(&s.h, hd),
+            &layer.input_norm,
+            View::rows(&s.x, hd),
+            t,
+            hd,
+            cfg.rms_norm_eps,
+        );
         let x = View::rows(&s.x, hd);
         // Queries: q_resid = RMSNorm(x·W_qa), q = q_resid·W_qb, RoPE on the last dr dims per head.
         matmul::matmul(rec, x, &layer.q_a, View::rows(&s.qa_raw, ql), t);
-        norm::rms_norm(rec, View::rows(&s.qa_raw, ql), &layer.q_a_norm, View::rows(&s.qa, ql), t, ql, LATENT_NORM_EPS);
+        norm::rms_norm(
+            rec,
+            View::rows(&s.qa_raw, ql),
+            &layer.q_a_norm,
+            View::rows(&s.qa, ql),
+            t,
+            ql,
+            LATENT_NORM_EPS,
+        );
         let qa = View::rows(&s.qa, ql);
         let q = View::rows(&s.q, heads * qk);
         matmul::matmul(rec, qa, &layer.q_b, q, t);
-        rope::rope(rec, None, q, t, heads, qk, dn, dr, cfg.mla_rope_interleave, &s.cos_sin);
+        rope::rope(
+            rec,
+            None,
+            q,
+            t,
+            heads,
+            qk,
+            dn,
+            dr,
+            cfg.mla_rope_interleave,
+            &s.cos_sin,
+        );
         // Latent cache rows: [RMSNorm(c_kv) | RoPE(k_pe)].
         let kva = View::rows(&s.kva, row);
         matmul::matmul(rec, x, &layer.kv_a, kva, t);
         norm::rms_norm(rec, kva, &layer.kv_a_norm, latent, t, kl, LATENT_NORM_EPS);
-        rope::rope(rec, Some(kva.col(kl)), latent.col(kl), t, 1, row, 0, dr, cfg.mla_rope_interleave, &s.cos_sin);
+        rope::rope(
+            rec,
+            Some(kva.col(kl)),
+            latent.col(kl),
+            t,
+            1,
+            row,
+            0,
+            dr,
+            cfg.mla_rope_interleave,
+            &s.cos_sin,
+        );
 
         // Top-k selection.
         let k = self.topk as u32;
         if let Some(ix) = &layer.indexer {
             let (ih, id) = (cfg.index_n_heads as u32, cfg.index_head_dim as u32);
-            let keys = self.caches.keys[i].as_ref().expect("full layer has a key cache");
+            let keys = self.caches.keys[i]
+                .as_ref()
+                .expect("full layer has a key cache");
             let key_rows = View::new(keys, pos0 * id, id);
             matmul::matmul(rec, qa, &ix.wq_b, View::rows(&s.iq, ih * id), t);
-            rope::rope(rec, None, View::rows(&s.iq, ih * id), t, ih, id, 0, dr, cfg.indexer_rope_interleave, &s.cos_sin);
+            rope::rope(
+                rec,
+                None,
+                View::rows(&s.iq, ih * id),
+                t,
+                ih,
+                id,
+                0,
+                dr,
+                cfg.indexer_rope_interleave,
+                &s.cos_sin,
+            );
             matmul::matmul(rec, x, &ix.wk, View::rows(&s.ik, id), t);
-            norm::layer_norm(rec, View::rows(&s.ik, id), &ix.k_norm_w, &ix.k_norm_b, key_rows, t, id, K_NORM_EPS);
-            rope::rope(rec, None, key_rows, t, 1, id, 0, dr, cfg.indexer_rope_interleave, &s.cos_sin);
+            norm::layer_norm(
+                rec,
+                View::rows(&s.ik, id),
+                &ix.k_norm_w,
+                &ix.k_norm_b,
+                key_rows,
+                t,
+                id,
+                K_NORM_EPS,
+            );
+            rope::rope(
+                rec,
+                None,
+                key_rows,
+                t,
+                1,
+                id,
+                0,
+                dr,
+                cfg.indexer_rope_interleave,
+                &s.cos_sin,
+            );
             let n_keys = pos0 + t;
             if n_keys <= k {
                 topk::select_all(rec, t, pos0, k, &s.sel_idx, &s.sel_cnt);
@@ -350,8 +494,23 @@ impl<'m> Session<'m> {
             kl,
             cfg.softmax_scale(),
         );
-        attention::up_v(rec, o_lat, &layer.kv_b, View::rows(&s.attn, heads * dv), t, heads, dn, dv);
-        matmul::matmul(rec, View::rows(&s.attn, heads * dv), &layer.o, View::rows(&s.tmp_h, hd), t);
+        attention::up_v(
+            rec,
+            o_lat,
+            &layer.kv_b,
+            View::rows(&s.attn, heads * dv),
+            t,
+            heads,
+            dn,
+            dv,
+        );
+        matmul::matmul(
+            rec,
+            View::rows(&s.attn, heads * dv),
+            &layer.o,
+            View::rows(&s.tmp_h, hd),
+            t,
+        );
         elementwise::add(rec, View::rows(&s.tmp_h, hd), View::rows(&s.h, hd), t, hd);
     }
 }

@@ -94,7 +94,14 @@ impl Loader<'_, '_> {
     }
 
     /// A matrix made of several tensors stacked by rows (each `[r_i, cols]`).
-    fn stacked(&mut self, names: &[String], rows_each: &[usize], cols: usize, align: usize, label: &str) -> Result<GpuWeight> {
+    fn stacked(
+        &mut self,
+        names: &[String],
+        rows_each: &[usize],
+        cols: usize,
+        align: usize,
+        label: &str,
+    ) -> Result<GpuWeight> {
         let mut parts = Vec::with_capacity(names.len());
         for (n, r) in names.iter().zip(rows_each) {
             let t = self.files.get(n)?;
@@ -112,7 +119,10 @@ impl Loader<'_, '_> {
         t.expect_shape(&[len])?;
         let v = t.to_f32()?;
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-            return Err(Error::msg(format!("tensor {name}: element {i} is {} (weights must be finite)", v[i])));
+            return Err(Error::msg(format!(
+                "tensor {name}: element {i} is {} (weights must be finite)",
+                v[i]
+            )));
         }
         self.tick(t.bytes.len() as u64);
         self.gpu.buffer_from(&v, name)
@@ -120,18 +130,29 @@ impl Loader<'_, '_> {
 
     fn swiglu(&mut self, p: &str, hidden: usize, inter: usize) -> Result<SwiGlu> {
         let gate_up = self.stacked(
-            &[format!("{p}.gate_proj.weight"), format!("{p}.up_proj.weight")],
+            &[
+                format!("{p}.gate_proj.weight"),
+                format!("{p}.up_proj.weight"),
+            ],
             &[inter, inter],
             hidden,
             1,
             &format!("{p}.gate_up"),
         )?;
         let down = self.matrix(&format!("{p}.down_proj.weight"), hidden, inter)?;
-        Ok(SwiGlu { gate_up, down, inter })
+        Ok(SwiGlu {
+            gate_up,
+            down,
+            inter,
+        })
     }
 
     fn experts(&mut self, p: &str, cfg: &Config) -> Result<(GpuWeight, GpuWeight)> {
-        let (e, h, i) = (cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size);
+        let (e, h, i) = (
+            cfg.n_routed_experts,
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+        );
         let fused = format!("{p}.experts.gate_up_proj");
         if self.files.contains(&fused) {
             // transformers 5 layout: [E, 2I, H] and [E, H, I] (no `.weight` suffix).
@@ -153,7 +174,13 @@ impl Loader<'_, '_> {
             gu_names.push(format!("{p}.experts.{x}.up_proj.weight"));
             dn_names.push(format!("{p}.experts.{x}.down_proj.weight"));
         }
-        let gu = self.stacked(&gu_names, &vec![i; 2 * e], h, 2 * i, &format!("{p}.experts.gate_up"))?;
+        let gu = self.stacked(
+            &gu_names,
+            &vec![i; 2 * e],
+            h,
+            2 * i,
+            &format!("{p}.experts.gate_up"),
+        )?;
         let d = self.stacked(&dn_names, &vec![h; e], i, h, &format!("{p}.experts.down"))?;
         Ok((gu, d))
     }
@@ -161,7 +188,13 @@ impl Loader<'_, '_> {
 
 pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) -> Result<Weights> {
     let total = files.total_bytes();
-    let mut l = Loader { gpu, files, done: 0, total, progress };
+    let mut l = Loader {
+        gpu,
+        files,
+        done: 0,
+        total,
+        progress,
+    };
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     let embed = l.matrix("model.embed_tokens.weight", v, h)?;
     let lm_head = if cfg.tie_word_embeddings && !files.contains("lm_head.weight") {
@@ -181,11 +214,19 @@ pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) ->
             IndexerKind::Full => {
                 let x = format!("{a}.indexer");
                 Some(Indexer {
-                    wq_b: l.matrix(&format!("{x}.wq_b.weight"), cfg.index_n_heads * cfg.index_head_dim, ql)?,
+                    wq_b: l.matrix(
+                        &format!("{x}.wq_b.weight"),
+                        cfg.index_n_heads * cfg.index_head_dim,
+                        ql,
+                    )?,
                     wk: l.matrix(&format!("{x}.wk.weight"), cfg.index_head_dim, h)?,
                     k_norm_w: l.vector(&format!("{x}.k_norm.weight"), cfg.index_head_dim)?,
                     k_norm_b: l.vector(&format!("{x}.k_norm.bias"), cfg.index_head_dim)?,
-                    weights_proj: l.matrix(&format!("{x}.weights_proj.weight"), cfg.index_n_heads, h)?,
+                    weights_proj: l.matrix(
+                        &format!("{x}.weights_proj.weight"),
+                        cfg.index_n_heads,
+                        h,
+                    )?,
                 })
             }
             IndexerKind::Shared => None,
@@ -203,11 +244,21 @@ pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) ->
             };
             let (gate_up, down) = l.experts(&m, cfg)?;
             let shared = if cfg.n_shared_experts > 0 {
-                Some(l.swiglu(&format!("{m}.shared_experts"), h, cfg.moe_intermediate_size * cfg.n_shared_experts)?)
+                Some(l.swiglu(
+                    &format!("{m}.shared_experts"),
+                    h,
+                    cfg.moe_intermediate_size * cfg.n_shared_experts,
+                )?)
             } else {
                 None
             };
-            Mlp::Moe(Moe { router, bias, gate_up, down, shared })
+            Mlp::Moe(Moe {
+                router,
+                bias,
+                gate_up,
+                down,
+                shared,
+            })
         };
         layers.push(Layer {
             input_norm: l.vector(&format!("{p}.input_layernorm.weight"), h)?,
@@ -222,7 +273,13 @@ pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) ->
             indexer,
             mlp,
         });
-        gpu.check().map_err(|e| e.context(format!("uploading layer {i}")))?;
+        gpu.check()
+            .map_err(|e| e.context(format!("uploading layer {i}")))?;
     }
-    Ok(Weights { embed, lm_head, norm, layers })
+    Ok(Weights {
+        embed,
+        lm_head,
+        norm,
+        layers,
+    })
 }

@@ -30,17 +30,31 @@ impl Model {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load(dir: &Path, gpu: Arc<Gpu>, progress: load::Progress) -> Result<Model> {
         if !dir.is_dir() {
-            return Err(Error::msg(format!("{}: not a directory (expected a model directory with config.json)", dir.display())));
+            return Err(Error::msg(format!(
+                "{}: not a directory (expected a model directory with config.json)",
+                dir.display()
+            )));
         }
         let config = Config::from_dir(dir)?;
         let files = WeightFiles::open(dir)?;
         Self::from_parts(config, &files, gpu, dir.to_path_buf(), progress)
     }
 
-    pub fn from_parts(config: Config, files: &WeightFiles, gpu: Arc<Gpu>, dir: PathBuf, progress: load::Progress) -> Result<Model> {
+    pub fn from_parts(
+        config: Config,
+        files: &WeightFiles,
+        gpu: Arc<Gpu>,
+        dir: PathBuf,
+        progress: load::Progress,
+    ) -> Result<Model> {
         let weights = load::load(&gpu, &config, files, progress)?;
         gpu.sync()?;
-        Ok(Model { config, gpu, weights, dir })
+        Ok(Model {
+            config,
+            gpu,
+            weights,
+            dir,
+        })
     }
 
     /// Start a conversation with caches for `max_ctx` tokens.

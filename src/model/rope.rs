@@ -16,10 +16,14 @@ impl RopeTable {
         let dim = cfg.qk_rope_head_dim;
         let base = cfg.rope.theta;
         // `base ** (arange(0, dim, 2) / dim)` in f32, as transformers computes it.
-        let pos_freqs: Vec<f32> =
-            (0..dim / 2).map(|i| (base as f32).powf((2 * i) as f32 / dim as f32)).collect();
+        let pos_freqs: Vec<f32> = (0..dim / 2)
+            .map(|i| (base as f32).powf((2 * i) as f32 / dim as f32))
+            .collect();
         match cfg.rope.kind {
-            RopeKind::Default => RopeTable { inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(), attention_factor: 1.0 },
+            RopeKind::Default => RopeTable {
+                inv_freq: pos_freqs.iter().map(|p| 1.0 / p).collect(),
+                attention_factor: 1.0,
+            },
             RopeKind::Yarn {
                 factor,
                 original_max_position_embeddings,
@@ -30,12 +34,19 @@ impl RopeTable {
                 attention_factor,
                 truncate,
             } => {
-                let attention_factor = attention_factor.unwrap_or_else(|| match (mscale, mscale_all_dim) {
-                    (Some(m), Some(a)) if m != 0.0 && a != 0.0 => yarn_get_mscale(factor, m) / yarn_get_mscale(factor, a),
-                    _ => yarn_get_mscale(factor, 1.0),
-                });
+                let attention_factor =
+                    attention_factor.unwrap_or_else(|| match (mscale, mscale_all_dim) {
+                        (Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
+                            yarn_get_mscale(factor, m) / yarn_get_mscale(factor, a)
+                        }
+                        _ => yarn_get_mscale(factor, 1.0),
+                    });
                 let d = dim as f64;
-                let corr = |rot: f64| (d * (original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln());
+                let corr = |rot: f64| {
+                    (d * (original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI))
+                        .ln())
+                        / (2.0 * base.ln())
+                };
                 let (mut low, mut high) = (corr(beta_fast), corr(beta_slow));
                 if truncate {
                     low = low.floor();
@@ -50,14 +61,18 @@ impl RopeTable {
                     .iter()
                     .enumerate()
                     .map(|(i, p)| {
-                        let ramp = (((i as f32) - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                        let ramp = (((i as f32) - low as f32) / (high as f32 - low as f32))
+                            .clamp(0.0, 1.0);
                         let extra = 1.0 - ramp;
                         let inv_extra = 1.0 / p;
                         let inv_inter = 1.0 / (factor as f32 * p);
                         inv_inter * (1.0 - extra) + inv_extra * extra
                     })
                     .collect();
-                RopeTable { inv_freq, attention_factor: attention_factor as f32 }
+                RopeTable {
+                    inv_freq,
+                    attention_factor: attention_factor as f32,
+                }
             }
         }
     }

@@ -92,13 +92,19 @@ impl WeightFiles {
                 .map_err(|e| Error::msg(format!("{}: cannot read: {e}", index.display())))?;
             let v: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| Error::msg(format!("{}: invalid JSON: {e}", index.display())))?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
-                Error::msg(format!("{}: missing object `weight_map`", index.display()))
-            })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| {
+                    Error::msg(format!("{}: missing object `weight_map`", index.display()))
+                })?;
             let mut wm = HashMap::new();
             for (k, f) in map {
                 let f = f.as_str().ok_or_else(|| {
-                    Error::msg(format!("{}: weight_map[{k:?}] is not a file name", index.display()))
+                    Error::msg(format!(
+                        "{}: weight_map[{k:?}] is not a file name",
+                        index.display()
+                    ))
                 })?;
                 if f.contains('/') || f.contains('\\') || f.starts_with('.') {
                     return Err(Error::msg(format!(
@@ -115,7 +121,9 @@ impl WeightFiles {
         } else if dir.join("model.safetensors").exists() {
             names.push("model.safetensors".into());
         } else {
-            let rd = std::fs::read_dir(dir).map_err(|e| Error::msg(format!("{}: cannot read directory: {e}", dir.display())))?;
+            let rd = std::fs::read_dir(dir).map_err(|e| {
+                Error::msg(format!("{}: cannot read directory: {e}", dir.display()))
+            })?;
             for e in rd.flatten() {
                 let n = e.file_name().to_string_lossy().to_string();
                 if n.ends_with(".safetensors") {
@@ -133,21 +141,33 @@ impl WeightFiles {
         let mut files = Vec::new();
         for n in &names {
             let path = dir.join(n);
-            let f = std::fs::File::open(&path).map_err(|e| Error::msg(format!("{}: cannot open: {e}", path.display())))?;
+            let f = std::fs::File::open(&path)
+                .map_err(|e| Error::msg(format!("{}: cannot open: {e}", path.display())))?;
             // SAFETY: the map is read-only and private. Another process truncating the file
             // while it is mapped would fault on access; sparsa never writes model files and
             // documents that they must not change while a model is loaded.
             let m = unsafe { memmap2::Mmap::map(&f) }
                 .map_err(|e| Error::msg(format!("{}: cannot map: {e}", path.display())))?;
-            files.push(File { path, storage: Storage::Mapped(m) });
+            files.push(File {
+                path,
+                storage: Storage::Mapped(m),
+            });
         }
         let wf = Self::from_files(files)?;
         if let Some(wm) = weight_map {
             for (k, f) in &wm {
                 let e = wf.tensors.get(k).ok_or_else(|| {
-                    Error::msg(format!("{}: index names tensor {k} but that file does not hold it", dir.join(f).display()))
+                    Error::msg(format!(
+                        "{}: index names tensor {k} but that file does not hold it",
+                        dir.join(f).display()
+                    ))
                 })?;
-                if wf.files[e.file].path.file_name().map(|x| x.to_string_lossy() != f.as_str()).unwrap_or(true) {
+                if wf.files[e.file]
+                    .path
+                    .file_name()
+                    .map(|x| x.to_string_lossy() != f.as_str())
+                    .unwrap_or(true)
+                {
                     return Err(Error::msg(format!(
                         "model.safetensors.index.json: tensor {k} is listed in {f} but found in {}",
                         wf.files[e.file].path.display()
@@ -161,7 +181,13 @@ impl WeightFiles {
     /// Weights from in-memory files (name, bytes): the browser path, and tests.
     pub fn from_owned(files: Vec<(String, Vec<u8>)>) -> Result<WeightFiles> {
         Self::from_files(
-            files.into_iter().map(|(n, b)| File { path: PathBuf::from(n), storage: Storage::Owned(b) }).collect(),
+            files
+                .into_iter()
+                .map(|(n, b)| File {
+                    path: PathBuf::from(n),
+                    storage: Storage::Owned(b),
+                })
+                .collect(),
         )
     }
 
@@ -169,13 +195,22 @@ impl WeightFiles {
         let mut tensors: HashMap<String, Entry> = HashMap::new();
         for (i, f) in files.iter().enumerate() {
             let bytes = f.storage.bytes();
-            let (n, meta) = safetensors::SafeTensors::read_metadata(bytes)
-                .map_err(|e| Error::msg(format!("{}: not a valid safetensors file: {e:?}", f.path.display())))?;
+            let (n, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
+                Error::msg(format!(
+                    "{}: not a valid safetensors file: {e:?}",
+                    f.path.display()
+                ))
+            })?;
             let base = 8 + n;
             for (name, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
-                let entry =
-                    Entry { file: i, dtype: info.dtype, shape: info.shape.clone(), start: base + s, end: base + e };
+                let entry = Entry {
+                    file: i,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start: base + s,
+                    end: base + e,
+                };
                 if let Some(prev) = tensors.insert(name.clone(), entry) {
                     return Err(Error::msg(format!(
                         "tensor {name} appears twice: in {} and {}",
@@ -185,7 +220,10 @@ impl WeightFiles {
                 }
             }
         }
-        Ok(WeightFiles { files: Arc::new(files), tensors: Arc::new(tensors) })
+        Ok(WeightFiles {
+            files: Arc::new(files),
+            tensors: Arc::new(tensors),
+        })
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -214,6 +252,9 @@ impl WeightFiles {
 
     /// Total bytes of all tensors.
     pub fn total_bytes(&self) -> u64 {
-        self.tensors.values().map(|e| (e.end - e.start) as u64).sum()
+        self.tensors
+            .values()
+            .map(|e| (e.end - e.start) as u64)
+            .sum()
     }
 }

@@ -64,10 +64,21 @@ impl<'g> Writer<'g> {
 impl GpuWeight {
     /// Rows per chunk for a matrix of `cols` columns: fits one binding, a multiple of
     /// `align_rows` (experts never straddle chunks) and of 2 (16-bit chunks start on a word).
-    fn chunk_rows(gpu: &Gpu, rows: usize, cols: usize, dtype: DType, align_rows: usize, label: &str) -> Result<usize> {
+    fn chunk_rows(
+        gpu: &Gpu,
+        rows: usize,
+        cols: usize,
+        dtype: DType,
+        align_rows: usize,
+        label: &str,
+    ) -> Result<usize> {
         let row_bytes = (cols * dtype.size()) as u64;
         let fit = (gpu.max_binding() / row_bytes.max(1)) as usize;
-        let align = if align_rows % 2 == 0 { align_rows } else { align_rows * 2 };
+        let align = if align_rows.is_multiple_of(2) {
+            align_rows
+        } else {
+            align_rows * 2
+        };
         let per = fit / align * align;
         if per == 0 {
             if rows * row_bytes as usize <= gpu.max_binding() as usize {
@@ -83,8 +94,16 @@ impl GpuWeight {
 
     /// Upload the row-wise concatenation of `parts` (each `[r_i, cols]`, one dtype) as one
     /// matrix. `align_rows` keeps groups of rows (e.g. one expert) inside one chunk.
-    pub fn upload(gpu: &Gpu, parts: &[TensorRef], cols: usize, align_rows: usize, label: &str) -> Result<GpuWeight> {
-        let first = parts.first().ok_or_else(|| Error::msg(format!("{label}: no tensors")))?;
+    pub fn upload(
+        gpu: &Gpu,
+        parts: &[TensorRef],
+        cols: usize,
+        align_rows: usize,
+        label: &str,
+    ) -> Result<GpuWeight> {
+        let first = parts
+            .first()
+            .ok_or_else(|| Error::msg(format!("{label}: no tensors")))?;
         let dtype = first.dtype()?;
         let mut rows = 0;
         for p in parts {
@@ -125,7 +144,10 @@ impl GpuWeight {
         let row_bytes = cols * dtype.size();
         let total: usize = sources.iter().map(|s| s.len()).sum();
         if total != rows * row_bytes {
-            return Err(Error::msg(format!("{label}: {total} bytes, expected {rows}×{cols} {}", dtype.name())));
+            return Err(Error::msg(format!(
+                "{label}: {total} bytes, expected {rows}×{cols} {}",
+                dtype.name()
+            )));
         }
         let mut per = Self::chunk_rows(gpu, rows, cols, dtype, align_rows.max(1), label)?;
         if let Some(m) = max_chunk_rows {
@@ -135,7 +157,12 @@ impl GpuWeight {
         let mut src_i = 0;
         let mut src_off = 0;
         let mut row0 = 0;
-        let mut w = Writer { gpu, pending: Vec::new(), offset: 0, since_flush: 0 };
+        let mut w = Writer {
+            gpu,
+            pending: Vec::new(),
+            offset: 0,
+            since_flush: 0,
+        };
         while row0 < rows {
             let n = per.min(rows - row0);
             let buf = gpu.buffer((n * row_bytes) as u64, label)?;
@@ -156,7 +183,12 @@ impl GpuWeight {
             chunks.push(WeightChunk { buf, row0, rows: n });
             row0 += n;
         }
-        Ok(GpuWeight { chunks, dtype, rows, cols })
+        Ok(GpuWeight {
+            chunks,
+            dtype,
+            rows,
+            cols,
+        })
     }
 
     /// A matrix from host f32 values, stored as `dtype` (tests and synthetic models).
