@@ -494,26 +494,8 @@ mod tests {
         // More workgroups than fit one grid dimension.
         let n = gpu().max_groups() as usize * GEMV_RPW as usize + 5;
         check_matmul(60, 1, 3, n, DType::BF16, None);
-        let n = gpu().max_groups() as usize * 64 + 3;
-        check_matmul_with(
-            61,
-            GEMV_MAX_ROWS as usize + 1,
-            2,
-            n,
-            DType::F32,
-            None,
-            Dense::Gemm(64),
-        );
-        let n = gpu().max_groups() as usize * 128 + 3;
-        check_matmul_with(
-            62,
-            GEMV_MAX_ROWS as usize + 1,
-            2,
-            n,
-            DType::F32,
-            None,
-            Dense::Gemm(128),
-        );
+        // (The GEMM tiles share `gpu.grid`; a >65535-tile GEMM case needs an output over
+        // 150 MB, more than lavapipe's 128 MiB binding limit, so only the GEMVs test it here.)
         let n = gpu().max_groups() as usize * 4 + 5;
         run_matmul(
             63,
