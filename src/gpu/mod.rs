@@ -193,7 +193,10 @@ impl Gpu {
 
     /// Largest buffer we bind as one storage binding.
     pub fn max_binding(&self) -> u64 {
-        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size) & !255
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+            & !255
     }
 
     /// Fails with the first GPU validation / out-of-memory error seen since the last check.
