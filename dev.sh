@@ -12,8 +12,11 @@ as_root() {
 
 # A Vulkan driver: lavapipe (Mesa's software rasterizer) when none is installed.
 ensure_vulkan() {
-    if ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1 \
-        && ldconfig -p 2>/dev/null | grep -q libvulkan.so.1; then
+    local icd=no
+    for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
+        if compgen -G "$d/*.json" >/dev/null; then icd=yes; fi
+    done
+    if [ "$icd" = yes ] && ldconfig -p 2>/dev/null | grep libvulkan.so.1 >/dev/null; then
         return
     fi
     echo "dev.sh: no Vulkan driver found; installing lavapipe (mesa-vulkan-drivers)" >&2

@@ -54,14 +54,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read> cnt: array<u32>;
 
 fn wget(i: u32) -> f32 {
-    if (W_DTYPE == 0u) {
-        return bitcast<f32>(wts[i]);
-    } else if (W_DTYPE == 1u) {
-        let word = wts[i >> 1u];
-        return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
-    } else {
-        return unpack2x16float(wts[i >> 1u])[i & 1u];
-    }
+    return w_elem(wts[w_word(i)], i);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -27,14 +27,7 @@ struct Params {
 const WG: u32 = 256u;
 
 fn wload(i: u32) -> f32 {
-    if (W_DTYPE == 0u) {
-        return bitcast<f32>(w[i]);
-    }
-    let word = w[i >> 1u];
-    if (W_DTYPE == 1u) {
-        return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
-    }
-    return unpack2x16float(word)[i & 1u];
+    return w_elem(w[w_word(i)], i);
 }
 
 @compute @workgroup_size(256)

@@ -48,14 +48,7 @@ const NONE: u32 = 0xffffffffu;
 // ---- weight fetch -------------------------------------------------------------------
 
 fn wload(i: u32) -> f32 {
-    if (W_DTYPE == 0u) {
-        return bitcast<f32>(w[i]);
-    }
-    let word = w[i >> 1u];
-    if (W_DTYPE == 1u) {
-        return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
-    }
-    return unpack2x16float(word)[i & 1u];
+    return w_elem(w[w_word(i)], i);
 }
 
 // Elements i and i + 1.
@@ -64,11 +57,7 @@ fn wload2(i: u32) -> vec2<f32> {
         return vec2<f32>(bitcast<f32>(w[i]), bitcast<f32>(w[i + 1u]));
     }
     if ((i & 1u) == 0u) {
-        let word = w[i >> 1u];
-        if (W_DTYPE == 1u) {
-            return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
-        }
-        return unpack2x16float(word);
+        return w_pair(w[i >> 1u]);
     }
     return vec2<f32>(wload(i), wload(i + 1u));
 }

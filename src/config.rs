@@ -221,6 +221,29 @@ impl Config {
         };
         let mla_rope_interleave = f.bool_or("rope_interleave", true)?;
 
+        // Variants transformers supports but these checkpoints never use: refuse them rather
+        // than compute something else.
+        if f.bool_or("attention_bias", false)? {
+            return Err(f.bad(
+                "attention_bias",
+                "false (biases on the attention projections are not supported)",
+            ));
+        }
+        if let Some(act) = f.get("hidden_act") {
+            if act.as_str() != Some("silu") {
+                return Err(f.bad(
+                    "hidden_act",
+                    "\"silu\" (the only activation DSA models use)",
+                ));
+            }
+        }
+        let heads_kv = f.usize_or("num_key_value_heads", num_attention_heads)?;
+        if heads_kv != num_attention_heads {
+            return Err(f.bad(
+                "num_key_value_heads",
+                "equal to num_attention_heads (MLA has one latent KV head)",
+            ));
+        }
         let indexer_types = indexer_types(&f, family, num_hidden_layers)?;
         let first_k_dense_replace = f.usize_or("first_k_dense_replace", 3)?;
         let dense_layers = match f.get("mlp_layer_types") {
@@ -424,15 +447,27 @@ fn indexer_types(f: &Fields, family: Family, layers: usize) -> Result<Vec<Indexe
         return Ok(vec![IndexerKind::Full; layers]);
     }
     if let Some(v) = f.get("index_topk_pattern") {
-        let s = v
-            .as_str()
-            .ok_or_else(|| f.bad("index_topk_pattern", "a string of 'F'/'S'"))?;
-        let kinds: Vec<IndexerKind> = s
-            .chars()
-            .map(|c| match c {
-                'F' | 'f' => Ok(IndexerKind::Full),
-                'S' | 's' => Ok(IndexerKind::Shared),
-                _ => Err(f.bad("index_topk_pattern", "a string of 'F'/'S'")),
+        // A string of 'F'/'S', or (as transformers also accepts) a list of "full"/"shared".
+        let bad = || {
+            f.bad(
+                "index_topk_pattern",
+                "a string of 'F'/'S' or a list of \"full\"/\"shared\"",
+            )
+        };
+        let items: Vec<String> = match v {
+            Value::String(s) => s.chars().map(|c| c.to_string()).collect(),
+            Value::Array(a) => a
+                .iter()
+                .map(|x| x.as_str().map(str::to_string).ok_or_else(bad))
+                .collect::<Result<_>>()?,
+            _ => return Err(bad()),
+        };
+        let kinds: Vec<IndexerKind> = items
+            .iter()
+            .map(|c| match c.as_str() {
+                "F" | "full" => Ok(IndexerKind::Full),
+                "S" | "shared" => Ok(IndexerKind::Shared),
+                _ => Err(bad()),
             })
             .collect::<Result<_>>()?;
         if kinds.len() < layers {
@@ -533,4 +568,131 @@ fn rope(f: &Fields) -> Result<Rope> {
         }
     };
     Ok(Rope { theta, kind })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn glm(extra: &str) -> String {
+        format!(
+            r#"{{"model_type": "glm_moe_dsa", "vocab_size": 154880, "hidden_size": 6144, "intermediate_size": 12288,
+            "moe_intermediate_size": 2048, "num_hidden_layers": 78, "num_attention_heads": 64, "q_lora_rank": 2048,
+            "kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+            "n_routed_experts": 256, "num_experts_per_tok": 8, "n_shared_experts": 1, "index_n_heads": 32,
+            "index_head_dim": 128, "index_topk": 2048, "rope_theta": 1000000, "eos_token_id": [154820, 154827]{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn glm5_defaults() {
+        let c = Config::from_json(&glm(""), "config.json").unwrap();
+        assert_eq!(c.family, Family::GlmMoeDsa);
+        assert!(c.indexer_rope_interleave && c.mla_rope_interleave);
+        assert_eq!(
+            c.n_full_layers(),
+            78,
+            "transformers' defaults (freq 1, offset 2) make every layer full"
+        );
+        assert_eq!(c.dense_layers.iter().filter(|d| **d).count(), 3);
+        assert!((c.softmax_scale() - 0.0625).abs() < 1e-7);
+        assert_eq!(c.eos_token_ids, vec![154820, 154827]);
+    }
+
+    #[test]
+    fn glm52_indexshare_from_freq_offset() {
+        let c = Config::from_json(
+            &glm(r#", "index_topk_freq": 4, "index_skip_topk_offset": 3"#),
+            "c",
+        )
+        .unwrap();
+        let full: Vec<usize> = c
+            .indexer_types
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| **k == IndexerKind::Full)
+            .map(|(i, _)| i)
+            .collect();
+        let mut want = vec![0, 1, 2];
+        want.extend((6..78).step_by(4));
+        assert_eq!(full, want);
+        assert_eq!(full.len(), 21);
+    }
+
+    #[test]
+    fn indexer_types_and_pattern_precedence() {
+        let types: Vec<&str> = (0..78)
+            .map(|i| if i % 2 == 0 { "full" } else { "shared" })
+            .collect();
+        let j = format!(
+            r#", "indexer_types": {:?}, "index_topk_pattern": "{}""#,
+            types,
+            "F".repeat(78)
+        );
+        let c = Config::from_json(&glm(&j), "c").unwrap();
+        assert_eq!(
+            c.n_full_layers(),
+            39,
+            "explicit indexer_types wins over the pattern"
+        );
+        let j = format!(r#", "index_topk_pattern": "FS{}""#, "S".repeat(76));
+        assert_eq!(Config::from_json(&glm(&j), "c").unwrap().n_full_layers(), 1);
+        let list: Vec<&str> = (0..78)
+            .map(|i| if i < 3 { "full" } else { "shared" })
+            .collect();
+        let j = format!(r#", "index_topk_pattern": {list:?}"#);
+        assert_eq!(Config::from_json(&glm(&j), "c").unwrap().n_full_layers(), 3);
+        let j = r#", "indexer_types": ["shared"]"#;
+        assert!(Config::from_json(&glm(j), "c").is_err());
+    }
+
+    #[test]
+    fn deepseek_v32_yarn_scale_and_half_split() {
+        let j = glm(
+            r#", "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+               "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}, "qk_nope_head_dim": 128,
+               "n_group": 8, "topk_group": 4"#,
+        )
+        .replace("glm_moe_dsa", "deepseek_v32");
+        let c = Config::from_json(&j, "c").unwrap();
+        assert!(
+            !c.indexer_rope_interleave,
+            "V3.2's indexer RoPE is half-split"
+        );
+        assert!(c.mla_rope_interleave);
+        assert!(
+            (c.softmax_scale() - 0.13524).abs() < 1e-4,
+            "{}",
+            c.softmax_scale()
+        );
+        assert_eq!(c.n_full_layers(), 78);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = Config::from_json(&glm("").replace("glm_moe_dsa", "llama"), "x/config.json")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("x/config.json") && e.contains("llama"), "{e}");
+        let e = Config::from_json(&glm("").replace(r#""kv_lora_rank": 512,"#, ""), "c")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("kv_lora_rank"), "{e}");
+        let e = Config::from_json(&glm("").replace("64, \"q_lora", "\"x\", \"q_lora"), "c")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("num_attention_heads"), "{e}");
+        let e = Config::from_json(&glm(r#", "hidden_act": "gelu""#), "c")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("hidden_act"), "{e}");
+        let e = Config::from_json(
+            &glm(r#", "rope_parameters": {"rope_type": "longrope"}"#),
+            "c",
+        )
+        .unwrap_err()
+        .0;
+        assert!(e.contains("longrope"), "{e}");
+        assert!(Config::from_json("[1]", "c").is_err());
+    }
 }

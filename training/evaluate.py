@@ -154,7 +154,7 @@ def samples(model, dev, topk, n_new=64):
     return out
 
 
-def run(model_dir, out_json, dev, ctxs=(512, 1024), topk=64, bs=8, recall_windows=48):
+def run(model_dir, out_json, dev, ctxs=(512, 1024), topk=64, bs=8, recall_windows=48, max_windows=None):
     t0 = time.time()
     dev = torch.device(dev)
     model = load(model_dir, dev)
@@ -162,7 +162,7 @@ def run(model_dir, out_json, dev, ctxs=(512, 1024), topk=64, bs=8, recall_window
     res = dict(model_dir=os.path.basename(os.path.normpath(model_dir)), topk=topk, heldout_tokens=int(stream.heldout.numel()),
                indexer_types=model.config.indexer_types, full_layers=full_layers(model), ctx={})
     for T in ctxs:
-        xs, ys = Stream.windows(stream.heldout, T)
+        xs, ys = Stream.windows(stream.heldout, T, max_windows)
         r = {}
         set_topk(model, 10 ** 9)
         d, n = nll(model, xs, ys, dev, bs)
@@ -196,5 +196,7 @@ if __name__ == "__main__":
     ap.add_argument("--ctx", type=int, nargs="+", default=[512, 1024])
     ap.add_argument("--topk", type=int, default=64)
     ap.add_argument("--recall-windows", type=int, default=48)
+    ap.add_argument("--max-windows", type=int, default=0, help="limit held-out windows (smoke test)")
     a = ap.parse_args()
-    run(a.model_dir, a.out_json, a.device, tuple(a.ctx), a.topk, recall_windows=a.recall_windows)
+    run(a.model_dir, a.out_json, a.device, tuple(a.ctx), a.topk, recall_windows=a.recall_windows,
+        max_windows=a.max_windows or None)

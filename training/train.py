@@ -227,6 +227,8 @@ def main():
     ap.add_argument("--print-every", type=int, default=25)
     ap.add_argument("--shard", default="12MB")
     ap.add_argument("--no-eval", action="store_true")
+    ap.add_argument("--val-windows", type=int, default=0, help="limit validation windows (CPU smoke test)")
+    ap.add_argument("--eval-windows", type=int, default=0, help="limit held-out windows (CPU smoke test)")
     args = ap.parse_args()
     T0 = time.time()
     import transformers
@@ -255,7 +257,7 @@ def main():
     info["full_layers"] = full_layers(model)
     log_print(json.dumps(info))
     stream = Stream()
-    vx, vy = Stream.windows(stream.val, args.seq)
+    vx, vy = Stream.windows(stream.val, args.seq, args.val_windows or None)
     epoch_tokens = stream.train.numel()
     max_steps = lambda ep: max(20, int(ep * epoch_tokens / (args.batch * args.seq)))  # noqa: E731
     taps = Taps(model)
@@ -356,7 +358,8 @@ def main():
         del model
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        evaluate.run(mdir, os.path.join(args.out, "eval.json"), dev, ctxs=(512, args.seq), topk=args.topk)
+        evaluate.run(mdir, os.path.join(args.out, "eval.json"), dev, ctxs=tuple(sorted({512, args.seq})), topk=args.topk,
+                     max_windows=args.eval_windows or None)
     log_print(f"done at {time.time() - T0:.0f}s")
 
 

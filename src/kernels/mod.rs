@@ -20,13 +20,23 @@ pub(crate) mod testutil;
 
 pub use crate::gpu::Recorder;
 
-/// Shader sources, embedded at compile time.
+/// Shader sources, embedded at compile time. Kernels that read weights get
+/// `weights.wgsl` (dtype decoding) prepended.
 pub mod src {
-    pub const ATTENTION: &str = include_str!("../../shaders/attention.wgsl");
+    pub const ATTENTION: &str = concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/attention.wgsl")
+    );
     pub const ELEMENTWISE: &str = include_str!("../../shaders/elementwise.wgsl");
-    pub const EMBED: &str = include_str!("../../shaders/embed.wgsl");
+    pub const EMBED: &str = concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/embed.wgsl")
+    );
     pub const INDEXER: &str = include_str!("../../shaders/indexer.wgsl");
-    pub const MATMUL: &str = include_str!("../../shaders/matmul.wgsl");
+    pub const MATMUL: &str = concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/matmul.wgsl")
+    );
     pub const NORM: &str = include_str!("../../shaders/norm.wgsl");
     pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
     pub const ROUTER: &str = include_str!("../../shaders/router.wgsl");

@@ -258,3 +258,66 @@ impl WeightFiles {
             .sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(names: &[&str]) -> Vec<u8> {
+        let data = vec![0u8; 8];
+        let views: Vec<(String, safetensors::tensor::TensorView)> = names
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    safetensors::tensor::TensorView::new(
+                        safetensors::Dtype::BF16,
+                        vec![2, 2],
+                        &data,
+                    )
+                    .unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    #[test]
+    fn finds_tensors_across_files() {
+        let w = WeightFiles::from_owned(vec![
+            ("a".into(), file(&["x", "y"])),
+            ("b".into(), file(&["z"])),
+        ])
+        .unwrap();
+        assert!(w.contains("x") && w.contains("z"));
+        let t = w.get("z").unwrap();
+        assert_eq!(
+            (t.shape.clone(), t.bytes.len(), t.dtype().unwrap()),
+            (vec![2, 2], 8, DType::BF16)
+        );
+        assert!(t.expect_shape(&[4]).err().unwrap().0.contains("z"));
+        let e = w.get("nope").err().unwrap().0;
+        assert!(e.contains("nope") && e.contains("missing"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_tensor_is_an_error() {
+        let e =
+            WeightFiles::from_owned(vec![("a".into(), file(&["x"])), ("b".into(), file(&["x"]))])
+                .err()
+                .unwrap()
+                .0;
+        assert!(e.contains("x") && e.contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn truncated_file_is_an_error() {
+        let mut f = file(&["x"]);
+        f.truncate(f.len() - 3);
+        let e = WeightFiles::from_owned(vec![("shard.safetensors".into(), f)])
+            .err()
+            .unwrap()
+            .0;
+        assert!(e.contains("shard.safetensors"), "{e}");
+    }
+}
