@@ -19,8 +19,10 @@ Expert balance: DeepSeek's auxiliary-loss-free bias update (gamma 1e-3) on e_sco
 Early stopping: the weights with the best loss on a validation slice (last 40960 train tokens, never trained on) are
 kept at the end of stages a) and c). The held-out works are only used by evaluate.py.
 
-Run (GPU):  python3 training/train.py --out OUT_DIR
-CPU smoke:  python3 training/train.py --tiny --device cpu --seq 128 --batch 4 --budget-a 20 --budget-b 10 --budget-c 15 --out /tmp/t
+Run (GPU):  python3 training/train.py --out OUT_DIR            # the shipped run (logs/run2) used the defaults
+Replay:     python3 training/train.py --out OUT_DIR --steps-a 436 --steps-b 202 --steps-c 155
+CPU smoke:  python3 training/train.py --tiny --device cpu --seq 128 --batch 4 --topk 16 --budget-a 30 --budget-b 15 \
+                --budget-c 25 --deadline 75 --val-windows 8 --eval-windows 8 --out /tmp/t1
 """
 import argparse
 import copy
@@ -210,19 +212,19 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--topk", type=int, default=64)
-    ap.add_argument("--budget-a", type=float, default=240)
-    ap.add_argument("--budget-b", type=float, default=50)
-    ap.add_argument("--budget-c", type=float, default=130)
-    ap.add_argument("--deadline", type=float, default=470, help="seconds after start by which training must end")
-    ap.add_argument("--max-epochs-a", type=float, default=16)
-    ap.add_argument("--max-epochs-c", type=float, default=4)
+    ap.add_argument("--budget-a", type=float, default=200)
+    ap.add_argument("--budget-b", type=float, default=35)
+    ap.add_argument("--budget-c", type=float, default=100)
+    ap.add_argument("--deadline", type=float, default=360, help="seconds after start by which training must end")
+    ap.add_argument("--max-epochs-a", type=float, default=7)
+    ap.add_argument("--max-epochs-c", type=float, default=2.5)
     ap.add_argument("--steps-a", type=int, default=0)
     ap.add_argument("--steps-b", type=int, default=0)
     ap.add_argument("--steps-c", type=int, default=0)
     ap.add_argument("--lr-a", type=float, default=2e-3)
     ap.add_argument("--lr-b", type=float, default=2e-3)
-    ap.add_argument("--lr-c", type=float, default=5e-4)
-    ap.add_argument("--lr-c-indexer", type=float, default=5e-4)
+    ap.add_argument("--lr-c", type=float, default=6e-4)
+    ap.add_argument("--lr-c-indexer", type=float, default=1e-3)
     ap.add_argument("--gamma", type=float, default=1e-3)
     ap.add_argument("--print-every", type=int, default=25)
     ap.add_argument("--shard", default="12MB")
@@ -268,7 +270,7 @@ def main():
     set_topk(model, DENSE)
     taps.want_attn = False
     opt = adamw([main_params(model)], [args.lr_a])
-    sched = Sched(opt, [args.lr_a] * 2, warmup=min(60, args.steps_a // 10 if args.steps_a else 60))
+    sched = Sched(opt, [args.lr_a] * 2, warmup=60)
 
     def step_a(x, y):
         taps.clear()
@@ -358,7 +360,7 @@ def main():
         del model
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-        evaluate.run(mdir, os.path.join(args.out, "eval.json"), dev, ctxs=tuple(sorted({512, args.seq})), topk=args.topk,
+        evaluate.run(mdir, os.path.join(args.out, "eval.json"), dev, ctxs=tuple(sorted({512, args.seq, 2 * args.seq})), topk=args.topk,
                      max_windows=args.eval_windows or None)
     log_print(f"done at {time.time() - T0:.0f}s")
 
