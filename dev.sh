@@ -47,9 +47,8 @@ run)
     ensure_vulkan; ensure_rust
     cargo build --release --quiet
     if [ $# -eq 0 ]; then
-        # Until the small trained model ships (issue 3), the default is the tiny
-        # random-weight GLM-5.2-style golden model: the tokens are noise, the pipeline is real.
-        set -- generate --model tests/data/glm52 --tokens 1,2,3,4,5 --max-tokens 32 --temperature 0 --print-ids
+        # The small trained GLM-5.2-style model that ships in the repository.
+        set -- generate --model models/sparsa-bard-12m --prompt "KING RICHARD:" --max-tokens 120 --seed 7
     fi
     exec target/release/sparsa "$@"
     ;;

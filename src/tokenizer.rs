@@ -27,10 +27,12 @@ impl Tokenizer {
         Ok(Tokenizer { inner })
     }
 
+    /// Token ids of `text`, with the special tokens the tokenizer's post-processor adds
+    /// (e.g. GLM's `[gMASK]<sop>`), as transformers' `tokenizer(text)` does.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self
             .inner
-            .encode(text, false)
+            .encode(text, true)
             .map_err(|e| Error::msg(format!("tokenizing the prompt: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
