@@ -96,22 +96,45 @@ pub fn absorb_q(
     if rows == 0 || heads == 0 {
         return;
     }
-    check_wkvb("absorb_q", wkvb, heads, dn, dv);
+    let tiles = (wkvb.cols as u32).div_ceil(WG);
+    kvb_product(
+        rec,
+        "absorb_q",
+        q,
+        wkvb,
+        q_abs,
+        [rows, heads, dn, dr, dv],
+        tiles,
+    );
+}
+
+/// Shared launcher of `absorb_q` and `up_v`: both multiply per-head activations by row
+/// blocks of `kv_b_proj` (`dims` = rows, heads, dn, dr, dv; `tiles` column tiles per head).
+fn kvb_product(
+    rec: &mut Recorder,
+    entry: &'static str,
+    a: View,
+    wkvb: &GpuWeight,
+    out: View,
+    dims: [u32; 5],
+    tiles: u32,
+) {
+    let [rows, heads, dn, dr, dv] = dims;
+    check_wkvb(entry, wkvb, heads, dn, dv);
     let kv_lora = wkvb.cols as u32;
     let tr = row_tile(rows);
     let gpu = rec.gpu();
     let p = gpu.pipeline(
         "attention",
         src::ATTENTION,
-        "absorb_q",
+        entry,
         &defines(wkvb.dtype.code(), tr, 1, 4),
     );
-    let tiles = kv_lora.div_ceil(WG);
     let params = Params {
-        a_off: q.offset,
-        a_stride: q.stride,
-        o_off: q_abs.offset,
-        o_stride: q_abs.stride,
+        a_off: a.offset,
+        a_stride: a.stride,
+        o_off: out.offset,
+        o_stride: out.stride,
         rows,
         heads,
         dn,
@@ -122,13 +145,13 @@ pub fn absorb_q(
         ..Params::zeroed()
     };
     let n = grid_count(
-        "absorb_q",
+        entry,
         tiles as u64 * heads as u64 * rows.div_ceil(tr) as u64,
     );
     rec.dispatch(
         &p,
         &params,
-        &[q.buf, &wkvb.chunks[0].buf, q_abs.buf],
+        &[a.buf, &wkvb.chunks[0].buf, out.buf],
         gpu.grid(n),
     );
 }
@@ -213,40 +236,8 @@ pub fn up_v(
     if rows == 0 || heads == 0 || dv == 0 {
         return;
     }
-    check_wkvb("up_v", wkvb, heads, dn, dv);
-    let kv_lora = wkvb.cols as u32;
-    let tr = row_tile(rows);
-    let gpu = rec.gpu();
-    let p = gpu.pipeline(
-        "attention",
-        src::ATTENTION,
-        "up_v",
-        &defines(wkvb.dtype.code(), tr, 1, 4),
-    );
     let tiles = dv.div_ceil(VT);
-    let params = Params {
-        a_off: o_lat.offset,
-        a_stride: o_lat.stride,
-        o_off: o.offset,
-        o_stride: o.stride,
-        rows,
-        heads,
-        dn,
-        dv,
-        kv_lora,
-        tiles,
-        ..Params::zeroed()
-    };
-    let n = grid_count(
-        "up_v",
-        tiles as u64 * heads as u64 * rows.div_ceil(tr) as u64,
-    );
-    rec.dispatch(
-        &p,
-        &params,
-        &[o_lat.buf, &wkvb.chunks[0].buf, o.buf],
-        gpu.grid(n),
-    );
+    kvb_product(rec, "up_v", o_lat, wkvb, o, [rows, heads, dn, 0, dv], tiles);
 }
 
 #[cfg(test)]

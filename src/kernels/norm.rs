@@ -14,8 +14,25 @@ struct Params {
     _pad: u32,
 }
 
-fn params(x: View, y: View, rows: u32, dim: u32, eps: f32) -> Params {
-    Params {
+/// One workgroup per row; `bufs` are x, w, y and (LayerNorm) b, in binding order.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    rec: &mut Recorder,
+    entry: &'static str,
+    x: View,
+    y: View,
+    rows: u32,
+    dim: u32,
+    eps: f32,
+    bufs: &[&wgpu::Buffer],
+) {
+    debug_assert!(x.buf != y.buf, "norm: x and y must be different buffers");
+    if rows == 0 || dim == 0 {
+        return;
+    }
+    let pipe = rec.gpu().pipeline("norm", super::src::NORM, entry, &[]);
+    let grid = rec.gpu().grid(rows);
+    let p = Params {
         x_off: x.offset,
         x_stride: x.stride,
         y_off: y.offset,
@@ -24,7 +41,8 @@ fn params(x: View, y: View, rows: u32, dim: u32, eps: f32) -> Params {
         dim,
         eps,
         _pad: 0,
-    }
+    };
+    rec.dispatch(&pipe, &p, bufs, grid);
 }
 
 /// `y[r, :dim] = x[r, :dim] * rsqrt(mean(x²) + eps) * w` for `r < rows`, in f32
@@ -38,20 +56,7 @@ pub fn rms_norm(
     dim: u32,
     eps: f32,
 ) {
-    debug_assert!(x.buf != y.buf, "norm: x and y must be different buffers");
-    if rows == 0 || dim == 0 {
-        return;
-    }
-    let pipe = rec
-        .gpu()
-        .pipeline("norm", super::src::NORM, "rms_norm", &[]);
-    let grid = rec.gpu().grid(rows);
-    rec.dispatch(
-        &pipe,
-        &params(x, y, rows, dim, eps),
-        &[x.buf, w, y.buf],
-        grid,
-    );
+    launch(rec, "rms_norm", x, y, rows, dim, eps, &[x.buf, w, y.buf]);
 }
 
 /// LayerNorm with bias: `y = (x - mean) / sqrt(var + eps) * w + b` (biased variance), f32.
@@ -66,19 +71,15 @@ pub fn layer_norm(
     dim: u32,
     eps: f32,
 ) {
-    debug_assert!(x.buf != y.buf, "norm: x and y must be different buffers");
-    if rows == 0 || dim == 0 {
-        return;
-    }
-    let pipe = rec
-        .gpu()
-        .pipeline("norm", super::src::NORM, "layer_norm", &[]);
-    let grid = rec.gpu().grid(rows);
-    rec.dispatch(
-        &pipe,
-        &params(x, y, rows, dim, eps),
+    launch(
+        rec,
+        "layer_norm",
+        x,
+        y,
+        rows,
+        dim,
+        eps,
         &[x.buf, w, y.buf, b],
-        grid,
     );
 }
 
