@@ -153,3 +153,68 @@ pub fn generate(
         next = sampler.sample(logits.last());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        let mut s = Sampler::new(SamplingParams::default());
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0, 3.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, -1.0, -2.0]), 1);
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible_and_respects_top_k() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 3,
+            seed: 42,
+        };
+        let draw = |p: &SamplingParams| {
+            let mut s = Sampler::new(p.clone());
+            (0..200).map(|_| s.sample(&logits)).collect::<Vec<u32>>()
+        };
+        let a = draw(&p);
+        assert_eq!(a, draw(&p), "same seed, same tokens");
+        let mut top3: Vec<u32> = (0..50).collect();
+        top3.sort_by(|x, y| logits[*y as usize].total_cmp(&logits[*x as usize]));
+        top3.truncate(3);
+        assert!(
+            a.iter().all(|t| top3.contains(t)),
+            "only the 3 most likely tokens"
+        );
+        assert!(
+            top3.iter().all(|t| a.contains(t)),
+            "all of them drawn over 200 tries"
+        );
+        let other = draw(&SamplingParams {
+            seed: 43,
+            ..p.clone()
+        });
+        assert_ne!(a, other, "another seed, other tokens");
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus() {
+        // One token holds ~88% of the mass: top_p 0.5 keeps only it.
+        let logits = [5.0, 3.0, 0.0, 0.0];
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+            top_k: 0,
+            seed: 1,
+        });
+        assert!((0..100).all(|_| s.sample(&logits) == 0));
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 1,
+        });
+        assert!((0..400).any(|_| s.sample(&logits) != 0));
+    }
+}

@@ -91,3 +91,49 @@ impl RopeTable {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yarn_matches_transformers() {
+        // tests/data/dsv32: theta 1e4, dim 16, factor 40, original 96, beta 32/1,
+        // mscale 1, mscale_all_dim 0.8; values printed by transformers 5.24.0's
+        // ROPE_INIT_FUNCTIONS["yarn"].
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/dsv32");
+        let cfg = Config::from_dir(&dir).unwrap();
+        let t = RopeTable::new(&cfg);
+        let want = [
+            1.0,
+            0.2134537249803543,
+            0.034999996423721313,
+            0.0007905694656074047,
+            0.0002500000118743628,
+            7.905694656074047e-05,
+            2.499999936844688e-05,
+            7.905694474175107e-06,
+        ];
+        for (g, w) in t.inv_freq.iter().zip(want) {
+            assert!((*g as f64 - w).abs() <= 1e-6 * w, "inv_freq {g} vs {w}");
+        }
+        assert!((t.attention_factor as f64 - 1.0569662567531275).abs() < 1e-6);
+        let cs = t.cos_sin([0usize, 5].into_iter());
+        assert_eq!(cs.len(), 2 * 16);
+        assert!((cs[0] - t.attention_factor).abs() < 1e-7 && cs[1] == 0.0);
+        assert!((cs[16] - 5f32.cos() * t.attention_factor).abs() < 1e-6);
+    }
+
+    #[test]
+    fn default_rope() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/glm5");
+        let cfg = Config::from_dir(&dir).unwrap();
+        let t = RopeTable::new(&cfg);
+        assert_eq!(t.attention_factor, 1.0);
+        let d = cfg.qk_rope_head_dim as f64;
+        for (i, f) in t.inv_freq.iter().enumerate() {
+            let w = 1.0 / cfg.rope.theta.powf(2.0 * i as f64 / d);
+            assert!((*f as f64 - w).abs() <= 1e-6 * w);
+        }
+    }
+}
