@@ -371,6 +371,11 @@ impl Config {
             self.index_n_heads <= 256,
             "field `index_n_heads` must be ≤ 256",
         )?;
+        chk(self.n_group <= 64, "field `n_group` must be ≤ 64")?;
+        chk(
+            self.kv_lora_rank + self.qk_rope_head_dim <= 2048,
+            "fields `kv_lora_rank` + `qk_rope_head_dim` must be ≤ 2048 (one latent cache row per workgroup)",
+        )?;
         chk(
             self.indexer_types.first() == Some(&IndexerKind::Full),
             "layer 0 must run its own indexer (indexer_types[0] must be \"full\")",
@@ -694,5 +699,18 @@ mod tests {
         .0;
         assert!(e.contains("longrope"), "{e}");
         assert!(Config::from_json("[1]", "c").is_err());
+        // Sizes the kernels cannot take are refused here, not at dispatch time.
+        let e = Config::from_json(
+            &glm("").replace(r#""kv_lora_rank": 512"#, r#""kv_lora_rank": 2000"#),
+            "c",
+        )
+        .unwrap_err()
+        .0;
+        assert!(e.contains("kv_lora_rank"), "{e}");
+        let j = glm(r#", "n_group": 128, "topk_group": 64"#);
+        assert!(Config::from_json(&j, "c")
+            .unwrap_err()
+            .0
+            .contains("n_group"));
     }
 }

@@ -181,29 +181,26 @@ fn ctx_for(m: &ModelArgs, model: &Model, need: usize) -> Result<usize> {
 }
 
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
-    if a.prompt.is_some() {
-        Tokenizer::from_dir(&a.m.model)?;
-    }
-    let model = open_model(&a.m)?;
-    let tok = match (&a.prompt, &a.tokens) {
-        (Some(_), _) => Some(Tokenizer::from_dir(&a.m.model)?),
+    // The prompt is tokenized before the model loads, so a missing tokenizer fails fast.
+    let (tok, prompt) = match (&a.prompt, &a.tokens) {
+        (Some(p), _) => {
+            let t = Tokenizer::from_dir(&a.m.model)?;
+            let ids = t.encode(p)?;
+            (Some(t), ids)
+        }
+        (None, Some(ids)) => (Tokenizer::from_dir(&a.m.model).ok(), ids.0.clone()),
         (None, None) => {
             return Err(Error::msg(
                 "give a prompt with --prompt TEXT or --tokens 1,2,3",
             ))
         }
-        (None, Some(_)) => Tokenizer::from_dir(&a.m.model).ok(),
-    };
-    let prompt = match (&a.prompt, &a.tokens) {
-        (Some(p), _) => tok.as_ref().unwrap().encode(p)?,
-        (None, Some(ids)) => ids.0.clone(),
-        _ => unreachable!(),
     };
     if prompt.is_empty() {
         return Err(Error::msg(
             "--prompt: the prompt is empty after tokenization",
         ));
     }
+    let model = open_model(&a.m)?;
     let ctx = ctx_for(&a.m, &model, prompt.len() + a.max_tokens)?;
     let mut session = model.session(ctx)?;
     let mut sampler = Sampler::new(SamplingParams {

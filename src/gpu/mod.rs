@@ -130,9 +130,6 @@ impl Gpu {
     pub fn new(filter: Option<&str>) -> Result<Gpu> {
         let inst = instance();
         let adapters = sorted_adapters(&inst);
-        if adapters.is_empty() {
-            return Err(Error::msg(NO_ADAPTER_HINT));
-        }
         let adapter = match filter {
             Some(f) => {
                 let fl = f.to_lowercase();
@@ -147,7 +144,10 @@ impl Gpu {
                         ))
                     })?
             }
-            None => adapters.into_iter().next().unwrap(),
+            None => adapters
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::msg(NO_ADAPTER_HINT))?,
         };
         Self::from_adapter(adapter)
     }
@@ -171,7 +171,7 @@ impl Gpu {
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             let msg = e.to_string();
             log::error!("wgpu: {msg}");
-            sink.lock().unwrap().push(msg);
+            lock(&sink).push(msg);
         }));
         let param_arena = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params"),
@@ -201,7 +201,7 @@ impl Gpu {
 
     /// Fails with the first GPU validation / out-of-memory error seen since the last check.
     pub fn check(&self) -> Result<()> {
-        let mut e = self.errors.lock().unwrap();
+        let mut e = lock(&self.errors);
         if e.is_empty() {
             Ok(())
         } else {
@@ -319,7 +319,7 @@ impl Gpu {
             header.push_str(&format!("const {k} = {v};\n"));
         }
         let key = (name, entry, header.clone());
-        if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
+        if let Some(p) = lock(&self.pipelines).get(&key) {
             return p.clone();
         }
         let src = format!("{header}{source}");
@@ -340,7 +340,7 @@ impl Gpu {
                     cache: None,
                 }),
         );
-        self.pipelines.lock().unwrap().insert(key, p.clone());
+        lock(&self.pipelines).insert(key, p.clone());
         p
     }
 
@@ -360,6 +360,12 @@ impl Gpu {
             [n.div_ceil(y), y, 1]
         }
     }
+}
+
+/// Lock a mutex even if a panicking thread poisoned it: the data behind our locks (an
+/// error list, the pipeline cache, the param arena) stays valid whatever a panic interrupted.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The WGSL literal of a u32 define.

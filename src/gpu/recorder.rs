@@ -39,7 +39,7 @@ impl Gpu {
             gpu: self,
             params: Vec::new(),
             ops: Vec::new(),
-            _arena: self.arena_lock.lock().unwrap(),
+            _arena: super::lock(&self.arena_lock),
         }
     }
 }

@@ -101,8 +101,7 @@ impl<'m> Session<'m> {
             2 * cfg.intermediate_size,
         ]
         .into_iter()
-        .max()
-        .unwrap();
+        .fold(1, usize::max);
         let chunk = (lim / widest).clamp(1, 128);
         let c = chunk;
         let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);

@@ -93,6 +93,20 @@ impl Loader<'_, '_> {
         Ok(w)
     }
 
+    /// A matrix that the kernels need in one storage binding (kv_b: the absorbed
+    /// attention reads any head's rows).
+    fn single_binding(&mut self, name: &str, rows: usize, cols: usize) -> Result<GpuWeight> {
+        let w = self.matrix(name, rows, cols)?;
+        if w.chunks.len() > 1 {
+            return Err(Error::msg(format!(
+                "tensor {name}: {} bytes exceed the adapter's storage binding limit of {} bytes (sparse MLA needs it in one binding)",
+                w.bytes(),
+                self.gpu.max_binding()
+            )));
+        }
+        Ok(w)
+    }
+
     /// A matrix made of several tensors stacked by rows (each `[r_i, cols]`).
     fn stacked(
         &mut self,
@@ -268,7 +282,7 @@ pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) ->
             q_b: l.matrix(&format!("{a}.q_b_proj.weight"), heads * (dn + dr), ql)?,
             kv_a: l.matrix(&format!("{a}.kv_a_proj_with_mqa.weight"), kl + dr, h)?,
             kv_a_norm: l.vector(&format!("{a}.kv_a_layernorm.weight"), kl)?,
-            kv_b: l.matrix(&format!("{a}.kv_b_proj.weight"), heads * (dn + dv), kl)?,
+            kv_b: l.single_binding(&format!("{a}.kv_b_proj.weight"), heads * (dn + dv), kl)?,
             o: l.matrix(&format!("{a}.o_proj.weight"), h, heads * dv)?,
             indexer,
             mlp,
