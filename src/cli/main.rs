@@ -155,11 +155,13 @@ fn open_model(m: &ModelArgs) -> Result<Model> {
             m.model.display()
         )));
     }
-    sparsa::config::Config::from_dir(&m.model)?;
+    // Config and weight headers are checked before a GPU is opened.
+    let config = sparsa::config::Config::from_dir(&m.model)?;
+    let files = sparsa::weights::WeightFiles::open(&m.model)?;
     let gpu = Arc::new(Gpu::new(m.adapter.as_deref())?);
     log::info!("adapter: {}", gpu.adapter.line());
     let t0 = Instant::now();
-    let model = Model::load(&m.model, gpu, &mut |_, _| {})?;
+    let model = Model::from_parts(config, &files, gpu, m.model.clone(), &mut |_, _| {})?;
     log::info!(
         "loaded {} in {:.2}s",
         m.model.display(),
@@ -173,9 +175,12 @@ fn ctx_for(m: &ModelArgs, model: &Model, need: usize) -> Result<usize> {
         .ctx
         .unwrap_or(need.min(model.config.max_position_embeddings.max(1)));
     if need > ctx {
-        return Err(Error::msg(format!(
-            "--ctx {ctx}: the request needs {need} positions"
-        )));
+        return Err(Error::msg(match m.ctx {
+            Some(_) => format!("--ctx {ctx}: the request needs {need} positions"),
+            None => format!(
+                "the request needs {need} positions, more than the model's max_position_embeddings {ctx} (lower --max-tokens or pass --ctx)"
+            ),
+        }));
     }
     Ok(ctx)
 }
