@@ -31,25 +31,3 @@ impl From<std::io::Error> for Error {
         Error(e.to_string())
     }
 }
-
-/// `bail!("tensor {name}: expected …")` returns early with an [`Error`].
-#[macro_export]
-macro_rules! bail {
-    ($($t:tt)*) => { return Err($crate::Error::msg(format!($($t)*))) };
-}
-
-/// `ensure!(cond, "message")` bails unless `cond` holds.
-#[macro_export]
-macro_rules! ensure {
-    ($c:expr, $($t:tt)*) => { if !($c) { $crate::bail!($($t)*) } };
-}
-
-pub trait Context<T> {
-    fn ctx(self, c: impl fmt::Display) -> Result<T>;
-}
-
-impl<T, E: fmt::Display> Context<T> for std::result::Result<T, E> {
-    fn ctx(self, c: impl fmt::Display) -> Result<T> {
-        self.map_err(|e| Error(format!("{c}: {e}")))
-    }
-}
