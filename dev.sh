@@ -47,8 +47,8 @@ run)
     ensure_vulkan; ensure_rust
     cargo build --release --quiet
     if [ $# -eq 0 ]; then
-        # The small trained GLM-5.2-style model that ships in the repository.
-        set -- generate --model models/sparsa-bard-12m --prompt "KING RICHARD:" --max-tokens 120 --seed 7
+        # The built-in model (models/sparsa-bard-12m, compiled into the binary).
+        set -- generate --max-tokens 120 --seed 7
     fi
     exec target/release/sparsa "$@"
     ;;

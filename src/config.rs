@@ -167,13 +167,23 @@ impl Config {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path)
             .map_err(|e| Error::msg(format!("{}: cannot read: {e}", path.display())))?;
-        let mut cfg = Config::from_json(&text, &path.display().to_string())?;
         let gen = dir.join("generation_config.json");
-        if let Ok(t) = std::fs::read_to_string(&gen) {
-            let v: Value = serde_json::from_str(&t)
-                .map_err(|e| Error::msg(format!("{}: invalid JSON: {e}", gen.display())))?;
-            let ids = token_ids(v.get("eos_token_id"));
-            for id in ids {
+        let gen_text = std::fs::read_to_string(&gen).ok();
+        Config::from_texts(
+            &text,
+            &path.display().to_string(),
+            gen_text.as_deref().map(|t| (t, gen.display().to_string())),
+        )
+    }
+
+    /// Parse `config.json` text plus an optional `generation_config.json` text (whose
+    /// eos ids are added); the labels name the files in errors.
+    pub fn from_texts(text: &str, file: &str, gen: Option<(&str, String)>) -> Result<Config> {
+        let mut cfg = Config::from_json(text, file)?;
+        if let Some((t, label)) = gen {
+            let v: Value = serde_json::from_str(t)
+                .map_err(|e| Error::msg(format!("{label}: invalid JSON: {e}")))?;
+            for id in token_ids(v.get("eos_token_id")) {
                 if !cfg.eos_token_ids.contains(&id) {
                     cfg.eos_token_ids.push(id);
                 }

@@ -143,7 +143,14 @@ fn check_dense(family: &str) {
     let mut cfg = sparsa::config::Config::from_dir(&dir).unwrap();
     cfg.index_topk = 1 << 20;
     let files = sparsa::weights::WeightFiles::open(&dir).unwrap();
-    let model = Model::from_parts(cfg, &files, gpu(), dir.clone(), &mut |_, _| {}).unwrap();
+    let model = Model::from_parts(
+        cfg,
+        &files,
+        gpu(),
+        dir.display().to_string(),
+        &mut |_, _| {},
+    )
+    .unwrap();
     let vocab = model.config.vocab_size;
     for (i, prompt) in r.prompts.iter().enumerate() {
         let mut s = model.session(prompt.len()).unwrap();

@@ -3,11 +3,14 @@
 use clap::{Args, Parser, Subcommand};
 use sparsa::generate::{generate, Sampler, SamplingParams, Stop};
 use sparsa::gpu::{list_adapters, Gpu};
-use sparsa::model::Model;
-use sparsa::tokenizer::{TextStream, Tokenizer};
+use sparsa::model::{Model, ModelSource};
+use sparsa::tokenizer::TextStream;
 use sparsa::{Error, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// What `sparsa generate` writes from when given no prompt and no --model.
+const DEFAULT_PROMPT: &str = "KING RICHARD:";
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,9 +37,10 @@ enum Cmd {
 
 #[derive(Args)]
 struct ModelArgs {
-    /// Model directory (Hugging Face layout: config.json + safetensors).
+    /// Model directory (Hugging Face layout: config.json + safetensors). Default: the
+    /// built-in sparsa-bard-12m (a small Shakespeare model; see models/sparsa-bard-12m).
     #[arg(long)]
-    model: PathBuf,
+    model: Option<PathBuf>,
     /// Use the first adapter whose name contains this text (see `sparsa devices`).
     #[arg(long)]
     adapter: Option<String>,
@@ -50,6 +54,7 @@ struct GenerateArgs {
     #[command(flatten)]
     m: ModelArgs,
     /// Prompt text (needs tokenizer.json in the model directory).
+    /// Default with the built-in model: "KING RICHARD:".
     #[arg(long, conflicts_with = "tokens")]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids, e.g. 1,2,3.
@@ -70,6 +75,9 @@ struct GenerateArgs {
     /// Print the generated ids, comma-separated, on one line (instead of text).
     #[arg(long)]
     print_ids: bool,
+    /// Print only the continuation, not the prompt text before it.
+    #[arg(long)]
+    no_echo: bool,
 }
 
 #[derive(Args)]
@@ -142,31 +150,20 @@ fn main() {
     }
 }
 
-fn open_model(m: &ModelArgs) -> Result<Model> {
-    if !m.model.join("config.json").exists() {
-        if !m.model.exists() {
-            return Err(Error::msg(format!(
-                "--model {}: no such directory",
-                m.model.display()
-            )));
-        }
-        return Err(Error::msg(format!(
-            "--model {}: no config.json (expected a Hugging Face model directory)",
-            m.model.display()
-        )));
+/// The model's files, checked (config, weight headers) before any GPU is opened.
+fn open_source(m: &ModelArgs) -> Result<ModelSource> {
+    match &m.model {
+        Some(dir) => ModelSource::open(dir).map_err(|e| Error::msg(format!("--model {e}"))),
+        None => ModelSource::builtin(),
     }
-    // Config and weight headers are checked before a GPU is opened.
-    let config = sparsa::config::Config::from_dir(&m.model)?;
-    let files = sparsa::weights::WeightFiles::open(&m.model)?;
+}
+
+fn open_model(m: &ModelArgs, src: &ModelSource) -> Result<Model> {
     let gpu = Arc::new(Gpu::new(m.adapter.as_deref())?);
     log::info!("adapter: {}", gpu.adapter.line());
     let t0 = Instant::now();
-    let model = Model::from_parts(config, &files, gpu, m.model.clone(), &mut |_, _| {})?;
-    log::info!(
-        "loaded {} in {:.2}s",
-        m.model.display(),
-        t0.elapsed().as_secs_f64()
-    );
+    let model = Model::from_source(src, gpu, &mut |_, _| {})?;
+    log::info!("loaded {} in {:.2}s", src.label, t0.elapsed().as_secs_f64());
     Ok(model)
 }
 
@@ -187,13 +184,19 @@ fn ctx_for(m: &ModelArgs, model: &Model, need: usize) -> Result<usize> {
 
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
     // The prompt is tokenized before the model loads, so a missing tokenizer fails fast.
+    let src = open_source(&a.m)?;
     let (tok, prompt) = match (&a.prompt, &a.tokens) {
         (Some(p), _) => {
-            let t = Tokenizer::from_dir(&a.m.model)?;
+            let t = src.tokenizer()?;
             let ids = t.encode(p)?;
             (Some(t), ids)
         }
-        (None, Some(ids)) => (Tokenizer::from_dir(&a.m.model).ok(), ids.0.clone()),
+        (None, Some(ids)) => (src.tokenizer().ok(), ids.0.clone()),
+        (None, None) if a.m.model.is_none() => {
+            let t = src.tokenizer()?;
+            let ids = t.encode(DEFAULT_PROMPT)?;
+            (Some(t), ids)
+        }
         (None, None) => {
             return Err(Error::msg(
                 "give a prompt with --prompt TEXT or --tokens 1,2,3",
@@ -205,7 +208,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             "--prompt: the prompt is empty after tokenization",
         ));
     }
-    let model = open_model(&a.m)?;
+    let model = open_model(&a.m, &src)?;
     let ctx = ctx_for(&a.m, &model, prompt.len() + a.max_tokens)?;
     let mut session = model.session(ctx)?;
     let mut sampler = Sampler::new(SamplingParams {
@@ -221,6 +224,17 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     } else {
         tok.as_ref().map(TextStream::new)
     };
+    // The prompt text goes first, so the output reads as one text (not for --tokens).
+    let echo = match (&a.prompt, &a.tokens) {
+        (Some(p), _) => Some(p.as_str()),
+        (None, None) => Some(DEFAULT_PROMPT),
+        (None, Some(_)) => None,
+    };
+    if let (Some(_), Some(text), false) = (&stream, echo, a.no_echo) {
+        let mut o = stdout.lock();
+        let _ = o.write_all(text.as_bytes());
+        let _ = o.flush();
+    }
     let t0 = Instant::now();
     let mut first: Option<Instant> = None;
     let mut err: Option<Error> = None;
@@ -279,7 +293,8 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
 }
 
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
-    let model = open_model(&a.m)?;
+    let src = open_source(&a.m)?;
+    let model = open_model(&a.m, &src)?;
     let ctx = ctx_for(&a.m, &model, a.tokens.0.len())?;
     let mut session = model.session(ctx)?;
     let logits = session.forward(&a.tokens.0, true)?;

@@ -120,6 +120,10 @@ pub struct Gpu {
     errors: Arc<Mutex<Vec<String>>>,
     pub(crate) param_arena: wgpu::Buffer,
     pub(crate) arena_lock: Mutex<()>,
+    /// `name::entry` of each pipeline (by address), for the profiler.
+    labels: Mutex<HashMap<usize, String>>,
+    /// Per-kernel wall time when profiling (see [`Gpu::set_profiling`]).
+    pub(crate) profile: Mutex<Option<HashMap<String, (f64, u32)>>>,
 }
 
 /// Size of the uniform arena that holds the `Params` of the dispatches of one submission.
@@ -185,6 +189,8 @@ impl Gpu {
             adapter: summary,
             limits,
             pipelines: Mutex::default(),
+            labels: Mutex::default(),
+            profile: Mutex::new(None),
             errors,
             param_arena,
             arena_lock: Mutex::new(()),
@@ -340,8 +346,33 @@ impl Gpu {
                     cache: None,
                 }),
         );
+        lock(&self.labels).insert(Arc::as_ptr(&p) as usize, format!("{name}::{entry}"));
         lock(&self.pipelines).insert(key, p.clone());
         p
+    }
+
+    /// Profiling by synchronisation: while on, every dispatch is submitted alone and waited
+    /// for, and its wall time is added to its kernel's total. Slow, but it works on every
+    /// adapter (timestamp queries do not); `take_profile` returns and clears the totals.
+    pub fn set_profiling(&self, on: bool) {
+        *lock(&self.profile) = on.then(HashMap::new);
+    }
+
+    /// Per-kernel (`name::entry`) total seconds and dispatch counts, largest first.
+    pub fn take_profile(&self) -> Vec<(String, f64, u32)> {
+        let mut v: Vec<(String, f64, u32)> = lock(&self.profile)
+            .as_mut()
+            .map(|m| m.drain().map(|(k, (t, n))| (k, t, n)).collect())
+            .unwrap_or_default();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+
+    pub(crate) fn label_of(&self, p: &Arc<wgpu::ComputePipeline>) -> String {
+        lock(&self.labels)
+            .get(&(Arc::as_ptr(p) as usize))
+            .cloned()
+            .unwrap_or_else(|| "?".into())
     }
 
     /// Largest workgroup count per dimension.

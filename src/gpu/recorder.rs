@@ -100,6 +100,19 @@ impl<'g> Recorder<'g> {
             group,
             wg,
         });
+        if super::lock(&self.gpu.profile).is_some() {
+            let t = std::time::Instant::now();
+            self.flush();
+            // An error here is reported again by the next check.
+            let _ = self.gpu.sync();
+            let dt = t.elapsed().as_secs_f64();
+            let label = self.gpu.label_of(pipeline);
+            if let Some(m) = super::lock(&self.gpu.profile).as_mut() {
+                let e = m.entry(label).or_insert((0.0, 0));
+                e.0 += dt;
+                e.1 += 1;
+            }
+        }
     }
 
     /// Copy `size` bytes (multiple of 4) between buffers, in order with the dispatches.

@@ -8,21 +8,24 @@
 mod forward;
 pub mod load;
 pub mod rope;
+pub mod source;
 
 pub use forward::{Logits, Session};
+pub use source::ModelSource;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::weights::WeightFiles;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 pub struct Model {
     pub config: Config,
     pub gpu: Arc<Gpu>,
     pub weights: load::Weights,
-    pub dir: PathBuf,
+    /// How logs and errors name the model (its directory, or the built-in model's name).
+    pub label: String,
 }
 
 impl Model {
@@ -37,14 +40,29 @@ impl Model {
         }
         let config = Config::from_dir(dir)?;
         let files = WeightFiles::open(dir)?;
-        Self::from_parts(config, &files, gpu, dir.to_path_buf(), progress)
+        Self::from_parts(config, &files, gpu, dir.display().to_string(), progress)
+    }
+
+    /// Load a [`ModelSource`] (directory, built-in model or in-memory files) onto `gpu`.
+    pub fn from_source(
+        src: &ModelSource,
+        gpu: Arc<Gpu>,
+        progress: load::Progress,
+    ) -> Result<Model> {
+        Self::from_parts(
+            src.config.clone(),
+            &src.weights,
+            gpu,
+            src.label.clone(),
+            progress,
+        )
     }
 
     pub fn from_parts(
         config: Config,
         files: &WeightFiles,
         gpu: Arc<Gpu>,
-        dir: PathBuf,
+        label: String,
         progress: load::Progress,
     ) -> Result<Model> {
         let weights = load::load(&gpu, &config, files, progress)?;
@@ -53,7 +71,7 @@ impl Model {
             config,
             gpu,
             weights,
-            dir,
+            label,
         })
     }
 

@@ -11,6 +11,8 @@ pub enum Storage {
     #[cfg(not(target_arch = "wasm32"))]
     Mapped(memmap2::Mmap),
     Owned(Vec<u8>),
+    /// Bytes compiled into the binary (the built-in model).
+    Static(&'static [u8]),
 }
 
 impl Storage {
@@ -19,6 +21,7 @@ impl Storage {
             #[cfg(not(target_arch = "wasm32"))]
             Storage::Mapped(m) => m,
             Storage::Owned(v) => v,
+            Storage::Static(b) => b,
         }
     }
 }
@@ -186,6 +189,19 @@ impl WeightFiles {
                 .map(|(n, b)| File {
                     path: PathBuf::from(n),
                     storage: Storage::Owned(b),
+                })
+                .collect(),
+        )
+    }
+
+    /// Weights from files compiled into the binary (name, bytes).
+    pub fn from_static(files: &[(&str, &'static [u8])]) -> Result<WeightFiles> {
+        Self::from_files(
+            files
+                .iter()
+                .map(|(n, b)| File {
+                    path: PathBuf::from(n),
+                    storage: Storage::Static(b),
                 })
                 .collect(),
         )
