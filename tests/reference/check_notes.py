@@ -5,7 +5,9 @@ It reads tests/data/<family>/ like an engine would (config.json + raw safetensor
 skipping the MTP layer), computes the forward in float64 from the stored weights exactly as HF_NOTES.md
 describes, and compares with reference.safetensors: prefill logits (sparse and dense), the per-layer
 prefill indexer selections, and 24 greedy tokens decoded one at a time with MLA + indexer-key caches.
+FP8 directories (make_fp8_goldens.py) are dequantized with the e4m3 rule and the 128x128 block scales.
 Needs only torch + safetensors (same pins as make_goldens.py).  Run: python3 tests/reference/check_notes.py
+(all families; or name them: python3 tests/reference/check_notes.py glm52-fp8 dsv32-fp8)
 """
 import glob
 import json
@@ -20,18 +22,45 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
 DT = torch.float64
 
 
+def e4m3_table():
+    """float8_e4m3fn byte -> value, from the format's definition (not from torch's cast)."""
+    t = torch.empty(256, dtype=DT)
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> 3) & 15, b & 7
+        t[b] = math.nan if (e, m) == (15, 7) else sign * (m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+    return t
+
+
 def load(fam):
+    """Weights in f64. FP8 tensors (F8_E4M3 + F32 `<name>_scale_inv`, 128x128 blocks, partial edge blocks)
+    are dequantized: W[i, j] = e4m3(W8[i, j]) * S[i // 128, j // 128], rounded to f32 (one f32 multiply)."""
     d = os.path.join(DATA, fam)
     cfg = json.load(open(os.path.join(d, "config.json")))
     L = cfg["num_hidden_layers"]
-    w = {}
+    raw = {}
     for f in sorted(glob.glob(os.path.join(d, "model*.safetensors"))):
         with safe_open(f, "pt") as s:
             for k in s.keys():
                 parts = k.split(".")
                 if len(parts) > 2 and parts[1] == "layers" and int(parts[2]) >= L:
                     continue  # MTP layer
-                w[k] = s.get_tensor(k).to(DT)
+                raw[k] = s.get_tensor(k)
+    w, table = {}, None
+    for k, t in raw.items():
+        if k.endswith("_scale_inv"):
+            assert raw[k[: -len("_scale_inv")]].dtype == torch.float8_e4m3fn, k
+            continue
+        if t.dtype == torch.float8_e4m3fn:
+            table = e4m3_table() if table is None else table
+            S = raw[k + "_scale_inv"].to(DT)
+            R, C = t.shape
+            assert S.shape == ((R + 127) // 128, (C + 127) // 128), (k, t.shape, S.shape)
+            rows, cols = torch.arange(R) // 128, torch.arange(C) // 128
+            v = table[t.view(torch.uint8).long()] * S[rows[:, None], cols[None, :]]
+            w[k] = v.to(torch.float32).to(DT)
+        else:
+            w[k] = t.to(DT)
     return cfg, w
 
 
@@ -275,7 +304,7 @@ def main():
         mutation_report(sys.argv[2:] or ["glm5", "glm52", "dsv32"])
         return
     ok = True
-    for fam in sys.argv[1:] or ["glm5", "glm52", "dsv32"]:
+    for fam in sys.argv[1:] or ["glm5", "glm52", "dsv32", "glm52-fp8", "dsv32-fp8"]:
         ref = {}
         with safe_open(os.path.join(DATA, fam, "reference.safetensors"), "pt") as s:
             for k in s.keys():
