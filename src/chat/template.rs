@@ -8,8 +8,9 @@
 //! `{% generation %}` block tag that only marks assistant text. The places where MiniJinja differs
 //! from Jinja2 and that chat templates meet are bridged here:
 //!
-//! - Printing a value (`{{ x }}`, `x | string`) gives Python's `str()`: `True`, `None`, `2.0`,
-//!   `['a', 1]`, `{'k': 'v'}` (MiniJinja would print `true`, `none`, `2`, `["a", 1]`).
+//! - Printing a value (`{{ x }}`, `x | string`) gives Python's `str()`, including floats
+//!   (`1e-07`, `1e+20`, where MiniJinja prints `0.0000001`, `100000000000000000000.0`), lists,
+//!   tuples and dicts with Python's quoting (`['a', 1]`, `('solo',)`, `{'q': "it's"}`).
 //! - `tojson` is Python's `json.dumps` with transformers' defaults (`ensure_ascii=False`) and its
 //!   `indent`, `separators` and `sort_keys` arguments; floats print as Python's `repr`.
 //! - Python string and dict methods (`.strip()`, `.split()`, `.startswith()`, `.items()`,
@@ -22,9 +23,11 @@
 //! - `raise_exception(msg)` fails the render with `msg` in the error.
 //!
 //! Known differences that the published GLM / DeepSeek templates do not meet: the `~` operator
-//! formats booleans and `none` as MiniJinja does (`true`, `none`), Python's `%` string formatting
-//! is not available, `str.title()` follows MiniJinja's rules, and `strftime_now` uses UTC (Python
-//! uses the local time zone) and is not available in the browser build.
+//! formats values with MiniJinja's own rules (the same as Python's except for floats outside
+//! 1e-4..1e16 and for lists and dicts), Python's `%` string formatting is not available,
+//! `str.title()` follows MiniJinja's rules, an index past the end of a list is undefined instead
+//! of an error, and `strftime_now` uses UTC (Python uses the local time zone) and is not available
+//! in the browser build.
 
 use crate::error::{Error, Result};
 use minijinja::value::{Kwargs, Value, ValueKind};
@@ -306,10 +309,12 @@ fn special_tokens(
                     )))
                 }
             },
-            other => return Err(Error::msg(format!(
+            other => {
+                return Err(Error::msg(format!(
                 "tokenizer_config.json: {name} must be a string or an AddedToken object, not {}",
                 json_kind(other)
-            ))),
+            )))
+            }
         };
         match out.iter_mut().find(|(n, _)| n == name) {
             Some(slot) => slot.1 = token,

@@ -105,9 +105,10 @@ PAYLOAD = {"name": "Zoë", "quote": "say \"hi\"\n\ttab \\ slash", "emoji": "🎉
 FEATURES = {
     "values": [("values", [msg("user", "x")], True,
                 {"flag": True, "nothing": None, "count": 3, "ratio": 0.5, "big": 12345678901234,
-                 "items": ["a", 1, None, True, 2.5, {"k": "v"}], "mapping": {"k": "v", "n": [1, 2]}, "text": "t"})],
+                 "items": ["a", 1, None, True, 2.5, {"k": "v"}], "mapping": {"k": "v", "n": [1, 2]}, "text": "t",
+                 "tiny": 1e-7, "huge": 1e20})],
     "tojson": [("tojson", [msg("user", "x")], True, {"payload": PAYLOAD})],
-    "strings": [("strings", [msg("user", "x")], True, {})],
+    "strings": [("strings", [msg("user", "x")], True, {"ws": "\x1c\u2003 a b\x1f\n"})],
     "control": [("control", FEATURE_CONVERSATION, True, {})],
     "whitespace": [("whitespace_gen", FEATURE_CONVERSATION[:3], True, {}),
                    ("whitespace_no_gen", FEATURE_CONVERSATION[:3], False, {})],
