@@ -7,7 +7,9 @@
 //! - [`model`]: weights on the GPU and the forward pass.
 //! - [`cache`]: latent MLA and indexer-key caches.
 //! - [`generate`]: sampling and the generation loop.
+//! - [`chat`]: the model's chat template rendered as transformers renders it.
 pub mod cache;
+pub mod chat;
 pub mod config;
 pub mod error;
 pub mod generate;

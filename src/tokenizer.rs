@@ -42,6 +42,17 @@ impl Tokenizer {
             .decode(ids, false)
             .map_err(|e| Error::msg(format!("decoding tokens: {e}")))
     }
+
+    /// Token ids of `text` without the post-processor's special tokens: what transformers'
+    /// `apply_chat_template(tokenize=True)` does with a rendered chat, whose template already
+    /// wrote the special tokens (`[gMASK]<sop>`, `<|user|>`, ...) into the text.
+    pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::msg(format!("tokenizing the prompt: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
 }
 
 /// Streams text for a growing token list: decodes everything generated so far and returns
@@ -73,5 +84,31 @@ impl<'t> TextStream<'t> {
         let new = text[self.printed..].to_string();
         self.printed = text.len();
         Ok(new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bard() -> Tokenizer {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m");
+        Tokenizer::from_dir(&dir).expect("the bard tokenizer loads")
+    }
+
+    #[test]
+    fn encode_raw_adds_no_special_tokens() {
+        let tok = bard();
+        // The post-processor puts [gMASK]<sop> (ids 2, 4) in front of `encode`; `encode_raw`
+        // leaves that to the text, so a rendered chat that starts with them gets them once.
+        let plain = tok.encode("hello").unwrap();
+        assert_eq!(&plain[..2], &[2, 4]);
+        assert_eq!(tok.encode_raw("[gMASK]<sop>hello").unwrap(), plain);
+        assert_eq!(tok.encode_raw("hello").unwrap(), &plain[2..]);
+        let chat = tok
+            .encode_raw("[gMASK]<sop><|user|>\nhi<|assistant|>\n")
+            .unwrap();
+        assert_eq!(&chat[..3], &[2, 4, 7]);
+        assert_eq!(chat.iter().filter(|&&id| id == 2).count(), 1);
     }
 }
