@@ -33,6 +33,31 @@ enum Cmd {
     Logits(LogitsArgs),
     /// List GPU adapters with their backend and limits.
     Devices,
+    /// Convert a model directory (f32 / bf16 / f16 / FP8) to sparsa's q8 or q4 format.
+    Quantize(QuantizeArgs),
+}
+
+#[derive(Args)]
+struct QuantizeArgs {
+    /// Source model directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// Output directory (created; must be empty if it exists).
+    #[arg(long)]
+    out: PathBuf,
+    /// q8 (int8) or q4 (4-bit), block-scaled with f16 scales.
+    #[arg(long, value_parser = ["q8", "q4"])]
+    format: String,
+    /// Columns per scale: 32, 64, 128 or 256 (see docs/QUANTIZATION.md).
+    #[arg(long, default_value_t = sparsa::weights::quant::DEFAULT_BLOCK)]
+    block: usize,
+    /// Also keep these tensors as stored (repeatable; `*` wildcards, else a substring).
+    /// Always kept: embeddings, norms, the router and its bias, indexer.weights_proj.
+    #[arg(long)]
+    keep: Vec<String>,
+    /// Target size of an output shard, in GB.
+    #[arg(long, default_value_t = 4.0)]
+    shard_gb: f64,
 }
 
 #[derive(Args)]
@@ -143,6 +168,7 @@ fn main() {
         Cmd::Generate(a) => cmd_generate(a),
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::Devices => cmd_devices(),
+        Cmd::Quantize(a) => cmd_quantize(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -330,5 +356,49 @@ fn cmd_devices() -> Result<()> {
         println!("{i}: {}", a.line());
         println!("   driver: {}", a.driver);
     }
+    Ok(())
+}
+
+fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
+    use sparsa::weights::QFormat;
+    let format = match a.format.as_str() {
+        "q8" => QFormat::Q8 { block: a.block },
+        _ => QFormat::Q4 { block: a.block },
+    };
+    if a.shard_gb.is_nan() || a.shard_gb <= 0.0 {
+        return Err(Error::msg("--shard-gb: expected a positive size"));
+    }
+    let opts = sparsa::quantize::Options {
+        format,
+        keep: a.keep.clone(),
+        shard_bytes: (a.shard_gb * 1e9) as u64,
+    };
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {wide_msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t0 = Instant::now();
+    let r = sparsa::quantize::quantize_dir(&a.model, &a.out, &opts, &mut |done, total, name| {
+        bar.set_length(total);
+        bar.set_position(done);
+        bar.set_message(name.to_string());
+    })
+    .inspect_err(|_| bar.abandon())?;
+    bar.finish_and_clear();
+    eprintln!(
+        "{}: {} tensors quantized to {}, {} kept, {} dropped (layers past num_hidden_layers); {:.1} MB -> {:.1} MB in {} shard(s), {:.1}s",
+        a.out.display(),
+        r.quantized,
+        format.name(),
+        r.kept,
+        r.dropped,
+        r.in_bytes as f64 / 1e6,
+        r.out_bytes as f64 / 1e6,
+        r.shards,
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }
