@@ -293,3 +293,58 @@ fn quantize_refuses_bad_requests() {
     assert!(e.contains("/nonexistent"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A copy of an FP8 golden with one byte of `tensor` set to `byte`.
+fn corrupt_fp8(name: &str, tensor: &str, at: usize, byte: u8) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/glm52-fp8");
+    let dst = tmp(name);
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    let mut bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let (n, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let info = meta.info(tensor).unwrap();
+    bytes[8 + n + info.data_offsets.0 + at] = byte;
+    std::fs::write(dst.join("model.safetensors"), bytes).unwrap();
+    dst
+}
+
+#[test]
+fn fp8_nan_and_bad_scales_are_load_errors() {
+    let run = |dir: &Path| {
+        let o = Command::new(bin())
+            .args([
+                "generate",
+                "--tokens",
+                "1,2,3",
+                "--max-tokens",
+                "1",
+                "--model",
+            ])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).to_string()
+    };
+    let w = "model.layers.1.self_attn.q_b_proj.weight";
+    for byte in [0x7F, 0xFF] {
+        let d = corrupt_fp8("nan", w, 300, byte);
+        let e = run(&d);
+        assert!(e.contains(w) && e.contains("NaN"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    // An infinite scale (f32 bytes 00 00 80 7F).
+    let s = "model.layers.2.mlp.shared_experts.down_proj.weight_scale_inv";
+    let d = corrupt_fp8("inf", s, 3, 0x7F);
+    let bytes = std::fs::read(d.join("model.safetensors")).unwrap();
+    let (n, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let off = 8 + n + meta.info(s).unwrap().data_offsets.0;
+    let mut b = bytes.clone();
+    b[off..off + 4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+    std::fs::write(d.join("model.safetensors"), b).unwrap();
+    let e = run(&d);
+    assert!(e.contains(s) && e.contains("infinite"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
