@@ -243,6 +243,50 @@ fn quantize_streams_a_large_model_with_bounded_memory() {
         info.status.success() && text.contains("routed experts") && text.contains("q4"),
         "{text}"
     );
+    // Loading it: on lavapipe GPU buffers live in host memory, so what the loader itself
+    // adds is the anonymous RSS beyond the GPU bytes (weights + caches).
+    let gpu_mb = text
+        .lines()
+        .find(|l| l.starts_with("memory plan"))
+        .and_then(|l| l.split(" weights ").nth(1))
+        .and_then(|x| x.split(" MB").next())
+        .and_then(|x| x.parse::<f64>().ok())
+        .expect("weights MB in sparsa info");
+    let mut child = Command::new(bin())
+        .args([
+            "generate",
+            "--tokens",
+            "1,2,3",
+            "--max-tokens",
+            "1",
+            "--model",
+        ])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut peak = 0u64;
+    let status = loop {
+        if let Some(kb) = rss_anon_kb(pid) {
+            peak = peak.max(kb);
+        }
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert!(status.success(), "loading the quantized model failed");
+    let extra_mb = peak as f64 / 1024.0 - gpu_mb;
+    eprintln!(
+        "load: peak anonymous RSS {} MB, GPU weights {gpu_mb} MB",
+        peak / 1024
+    );
+    assert!(
+        extra_mb < 200.0,
+        "loader overhead {extra_mb} MB beyond the GPU bytes"
+    );
     let _ = std::fs::remove_dir_all(&src);
     let _ = std::fs::remove_dir_all(&out);
 }
