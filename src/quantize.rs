@@ -12,6 +12,7 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::model::info::layer_of;
 use crate::weights::quant::{dequantize_rows, quantize_rows, FP8_BLOCK};
 use crate::weights::{DType, QFormat, TensorRef, WeightFiles};
 use std::collections::BTreeMap;
@@ -67,15 +68,6 @@ fn glob(pat: &str, name: &str) -> bool {
         }
     }
     rest.is_empty()
-}
-
-/// The layer index in a `model.layers.{i}.` name.
-fn layer_of(name: &str) -> Option<usize> {
-    name.strip_prefix("model.layers.")?
-        .split('.')
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// One output tensor: where its bytes come from.

@@ -171,6 +171,21 @@ fn rss_anon_kb(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// Waits for `child`, sampling its anonymous RSS every 5 ms: (exit status, peak kB).
+fn wait_peak_rss(child: &mut std::process::Child) -> (std::process::ExitStatus, u64) {
+    let pid = child.id();
+    let mut peak = 0u64;
+    loop {
+        if let Some(kb) = rss_anon_kb(pid) {
+            peak = peak.max(kb);
+        }
+        if let Some(s) = child.try_wait().unwrap() {
+            return (s, peak);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn quantize_streams_a_large_model_with_bounded_memory() {
     let src = tmp("src");
@@ -187,17 +202,7 @@ fn quantize_streams_a_large_model_with_bounded_memory() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = child.id();
-    let mut peak = 0u64;
-    let status = loop {
-        if let Some(kb) = rss_anon_kb(pid) {
-            peak = peak.max(kb);
-        }
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+    let (status, peak) = wait_peak_rss(&mut child);
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(status.success(), "quantize failed: {err}");
@@ -266,17 +271,7 @@ fn quantize_streams_a_large_model_with_bounded_memory() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let pid = child.id();
-    let mut peak = 0u64;
-    let status = loop {
-        if let Some(kb) = rss_anon_kb(pid) {
-            peak = peak.max(kb);
-        }
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
+    let (status, peak) = wait_peak_rss(&mut child);
     assert!(status.success(), "loading the quantized model failed");
     let extra_mb = peak as f64 / 1024.0 - gpu_mb;
     eprintln!(

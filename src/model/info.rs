@@ -57,7 +57,8 @@ pub struct Summary {
     pub skipped_tensors: usize,
 }
 
-fn layer_of(name: &str) -> Option<usize> {
+/// The layer index in a `model.layers.{i}.` tensor name.
+pub fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("model.layers.")?
         .split('.')
         .next()?
