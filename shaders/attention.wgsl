@@ -12,7 +12,7 @@
 //
 // Defines (every pipeline of this file sets all of them):
 //   W_DTYPE: 0 = f32, 1 = bf16, 2 = f16 (weight element i in word i >> 1, low half even),
-//            3 = FP8, 4 = q8, 5 = q4 (quant.wgsl; QB elements per scale, S_F16)
+//            3 = FP8, 4 = q8, 5 = q4 (quant.wgsl; QB elements per scale, S_BF16)
 //   TR: query rows per workgroup (absorb_q, up_v)
 //   SWG: sparse_mla's workgroup size (64, 128 or 256: the smallest ≥ kv_lora, so small
 //        latents do not leave most invocations idle)

@@ -3,7 +3,7 @@
 // Defines (prepended by the wrapper):
 //   W_DTYPE: 0 = f32, 1 = bf16, 2 = f16 (weights bound as array<u32>; 16-bit element i
 //            lives in word i >> 1, low half = even index); 3 = FP8, 4 = q8, 5 = q4 with
-//            scales in binding 4 (quant.wgsl; QB elements per scale, S_F16).
+//            scales in binding 4 (quant.wgsl; QB elements per scale, S_BF16).
 //   T:       rows of x handled by one GEMV workgroup (1 ..= 8; 1 for the other entries).
 //   TPR4, RR, EPV: gemv4's lanes per weight row, weight rows per lane, elements per 16 bytes.
 //

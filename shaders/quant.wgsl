@@ -2,12 +2,12 @@
 // each declares `wscale: array<u32>`, the chunk's scales).
 //
 // W_DTYPE 3 = FP8 e4m3fn, 4 = q8 (int8), 5 = q4 (nibble − 8). Rows are padded to a multiple
-// of QB elements; element i of a chunk is scaled by scale i / QB. S_F16 = 1: scales are f16
-// pairs (q8, q4); 0: f32 (FP8). See src/weights/quant.rs for the file formats.
+// of QB elements; element i of a chunk is scaled by scale i / QB. S_BF16 = 1: scales are
+// bf16 pairs (q8, q4); 0: f32 (FP8). See src/weights/quant.rs for the file formats.
 
 fn q_scale(b: u32) -> f32 {
-    if (S_F16 == 1u) {
-        return unpack2x16float(wscale[b >> 1u])[b & 1u];
+    if (S_BF16 == 1u) {
+        return bitcast<f32>((wscale[b >> 1u] >> ((b & 1u) * 16u)) << 16u);
     }
     return bitcast<f32>(wscale[b]);
 }

@@ -252,7 +252,7 @@ pub fn quantize_dir(
         });
         plan.push(Out {
             name: format!("{name}_scale"),
-            dtype: "F16",
+            dtype: "BF16",
             shape: vec![rows, nb],
             bytes: (rows * nb * 2) as u64,
             plan: Plan::QScale(s),
@@ -371,7 +371,7 @@ fn write_tensor(w: &mut impl Write, o: &Out, fmt: QFormat) -> std::result::Resul
         }
         Plan::QWeight(s) | Plan::QScale(s) => {
             let scales = matches!(o.plan, Plan::QScale(_));
-            let bf16 = o.dtype == "BF16";
+            let bf16 = !scales && o.dtype == "BF16"; // a kept FP8 tensor, widened
             let mut n_out = 0u64;
             let mut r0 = 0;
             while r0 < s.rows {

@@ -1,9 +1,10 @@
-//! The built-in model (models/sparsa-bard-12m, compiled into the library) against
-//! transformers 5.24.0 on the same weights: `tests/reference/make_bard_reference.py` wrote
+//! The built-in model (models/sparsa-bard-12m, q8, compiled into the library) against
+//! transformers 5.24.0 on the same weights (dequantized exactly by `tests/reference/sparsa_formats.py`):
+//! `tests/reference/make_bard_reference.py` wrote
 //! `tests/data/bard/reference.json` (greedy continuations and per-token held-out NLL).
 //!
 //! - Greedy: 64 tokens for a short and a long prompt must equal transformers' exactly. The
-//!   reference records the smallest top-1 margin over those steps (≥ 0.0138), ~300× the
+//!   reference records the smallest top-1 margin over those steps (≥ 0.0087), ~170× the
 //!   logit differences between the two engines (≤ 5e-5 on the golden models), so float
 //!   rounding cannot flip a choice.
 //! - Held-out perplexity (512 tokens of Julius Caesar III.2, never trained on, 64 of up to

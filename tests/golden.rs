@@ -280,11 +280,17 @@ fn quantize_reproduces(family: &str) {
     written.sort();
     let mut listed: Vec<String> = want.keys().cloned().collect();
     listed.sort();
-    assert_eq!(written, listed, "{family}: files written by sparsa quantize");
+    assert_eq!(
+        written, listed,
+        "{family}: files written by sparsa quantize"
+    );
     for f in &written {
         let got = std::fs::read(out.join(f)).unwrap();
         let committed = std::fs::read(dir.join(f)).unwrap();
-        assert!(got == committed, "{family}: {f} differs from the committed file");
+        assert!(
+            got == committed,
+            "{family}: {f} differs from the committed file"
+        );
     }
     let _ = std::fs::remove_dir_all(&out);
 }

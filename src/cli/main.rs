@@ -47,7 +47,7 @@ struct QuantizeArgs {
     /// Output directory (created; must be empty if it exists).
     #[arg(long)]
     out: PathBuf,
-    /// q8 (int8) or q4 (4-bit), block-scaled with f16 scales.
+    /// q8 (int8) or q4 (4-bit), block-scaled with bf16 scales.
     #[arg(long, value_parser = ["q8", "q4"])]
     format: String,
     /// Columns per scale: 32, 64, 128 or 256 (see docs/QUANTIZATION.md).

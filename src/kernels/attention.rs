@@ -45,7 +45,7 @@ fn defines(w: WFormat, tr: u32, nc: u32, qd: u32, swg: u32) -> [(&'static str, S
     [
         ("W_DTYPE", u(w.code())),
         ("QB", u(w.block().max(1) as u32)),
-        ("S_F16", u(w.scale_f16() as u32)),
+        ("S_BF16", u(w.scale_bf16() as u32)),
         ("TR", u(tr)),
         ("NC", u(nc)),
         ("QD", u(qd)),

@@ -78,7 +78,7 @@ fn pipeline(
         &[
             ("W_DTYPE", u(w.format.code())),
             ("QB", u(w.format.block().max(1) as u32)),
-            ("S_F16", u(w.format.scale_f16() as u32)),
+            ("S_BF16", u(w.format.scale_bf16() as u32)),
             ("T", u(k.t)),
             ("TPR4", u(k.tpr4)),
             ("RR", u(k.rr)),

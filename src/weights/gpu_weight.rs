@@ -387,8 +387,8 @@ impl<'a> QuantSource<'a> {
         let (w, s) = (&p.weight, &p.scale);
         let (want_w, want_s) = match fmt {
             QFormat::Fp8 => (D::F8_E4M3, D::F32),
-            QFormat::Q8 { .. } => (D::I8, D::F16),
-            QFormat::Q4 { .. } => (D::U8, D::F16),
+            QFormat::Q8 { .. } => (D::I8, D::BF16),
+            QFormat::Q4 { .. } => (D::U8, D::BF16),
         };
         let bad = |what: String| {
             Err(Error::msg(format!(
@@ -433,7 +433,7 @@ impl<'a> QuantSource<'a> {
             _ => s
                 .bytes
                 .chunks_exact(2)
-                .all(|c| half::f16::from_le_bytes([c[0], c[1]]).is_finite()),
+                .all(|c| half::bf16::from_le_bytes([c[0], c[1]]).is_finite()),
         };
         if !finite {
             return Err(Error::msg(format!(

@@ -112,8 +112,8 @@ impl WFormat {
             WFormat::Quant(q) => q.block(),
         }
     }
-    /// Whether scales are f16 (q8 / q4) rather than f32 (FP8).
-    pub fn scale_f16(self) -> bool {
+    /// Whether scales are bf16 (q8 / q4) rather than f32 (FP8).
+    pub fn scale_bf16(self) -> bool {
         matches!(
             self,
             WFormat::Quant(QFormat::Q8 { .. } | QFormat::Q4 { .. })
@@ -138,7 +138,7 @@ impl WFormat {
         match self {
             WFormat::Float(_) => 0,
             WFormat::Quant(q) => {
-                self.stride(cols) / q.block() * if self.scale_f16() { 2 } else { 4 }
+                self.stride(cols) / q.block() * if self.scale_bf16() { 2 } else { 4 }
             }
         }
     }

@@ -6,12 +6,14 @@
 //! | format | weight tensor `W` | scale tensor | value |
 //! |---|---|---|---|
 //! | FP8 (GLM-5-FP8, DeepSeek-V3.2) | `F8_E4M3` `[N, K]` | `W_scale_inv` `F32` `[⌈N/128⌉, ⌈K/128⌉]` | `e4m3(W[i,j]) · S[i/128, j/128]` |
-//! | sparsa q8 | `I8` `[N, K]` | `W_scale` `F16` `[N, ⌈K/B⌉]` | `W[i,j] · S[i, j/B]` |
-//! | sparsa q4 | `U8` `[N, ⌈K/2⌉]` (element `2j` in the low nibble) | `W_scale` `F16` `[N, ⌈K/B⌉]` | `(nibble − 8) · S[i, j/B]` |
+//! | sparsa q8 | `I8` `[N, K]` | `W_scale` `BF16` `[N, ⌈K/B⌉]` | `W[i,j] · S[i, j/B]` |
+//! | sparsa q4 | `U8` `[N, ⌈K/2⌉]` (element `2j` in the low nibble) | `W_scale` `BF16` `[N, ⌈K/B⌉]` | `(nibble − 8) · S[i, j/B]` |
 //!
 //! sparsa's formats are symmetric (q8 uses −127..127, q4 −8..7 with the scale chosen so the
 //! largest magnitude maps to 7 or −8), row-wise blocks of `B` columns (default
-//! [`DEFAULT_BLOCK`]; see docs/QUANTIZATION.md for the measurements behind it), f16 scales.
+//! [`DEFAULT_BLOCK`]; see docs/QUANTIZATION.md for the measurements behind it), bf16 scales
+//! (f32's exponent range: f16 scales of small-magnitude blocks would be subnormal, which
+//! some GPUs flush to zero when converting).
 //! `config.json` says which format a directory uses in `quantization_config`
 //! (`{"quant_method": "sparsa", "format": "q8", "block_size": 32}`), and each safetensors file
 //! repeats it in its `__metadata__`.
@@ -78,9 +80,9 @@ pub fn e4m3_is_nan(b: u8) -> bool {
 pub enum QFormat {
     /// `float8_e4m3fn` with fp32 inverse scales of 128×128 blocks (official releases).
     Fp8,
-    /// sparsa 8-bit: int8, an f16 scale per row block of `block` columns.
+    /// sparsa 8-bit: int8, a bf16 scale per row block of `block` columns.
     Q8 { block: usize },
-    /// sparsa 4-bit: two nibbles per byte, an f16 scale per row block of `block` columns.
+    /// sparsa 4-bit: two nibbles per byte, a bf16 scale per row block of `block` columns.
     Q4 { block: usize },
 }
 
@@ -139,7 +141,7 @@ impl QFormat {
     }
 }
 
-/// Quantize rows of `k` f32 values to sparsa q8 or q4: (weight bytes, f16 scale bytes),
+/// Quantize rows of `k` f32 values to sparsa q8 or q4: (weight bytes, bf16 scale bytes),
 /// in the file layout. Blocks are symmetric: `scale = amax / 127` (q8) or `amax / 7.5`
 /// rounded so that −8..7 covers ±amax best (q4 uses `amax / 7` when the extreme is
 /// positive, `amax / 8` when negative, so the extreme is exact).
@@ -165,8 +167,8 @@ pub fn quantize_rows(fmt: QFormat, data: &[f32], k: usize) -> (Vec<u8>, Vec<u8>)
                 }
                 _ => lo.abs().max(hi) / 127.0,
             };
-            // The stored scale is f16; quantize against the value the GPU will use.
-            let sh = half::f16::from_f32(scale);
+            // The stored scale is bf16; quantize against the value the GPU will use.
+            let sh = half::bf16::from_f32(scale);
             let sf = sh.to_f32();
             s.extend_from_slice(&sh.to_le_bytes());
             let (qmin, qmax) = match fmt {
@@ -196,7 +198,7 @@ pub fn quantize_rows(fmt: QFormat, data: &[f32], k: usize) -> (Vec<u8>, Vec<u8>)
 }
 
 /// Decode `n` rows of `k` elements of a quantized matrix in the file layout to f32.
-/// `scale` holds the scale tensor's raw bytes (f32 for FP8, f16 otherwise); `row0` is the
+/// `scale` holds the scale tensor's raw bytes (f32 for FP8, bf16 otherwise); `row0` is the
 /// first row's index in the whole matrix (FP8 scales are per 128 rows).
 pub fn dequantize_rows(
     fmt: QFormat,
@@ -225,7 +227,7 @@ pub fn dequantize_rows(
                 }
                 QFormat::Q8 { block } | QFormat::Q4 { block } => {
                     let si = r * k.div_ceil(block) + j / block;
-                    let s = half::f16::from_le_bytes([scale[2 * si], scale[2 * si + 1]]).to_f32();
+                    let s = half::bf16::from_le_bytes([scale[2 * si], scale[2 * si + 1]]).to_f32();
                     let v = match fmt {
                         QFormat::Q4 { .. } => ((row[j / 2] >> (4 * (j % 2))) & 15) as f32 - 8.0,
                         _ => row[j] as i8 as f32,

@@ -44,7 +44,7 @@ References: the quantized directory is read back by sparsa_formats.py (its own s
 decoded as src/weights/quant.rs defines, exact in f32), loaded with load_state_dict(strict=True) into the
 transformers class in f32, eager attention, eager experts. Independently, every quantized tensor is
 re-quantized here from the bf16 source with a numpy transcription of quant.rs's quantize_rows (f32 block
-min/max, scale = amax/127 (q8) or -lo/8 | hi/7 (q4), f16 rounding of the scale, x / scale rounded half away
+min/max, scale = amax/127 (q8) or -lo/8 | hi/7 (q4), bf16 rounding of the scale, x / scale rounded half away
 from zero, clamped) and must equal sparsa's bytes (weights and scales); this pins down the format from both
 sides. Robustness: the same checks and thresholds as make_goldens.py (indexer top-k boundary gaps, router
 expert / group gaps, greedy top-1 gaps, sparse != dense, cached greedy == cache-free argmax, -inf group mask
@@ -130,7 +130,7 @@ def fmt_of(fam):
 
 def quantize_rows(fmt, x, block):
     """quant.rs quantize_rows in numpy: x f32 [N, K] -> (stored weight [N, K] int8 | [N, ceil(K/2)] uint8,
-    f16 scales [N, ceil(K/B)])."""
+    bf16 scales as uint16 bits [N, ceil(K/B)])."""
     n, k = x.shape
     nb = -(-k // block)
     pad = np.zeros((n, nb * block), np.float32)
@@ -144,8 +144,9 @@ def quantize_rows(fmt, x, block):
     else:
         scale = (np.maximum(-lo, hi) / np.float32(127)).astype(np.float32)
         qmin, qmax = -127, 127
-    sh = scale.astype(np.float16)  # round to nearest even, as half::f16::from_f32
-    sf = sh.astype(np.float32)
+    bits = scale.astype(np.float32).view(np.uint32).astype(np.uint64)
+    sh = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # RNE, as half::bf16::from_f32
+    sf = (sh.astype(np.uint32) << 16).view(np.float32)
     ok = (sf > 0) & np.isfinite(sf)
     v = (b / np.where(ok, sf, np.float32(1))[..., None]).astype(np.float32)  # f32 division
     r = np.sign(v) * np.floor(np.abs(v).astype(np.float64) + 0.5)  # f32::round: half away from zero
@@ -267,7 +268,7 @@ def check_requantization(fam, src, qdir):
             sa = s.astype(np.float32)
             n_sub += int(((sa != 0) & (np.abs(sa) < 2.0 ** -14)).sum())
             n_scales += sa.size
-            quantized[name] = f"{list(x.shape)} -> {dt} {shape} + F16 {sshape}"
+            quantized[name] = f"{list(x.shape)} -> {dt} {shape} + BF16 {sshape}"
         else:
             dt, shape, w, f = stored[name]
             kept[name] = dt

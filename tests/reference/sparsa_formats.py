@@ -6,7 +6,7 @@ raw little-endian data) and the quantized tensors decoded by the rule of src/wei
     q8  <name>        I8  [N, K]            value[i, j] = q[i, j] * S[i, j // B]
     q4  <name>        U8  [N, ceil(K/2)]    element 2m in the LOW nibble of byte m, 2m+1 in the high one;
                                             value[i, j] = (nibble[i, j] - 8) * S[i, j // B]
-        <name>_scale  F16 [N, ceil(K/B)]    (B = quantization_config.block_size)
+        <name>_scale  BF16 [N, ceil(K/B)]    (B = quantization_config.block_size)
 
 Decoding is exact in float32 (an integer of <= 8 bits times an f16 scale: at most 19 significant bits), so
 these are exactly the weights a correct engine computes with. Every other tensor (embeddings, norms, router,
@@ -106,10 +106,12 @@ def in_features(name, cfg):
 
 
 def dequantize(fmt, block, w, s, k):
-    """Decode one quantized matrix: w (int8 [N, K] or uint8 [N, ceil(K/2)]), s (float16 [N, ceil(K/B)]) -> f32 [N, K]."""
+    """Decode one quantized matrix: w (int8 [N, K] or uint8 [N, ceil(K/2)]), s (bf16 bits as uint16
+    [N, ceil(K/B)]) -> f32 [N, K]."""
     n = w.shape[0]
     nb = -(-k // block)
-    assert s.dtype == np.float16 and s.shape == (n, nb), (s.dtype, s.shape, (n, nb))
+    assert s.dtype == np.uint16 and s.shape == (n, nb), (s.dtype, s.shape, (n, nb))
+    s = (s.astype(np.uint32) << 16).view(np.float32)  # bf16 -> f32 is exact
     if fmt == "q8":
         assert w.dtype == np.int8 and w.shape == (n, k), (w.dtype, w.shape, k)
         q = w.astype(np.float32)
@@ -122,7 +124,7 @@ def dequantize(fmt, block, w, s, k):
             pad = nib[:, k]
             assert (pad == 8).all(), "q4: the padding nibble of an odd-length row is not 8 (value 0)"
         q = nib[:, :k].astype(np.float32) - np.float32(8.0)
-    scale = np.repeat(s.astype(np.float32), block, axis=1)[:, :k]  # f16 -> f32 is exact
+    scale = np.repeat(s, block, axis=1)[:, :k]
     return q * scale  # one f32 multiply per element, exact
 
 
@@ -174,7 +176,7 @@ def load_dequantized(model_dir, fuse_experts=True, in_features=in_features):
         if fmt is not None and sname in raw:
             sdt, _, s = raw[sname]
             want = {"q8": "I8", "q4": "U8"}[fmt]
-            assert dt == want and sdt == "F16", f"{name}: {dt} with {sdt} scales in a {fmt} directory"
+            assert dt == want and sdt == "BF16", f"{name}: {dt} with {sdt} scales in a {fmt} directory"
             k = in_features(name, cfg) if callable(in_features) else in_features.get(name)
             if k is None:
                 k = shape[1] if fmt == "q8" else None
