@@ -387,3 +387,48 @@ fn fp8_nan_and_bad_scales_are_load_errors() {
     assert!(e.contains(s) && e.contains("infinite"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn fp8_release_converts_to_q8_and_runs() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/dsv32-fp8");
+    let out = tmp("fp8-q8");
+    let o = Command::new(bin())
+        .args(["quantize", "--model"])
+        .arg(&src)
+        .arg("--out")
+        .arg(&out)
+        .args(["--format", "q8", "--keep", "o_proj"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let files = sparsa::weights::WeightFiles::open(&out).unwrap();
+    let mut n_q = 0;
+    for name in files.names() {
+        let t = files.get(name).unwrap();
+        assert_ne!(t.dtype, safetensors::Dtype::F8_E4M3, "{name} is still FP8");
+        assert!(!name.ends_with("_scale_inv"), "{name}");
+        if name.contains("o_proj") {
+            // Kept FP8 tensors are dequantized to bf16.
+            assert_eq!(t.dtype, safetensors::Dtype::BF16, "{name}");
+        }
+        n_q += (t.dtype == safetensors::Dtype::I8) as usize;
+    }
+    assert!(n_q > 10, "{n_q} q8 tensors");
+    let o = Command::new(bin())
+        .args([
+            "generate",
+            "--tokens",
+            "5,6,7,8",
+            "--max-tokens",
+            "4",
+            "--temperature",
+            "0",
+            "--print-ids",
+            "--model",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let _ = std::fs::remove_dir_all(&out);
+}
