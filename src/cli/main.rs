@@ -216,6 +216,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         top_p: a.top_p,
         top_k: a.top_k,
         seed: a.seed,
+        ..Default::default()
     });
     let eos = model.config.eos_token_ids.clone();
     let stdout = std::io::stdout();
