@@ -139,11 +139,29 @@ const RESET: &str = "\x1b[0m";
 struct Printer<'u> {
     ui: &'u Ui,
     in_reasoning: bool,
+    /// Parts that have shown text (leading whitespace of each part is not printed: the
+    /// stored message is trimmed too).
+    started: [bool; 2],
     out: std::io::Stdout,
 }
 
 impl Printer<'_> {
+    fn new(ui: &Ui) -> Printer<'_> {
+        Printer {
+            ui,
+            in_reasoning: false,
+            started: [false; 2],
+            out: std::io::stdout(),
+        }
+    }
+
     fn text(&mut self, part: Part, s: &str) {
+        let i = usize::from(part == Part::Content);
+        let s = if self.started[i] { s } else { s.trim_start() };
+        if s.is_empty() {
+            return;
+        }
+        self.started[i] = true;
         let mut o = self.out.lock();
         match part {
             Part::Reasoning => {
@@ -503,11 +521,12 @@ impl Repl<'_> {
                     Some(s) => say(&s.line(self.ctx)),
                     None => say("no reply yet"),
                 }
+                let turns = self.chat.conversation.turns();
                 say(&format!(
-                    "context {}/{} tokens in use, {} turns in the conversation",
+                    "context {}/{} tokens in use, {turns} turn{} in the conversation",
                     self.session.pos,
                     self.ctx,
-                    self.chat.conversation.turns()
+                    if turns == 1 { "" } else { "s" }
                 ));
             }
             "save" | "load" if arg.is_empty() => {
@@ -558,11 +577,7 @@ impl Repl<'_> {
                 self.ctx
             ));
         }
-        let mut printer = Printer {
-            ui: &self.ui,
-            in_reasoning: false,
-            out: std::io::stdout(),
-        };
+        let mut printer = Printer::new(&self.ui);
         INTERRUPTED.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
         let t0 = Instant::now();
