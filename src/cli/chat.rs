@@ -345,6 +345,10 @@ impl Input {
             },
             Input::Lines(lines) => match lines.next() {
                 Some(Ok(line)) => Ok(Read::Line(line)),
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    note("error: skipped an input line that is not UTF-8 text");
+                    Ok(Read::Line(String::new()))
+                }
                 Some(Err(e)) => Err(Error::msg(format!("reading stdin: {e}"))),
                 None => Ok(Read::Eof),
             },
