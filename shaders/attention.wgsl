@@ -5,21 +5,25 @@
 //   1 in0  (f32, read): q (absorb_q) / q_abs (sparse_mla) / o_lat (up_v)
 //   2 wts  (u32, read): kv_b weight in W_DTYPE (absorb_q, up_v) / idx (sparse_mla)
 //   3 out0 (f32, rw)  : q_abs / o_lat / o
-//   4 in1  (f32, read): q (sparse_mla, for q_pe)
+//   4 in1  (f32, read): q (sparse_mla, for q_pe) / wscale (u32, read): kv_b scales
+//                       (absorb_q, up_v; a dummy buffer for float weights)
 //   5 in2  (f32, read): latent cache (sparse_mla)
 //   6 cnt  (u32, read): selected counts (sparse_mla)
 //
 // Defines (every pipeline of this file sets all of them):
-//   W_DTYPE: 0 = f32, 1 = bf16, 2 = f16 (weight element i in word i >> 1, low half even)
+//   W_DTYPE: 0 = f32, 1 = bf16, 2 = f16 (weight element i in word i >> 1, low half even),
+//            3 = FP8, 4 = q8, 5 = q4 (quant.wgsl; QB elements per scale, S_BF16)
 //   TR: query rows per workgroup (absorb_q, up_v)
-//   NC: output columns per invocation in sparse_mla = ceil(kv_lora / 256)
+//   SWG: sparse_mla's workgroup size (64, 128 or 256: the smallest ≥ kv_lora, so small
+//        latents do not leave most invocations idle)
+//   NC: output columns per invocation in sparse_mla = ceil(kv_lora / SWG)
 //   QD: kv_lora + dr (sparse_mla's query in workgroup memory)
 
 const WG: u32 = 256u;
 const DCH: u32 = 64u;   // absorb_q: dn chunk staged in workgroup memory
 const KCH: u32 = 128u;  // up_v: kv_lora chunk staged in workgroup memory
 const VT: u32 = 16u;    // up_v: outputs per workgroup (16 invocations each)
-const BLK: u32 = 32u;   // sparse_mla: positions per block (8 invocations each for the logit)
+const BLK: u32 = SWG / 8u; // sparse_mla: positions per block (8 invocations each for the logit)
 const NEG_BIG: f32 = -3.0e38;
 
 struct Params {
@@ -40,7 +44,7 @@ struct Params {
     topk: u32,
     tiles: u32,
     scale: f32,
-    _pad0: u32,
+    w_stride: u32,  // elements per kv_b row on the GPU (kv_lora, or padded to the block)
     _pad1: u32,
     _pad2: u32,
 }
@@ -50,11 +54,14 @@ struct Params {
 @group(0) @binding(2) var<storage, read> wts: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out0: array<f32>;
 @group(0) @binding(4) var<storage, read> in1: array<f32>;
+@group(0) @binding(4) var<storage, read> wscale: array<u32>;
 @group(0) @binding(5) var<storage, read> in2: array<f32>;
 @group(0) @binding(6) var<storage, read> cnt: array<u32>;
 
-fn wget(i: u32) -> f32 {
-    return w_elem(wts[w_word(i)], i);
+// Element (row, col) of kv_b.
+fn wget(row: u32, col: u32) -> f32 {
+    let i = row * P.w_stride + col;
+    return w_any(wts[w_word(i)], i);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -101,7 +108,7 @@ fn absorb_q(
         if (c < P.kv_lora) {
             let dend = min(DCH, P.dn - d0);
             for (var dd = 0u; dd < dend; dd = dd + 1u) {
-                let wv = wget((wrow0 + d0 + dd) * P.kv_lora + c);
+                let wv = wget(wrow0 + d0 + dd, c);
                 for (var r = 0u; r < TR; r = r + 1u) {
                     acc[r] = acc[r] + qs[r * DCH + dd] * wv;
                 }
@@ -163,7 +170,7 @@ fn up_v(
         if (v < P.dv) {
             let cend = min(KCH, kvl - c0);
             for (var cc = lane; cc < cend; cc = cc + VT) {
-                let wv = wget(wrow * kvl + c0 + cc);
+                let wv = wget(wrow, c0 + cc);
                 for (var r = 0u; r < TR; r = r + 1u) {
                     acc[r] = acc[r] + wv * ols[r * KCH + cc];
                 }
@@ -189,7 +196,7 @@ fn up_v(
 }
 
 // ---------------------------------------------------------------------------------------
-// sparse_mla: one workgroup per (row t, head h). The selected positions are walked in
+// sparse_mla: one workgroup of SWG invocations per (row t, head h). The selected positions are walked in
 // blocks of BLK: 8 invocations per position compute the logit over the kv_lora + dr
 // latent values, then every invocation updates the online softmax and its NC output
 // columns. Only cache rows named in idx[t*topk .. t*topk + cnt[t]] are ever read.
@@ -197,10 +204,10 @@ fn up_v(
 var<workgroup> qsh: array<f32, QD>;
 var<workgroup> pos_sh: array<u32, BLK>;
 var<workgroup> lg: array<f32, BLK>;
-var<workgroup> part_sh: array<f32, WG>;
+var<workgroup> part_sh: array<f32, SWG>;
 var<workgroup> n_sh: u32;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(SWG)
 fn sparse_mla(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -218,11 +225,11 @@ fn sparse_mla(
         n_sh = min(cnt[t], P.topk);
     }
     let qa = P.a_off + t * P.a_stride + h * kvl;
-    for (var i = lid; i < kvl; i = i + WG) {
+    for (var i = lid; i < kvl; i = i + SWG) {
         qsh[i] = in0[qa + i];
     }
     let qp = P.b_off + t * P.b_stride + h * (P.dn + P.dr) + P.dn;
-    for (var i = lid; i < P.dr; i = i + WG) {
+    for (var i = lid; i < P.dr; i = i + SWG) {
         qsh[kvl + i] = in1[qp + i];
     }
     let n = workgroupUniformLoad(&n_sh);
@@ -274,7 +281,7 @@ fn sparse_mla(
             l = l + pj;
             let base = P.c_off + pos_sh[jj] * P.c_stride;
             for (var i = 0u; i < NC; i = i + 1u) {
-                let c = lid + i * WG;
+                let c = lid + i * SWG;
                 if (c < kvl) {
                     acc[i] = acc[i] + pj * in2[base + c];
                 }
@@ -288,7 +295,7 @@ fn sparse_mla(
     }
     let ob = P.o_off + t * P.o_stride + h * kvl;
     for (var i = 0u; i < NC; i = i + 1u) {
-        let c = lid + i * WG;
+        let c = lid + i * SWG;
         if (c < kvl) {
             out0[ob + c] = acc[i] * inv;
         }

@@ -2,11 +2,13 @@
 //
 // Defines (prepended by the wrapper):
 //   W_DTYPE: 0 = f32, 1 = bf16, 2 = f16 (weights bound as array<u32>; 16-bit element i
-//            lives in word i >> 1, low half = even index).
+//            lives in word i >> 1, low half = even index); 3 = FP8, 4 = q8, 5 = q4 with
+//            scales in binding 4 (quant.wgsl; QB elements per scale, S_BF16).
 //   T:       rows of x handled by one GEMV workgroup (1 ..= 8; 1 for the other entries).
 //   TPR4, RR, EPV: gemv4's lanes per weight row, weight rows per lane, elements per 16 bytes.
 //
-// Entry points (bindings: 1 = x, 2 = weight chunk, 3 = y, 4 = expert ids):
+// Entry points (bindings: 1 = x, 2 = weight chunk, 3 = y, 4 = scales (a dummy buffer for
+// float weights), 5 = expert ids):
 //   gemv          y[t, n] for all t < T, RPW weight rows n per workgroup.
 //   gemv4         the same over 16-byte words (aligned rows and x), RR rows per lane.
 //   gemm          64×64 tiles of (t × n), K-tiles of 16, 4×4 outputs per invocation.
@@ -29,7 +31,7 @@ struct Params {
     x_per_slot: u32,
     e0: u32,        // experts GEMM: first expert (partly) in this chunk
     n_experts: u32,
-    _p0: u32,
+    ws: u32,        // elements per weight row in the chunk (k, or k padded to the block)
     _p1: u32,
     _p2: u32,
 }
@@ -38,7 +40,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> experts: array<u32>;
+@group(0) @binding(4) var<storage, read> wscale: array<u32>;
+@group(0) @binding(5) var<storage, read> experts: array<u32>;
 
 const WG: u32 = 256u;
 const TPR: u32 = 64u;            // GEMV: invocations per weight row
@@ -48,13 +51,18 @@ const NONE: u32 = 0xffffffffu;
 // ---- weight fetch -------------------------------------------------------------------
 
 fn wload(i: u32) -> f32 {
-    return w_elem(w[w_word(i)], i);
+    return w_any(w[w_word(i)], i);
 }
 
 // Elements i and i + 1.
 fn wload2(i: u32) -> vec2<f32> {
     if (W_DTYPE == 0u) {
         return vec2<f32>(bitcast<f32>(w[i]), bitcast<f32>(w[i + 1u]));
+    }
+    if (W_DTYPE >= 3u) {
+        // i is even and rows hold whole blocks: both elements share a word and a scale.
+        let word = w[w_word(i)];
+        return vec2<f32>(q_raw(word, i), q_raw(word, i + 1u)) * q_scale(i / QB);
     }
     if ((i & 1u) == 0u) {
         return w_pair(w[i >> 1u]);
@@ -162,7 +170,7 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let n = g * RPW + sub;
     var wbase = NONE;
     if (n < P.n) {
-        wbase = n * P.k;
+        wbase = n * P.ws;
     }
     gemv_reduce(gemv_partial(wbase, P.x_off, lane), lid);
     if (lane < T && n < P.n) {
@@ -186,7 +194,7 @@ fn gemv_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         let e = experts[slot];
         let gr = e * P.n + n;
         if (e < P.n_experts && gr >= P.row0 && gr < P.row0 + P.crow) {
-            wbase = (gr - P.row0) * P.k;
+            wbase = (gr - P.row0) * P.ws;
             var r = slot / P.topk;
             if (P.x_per_slot != 0u) {
                 r = slot;
@@ -201,7 +209,8 @@ fn gemv_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 }
 
 // ---- GEMV over 16-byte words -----------------------------------------------------------
-// For rows of a whole number of 16-byte words and x rows starting on 4-float boundaries:
+// For rows of a whole number of 16-byte words (quantized: k a multiple of EPV, so only real
+// columns are read) and x rows starting on 4-float boundaries:
 // each lane loads one vec4<u32> of RR weight rows (EPV elements each) per step and the
 // matching x floats as vec4s. Workgroup: WG / TPR4 row groups of TPR4 lanes, each group RR
 // consecutive weight rows. Extra defines: TPR4, RR (1 or 2), EPV (8 for 16-bit, 4 for f32).
@@ -224,6 +233,55 @@ fn unpack_w(v: vec4<u32>) -> W8 {
         return W8(bitcast<vec4<f32>>(vec4<u32>(l.x, h.x, l.y, h.y)), bitcast<vec4<f32>>(vec4<u32>(l.z, h.z, l.w, h.w)));
     }
     return W8(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)), vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)));
+}
+
+// 16 bytes of 8-bit (16 elements) or 4-bit (32 elements) codes, unscaled.
+struct WQ {
+    a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>,
+    e: vec4<f32>, f: vec4<f32>, g: vec4<f32>, h: vec4<f32>,
+}
+
+fn unpack_q(v: vec4<u32>) -> WQ {
+    if (W_DTYPE == 5u) {
+        return WQ(q_nib_lo(v.x), q_nib_hi(v.x), q_nib_lo(v.y), q_nib_hi(v.y),
+                  q_nib_lo(v.z), q_nib_hi(v.z), q_nib_lo(v.w), q_nib_hi(v.w));
+    }
+    let z = vec4<f32>(0.0);
+    return WQ(q_bytes4(v.x), q_bytes4(v.y), q_bytes4(v.z), q_bytes4(v.w), z, z, z, z);
+}
+
+fn xdotq(w: WQ, xi: u32) -> f32 {
+    var s = (dot(w.a, x4[xi]) + dot(w.b, x4[xi + 1u])) + (dot(w.c, x4[xi + 2u]) + dot(w.d, x4[xi + 3u]));
+    if (EPV == 32u) {
+        s += (dot(w.e, x4[xi + 4u]) + dot(w.f, x4[xi + 5u])) + (dot(w.g, x4[xi + 6u]) + dot(w.h, x4[xi + 7u]));
+    }
+    return s;
+}
+
+// Dots of one 16-byte word of codes at word index `wi` of the chunk (scale applied once).
+fn dotsq(v: vec4<u32>, wi: u32, xi: u32, xs4: u32) -> Acc8 {
+    let w = unpack_q(v);
+    let s = q_scale((wi * EPV) / QB);
+    var r = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
+    r.lo.x = xdotq(w, xi);
+    if (T > 1u) { r.lo.y = xdotq(w, xi + xs4); }
+    if (T > 2u) { r.lo.z = xdotq(w, xi + 2u * xs4); }
+    if (T > 3u) { r.lo.w = xdotq(w, xi + 3u * xs4); }
+    if (T > 4u) { r.hi.x = xdotq(w, xi + 4u * xs4); }
+    if (T > 5u) { r.hi.y = xdotq(w, xi + 5u * xs4); }
+    if (T > 6u) { r.hi.z = xdotq(w, xi + 6u * xs4); }
+    if (T > 7u) { r.hi.w = xdotq(w, xi + 7u * xs4); }
+    r.lo *= s;
+    r.hi *= s;
+    return r;
+}
+
+// Dots of the 16-byte word at index `wi` with the T x rows at vec4 index `xi`.
+fn dots_word(wi: u32, xi: u32, xs4: u32) -> Acc8 {
+    if (W_DTYPE >= 3u) {
+        return dotsq(w4[wi], wi, xi, xs4);
+    }
+    return dots8(unpack_w(w4[wi]), xi, xs4);
 }
 
 // x row t's EPV floats at vec4 index `xi` (+ t * stride4).
@@ -283,11 +341,11 @@ fn gemv4_partial(wa: u32, wb: u32, xb: u32, lane: u32) -> Acc8x2 {
         let wb2 = select(wa, wb, RR > 1u && wb != NONE);
         for (var q = lane; q < kw; q += TPR4) {
             let xi = xb + q * (EPV / 4u);
-            let da = dots8(unpack_w(w4[wa + q]), xi, xs4);
+            let da = dots_word(wa + q, xi, xs4);
             a.lo += da.lo;
             a.hi += da.hi;
             if (RR > 1u) {
-                let db = dots8(unpack_w(w4[wb2 + q]), xi, xs4);
+                let db = dots_word(wb2 + q, xi, xs4);
                 b.lo += db.lo;
                 b.hi += db.hi;
             }
@@ -304,8 +362,8 @@ fn gemv4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let lane = lid % TPR4;
     let na = (g * (WG / TPR4) + sub) * RR;
     let nb = na + 1u;
-    let kw = P.k / EPV;                 // 16-byte words per weight row
-    let part = gemv4_partial(select(NONE, na * kw, na < P.n), select(NONE, nb * kw, nb < P.n), P.x_off / 4u, lane);
+    let rw = P.ws / EPV;                // 16-byte words per weight row
+    let part = gemv4_partial(select(NONE, na * rw, na < P.n), select(NONE, nb * rw, nb < P.n), P.x_off / 4u, lane);
     let a = part.a;
     let b = part.b;
     let lo = reduce_pair(a.lo, b.lo, lid);
@@ -338,7 +396,7 @@ fn gemv4_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let lane = lid % TPR4;
     let na = (g % groups) * per + sub * RR;
     let nb = na + 1u;
-    let kw = P.k / EPV;
+    let rw = P.ws / EPV;
     var wa = NONE;
     var wb = NONE;
     var xb = 0u;
@@ -349,11 +407,11 @@ fn gemv4_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             xb = slot_x(slot) / 4u;
             let ga = e * P.n + na;
             if (na < P.n && ga >= P.row0 && ga < P.row0 + P.crow) {
-                wa = (ga - P.row0) * kw;
+                wa = (ga - P.row0) * rw;
             }
             let gb = ga + 1u;
             if (nb < P.n && gb >= P.row0 && gb < P.row0 + P.crow) {
-                wb = (gb - P.row0) * kw;
+                wb = (gb - P.row0) * rw;
             }
         }
     }
@@ -491,7 +549,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var q = 0u; q < 2u; q++) {
         let n = n0 + lid / 8u + 32u * q;
         if (n < P.n) {
-            wr[q] = n * P.k;
+            wr[q] = n * P.ws;
         }
     }
     let acc = tile64(xr, wr, lid);
@@ -540,7 +598,7 @@ fn gemm128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     for (var q = 0u; q < 2u; q++) {
         let n = n0 + bn + 64u * q;
         if (n < P.n) {
-            wr[q] = n * P.k;
+            wr[q] = n * P.ws;
         }
     }
     let tx = lid % 16u;
@@ -650,7 +708,7 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         let n = n0 + lid / 8u + 32u * q;
         let gr = e * P.n + n;
         if (n < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
-            wr[q] = (gr - P.row0) * P.k;
+            wr[q] = (gr - P.row0) * P.ws;
         }
     }
     if (lid == 0u) {

@@ -4,6 +4,7 @@
 //! A missing required field or an unknown `model_type` is an error that names the field.
 
 use crate::error::{Error, Result};
+use crate::weights::QFormat;
 use serde_json::{Map, Value};
 use std::path::Path;
 
@@ -93,6 +94,49 @@ pub struct Config {
     pub tie_word_embeddings: bool,
     pub eos_token_ids: Vec<u32>,
     pub bos_token_id: Option<u32>,
+    /// `quantization_config`: FP8 (official releases) or sparsa's q8 / q4. Which tensors
+    /// are quantized is read from the tensors themselves (dtype + scale tensor).
+    pub quant: Option<QFormat>,
+}
+
+/// Parse `quantization_config` (None when absent).
+fn quant_config(f: &Fields) -> Result<Option<QFormat>> {
+    let Some(q) = f.get("quantization_config") else {
+        return Ok(None);
+    };
+    let bad = |what: &str| Error::msg(format!("{}: quantization_config {q}: {what}", f.file));
+    let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
+    match method {
+        "fp8" => {
+            let fmt = q.get("fmt").and_then(|m| m.as_str()).unwrap_or("e4m3");
+            if fmt != "e4m3" {
+                return Err(bad("only fmt \"e4m3\" FP8 is supported"));
+            }
+            let blocks: Option<Vec<u64>> = q
+                .get("weight_block_size")
+                .and_then(|b| b.as_array())
+                .map(|a| a.iter().filter_map(|x| x.as_u64()).collect());
+            if blocks.as_deref().is_some_and(|b| b != [128, 128]) {
+                return Err(bad("only weight_block_size [128, 128] is supported"));
+            }
+            Ok(Some(QFormat::Fp8))
+        }
+        "sparsa" => {
+            let block = q
+                .get("block_size")
+                .and_then(|b| b.as_u64())
+                .ok_or_else(|| bad("block_size is missing"))? as usize;
+            QFormat::check_block(block, &format!("{}: quantization_config", f.file))?;
+            match q.get("format").and_then(|m| m.as_str()) {
+                Some("q8") => Ok(Some(QFormat::Q8 { block })),
+                Some("q4") => Ok(Some(QFormat::Q4 { block })),
+                _ => Err(bad("format must be \"q8\" or \"q4\"")),
+            }
+        }
+        _ => Err(bad(
+            "unsupported quant_method (sparsa reads \"fp8\" releases and its own \"sparsa\" q8/q4)",
+        )),
+    }
 }
 
 struct Fields<'a> {
@@ -318,6 +362,7 @@ impl Config {
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             eos_token_ids: eos,
             bos_token_id: token_ids(f.get("bos_token_id")).first().copied(),
+            quant: quant_config(&f)?,
         };
         cfg.validate(file)?;
         Ok(cfg)

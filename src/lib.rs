@@ -7,6 +7,7 @@
 //! - [`model`]: weights on the GPU and the forward pass.
 //! - [`cache`]: latent MLA and indexer-key caches.
 //! - [`generate`]: sampling and the generation loop.
+//! - [`quantize`]: conversion to sparsa's q8 / q4 formats.
 //! - [`chat`]: the model's chat template rendered as transformers renders it.
 pub mod cache;
 pub mod chat;
@@ -16,6 +17,8 @@ pub mod generate;
 pub mod gpu;
 pub mod kernels;
 pub mod model;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod quantize;
 pub mod tokenizer;
 pub mod weights;
 

@@ -203,3 +203,104 @@ fn glm52_dense_topk_changes_output() {
 fn dsv32_dense_topk_changes_output() {
     check_dense("dsv32");
 }
+
+/// FP8 releases as shipped (e4m3 weights, 128×128 `_scale_inv` blocks with partial blocks at
+/// the edges, special codes): transformers ran on exactly these weights (dequantized in
+/// f32 by `make_fp8_goldens.py`, since its CPU FP8 loader mishandles partial blocks), so
+/// the f32 tolerance applies unchanged.
+#[test]
+fn glm52_fp8_matches_transformers() {
+    check_family("glm52-fp8");
+}
+
+#[test]
+fn dsv32_fp8_sharded_matches_transformers() {
+    check_family("dsv32-fp8");
+}
+
+/// sparsa's own q8 / q4 formats as `sparsa quantize` writes them (row blocks of 32 with
+/// partial tails, f16 scales, q4 nibbles), made by `tests/reference/make_quant_goldens.py`:
+/// transformers ran on exactly the dequantized weights, so the f32 tolerance applies.
+#[test]
+fn glm52_q4_matches_transformers() {
+    check_family("glm52-q4");
+}
+
+#[test]
+fn dsv32_q8_sharded_matches_transformers() {
+    check_family("dsv32-q8");
+}
+
+#[test]
+fn glm52_q4_dense_topk_changes_output() {
+    check_dense("glm52-q4");
+}
+
+#[test]
+fn dsv32_q8_dense_topk_changes_output() {
+    check_dense("dsv32-q8");
+}
+
+/// `sparsa quantize` on the committed bf16 source reproduces the committed q8 / q4
+/// directory byte for byte (weights, scales, shards, index, config.json).
+fn quantize_reproduces(family: &str) {
+    let dir = data(family);
+    let info: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("reference.json")).expect("reference.json"),
+    )
+    .expect("valid reference.json");
+    let q = &info["quantization"];
+    let flags: Vec<&str> = q["quantize_flags"]
+        .as_array()
+        .expect("quantize_flags")
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let out = std::env::temp_dir().join(format!("sparsa-golden-{}-{family}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_sparsa"))
+        .arg("quantize")
+        .arg("--model")
+        .arg(dir.join("source"))
+        .arg("--out")
+        .arg(&out)
+        .args(&flags)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "sparsa quantize failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let want = q["quantized_sha256"].as_object().expect("quantized_sha256");
+    let mut written: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    written.sort();
+    let mut listed: Vec<String> = want.keys().cloned().collect();
+    listed.sort();
+    assert_eq!(
+        written, listed,
+        "{family}: files written by sparsa quantize"
+    );
+    for f in &written {
+        let got = std::fs::read(out.join(f)).unwrap();
+        let committed = std::fs::read(dir.join(f)).unwrap();
+        assert!(
+            got == committed,
+            "{family}: {f} differs from the committed file"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn glm52_q4_quantize_is_reproducible() {
+    quantize_reproduces("glm52-q4");
+}
+
+#[test]
+fn dsv32_q8_quantize_is_reproducible() {
+    quantize_reproduces("dsv32-q8");
+}

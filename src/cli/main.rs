@@ -37,6 +37,33 @@ enum Cmd {
     Logits(LogitsArgs),
     /// List GPU adapters with their backend and limits.
     Devices,
+    /// Convert a model directory (f32 / bf16 / f16 / FP8) to sparsa's q8 or q4 format.
+    Quantize(QuantizeArgs),
+    /// Architecture, parameters, bytes per tensor class, memory plan and adapter limits.
+    Info(ModelArgs),
+}
+
+#[derive(Args)]
+struct QuantizeArgs {
+    /// Source model directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// Output directory (created; must be empty if it exists).
+    #[arg(long)]
+    out: PathBuf,
+    /// q8 (int8) or q4 (4-bit), block-scaled with bf16 scales.
+    #[arg(long, value_parser = ["q8", "q4"])]
+    format: String,
+    /// Columns per scale: 32, 64, 128 or 256 (see docs/QUANTIZATION.md).
+    #[arg(long, default_value_t = sparsa::weights::quant::DEFAULT_BLOCK)]
+    block: usize,
+    /// Also keep these tensors as stored (repeatable; `*` wildcards, else a substring).
+    /// Always kept: embeddings, norms, the router and its bias, indexer.weights_proj.
+    #[arg(long)]
+    keep: Vec<String>,
+    /// Target size of an output shard, in GB.
+    #[arg(long, default_value_t = 4.0)]
+    shard_gb: f64,
 }
 
 #[derive(Args)]
@@ -150,6 +177,8 @@ fn main() {
         Cmd::Chat(a) => chat::run(a),
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::Devices => cmd_devices(),
+        Cmd::Quantize(a) => cmd_quantize(a),
+        Cmd::Info(a) => cmd_info(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -337,6 +366,167 @@ fn cmd_devices() -> Result<()> {
     for (i, a) in list.iter().enumerate() {
         println!("{i}: {}", a.line());
         println!("   driver: {}", a.driver);
+    }
+    Ok(())
+}
+
+fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
+    use sparsa::weights::QFormat;
+    let format = match a.format.as_str() {
+        "q8" => QFormat::Q8 { block: a.block },
+        _ => QFormat::Q4 { block: a.block },
+    };
+    if a.shard_gb.is_nan() || a.shard_gb <= 0.0 {
+        return Err(Error::msg("--shard-gb: expected a positive size"));
+    }
+    let opts = sparsa::quantize::Options {
+        format,
+        keep: a.keep.clone(),
+        shard_bytes: (a.shard_gb * 1e9) as u64,
+    };
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} {wide_msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t0 = Instant::now();
+    let r = sparsa::quantize::quantize_dir(&a.model, &a.out, &opts, &mut |done, total, name| {
+        bar.set_length(total);
+        bar.set_position(done);
+        bar.set_message(name.to_string());
+    })
+    .inspect_err(|_| bar.abandon())?;
+    bar.finish_and_clear();
+    eprintln!(
+        "{}: {} tensors quantized to {}, {} kept, {} dropped (layers past num_hidden_layers); {:.1} MB -> {:.1} MB in {} shard(s), {:.1}s",
+        a.out.display(),
+        r.quantized,
+        format.name(),
+        r.kept,
+        r.dropped,
+        r.in_bytes as f64 / 1e6,
+        r.out_bytes as f64 / 1e6,
+        r.shards,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn cmd_info(m: ModelArgs) -> Result<()> {
+    use sparsa::config::IndexerKind;
+    use sparsa::model::info::{summarize, CLASSES};
+    let src = open_source(&m)?;
+    let c = &src.config;
+    let s = summarize(c, &src.weights)?;
+    let mb = |b: u64| format!("{:.1} MB", b as f64 / 1e6);
+    let gp = |p: u64| {
+        if p >= 1_000_000_000 {
+            format!("{:.2}B", p as f64 / 1e9)
+        } else {
+            format!("{:.2}M", p as f64 / 1e6)
+        }
+    };
+    println!("model: {}", src.label);
+    println!(
+        "architecture: {:?}, {} layers ({} dense MLP), hidden {}, vocab {}, max positions {}",
+        c.family,
+        c.num_hidden_layers,
+        c.dense_layers.iter().filter(|d| **d).count(),
+        c.hidden_size,
+        c.vocab_size,
+        c.max_position_embeddings
+    );
+    println!(
+        "attention: MLA, {} heads, q_lora {}, kv_lora {}, nope {} + rope {}, v {}; RoPE {:?}",
+        c.num_attention_heads,
+        c.q_lora_rank,
+        c.kv_lora_rank,
+        c.qk_nope_head_dim,
+        c.qk_rope_head_dim,
+        c.v_head_dim,
+        c.rope.kind
+    );
+    let pattern: String = c
+        .indexer_types
+        .iter()
+        .map(|k| if *k == IndexerKind::Full { 'F' } else { 'S' })
+        .collect();
+    println!(
+        "indexer: {} heads × {}, top-{}, RoPE {}; layers (F = full, S = IndexShare): {pattern}",
+        c.index_n_heads,
+        c.index_head_dim,
+        c.index_topk,
+        if c.indexer_rope_interleave {
+            "interleaved"
+        } else {
+            "half-split"
+        }
+    );
+    println!(
+        "MoE: {} routed experts, top-{} (groups {} / top {}), {} shared, expert width {}",
+        c.n_routed_experts,
+        c.num_experts_per_tok,
+        c.n_group,
+        c.topk_group,
+        c.n_shared_experts,
+        c.moe_intermediate_size
+    );
+    println!(
+        "parameters: {} total, {} active per token; stored as {}{}",
+        gp(s.params_total),
+        gp(s.params_active),
+        s.formats.join(" + "),
+        c.quant
+            .map(|q| format!(" (quantization_config: {} block {})", q.name(), q.block()))
+            .unwrap_or_default()
+    );
+    println!(
+        "{:<16} {:>10} {:>12} {:>12}",
+        "tensors", "params", "file", "GPU"
+    );
+    for (name, cl) in CLASSES.iter().zip(s.classes.iter()) {
+        if cl.file_bytes == 0 {
+            continue;
+        }
+        println!(
+            "{:<16} {:>10} {:>12} {:>12}",
+            name,
+            gp(cl.params),
+            mb(cl.file_bytes),
+            mb(cl.gpu_bytes)
+        );
+    }
+    if s.skipped_tensors > 0 {
+        println!(
+            "({} tensors past num_hidden_layers (MTP) are not loaded)",
+            s.skipped_tensors
+        );
+    }
+    let ctx = m.ctx.unwrap_or(c.max_position_embeddings);
+    let cache = s.cache_bytes_per_token * ctx as u64;
+    println!(
+        "memory plan at --ctx {ctx}: weights {} + caches {} ({} per token: latent MLA {} floats × {} layers, indexer keys {} floats × {} full layers) = {}",
+        mb(s.gpu_weight_bytes()),
+        mb(cache),
+        s.cache_bytes_per_token,
+        c.kv_lora_rank + c.qk_rope_head_dim,
+        c.num_hidden_layers,
+        c.index_head_dim,
+        c.indexer_types.iter().filter(|k| **k == IndexerKind::Full).count(),
+        mb(s.gpu_weight_bytes() + cache)
+    );
+    match Gpu::new(m.adapter.as_deref()) {
+        Ok(gpu) => {
+            println!("adapter: {}", gpu.adapter.line());
+            let row = ((c.kv_lora_rank + c.qk_rope_head_dim) * 4) as u64;
+            println!(
+                "longest context one latent-cache binding allows: {} tokens",
+                gpu.max_binding() / row.max(1)
+            );
+        }
+        Err(e) => println!("adapter: none ({e})"),
     }
     Ok(())
 }

@@ -120,6 +120,9 @@ pub struct Gpu {
     errors: Arc<Mutex<Vec<String>>>,
     pub(crate) param_arena: wgpu::Buffer,
     pub(crate) arena_lock: Mutex<()>,
+    /// A small storage buffer bound where a kernel declares a binding it does not read
+    /// (e.g. the scales of float weights).
+    dummy: wgpu::Buffer,
     /// `name::entry` of each pipeline (by address), for the profiler.
     labels: Mutex<HashMap<usize, String>>,
     /// Per-kernel wall time when profiling (see [`Gpu::set_profiling`]).
@@ -183,6 +186,12 @@ impl Gpu {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dummy"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Ok(Gpu {
             device,
             queue,
@@ -190,6 +199,7 @@ impl Gpu {
             limits,
             pipelines: Mutex::default(),
             labels: Mutex::default(),
+            dummy,
             profile: Mutex::new(None),
             errors,
             param_arena,
@@ -366,6 +376,10 @@ impl Gpu {
             .unwrap_or_default();
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
         v
+    }
+
+    pub fn dummy(&self) -> &wgpu::Buffer {
+        &self.dummy
     }
 
     pub(crate) fn label_of(&self, p: &Arc<wgpu::ComputePipeline>) -> String {

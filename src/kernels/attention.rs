@@ -9,7 +9,7 @@
 //! or F16. Output buffers must not be any of the input buffers.
 use super::{src, Recorder, View};
 use crate::gpu::u;
-use crate::weights::GpuWeight;
+use crate::weights::{DType, GpuWeight, WFormat};
 use bytemuck::Zeroable;
 
 const WG: u32 = 256;
@@ -36,17 +36,30 @@ struct Params {
     topk: u32,
     tiles: u32,
     scale: f32,
-    _pad: [u32; 3],
+    w_stride: u32,
+    _pad: [u32; 2],
 }
 
 /// All pipelines of attention.wgsl set every define (module-scope workgroup arrays use them).
-fn defines(w_dtype: u32, tr: u32, nc: u32, qd: u32) -> [(&'static str, String); 4] {
+fn defines(w: WFormat, tr: u32, nc: u32, qd: u32, swg: u32) -> [(&'static str, String); 7] {
     [
-        ("W_DTYPE", u(w_dtype)),
+        ("W_DTYPE", u(w.code())),
+        ("QB", u(w.block().max(1) as u32)),
+        ("S_BF16", u(w.scale_bf16() as u32)),
         ("TR", u(tr)),
         ("NC", u(nc)),
         ("QD", u(qd)),
+        ("SWG", u(swg)),
     ]
+}
+
+/// sparse_mla's workgroup size: the smallest of 64 / 128 / 256 that covers the latent.
+fn sparse_wg(kv_lora: u32) -> u32 {
+    match kv_lora {
+        0..=64 => 64,
+        65..=128 => 128,
+        _ => WG,
+    }
 }
 
 /// Query rows per workgroup for the two weight products.
@@ -128,7 +141,7 @@ fn kvb_product(
         "attention",
         src::ATTENTION,
         entry,
-        &defines(wkvb.dtype.code(), tr, 1, 4),
+        &defines(wkvb.format, tr, 1, 4, WG),
     );
     let params = Params {
         a_off: a.offset,
@@ -142,6 +155,7 @@ fn kvb_product(
         dv,
         kv_lora,
         tiles,
+        w_stride: wkvb.stride as u32,
         ..Params::zeroed()
     };
     let n = grid_count(
@@ -151,7 +165,12 @@ fn kvb_product(
     rec.dispatch(
         &p,
         &params,
-        &[a.buf, &wkvb.chunks[0].buf, out.buf],
+        &[
+            a.buf,
+            &wkvb.chunks[0].buf,
+            out.buf,
+            wkvb.chunks[0].scale.as_ref().unwrap_or(gpu.dummy()),
+        ],
         gpu.grid(n),
     );
 }
@@ -186,13 +205,14 @@ pub fn sparse_mla(
         kv_lora > 0 && kv_lora + dr <= 2048,
         "sparse_mla: kv_lora {kv_lora} + dr {dr} must be in 1..=2048"
     );
-    let nc = kv_lora.div_ceil(WG);
+    let swg = sparse_wg(kv_lora);
+    let nc = kv_lora.div_ceil(swg);
     let gpu = rec.gpu();
     let p = gpu.pipeline(
         "attention",
         src::ATTENTION,
         "sparse_mla",
-        &defines(0, 1, nc, kv_lora + dr),
+        &defines(WFormat::Float(DType::F32), 1, nc, kv_lora + dr, swg),
     );
     let params = Params {
         a_off: q_abs.offset,
@@ -355,6 +375,41 @@ mod tests {
         out
     }
 
+    /// Every weight format kv_b can come in.
+    fn all_formats() -> Vec<WFormat> {
+        use crate::weights::QFormat;
+        let mut v: Vec<WFormat> = [DType::F32, DType::BF16, DType::F16]
+            .into_iter()
+            .map(WFormat::Float)
+            .collect();
+        for q in [
+            QFormat::Fp8,
+            QFormat::Q8 { block: 32 },
+            QFormat::Q4 { block: 64 },
+        ] {
+            v.push(WFormat::Quant(q));
+        }
+        v
+    }
+
+    /// kv_b on the GPU in `fmt`, and the values the GPU sees.
+    fn weight_any(w: &[f32], d: &Dims, fmt: WFormat) -> (GpuWeight, Vec<f32>) {
+        use crate::weights::{quant, QFormat};
+        let (n, k) = (d.heads * (d.dn + d.dv), d.kv);
+        match fmt {
+            WFormat::Float(dt) => (weight(gpu(), w, d, dt), rounded(w, dt)),
+            WFormat::Quant(q) => {
+                let (wb, sb) = match q {
+                    QFormat::Fp8 => quant::quantize_fp8(w, n, k),
+                    _ => quant::quantize_rows(q, w, k),
+                };
+                let g =
+                    GpuWeight::upload_quant_raw(gpu(), &wb, &sb, n, k, q, None, "wkvb").unwrap();
+                (g, quant::dequantize_rows(q, &wb, &sb, 0, n, k))
+            }
+        }
+    }
+
     fn weight(g: &crate::gpu::Gpu, w: &[f32], d: &Dims, dtype: DType) -> GpuWeight {
         GpuWeight::from_f32(g, w, d.heads * (d.dn + d.dv), d.kv, dtype, None, "wkvb").unwrap()
     }
@@ -371,9 +426,8 @@ mod tests {
             kv: 300,
         };
         let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
-        for dtype in [DType::F32, DType::BF16, DType::F16] {
-            let wg = weight(g, &w, &d, dtype);
-            let wr = rounded(&w, dtype);
+        for dtype in all_formats() {
+            let (wg, wr) = weight_any(&w, &d, dtype);
             for rows in [1usize, 3, 11] {
                 let qc = d.heads * (d.dn + d.dr);
                 let q = rng.vec(rows * qc, 1.0);
@@ -427,9 +481,8 @@ mod tests {
             kv: 300,
         };
         let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
-        for dtype in [DType::F32, DType::BF16, DType::F16] {
-            let wg = weight(g, &w, &d, dtype);
-            let wr = rounded(&w, dtype);
+        for dtype in all_formats() {
+            let (wg, wr) = weight_any(&w, &d, dtype);
             for rows in [1usize, 4, 10] {
                 let ic = d.heads * d.kv;
                 let ol = rng.vec(rows * ic, 1.0);
@@ -575,22 +628,25 @@ mod tests {
     #[test]
     fn sparse_mla_matches_selected_attention() {
         let mut rng = Rng::new(33);
-        let d = Dims {
-            heads: 3,
-            dn: 8,
-            dr: 12,
-            dv: 4,
-            kv: 300,
-        };
-        let (rows, n_keys, topk) = (5, 400, 77);
-        // counts: 1, below a block, a block exactly, several blocks, full topk
-        let counts = [1usize, 13, 32, 70, 77];
-        let sel: Vec<Vec<u32>> = counts
-            .iter()
-            .map(|&c| random_selection(&mut rng, n_keys, c))
-            .collect();
-        let (got, want) = run_sparse(&mut rng, &d, rows, n_keys, topk, &sel, false);
-        assert_close(&got, &want, 1e-5, 1e-4, "sparse_mla");
+        // Latents that pick each workgroup size (256 with 2 columns each, 128, 64).
+        for kv in [300, 100, 40] {
+            let d = Dims {
+                heads: 3,
+                dn: 8,
+                dr: 12,
+                dv: 4,
+                kv,
+            };
+            let (rows, n_keys, topk) = (5, 400, 77);
+            // counts: 1, below a block, a block exactly, several blocks, full topk
+            let counts = [1usize, 13, 32, 70, 77];
+            let sel: Vec<Vec<u32>> = counts
+                .iter()
+                .map(|&c| random_selection(&mut rng, n_keys, c))
+                .collect();
+            let (got, want) = run_sparse(&mut rng, &d, rows, n_keys, topk, &sel, false);
+            assert_close(&got, &want, 1e-5, 1e-4, &format!("sparse_mla kv {kv}"));
+        }
     }
 
     #[test]

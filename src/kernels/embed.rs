@@ -41,7 +41,7 @@ pub fn embed(
         "embed",
         super::src::EMBED,
         "embed",
-        &[("W_DTYPE", u(table.dtype.code()))],
+        &[("W_DTYPE", u(table.format.code()))],
     );
     let grid = gpu.grid(n);
     let last = table.chunks.len().saturating_sub(1);

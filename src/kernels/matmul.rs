@@ -47,7 +47,8 @@ struct Params {
     x_per_slot: u32,
     e0: u32,
     n_experts: u32,
-    _pad: [u32; 3],
+    ws: u32,
+    _pad: [u32; 2],
 }
 
 /// Kernel variant knobs that become defines (all are always defined: one shader module).
@@ -70,17 +71,18 @@ fn pipeline(
     w: &GpuWeight,
     k: Knobs,
 ) -> std::sync::Arc<wgpu::ComputePipeline> {
-    let epv = 16 / w.dtype.size() as u32;
     rec.gpu().pipeline(
         "matmul",
         super::src::MATMUL,
         entry,
         &[
-            ("W_DTYPE", u(w.dtype.code())),
+            ("W_DTYPE", u(w.format.code())),
+            ("QB", u(w.format.block().max(1) as u32)),
+            ("S_BF16", u(w.format.scale_bf16() as u32)),
             ("T", u(k.t)),
             ("TPR4", u(k.tpr4)),
             ("RR", u(k.rr)),
-            ("EPV", u(epv)),
+            ("EPV", u(w.format.per_word() as u32)),
         ],
     )
 }
@@ -96,17 +98,19 @@ enum Dense {
     Gemm(u32),
 }
 
-/// Whether the 16-byte GEMV applies: weight rows of whole 16-byte words, x rows on 4-float
+/// Whether the 16-byte GEMV applies: weight rows of whole 16-byte words (quantized: K a
+/// multiple of the elements per word, so padding is never read), x rows on 4-float
 /// boundaries.
 fn gemv4_ok(rows: u32, x: View, w: &GpuWeight) -> bool {
-    (w.cols * w.dtype.size()).is_multiple_of(16)
+    w.cols.is_multiple_of(w.format.per_word())
+        && w.format.row_bytes(w.cols).is_multiple_of(16)
         && x.offset.is_multiple_of(4)
         && (rows == 1 || x.stride.is_multiple_of(4))
 }
 
 /// gemv4's (lanes per row, rows per lane): short rows do better with fewer lanes each.
 fn gemv4_knobs(w: &GpuWeight) -> (u32, u32) {
-    if w.cols * w.dtype.size() / 16 >= 512 {
+    if w.format.row_bytes(w.cols) / 16 >= 512 {
         (64, 2)
     } else {
         (32, 2)
@@ -180,6 +184,7 @@ fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, k
             x_stride: x.stride,
             y_off: y.offset + c.row0 as u32,
             y_stride: y.stride,
+            ws: w.stride as u32,
             ..Params::zeroed()
         };
         let groups = match kind {
@@ -188,7 +193,8 @@ fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, k
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
         };
         let grid = rec.gpu().grid(groups);
-        rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf], grid);
+        let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
+        rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, scale], grid);
     }
 }
 
@@ -254,7 +260,8 @@ pub fn matmul_experts(
             x_per_slot: x_per_slot as u32,
             e0,
             n_experts,
-            _pad: [0; 3],
+            ws: w.stride as u32,
+            _pad: [0; 2],
         };
         let groups = if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
@@ -264,7 +271,8 @@ pub fn matmul_experts(
             (e1 - e0) * rpe.div_ceil(EXPERT_TILE)
         };
         let grid = rec.gpu().grid(groups);
-        rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, experts], grid);
+        let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
+        rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, scale, experts], grid);
     }
 }
 
@@ -272,10 +280,55 @@ pub fn matmul_experts(
 mod tests {
     use super::*;
     use crate::kernels::testutil::{assert_close, gpu, Rng};
-    use crate::weights::DType;
+    use crate::weights::{quant, DType, QFormat, WFormat};
 
     const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+    const QUANT: [QFormat; 5] = [
+        QFormat::Fp8,
+        QFormat::Q8 { block: 32 },
+        QFormat::Q4 { block: 32 },
+        QFormat::Q8 { block: 128 },
+        QFormat::Q4 { block: 64 },
+    ];
     const SENTINEL: f32 = -1234.5;
+
+    /// FP8 codes worth covering: ±0, subnormals, the smallest normal, ±max finite.
+    const E4M3_SPECIAL: [u8; 9] = [0x00, 0x80, 0x01, 0x07, 0x81, 0x87, 0x08, 0x7E, 0xFE];
+
+    /// `wv` ([n, k]) on the GPU in `fmt`, and the values the GPU sees (CPU decode of the
+    /// same bytes). FP8 matrices get special codes sprinkled in.
+    fn make_weight(
+        wv: &[f32],
+        n: usize,
+        k: usize,
+        fmt: WFormat,
+        align_rows: usize,
+        chunk: Option<usize>,
+    ) -> (GpuWeight, Vec<f32>) {
+        let g = gpu();
+        match fmt {
+            WFormat::Float(dtype) => {
+                let bytes = dtype.from_f32(wv);
+                let w = GpuWeight::upload_bytes(g, &[&bytes], n, k, dtype, align_rows, chunk, "w")
+                    .unwrap();
+                (w, rounded(wv, dtype))
+            }
+            WFormat::Quant(q) => {
+                let (mut wb, sb) = match q {
+                    QFormat::Fp8 => quant::quantize_fp8(wv, n, k),
+                    _ => quant::quantize_rows(q, wv, k),
+                };
+                if q == QFormat::Fp8 {
+                    for (i, c) in E4M3_SPECIAL.iter().enumerate() {
+                        let at = (i * 7919 + 13) % wb.len();
+                        wb[at] = *c;
+                    }
+                }
+                let w = GpuWeight::upload_quant_raw(g, &wb, &sb, n, k, q, chunk, "w").unwrap();
+                (w, quant::dequantize_rows(q, &wb, &sb, 0, n, k))
+            }
+        }
+    }
 
     /// The values the GPU sees for `w` stored as `dtype`.
     fn rounded(w: &[f32], dtype: DType) -> Vec<f32> {
@@ -294,7 +347,7 @@ mod tests {
         rows: usize,
         k: usize,
         n: usize,
-        dtype: DType,
+        dtype: impl Into<WFormat>,
         chunk: Option<usize>,
     ) {
         run_matmul(seed, rows, k, n, dtype, chunk, None, (5, k + 3));
@@ -305,7 +358,7 @@ mod tests {
         rows: usize,
         k: usize,
         n: usize,
-        dtype: DType,
+        dtype: impl Into<WFormat>,
         chunk: Option<usize>,
         kind: Dense,
     ) {
@@ -321,18 +374,18 @@ mod tests {
         rows: usize,
         k: usize,
         n: usize,
-        dtype: DType,
+        dtype: impl Into<WFormat>,
         chunk: Option<usize>,
         kind: Option<Dense>,
         (x_off, x_stride): (usize, usize),
     ) {
+        let dtype: WFormat = dtype.into();
         let g = gpu();
         let mut rng = Rng::new(seed);
         let (y_off, y_stride) = (7usize, n + 2);
         let xs = rng.vec(x_off + rows * x_stride, 1.0);
         let wv = rng.vec(n * k, 1.0);
-        let wr = rounded(&wv, dtype);
-        let wgt = GpuWeight::from_f32(g, &wv, n, k, dtype, chunk, "w").unwrap();
+        let (wgt, wr) = make_weight(&wv, n, k, dtype, 1, chunk);
         if let Some(c) = chunk {
             assert_eq!(wgt.chunks.len(), n.div_ceil(c), "chunking not exercised");
         }
@@ -518,11 +571,12 @@ mod tests {
         n_experts: usize,
         rpe: usize,
         k: usize,
-        dtype: DType,
+        dtype: impl Into<WFormat>,
         x_per_slot: bool,
         align_rows: usize,
         chunk: Option<usize>,
     ) {
+        let dtype: WFormat = dtype.into();
         let g = gpu();
         let mut rng = Rng::new(seed);
         let slots = rows * topk;
@@ -536,19 +590,7 @@ mod tests {
         let (y_off, y_stride) = (11usize, rpe + 5);
         let xs = rng.vec(x_off + xr_n * x_stride, 1.0);
         let wv = rng.vec(n_experts * rpe * k, 1.0);
-        let wr = rounded(&wv, dtype);
-        let bytes = dtype.from_f32(&wv);
-        let wgt = GpuWeight::upload_bytes(
-            g,
-            &[&bytes],
-            n_experts * rpe,
-            k,
-            dtype,
-            align_rows,
-            chunk,
-            "experts",
-        )
-        .unwrap();
+        let (wgt, wr) = make_weight(&wv, n_experts * rpe, k, dtype, align_rows, chunk);
         if chunk.is_some() {
             assert!(wgt.chunks.len() > 1, "chunking not exercised");
         }
@@ -680,6 +722,36 @@ mod tests {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             check_experts(90 + i as u64, 2, 3, 4, 37, 65, dtype, false, 1, Some(10));
             check_experts(93 + i as u64, 20, 3, 4, 37, 65, dtype, true, 1, Some(10));
+        }
+    }
+
+    #[test]
+    fn quantized_gemv_gemm_against_cpu_decode() {
+        // K not a multiple of any block (77, 200) and multiples (256); every kernel kind.
+        for (i, q) in QUANT.into_iter().enumerate() {
+            let f = WFormat::Quant(q);
+            let s = 500 + 10 * i as u64;
+            for k in [77usize, 200, 256] {
+                for rows in [1usize, 3, GEMV_MAX_ROWS as usize] {
+                    run_matmul(s + rows as u64, rows, k, 37, f, None, None, (4, k + 4));
+                }
+                check_matmul_with(s + 1, 70, k, 130, f, Some(64), Dense::Gemm(64));
+                check_matmul_with(s + 2, 130, k, 131, f, None, Dense::Gemm(128));
+                check_matmul_with(s + 3, 5, k, 40, f, Some(16), Dense::Gemv);
+            }
+            // The 16-byte GEMV on long rows, several chunks.
+            run_matmul(s + 4, 2, 1024, 66, f, Some(32), None, (0, 1024));
+        }
+    }
+
+    #[test]
+    fn quantized_experts_against_cpu_decode() {
+        for (i, q) in QUANT.into_iter().enumerate() {
+            let f = WFormat::Quant(q);
+            let s = 700 + 10 * i as u64;
+            check_experts(s, 1, 4, 6, 21, 256, f, false, 21, Some(42));
+            check_experts(s + 1, 3, 2, 5, 19, 200, f, true, 1, None);
+            check_experts(s + 2, 40, 2, 6, 70, 96, f, false, 70, Some(140));
         }
     }
 }

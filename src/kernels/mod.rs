@@ -21,10 +21,12 @@ pub(crate) mod testutil;
 pub use crate::gpu::Recorder;
 
 /// Shader sources, embedded at compile time. Kernels that read weights get
-/// `weights.wgsl` (dtype decoding) prepended.
+/// `weights.wgsl` (dtype decoding) prepended, and those that may read quantized weights
+/// `quant.wgsl` too.
 pub mod src {
     pub const ATTENTION: &str = concat!(
         include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
         include_str!("../../shaders/attention.wgsl")
     );
     pub const ELEMENTWISE: &str = include_str!("../../shaders/elementwise.wgsl");
@@ -35,6 +37,7 @@ pub mod src {
     pub const INDEXER: &str = include_str!("../../shaders/indexer.wgsl");
     pub const MATMUL: &str = concat!(
         include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
         include_str!("../../shaders/matmul.wgsl")
     );
     pub const NORM: &str = include_str!("../../shaders/norm.wgsl");

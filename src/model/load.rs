@@ -5,11 +5,17 @@
 //! official releases ship) or fused (`mlp.experts.gate_up_proj` `[E, 2I, H]` and
 //! `mlp.experts.down_proj` `[E, H, I]`, as transformers 5 saves them). Layers past
 //! `num_hidden_layers` (the MTP layer) are not loaded.
+//!
+//! Any matrix may be quantized (FP8 `F8_E4M3` + `<name>_scale_inv`, sparsa q8 `I8` / q4
+//! `U8` + `<name>_scale`): the tensor's dtype says which, `config.json`'s
+//! `quantization_config` gives q8/q4's block size. Quantized bytes go to the GPU as they are
+//! (rows padded to the block); the kernels dequantize in registers. The embedding table
+//! must be floating point (the gather kernel reads floats; every release keeps it bf16).
 
 use crate::config::{Config, IndexerKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::weights::{GpuWeight, TensorRef, WeightFiles};
+use crate::weights::{GpuWeight, QFormat, QuantPart, TensorRef, WeightFiles};
 
 pub struct Indexer {
     pub wq_b: GpuWeight,
@@ -38,7 +44,7 @@ pub struct Moe {
 
 pub enum Mlp {
     Dense(SwiGlu),
-    Moe(Moe),
+    Moe(Box<Moe>),
 }
 
 pub struct Layer {
@@ -69,9 +75,34 @@ pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 struct Loader<'a, 'p> {
     gpu: &'a Gpu,
     files: &'a WeightFiles,
+    /// q8 / q4 block size from config.json (None: no sparsa quantization declared).
+    qconfig: Option<QFormat>,
     done: u64,
     total: u64,
     progress: Progress<'p>,
+}
+
+/// The format of a stored matrix, from its dtype.
+fn stored_format(t: &TensorRef, qconfig: Option<QFormat>) -> Result<Option<QFormat>> {
+    use safetensors::Dtype as D;
+    let sparsa = |want: &str| -> Result<Option<QFormat>> {
+        match qconfig {
+            Some(q @ QFormat::Q8 { .. }) if want == "q8" => Ok(Some(q)),
+            Some(q @ QFormat::Q4 { .. }) if want == "q4" => Ok(Some(q)),
+            _ => Err(Error::msg(format!(
+                "tensor {} in {}: dtype {:?} (sparsa {want}) but config.json's quantization_config does not declare sparsa {want}",
+                t.name,
+                t.file.display(),
+                t.dtype
+            ))),
+        }
+    };
+    match t.dtype {
+        D::F8_E4M3 => Ok(Some(QFormat::Fp8)),
+        D::I8 => sparsa("q8"),
+        D::U8 => sparsa("q4"),
+        _ => Ok(None),
+    }
 }
 
 impl Loader<'_, '_> {
@@ -86,11 +117,20 @@ impl Loader<'_, '_> {
 
     /// A matrix `[rows, cols]` from one tensor.
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<GpuWeight> {
+        self.stacked(&[name.to_string()], &[rows], cols, 1, name)
+    }
+
+    /// A floating-point matrix (the embedding table).
+    fn float_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<GpuWeight> {
         let t = self.files.get(name)?;
-        t.expect_shape(&[rows, cols])?;
-        let w = GpuWeight::upload(self.gpu, &[t], cols, 1, name)?;
-        self.tick(w.bytes());
-        Ok(w)
+        if stored_format(&t, self.qconfig)?.is_some() {
+            return Err(Error::msg(format!(
+                "tensor {name} in {}: quantized ({:?}), but the embedding table must be F32, BF16 or F16 (`sparsa quantize` keeps it)",
+                t.file.display(),
+                t.dtype
+            )));
+        }
+        self.matrix(name, rows, cols)
     }
 
     /// A matrix that the kernels need in one storage binding (kv_b: the absorbed
@@ -117,13 +157,53 @@ impl Loader<'_, '_> {
         label: &str,
     ) -> Result<GpuWeight> {
         let mut parts = Vec::with_capacity(names.len());
-        for (n, r) in names.iter().zip(rows_each) {
+        let mut qparts = Vec::new();
+        let mut fmt = None;
+        let mut file_bytes = 0u64;
+        for (i, (n, r)) in names.iter().zip(rows_each).enumerate() {
             let t = self.files.get(n)?;
-            t.expect_shape(&[*r, cols])?;
-            parts.push(t);
+            let f = stored_format(&t, self.qconfig)?;
+            if i > 0 && f != fmt {
+                return Err(Error::msg(format!(
+                    "tensor {n}: stored as {} but {} as {} (one matrix must have one format)",
+                    f.map_or("float", |q| q.name()),
+                    names[0],
+                    fmt.map_or("float", |q| q.name()),
+                )));
+            }
+            fmt = f;
+            file_bytes += t.bytes.len() as u64;
+            match f {
+                None => {
+                    t.expect_shape(&[*r, cols])?;
+                    parts.push(t);
+                }
+                Some(q) => {
+                    let sname = format!("{n}{}", q.scale_suffix());
+                    let scale = self.files.get(&sname).map_err(|_| {
+                        Error::msg(format!(
+                            "tensor {n} in {}: {} weights need their scales in {sname}, which is missing",
+                            t.file.display(),
+                            q.name()
+                        ))
+                    })?;
+                    if t.shape.first() != Some(r) {
+                        return Err(Error::msg(format!(
+                            "tensor {n} in {}: shape {:?}, expected {r} rows from config.json",
+                            t.file.display(),
+                            t.shape
+                        )));
+                    }
+                    file_bytes += scale.bytes.len() as u64;
+                    qparts.push(QuantPart { weight: t, scale });
+                }
+            }
         }
-        let w = GpuWeight::upload(self.gpu, &parts, cols, align, label)?;
-        self.tick(w.bytes());
+        let w = match fmt {
+            None => GpuWeight::upload(self.gpu, &parts, cols, align, label)?,
+            Some(q) => GpuWeight::upload_quant(self.gpu, &qparts, q, cols, align, None, label)?,
+        };
+        self.tick(file_bytes);
         Ok(w)
     }
 
@@ -171,9 +251,15 @@ impl Loader<'_, '_> {
         if self.files.contains(&fused) {
             // transformers 5 layout: [E, 2I, H] and [E, H, I] (no `.weight` suffix).
             let t = self.tensor(&fused)?;
+            if stored_format(&t, self.qconfig)?.is_some() {
+                return Err(Error::msg(format!(
+                    "tensor {fused}: quantized fused experts are not supported (store experts per expert, as the releases do)"
+                )));
+            }
             t.expect_shape(&[e, 2 * i, h])?;
             let gu = GpuWeight::upload(self.gpu, &[t], h, 2 * i, &fused)?;
             self.tick(gu.bytes());
+            // (float only, so GPU bytes equal file bytes)
             let dn = format!("{p}.experts.down_proj");
             let t = self.tensor(&dn)?;
             t.expect_shape(&[e, h, i])?;
@@ -205,12 +291,13 @@ pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) ->
     let mut l = Loader {
         gpu,
         files,
+        qconfig: cfg.quant,
         done: 0,
         total,
         progress,
     };
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-    let embed = l.matrix("model.embed_tokens.weight", v, h)?;
+    let embed = l.float_matrix("model.embed_tokens.weight", v, h)?;
     let lm_head = if cfg.tie_word_embeddings && !files.contains("lm_head.weight") {
         None
     } else {
@@ -266,13 +353,13 @@ pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) ->
             } else {
                 None
             };
-            Mlp::Moe(Moe {
+            Mlp::Moe(Box::new(Moe {
                 router,
                 bias,
                 gate_up,
                 down,
                 shared,
-            })
+            }))
         };
         layers.push(Layer {
             input_norm: l.vector(&format!("{p}.input_layernorm.weight"), h)?,

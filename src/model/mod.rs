@@ -6,6 +6,7 @@
 //! (V3.2: n_group 8 / topk_group 4) and YaRN (V3.2's mscale in the softmax scale).
 
 mod forward;
+pub mod info;
 pub mod load;
 pub mod rope;
 pub mod source;

@@ -48,6 +48,7 @@ pub struct WeightFiles {
 }
 
 /// One tensor: its dtype, shape and bytes (inside the mapping).
+#[derive(Clone)]
 pub struct TensorRef<'a> {
     pub name: String,
     pub dtype: safetensors::Dtype,

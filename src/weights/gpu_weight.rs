@@ -1,28 +1,40 @@
-//! A weight matrix on the GPU, in its stored dtype, split into row chunks.
+//! A weight matrix on the GPU, in its stored dtype or quantized format, split into row chunks.
 
-use super::{DType, TensorRef};
+use super::quant::{e4m3_is_nan, QFormat, FP8_BLOCK};
+use super::{DType, TensorRef, WFormat};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 
-/// Rows `row0 .. row0 + rows` of a matrix, in one buffer (element 0 = row `row0`, column 0).
+/// Rows `row0 .. row0 + rows` of a matrix, in one buffer (element 0 = row `row0`, column 0),
+/// and for quantized formats their scales (one per row and block, in a buffer of their own).
 pub struct WeightChunk {
     pub buf: wgpu::Buffer,
+    pub scale: Option<wgpu::Buffer>,
     pub row0: usize,
     pub rows: usize,
 }
 
 /// A row-major `[rows, cols]` matrix (HF `Linear` layout: `[out, in]`). Stacked expert
 /// matrices are `[n_experts * rows_per_expert, cols]` with chunk boundaries on experts.
+/// Each GPU row holds `stride` elements (`cols`, or `cols` padded to the quantization block).
 pub struct GpuWeight {
     pub chunks: Vec<WeightChunk>,
-    pub dtype: DType,
+    pub format: WFormat,
     pub rows: usize,
     pub cols: usize,
+    pub stride: usize,
+}
+
+/// One quantized tensor and its scale tensor, as stored in the files.
+pub struct QuantPart<'a> {
+    pub weight: TensorRef<'a>,
+    pub scale: TensorRef<'a>,
 }
 
 /// Bytes written through `queue.write_buffer` before we submit and wait, so that wgpu's
-/// staging memory stays bounded however large the model is.
-const FLUSH_BYTES: usize = 256 << 20;
+/// staging memory stays bounded however large the model is (tests/quantize.rs measures the
+/// loader's host memory beyond the GPU bytes: ~120 MB with 64 MB here, ~290 MB with 256 MB).
+const FLUSH_BYTES: usize = 64 << 20;
 const PIECE: usize = 16 << 20;
 
 struct Writer<'g> {
@@ -33,6 +45,14 @@ struct Writer<'g> {
 }
 
 impl<'g> Writer<'g> {
+    fn new(gpu: &'g Gpu) -> Self {
+        Writer {
+            gpu,
+            pending: Vec::new(),
+            offset: 0,
+            since_flush: 0,
+        }
+    }
     fn push(&mut self, buf: &wgpu::Buffer, mut bytes: &[u8]) -> Result<()> {
         while !bytes.is_empty() {
             let take = (PIECE - self.pending.len()).min(bytes.len());
@@ -68,11 +88,11 @@ impl GpuWeight {
         gpu: &Gpu,
         rows: usize,
         cols: usize,
-        dtype: DType,
+        format: WFormat,
         align_rows: usize,
         label: &str,
     ) -> Result<usize> {
-        let row_bytes = (cols * dtype.size()) as u64;
+        let row_bytes = format.row_bytes(cols) as u64;
         let fit = (gpu.max_binding() / row_bytes.max(1)) as usize;
         let align = if align_rows.is_multiple_of(2) {
             align_rows
@@ -149,7 +169,8 @@ impl GpuWeight {
                 dtype.name()
             )));
         }
-        let mut per = Self::chunk_rows(gpu, rows, cols, dtype, align_rows.max(1), label)?;
+        let format = WFormat::Float(dtype);
+        let mut per = Self::chunk_rows(gpu, rows, cols, format, align_rows.max(1), label)?;
         if let Some(m) = max_chunk_rows {
             per = per.min(m.max(1));
         }
@@ -180,14 +201,20 @@ impl GpuWeight {
                 }
             }
             w.write_out(&buf)?;
-            chunks.push(WeightChunk { buf, row0, rows: n });
+            chunks.push(WeightChunk {
+                buf,
+                scale: None,
+                row0,
+                rows: n,
+            });
             row0 += n;
         }
         Ok(GpuWeight {
             chunks,
-            dtype,
+            format,
             rows,
             cols,
+            stride: cols,
         })
     }
 
@@ -205,7 +232,221 @@ impl GpuWeight {
         Self::upload_bytes(gpu, &[&bytes], rows, cols, dtype, 1, max_chunk_rows, label)
     }
 
+    /// Upload the row-wise concatenation of quantized `parts` (each `[r_i, cols]` logically,
+    /// one format) as one matrix: rows are padded to the block, scales expanded to one per
+    /// (row, block). FP8 bytes that are NaN are refused here, naming the tensor and row.
+    pub fn upload_quant(
+        gpu: &Gpu,
+        parts: &[QuantPart],
+        fmt: QFormat,
+        cols: usize,
+        align_rows: usize,
+        max_chunk_rows: Option<usize>,
+        label: &str,
+    ) -> Result<GpuWeight> {
+        let mut srcs = Vec::with_capacity(parts.len());
+        for p in parts {
+            srcs.push(QuantSource::check(p, fmt, cols)?);
+        }
+        Self::upload_quant_sources(gpu, &srcs, fmt, cols, align_rows, max_chunk_rows, label)
+    }
+
+    /// A quantized matrix from host f32 values (tests): q8/q4 quantized as `sparsa quantize`
+    /// does, FP8 as the official releases do.
+    pub fn quantize_f32(
+        gpu: &Gpu,
+        data: &[f32],
+        rows: usize,
+        cols: usize,
+        fmt: QFormat,
+        max_chunk_rows: Option<usize>,
+        label: &str,
+    ) -> Result<GpuWeight> {
+        let (w, s) = match fmt {
+            QFormat::Fp8 => super::quant::quantize_fp8(data, rows, cols),
+            _ => super::quant::quantize_rows(fmt, data, cols),
+        };
+        Self::upload_quant_raw(gpu, &w, &s, rows, cols, fmt, max_chunk_rows, label)
+    }
+
+    /// A quantized matrix from its file-layout bytes (weights, scales) — tests.
+    #[allow(clippy::too_many_arguments)]
+    pub fn upload_quant_raw(
+        gpu: &Gpu,
+        w: &[u8],
+        s: &[u8],
+        rows: usize,
+        cols: usize,
+        fmt: QFormat,
+        max_chunk_rows: Option<usize>,
+        label: &str,
+    ) -> Result<GpuWeight> {
+        let src = QuantSource {
+            name: label.to_string(),
+            w,
+            s,
+            rows,
+        };
+        Self::upload_quant_sources(gpu, &[src], fmt, cols, 1, max_chunk_rows, label)
+    }
+
+    fn upload_quant_sources(
+        gpu: &Gpu,
+        srcs: &[QuantSource],
+        fmt: QFormat,
+        cols: usize,
+        align_rows: usize,
+        max_chunk_rows: Option<usize>,
+        label: &str,
+    ) -> Result<GpuWeight> {
+        let format = WFormat::Quant(fmt);
+        let rows: usize = srcs.iter().map(|s| s.rows).sum();
+        let frb = fmt.file_row_bytes(cols);
+        let grb = format.row_bytes(cols);
+        let srb = format.scale_row_bytes(cols);
+        // Scale bytes of one row in the file: FP8 rows share a row of 128×128 block scales.
+        let (s_group, s_bytes) = match fmt {
+            QFormat::Fp8 => (FP8_BLOCK, cols.div_ceil(FP8_BLOCK) * 4),
+            _ => (1, cols.div_ceil(fmt.block()) * 2),
+        };
+        debug_assert_eq!(s_bytes, srb);
+        let mut per = Self::chunk_rows(gpu, rows, cols, format, align_rows.max(1), label)?;
+        if let Some(m) = max_chunk_rows {
+            per = per.min(m.max(1));
+        }
+        let pad = vec![0u8; grb - frb];
+        let mut ww = Writer::new(gpu);
+        let mut sw = Writer::new(gpu);
+        let mut chunks = Vec::new();
+        let (mut part, mut r) = (0usize, 0usize);
+        let mut row0 = 0;
+        while row0 < rows {
+            let n = per.min(rows - row0);
+            let buf = gpu.buffer((n * grb) as u64, label)?;
+            let sbytes = (n * srb).div_ceil(4) * 4;
+            let sbuf = gpu.buffer(sbytes as u64, label)?;
+            ww.offset = 0;
+            sw.offset = 0;
+            for _ in 0..n {
+                while r == srcs[part].rows {
+                    part += 1;
+                    r = 0;
+                }
+                let src = &srcs[part];
+                let wrow = &src.w[r * frb..(r + 1) * frb];
+                if fmt == QFormat::Fp8 && wrow.iter().any(|&b| e4m3_is_nan(b)) {
+                    return Err(Error::msg(format!(
+                        "tensor {}: row {r} holds an e4m3 NaN byte (0x7F or 0xFF); FP8 weights must be finite",
+                        src.name
+                    )));
+                }
+                ww.push(&buf, wrow)?;
+                ww.push(&buf, &pad)?;
+                let si = r / s_group;
+                sw.push(&sbuf, &src.s[si * s_bytes..(si + 1) * s_bytes])?;
+                r += 1;
+            }
+            sw.push(&sbuf, &[0u8; 3][..sbytes - n * srb])?;
+            ww.write_out(&buf)?;
+            sw.write_out(&sbuf)?;
+            chunks.push(WeightChunk {
+                buf,
+                scale: Some(sbuf),
+                row0,
+                rows: n,
+            });
+            row0 += n;
+        }
+        Ok(GpuWeight {
+            chunks,
+            format,
+            rows,
+            cols,
+            stride: format.stride(cols),
+        })
+    }
+
+    /// Bytes on the GPU (weights and scales).
     pub fn bytes(&self) -> u64 {
-        (self.rows * self.cols * self.dtype.size()) as u64
+        (self.rows * (self.format.row_bytes(self.cols) + self.format.scale_row_bytes(self.cols)))
+            as u64
+    }
+}
+
+/// A checked quantized part: its bytes in file layout.
+struct QuantSource<'a> {
+    name: String,
+    w: &'a [u8],
+    s: &'a [u8],
+    rows: usize,
+}
+
+impl<'a> QuantSource<'a> {
+    fn check(p: &QuantPart<'a>, fmt: QFormat, cols: usize) -> Result<QuantSource<'a>> {
+        use safetensors::Dtype as D;
+        let (w, s) = (&p.weight, &p.scale);
+        let (want_w, want_s) = match fmt {
+            QFormat::Fp8 => (D::F8_E4M3, D::F32),
+            QFormat::Q8 { .. } => (D::I8, D::BF16),
+            QFormat::Q4 { .. } => (D::U8, D::BF16),
+        };
+        let bad = |what: String| {
+            Err(Error::msg(format!(
+                "tensor {} in {}: {what}",
+                w.name,
+                w.file.display()
+            )))
+        };
+        if w.dtype != want_w {
+            return bad(format!(
+                "dtype {:?}, expected {want_w:?} for the {} format",
+                w.dtype,
+                fmt.name()
+            ));
+        }
+        let frb = fmt.file_row_bytes(cols);
+        if w.shape.len() != 2 || w.shape[1] != frb {
+            return bad(format!(
+                "shape {:?}, expected [*, {frb}] ({} columns in {})",
+                w.shape,
+                cols,
+                fmt.name()
+            ));
+        }
+        let rows = w.shape[0];
+        let sshape = fmt.scale_shape(rows, cols);
+        if s.dtype != want_s || s.shape != sshape {
+            return Err(Error::msg(format!(
+                "tensor {} in {}: {:?} {:?}, expected {want_s:?} {sshape:?} (the scales of {})",
+                s.name,
+                s.file.display(),
+                s.dtype,
+                s.shape,
+                w.name
+            )));
+        }
+        let finite = match fmt {
+            QFormat::Fp8 => s
+                .bytes
+                .chunks_exact(4)
+                .all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
+            _ => s
+                .bytes
+                .chunks_exact(2)
+                .all(|c| half::bf16::from_le_bytes([c[0], c[1]]).is_finite()),
+        };
+        if !finite {
+            return Err(Error::msg(format!(
+                "tensor {} in {}: a scale is NaN or infinite",
+                s.name,
+                s.file.display()
+            )));
+        }
+        Ok(QuantSource {
+            name: w.name.clone(),
+            w: w.bytes,
+            s: s.bytes,
+            rows,
+        })
     }
 }

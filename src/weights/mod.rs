@@ -7,9 +7,11 @@
 
 mod files;
 mod gpu_weight;
+pub mod quant;
 
 pub use files::{TensorRef, WeightFiles};
-pub use gpu_weight::{GpuWeight, WeightChunk};
+pub use gpu_weight::{GpuWeight, QuantPart, WeightChunk};
+pub use quant::QFormat;
 
 use crate::error::{Error, Result};
 
@@ -49,7 +51,7 @@ impl DType {
             safetensors::Dtype::BF16 => Ok(DType::BF16),
             safetensors::Dtype::F16 => Ok(DType::F16),
             other => Err(Error::msg(format!(
-                "tensor {tensor}: dtype {other:?} is not supported yet (expected F32, BF16 or F16)"
+                "tensor {tensor}: dtype {other:?} where F32, BF16 or F16 was expected (quantized weights need their scale tensor; norms, biases and embeddings must be floating point)"
             ))),
         }
     }
@@ -83,5 +85,80 @@ impl DType {
                 .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
                 .collect(),
         }
+    }
+}
+
+/// How a matrix is stored on the GPU: a float dtype, or a block-quantized format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WFormat {
+    Float(DType),
+    Quant(QFormat),
+}
+
+impl WFormat {
+    /// The `W_DTYPE` define: 0..=2 floats, 3 FP8 e4m3, 4 q8, 5 q4.
+    pub fn code(self) -> u32 {
+        match self {
+            WFormat::Float(d) => d.code(),
+            WFormat::Quant(QFormat::Fp8) => 3,
+            WFormat::Quant(QFormat::Q8 { .. }) => 4,
+            WFormat::Quant(QFormat::Q4 { .. }) => 5,
+        }
+    }
+    /// Columns per scale (the `QB` define; 0 for floats).
+    pub fn block(self) -> usize {
+        match self {
+            WFormat::Float(_) => 0,
+            WFormat::Quant(q) => q.block(),
+        }
+    }
+    /// Whether scales are bf16 (q8 / q4) rather than f32 (FP8).
+    pub fn scale_bf16(self) -> bool {
+        matches!(
+            self,
+            WFormat::Quant(QFormat::Q8 { .. } | QFormat::Q4 { .. })
+        )
+    }
+    /// Elements per GPU row for `cols` columns (quantized rows are padded to the block).
+    pub fn stride(self, cols: usize) -> usize {
+        match self {
+            WFormat::Float(_) => cols,
+            WFormat::Quant(q) => cols.div_ceil(q.block()) * q.block(),
+        }
+    }
+    /// Bytes of one GPU row of `cols` columns.
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            WFormat::Float(d) => cols * d.size(),
+            WFormat::Quant(q) => self.stride(cols) * q.bits() / 8,
+        }
+    }
+    /// Bytes of the GPU scales of one row (0 for floats).
+    pub fn scale_row_bytes(self, cols: usize) -> usize {
+        match self {
+            WFormat::Float(_) => 0,
+            WFormat::Quant(q) => {
+                self.stride(cols) / q.block() * if self.scale_bf16() { 2 } else { 4 }
+            }
+        }
+    }
+    /// Elements per 16-byte word (the `EPV` define of the 16-byte GEMV).
+    pub fn per_word(self) -> usize {
+        match self {
+            WFormat::Float(d) => 16 / d.size(),
+            WFormat::Quant(q) => 128 / q.bits(),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            WFormat::Float(d) => d.name(),
+            WFormat::Quant(q) => q.name(),
+        }
+    }
+}
+
+impl From<DType> for WFormat {
+    fn from(d: DType) -> WFormat {
+        WFormat::Float(d)
     }
 }

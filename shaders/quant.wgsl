@@ -1,0 +1,60 @@
+// Quantized weight decoding (prepended after weights.wgsl to matmul.wgsl and attention.wgsl;
+// each declares `wscale: array<u32>`, the chunk's scales).
+//
+// W_DTYPE 3 = FP8 e4m3fn, 4 = q8 (int8), 5 = q4 (nibble − 8). Rows are padded to a multiple
+// of QB elements; element i of a chunk is scaled by scale i / QB. S_BF16 = 1: scales are
+// bf16 pairs (q8, q4); 0: f32 (FP8). See src/weights/quant.rs for the file formats.
+
+fn q_scale(b: u32) -> f32 {
+    if (S_BF16 == 1u) {
+        return bitcast<f32>((wscale[b >> 1u] >> ((b & 1u) * 16u)) << 16u);
+    }
+    return bitcast<f32>(wscale[b]);
+}
+
+// The e4m3fn value of the low byte of v. Subnormals are computed as m · 2⁻⁹, so the
+// result does not depend on how the device treats f32 denormals.
+fn e4m3(v: u32) -> f32 {
+    let e = (v >> 3u) & 15u;
+    let m = v & 7u;
+    var a = f32(m) * 0.001953125;
+    if (e != 0u) {
+        a = bitcast<f32>(((e + 120u) << 23u) | (m << 20u));
+    }
+    return select(a, -a, (v & 0x80u) != 0u);
+}
+
+// Unscaled element i of a quantized chunk, given the word that holds it.
+fn q_raw(word: u32, i: u32) -> f32 {
+    if (W_DTYPE == 3u) {
+        return e4m3(word >> ((i & 3u) * 8u));
+    }
+    if (W_DTYPE == 4u) {
+        return f32(bitcast<i32>(word << (24u - (i & 3u) * 8u)) >> 24u);
+    }
+    return f32((word >> ((i & 7u) * 4u)) & 15u) - 8.0;
+}
+
+// Element i of a chunk in any format, given the word that holds it.
+fn w_any(word: u32, i: u32) -> f32 {
+    if (W_DTYPE >= 3u) {
+        return q_raw(word, i) * q_scale(i / QB);
+    }
+    return w_elem(word, i);
+}
+
+// Four consecutive elements of one 32-bit word of 8-bit codes (FP8 or q8), unscaled.
+fn q_bytes4(u: u32) -> vec4<f32> {
+    if (W_DTYPE == 3u) {
+        return vec4<f32>(e4m3(u), e4m3(u >> 8u), e4m3(u >> 16u), e4m3(u >> 24u));
+    }
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(u << 24u, u << 16u, u << 8u, u)) >> vec4<u32>(24u));
+}
+
+// Elements 0..3 (lo) or 4..7 (hi) of one 32-bit word of q4 nibbles, unscaled.
+fn q_nib_lo(u: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(u, u >> 4u, u >> 8u, u >> 12u) & vec4<u32>(15u))) - vec4<f32>(8.0);
+}
+fn q_nib_hi(u: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(u >> 16u, u >> 20u, u >> 24u, u >> 28u) & vec4<u32>(15u))) - vec4<f32>(8.0);
+}

@@ -1,0 +1,152 @@
+//! What a model directory holds, without a GPU: parameters and bytes per tensor class
+//! (file and GPU), and the cache bytes per token. `sparsa info` prints it.
+
+use crate::config::{Config, IndexerKind};
+use crate::error::Result;
+use crate::weights::{DType, QFormat, WFormat, WeightFiles};
+
+/// Tensor classes, in display order.
+pub const CLASSES: [&str; 8] = [
+    "embeddings",
+    "attention",
+    "indexer",
+    "dense MLP",
+    "router",
+    "routed experts",
+    "shared experts",
+    "norms/other",
+];
+
+fn class_of(name: &str) -> usize {
+    if name.contains("embed_tokens") || name.starts_with("lm_head") {
+        0
+    } else if name.contains(".indexer.") {
+        2
+    } else if name.contains(".mlp.experts.") {
+        5
+    } else if name.contains(".mlp.shared_experts.") {
+        6
+    } else if name.contains(".mlp.gate.") {
+        4
+    } else if name.contains(".mlp.") {
+        3
+    } else if name.contains(".self_attn.") && !name.contains("layernorm") {
+        1
+    } else {
+        7
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+pub struct ClassStats {
+    pub params: u64,
+    pub file_bytes: u64,
+    pub gpu_bytes: u64,
+}
+
+pub struct Summary {
+    pub classes: [ClassStats; 8],
+    pub params_total: u64,
+    /// Parameters one token uses: routed experts count `num_experts_per_tok / n_routed_experts`.
+    pub params_active: u64,
+    /// Storage formats seen (e.g. "BF16", "FP8", "q4").
+    pub formats: Vec<String>,
+    /// GPU bytes of the caches per token of context (latent MLA + indexer keys).
+    pub cache_bytes_per_token: u64,
+    /// Tensors not loaded (layers past num_hidden_layers: MTP).
+    pub skipped_tensors: usize,
+}
+
+/// The layer index in a `model.layers.{i}.` tensor name.
+pub fn layer_of(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+pub fn summarize(cfg: &Config, files: &WeightFiles) -> Result<Summary> {
+    use safetensors::Dtype as D;
+    let mut classes = [ClassStats::default(); 8];
+    let mut formats: Vec<String> = Vec::new();
+    let mut skipped = 0;
+    for name in files.names() {
+        if layer_of(name).is_some_and(|l| l >= cfg.num_hidden_layers) {
+            skipped += 1;
+            continue;
+        }
+        let t = files.get(name)?;
+        let c = &mut classes[class_of(name)];
+        c.file_bytes += t.bytes.len() as u64;
+        let is_scale = (name.ends_with("_scale_inv") || name.ends_with("_scale"))
+            && files.contains(name.trim_end_matches("_inv").trim_end_matches("_scale"));
+        if is_scale {
+            continue; // bytes counted above; GPU bytes with the weight
+        }
+        let quant = match t.dtype {
+            D::F8_E4M3 => Some(QFormat::Fp8),
+            D::I8 | D::U8 => cfg.quant,
+            _ => None,
+        };
+        let (rows, cols) = match t.shape.as_slice() {
+            [r, c] => (*r, *c),
+            _ => (1, t.numel()),
+        };
+        let fname = match (quant, DType::from_safetensors(t.dtype, name)) {
+            (Some(q), _) => {
+                let cols = if matches!(q, QFormat::Q4 { .. }) {
+                    cols * 2
+                } else {
+                    cols
+                };
+                let f = WFormat::Quant(q);
+                c.params += (rows * cols) as u64;
+                c.gpu_bytes += (rows * (f.row_bytes(cols) + f.scale_row_bytes(cols))) as u64;
+                q.name().to_string()
+            }
+            (None, Ok(d)) => {
+                c.params += t.numel() as u64;
+                // Small vectors are widened to f32 on the GPU.
+                let gpu = if t.shape.len() == 1 {
+                    4 * t.numel()
+                } else {
+                    t.bytes.len()
+                };
+                c.gpu_bytes += gpu as u64;
+                d.name().to_string()
+            }
+            (None, Err(_)) => format!("{:?}", t.dtype),
+        };
+        if !formats.contains(&fname) {
+            formats.push(fname);
+        }
+    }
+    formats.sort();
+    let total: u64 = classes.iter().map(|c| c.params).sum();
+    let routed = classes[5].params;
+    let active = total - routed
+        + routed * cfg.num_experts_per_tok as u64 / cfg.n_routed_experts.max(1) as u64;
+    let full = cfg
+        .indexer_types
+        .iter()
+        .filter(|k| **k == IndexerKind::Full)
+        .count();
+    let cache = (cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        + full * cfg.index_head_dim) as u64
+        * 4;
+    Ok(Summary {
+        classes,
+        params_total: total,
+        params_active: active,
+        formats,
+        cache_bytes_per_token: cache,
+        skipped_tensors: skipped,
+    })
+}
+
+impl Summary {
+    pub fn gpu_weight_bytes(&self) -> u64 {
+        self.classes.iter().map(|c| c.gpu_bytes).sum()
+    }
+}
