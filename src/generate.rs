@@ -1,4 +1,4 @@
-//! Token sampling and the generation loop.
+//! Token sampling, the generation loop and stop strings.
 
 use crate::error::Result;
 use crate::model::Session;
@@ -12,6 +12,12 @@ pub struct SamplingParams {
     /// Keep only the `top_k` most likely tokens; 0 keeps all.
     pub top_k: usize,
     pub seed: u64,
+    /// Repetition penalty as in llama.cpp / Ollama (`repeat_penalty`): the logit of every token
+    /// seen in the last `repeat_last_n` tokens is divided by it when positive and multiplied by
+    /// it when negative, before greedy or sampled selection. 1 turns it off.
+    pub repeat_penalty: f32,
+    /// How many recent tokens (prompt included) the repetition penalty looks at.
+    pub repeat_last_n: usize,
 }
 
 impl Default for SamplingParams {
@@ -21,6 +27,8 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: 0,
             seed: 0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
         }
     }
 }
@@ -49,6 +57,19 @@ impl Sampler {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
         z ^= z >> 31;
         (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The next token after the tokens `recent` (the context so far, oldest first; only the
+    /// last `repeat_last_n` matter), with the repetition penalty applied to `logits`.
+    pub fn sample_after(&mut self, logits: &[f32], recent: &[u32]) -> u32 {
+        let p = &self.params;
+        if p.repeat_penalty == 1.0 || p.repeat_last_n == 0 || recent.is_empty() {
+            return self.sample(logits);
+        }
+        let mut l = logits.to_vec();
+        let window = &recent[recent.len().saturating_sub(p.repeat_last_n)..];
+        apply_repeat_penalty(&mut l, window, p.repeat_penalty);
+        self.sample(&l)
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
@@ -99,6 +120,24 @@ impl Sampler {
     }
 }
 
+/// Divides the positive logits of the tokens in `seen` by `penalty` and multiplies the negative
+/// ones by it (each token once, however often it was seen), as llama.cpp and transformers'
+/// `RepetitionPenaltyLogitsProcessor` do. Ids outside the vocabulary are ignored.
+pub fn apply_repeat_penalty(logits: &mut [f32], seen: &[u32], penalty: f32) {
+    if penalty == 1.0 || penalty <= 0.0 {
+        return;
+    }
+    let mut done = std::collections::HashSet::with_capacity(seen.len());
+    for &t in seen {
+        if !done.insert(t) {
+            continue;
+        }
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+        }
+    }
+}
+
 pub fn argmax(v: &[f32]) -> u32 {
     let mut best = 0;
     for (i, x) in v.iter().enumerate() {
@@ -118,9 +157,21 @@ pub enum Stop {
     Callback,
 }
 
+/// What [`generate_with`] reports while it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// `done` of the `total` prompt tokens are in the caches (after each prefill chunk).
+    Prefill { done: usize, total: usize },
+    /// A sampled token (an eos token included).
+    Token(u32),
+}
+
 /// Prefill `prompt` (appended to whatever the session holds), then sample up to
 /// `max_tokens` tokens. `on_token` sees each token as it is produced and may return false
 /// to stop. Returns the generated tokens (an eos token is included) and why it stopped.
+///
+/// The last token returned is never run through the model, so afterwards the session holds
+/// the prompt and all generated tokens but the last.
 pub fn generate(
     session: &mut Session,
     prompt: &[u32],
@@ -129,15 +180,78 @@ pub fn generate(
     eos: &[u32],
     mut on_token: impl FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, Stop)> {
+    generate_with(
+        session,
+        &[],
+        prompt,
+        max_tokens,
+        sampler,
+        eos,
+        |e| match e {
+            Event::Token(id) => on_token(id),
+            Event::Prefill { .. } => true,
+        },
+    )
+}
+
+/// [`generate`] with progress events: the prompt is prefilled in chunks of `session.chunk`
+/// tokens and `on_event` sees an [`Event::Prefill`] after each, then an [`Event::Token`] per
+/// token; returning false stops ([`Stop::Callback`]; during the prefill, with no tokens and the
+/// session holding the chunks done so far). `history` is the text already in the session
+/// before `prompt`, which the repetition penalty looks back into.
+pub fn generate_with(
+    session: &mut Session,
+    history: &[u32],
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    eos: &[u32],
+    mut on_event: impl FnMut(Event) -> bool,
+) -> Result<(Vec<u32>, Stop)> {
     let mut out = Vec::new();
     if max_tokens == 0 {
         return Ok((out, Stop::MaxTokens));
     }
-    let logits = session.forward(prompt, false)?;
-    let mut next = sampler.sample(logits.last());
+    if prompt.is_empty() {
+        return Err(crate::error::Error::msg(
+            "empty prompt: at least one token is needed",
+        ));
+    }
+    if session.pos + prompt.len() > session.max_ctx() {
+        return Err(crate::error::Error::msg(format!(
+            "context full: {} cached + {} new tokens exceed --ctx {}",
+            session.pos,
+            prompt.len(),
+            session.max_ctx()
+        )));
+    }
+    // The last `window` tokens of history + prompt + output, for the repetition penalty.
+    let window = sampler.params.repeat_last_n;
+    let mut recent: Vec<u32> = history[history.len().saturating_sub(window)..].to_vec();
+    let mut logits = None;
+    let mut done = 0;
+    for part in prompt.chunks(session.chunk.max(1)) {
+        logits = Some(session.forward(part, false)?);
+        done += part.len();
+        if !on_event(Event::Prefill {
+            done,
+            total: prompt.len(),
+        }) {
+            return Ok((out, Stop::Callback));
+        }
+    }
+    recent.extend_from_slice(&prompt[prompt.len().saturating_sub(window)..]);
+    let Some(logits) = logits else {
+        return Ok((out, Stop::MaxTokens));
+    };
+    let mut next = sampler.sample_after(logits.last(), &recent);
     loop {
         out.push(next);
-        if !on_token(next) {
+        recent.push(next);
+        if recent.len() > 2 * window.max(1) {
+            recent.drain(..recent.len() - window);
+        }
+        if !on_event(Event::Token(next)) {
             return Ok((out, Stop::Callback));
         }
         if eos.contains(&next) {
@@ -150,8 +264,82 @@ pub fn generate(
             return Ok((out, Stop::ContextFull));
         }
         let logits = session.forward(&[next], false)?;
-        next = sampler.sample(logits.last());
+        next = sampler.sample_after(logits.last(), &recent);
     }
+}
+
+/// Cuts generated text at the first of a set of stop strings, holding back any tail that
+/// could still become one (so a stop string split across tokens is never shown).
+#[derive(Debug, Clone, Default)]
+pub struct StopStrings {
+    stops: Vec<String>,
+    held: String,
+    hit: bool,
+}
+
+impl StopStrings {
+    /// Empty strings are ignored.
+    pub fn new(stops: impl IntoIterator<Item = String>) -> StopStrings {
+        StopStrings {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+            hit: false,
+        }
+    }
+
+    /// Whether a stop string has been seen (everything after it is dropped).
+    pub fn hit(&self) -> bool {
+        self.hit
+    }
+
+    /// Feeds the next piece of text; returns the text that is now safe to show: all of it but
+    /// a tail that is the start of a stop string, and nothing from a stop string on.
+    pub fn push(&mut self, text: &str) -> String {
+        if self.hit {
+            return String::new();
+        }
+        self.held.push_str(text);
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min();
+        if let Some(at) = first {
+            self.hit = true;
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return out;
+        }
+        let keep = partial_suffix(&self.held, &self.stops);
+        let out = self.held[..self.held.len() - keep].to_string();
+        self.held.drain(..self.held.len() - keep);
+        out
+    }
+
+    /// The held-back tail, once no more text comes.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of one of `needles` (and
+/// starts on a character boundary).
+pub(crate) fn partial_suffix<S: AsRef<str>>(text: &str, needles: &[S]) -> usize {
+    let longest = needles.iter().map(|n| n.as_ref().len()).max().unwrap_or(0);
+    let mut best = 0;
+    for start in (text.len().saturating_sub(longest.saturating_sub(1))..text.len()).rev() {
+        if !text.is_char_boundary(start) {
+            continue;
+        }
+        let tail = &text[start..];
+        if needles
+            .iter()
+            .any(|n| n.as_ref().len() > tail.len() && n.as_ref().starts_with(tail))
+        {
+            best = tail.len();
+        }
+    }
+    best
 }
 
 #[cfg(test)]
@@ -173,6 +361,7 @@ mod tests {
             top_p: 1.0,
             top_k: 3,
             seed: 42,
+            ..Default::default()
         };
         let draw = |p: &SamplingParams| {
             let mut s = Sampler::new(p.clone());
@@ -207,6 +396,7 @@ mod tests {
             top_p: 0.5,
             top_k: 0,
             seed: 1,
+            ..Default::default()
         });
         assert!((0..100).all(|_| s.sample(&logits) == 0));
         let mut s = Sampler::new(SamplingParams {
@@ -214,7 +404,70 @@ mod tests {
             top_p: 1.0,
             top_k: 0,
             seed: 1,
+            ..Default::default()
         });
         assert!((0..400).any(|_| s.sample(&logits) != 0));
+    }
+
+    #[test]
+    fn repeat_penalty_pushes_seen_tokens_down() {
+        let mut l = vec![2.0, -1.0, 3.0, 0.5];
+        apply_repeat_penalty(&mut l, &[0, 1, 0, 99], 2.0);
+        assert_eq!(
+            l,
+            vec![1.0, -2.0, 3.0, 0.5],
+            "each seen token once; id 99 ignored"
+        );
+        // Greedy picks token 0 without the penalty and token 2 with it, but only when 0 is
+        // inside the last `repeat_last_n` tokens.
+        let logits = [3.0, 0.0, 2.0];
+        let params = SamplingParams {
+            repeat_penalty: 2.0,
+            repeat_last_n: 2,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(params.clone());
+        assert_eq!(s.sample_after(&logits, &[]), 0);
+        assert_eq!(s.sample_after(&logits, &[1, 0]), 2);
+        assert_eq!(
+            s.sample_after(&logits, &[0, 1, 1]),
+            0,
+            "0 is out of the window"
+        );
+        let mut off = Sampler::new(SamplingParams {
+            repeat_penalty: 1.0,
+            ..params
+        });
+        assert_eq!(off.sample_after(&logits, &[0, 0]), 0);
+    }
+
+    #[test]
+    fn stop_strings_cut_and_hold_back_partial_matches() {
+        let mut s = StopStrings::new(["\n\nUser:".to_string(), "END".to_string(), String::new()]);
+        assert_eq!(s.push("Hello"), "Hello");
+        assert_eq!(s.push(" wor"), " wor");
+        assert_eq!(
+            s.push("ld\n"),
+            "ld",
+            "a newline could start the stop string"
+        );
+        assert_eq!(s.push("\nUs"), "");
+        assert!(!s.hit());
+        assert_eq!(s.push("er: hi"), "");
+        assert!(s.hit());
+        assert_eq!(s.push("more"), "", "nothing after a stop");
+        assert_eq!(s.finish(), "");
+
+        let mut s = StopStrings::new(["END".to_string()]);
+        assert_eq!(s.push("the E"), "the ");
+        assert_eq!(s.push("gg"), "Egg", "the held E was not a stop after all");
+        assert_eq!(s.push("...EN"), "...");
+        assert_eq!(s.finish(), "EN", "held text comes out at the end");
+        let mut s = StopStrings::new(["é!".to_string()]);
+        assert_eq!(s.push("café"), "caf");
+        assert_eq!(s.push("!x"), "");
+        assert!(s.hit());
+        let mut none = StopStrings::new(Vec::new());
+        assert_eq!(none.push("anything"), "anything");
     }
 }

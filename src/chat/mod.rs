@@ -15,6 +15,14 @@
 //! The conformance data is `tests/data/chat/expected.json`, written by
 //! `tests/reference/make_chat_refs.py` with transformers itself; `tests/chat_template.rs` checks
 //! that every case renders byte for byte the same.
+//!
+//! [`Chat`] (in `conversation.rs`) holds a multi-turn conversation against one session: prefix
+//! reuse of the caches between turns, the context-overflow policy, reasoning and stop strings.
+mod conversation;
 mod template;
 
+pub use conversation::{
+    reply_reserve, Chat, ChatEvent, ChatFormat, Conversation, Part, Prepared, ReplyEnd,
+    ReplyOptions, ReplyText, TurnPlan, TurnResult,
+};
 pub use template::{ChatTemplate, Message};

@@ -203,6 +203,12 @@ impl ChatTemplate {
         })
     }
 
+    /// Where the template came from: `chat_template.jinja`, `tokenizer_config.json` or
+    /// `the plain fallback template`.
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
     /// The template text as the model ships it.
     pub fn source(&self) -> &str {
         &self.source

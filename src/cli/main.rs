@@ -1,5 +1,7 @@
 //! The `sparsa` command-line tool.
 
+mod chat;
+
 use clap::{Args, Parser, Subcommand};
 use sparsa::generate::{generate, Sampler, SamplingParams, Stop};
 use sparsa::gpu::{list_adapters, Gpu};
@@ -29,6 +31,8 @@ struct Cli {
 enum Cmd {
     /// Generate text (or token ids) from a prompt, streaming as it goes.
     Generate(GenerateArgs),
+    /// Chat with the model: an interactive session (one reply per line when stdin is piped).
+    Chat(chat::ChatArgs),
     /// Write the logits of every prompt position (one prefill) to a safetensors file.
     Logits(LogitsArgs),
     /// List GPU adapters with their backend and limits.
@@ -71,7 +75,9 @@ struct ModelArgs {
     /// Use the first adapter whose name contains this text (see `sparsa devices`).
     #[arg(long)]
     adapter: Option<String>,
-    /// Context length to allocate caches for (default: what the request needs).
+    /// Context length to allocate caches for (default: what the request needs; for chat, the
+    /// model's max_position_embeddings (1024 for the built-in model), lowered to what the
+    /// adapter's buffer limits allow).
     #[arg(long)]
     ctx: Option<usize>,
 }
@@ -168,6 +174,7 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Generate(a) => cmd_generate(a),
+        Cmd::Chat(a) => chat::run(a),
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::Devices => cmd_devices(),
         Cmd::Quantize(a) => cmd_quantize(a),
@@ -245,6 +252,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         top_p: a.top_p,
         top_k: a.top_k,
         seed: a.seed,
+        ..Default::default()
     });
     let eos = model.config.eos_token_ids.clone();
     let stdout = std::io::stdout();

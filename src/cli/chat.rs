@@ -1,0 +1,665 @@
+//! `sparsa chat`: an interactive chat on the terminal, or one reply per input line when stdin
+//! is not a terminal.
+//!
+//! The conversation logic (prefix reuse, the context policy, reasoning, stop strings) lives in
+//! the library ([`sparsa::chat::Chat`]); this module is the terminal around it: line editing,
+//! Ctrl-C, the progress bar, colours and the in-session commands.
+
+use super::{open_source, ModelArgs};
+use clap::Args;
+use sparsa::cache::Caches;
+use sparsa::chat::{
+    reply_reserve, Chat, ChatEvent, ChatFormat, ChatTemplate, Conversation, Part, Prepared,
+    ReplyEnd, ReplyOptions,
+};
+use sparsa::generate::{Sampler, SamplingParams};
+use sparsa::gpu::Gpu;
+use sparsa::model::{Model, ModelSource, Session};
+use sparsa::tokenizer::Tokenizer;
+use sparsa::{Error, Result};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Default context of the built-in model: its training length (its config allows 4096, but
+/// its quality collapses past 1024; see models/sparsa-bard-12m/README.md).
+const BUILTIN_CTX: usize = 1024;
+
+/// When the default context cannot be allocated, halve it down to this before giving up.
+const MIN_DEFAULT_CTX: usize = 256;
+
+const HELP: &str = "\
+commands:
+  /help           this list
+  /reset          forget the conversation (the system prompt stays)
+  /system [TEXT]  set the system prompt (without TEXT: show it)
+  /stats          speed and token counts of the last reply, context use
+  /save FILE      write the conversation as JSON ({\"messages\": [...]})
+  /load FILE      replace the conversation with one saved by /save
+  /exit           leave (also /quit, /bye, Ctrl-D)
+Ctrl-C stops a reply (what was written so far stays in the conversation).";
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    /// System prompt (change it in the session with /system TEXT).
+    #[arg(long)]
+    system: Option<String>,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Keep only the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Divide the logits of tokens seen in the last --repeat-last-n tokens by this (1: off).
+    #[arg(long, default_value_t = 1.1)]
+    repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Most tokens per reply.
+    #[arg(long, default_value_t = 1024)]
+    max_tokens: usize,
+    /// End the reply at this text, which is not shown or kept (repeatable; \n, \t and \\ are
+    /// read as escapes).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Keep writing past end-of-sequence tokens (for benchmarks and tests); a reply then
+    /// ends only at --max-tokens, a --stop string, Ctrl-C or the end of the context.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Ask the model to reason first (templates with an enable_thinking / thinking switch).
+    #[arg(long, conflicts_with = "no_think")]
+    think: bool,
+    /// Ask the model to answer without reasoning.
+    #[arg(long)]
+    no_think: bool,
+    /// Do not print the reasoning (it is still kept in the conversation and /save).
+    #[arg(long)]
+    hide_think: bool,
+    /// Print token counts and speeds after each reply (as /stats does).
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+/// A reply is being generated (SIGINT interrupts it instead of ending the program).
+static GENERATING: AtomicBool = AtomicBool::new(false);
+/// SIGINT arrived during the current reply.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// Stdin is a terminal (rustyline reads Ctrl-C at the prompt itself).
+static INTERACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// Numbers of one reply, for /stats and --verbose.
+struct TurnStats {
+    prompt: usize,
+    prefilled: usize,
+    reused: usize,
+    generated: usize,
+    ttft: f64,
+    decode_secs: f64,
+    context: usize,
+}
+
+impl TurnStats {
+    fn line(&self, ctx: usize) -> String {
+        let prefill = self.prefilled as f64 / self.ttft.max(1e-9);
+        let decode = self.generated.saturating_sub(1) as f64 / self.decode_secs.max(1e-9);
+        format!(
+            "prompt {} tokens: {} prefilled, {} reused | prefill {:.1} tok/s | first token {:.2} s | {} generated, decode {:.1} tok/s | context {}/{}",
+            self.prompt,
+            self.prefilled,
+            self.reused,
+            prefill,
+            self.ttft,
+            self.generated,
+            decode,
+            self.context,
+            ctx
+        )
+    }
+}
+
+struct Ui {
+    /// ANSI styles on stdout.
+    color: bool,
+    hide_think: bool,
+}
+
+const DIM: &str = "\x1b[2m";
+const RESET: &str = "\x1b[0m";
+
+/// Writes a streaming reply: reasoning dimmed (or between `<think>` and `</think>` without
+/// colour, or not at all with --hide-think), content as it comes.
+struct Printer<'u> {
+    ui: &'u Ui,
+    in_reasoning: bool,
+    /// Parts that have shown text (leading whitespace of each part is not printed: the
+    /// stored message is trimmed too).
+    started: [bool; 2],
+    out: std::io::Stdout,
+}
+
+impl Printer<'_> {
+    fn new(ui: &Ui) -> Printer<'_> {
+        Printer {
+            ui,
+            in_reasoning: false,
+            started: [false; 2],
+            out: std::io::stdout(),
+        }
+    }
+
+    fn text(&mut self, part: Part, s: &str) {
+        let i = usize::from(part == Part::Content);
+        let s = if self.started[i] { s } else { s.trim_start() };
+        if s.is_empty() {
+            return;
+        }
+        self.started[i] = true;
+        let mut o = self.out.lock();
+        match part {
+            Part::Reasoning => {
+                if self.ui.hide_think {
+                    return;
+                }
+                if !self.in_reasoning {
+                    let _ = o.write_all(if self.ui.color { DIM } else { "<think>" }.as_bytes());
+                    self.in_reasoning = true;
+                }
+                let _ = o.write_all(s.as_bytes());
+            }
+            Part::Content => {
+                if self.in_reasoning {
+                    let _ = o.write_all(if self.ui.color { RESET } else { "</think>" }.as_bytes());
+                    self.in_reasoning = false;
+                }
+                let _ = o.write_all(s.as_bytes());
+            }
+        }
+        let _ = o.flush();
+    }
+
+    fn end(&mut self) {
+        let mut o = self.out.lock();
+        if self.in_reasoning {
+            let _ = o.write_all(if self.ui.color { RESET } else { "</think>" }.as_bytes());
+            self.in_reasoning = false;
+        }
+        let _ = o.write_all(b"\n");
+        let _ = o.flush();
+    }
+}
+
+/// A line on stderr (status and notices, never part of a reply).
+fn note(msg: &str) {
+    let mut e = std::io::stderr().lock();
+    let _ = writeln!(e, "{msg}");
+    let _ = e.flush();
+}
+
+fn say(msg: &str) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "{msg}");
+    let _ = o.flush();
+}
+
+/// `\n`, `\t`, `\r` and `\\` in a --stop value; any other backslash stays as it is.
+fn unescape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('\\') => out.push('\\'),
+            Some(o) => {
+                out.push('\\');
+                out.push(o);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
+}
+
+fn load_template(src: &ModelSource) -> Result<Option<ChatTemplate>> {
+    if src.tokenizer_config.is_none() && src.chat_template.is_none() {
+        return Ok(None);
+    }
+    ChatTemplate::from_config_texts(
+        src.tokenizer_config.as_deref().unwrap_or("{}"),
+        src.chat_template.as_deref(),
+    )
+    .map_err(|e| e.context(&src.label))
+}
+
+/// Uploads the weights with a progress bar on stderr when it is a terminal.
+fn load_model(src: &ModelSource, gpu: Arc<Gpu>) -> Result<(Model, f64)> {
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let style = indicatif::ProgressStyle::with_template(
+            "loading {msg} [{bar:30}] {decimal_bytes}/{decimal_total_bytes} ({decimal_bytes_per_sec})",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        let b = indicatif::ProgressBar::new(src.weights.total_bytes()).with_style(style);
+        b.set_message(src.label.clone());
+        b
+    });
+    let t0 = Instant::now();
+    let model = Model::from_source(src, gpu, &mut |done, total| {
+        if let Some(b) = &bar {
+            b.set_length(total);
+            b.set_position(done);
+        }
+    });
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok((model?, t0.elapsed().as_secs_f64()))
+}
+
+/// The context to allocate when --ctx is not given, and why.
+fn default_ctx(model: &Model, builtin: bool) -> (usize, &'static str) {
+    let cfg = &model.config;
+    let mut ctx = (
+        cfg.max_position_embeddings.max(1),
+        "the model's max_position_embeddings",
+    );
+    if builtin && BUILTIN_CTX < ctx.0 {
+        ctx = (BUILTIN_CTX, "the built-in model's training length");
+    }
+    let mem = Caches::max_ctx_for(
+        cfg,
+        model.gpu.max_binding(),
+        model.gpu.limits.max_buffer_size,
+    );
+    if mem < ctx.0 {
+        ctx = (mem.max(1), "what the adapter's buffer limits allow");
+    }
+    ctx
+}
+
+/// A session for `ctx` tokens; a default context that cannot be allocated is halved.
+fn open_session(model: &Model, mut ctx: usize, shrink: bool) -> Result<(Session<'_>, usize)> {
+    loop {
+        match model.session(ctx) {
+            Ok(s) => return Ok((s, ctx)),
+            Err(e) if shrink && ctx / 2 >= MIN_DEFAULT_CTX => {
+                log::warn!("context {ctx} does not fit ({e}); trying {}", ctx / 2);
+                ctx /= 2;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn mb(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
+}
+
+enum Read {
+    Line(String),
+    Interrupted,
+    Eof,
+}
+
+enum Input {
+    Editor(Box<rustyline::DefaultEditor>),
+    Lines(std::io::Lines<std::io::StdinLock<'static>>),
+}
+
+impl Input {
+    fn new(interactive: bool) -> Input {
+        if interactive {
+            match rustyline::DefaultEditor::new() {
+                Ok(ed) => return Input::Editor(Box::new(ed)),
+                Err(e) => log::warn!("line editing unavailable ({e}); reading plain lines"),
+            }
+        }
+        Input::Lines(std::io::stdin().lock().lines())
+    }
+
+    fn read(&mut self) -> Result<Read> {
+        match self {
+            Input::Editor(ed) => match ed.readline(">>> ") {
+                Ok(line) => {
+                    if !line.trim().is_empty() {
+                        let _ = ed.add_history_entry(line.as_str());
+                    }
+                    Ok(Read::Line(line))
+                }
+                Err(rustyline::error::ReadlineError::Interrupted) => Ok(Read::Interrupted),
+                Err(rustyline::error::ReadlineError::Eof) => Ok(Read::Eof),
+                Err(e) => Err(Error::msg(format!("reading the terminal: {e}"))),
+            },
+            Input::Lines(lines) => match lines.next() {
+                Some(Ok(line)) => Ok(Read::Line(line)),
+                Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    note("error: skipped an input line that is not UTF-8 text");
+                    Ok(Read::Line(String::new()))
+                }
+                Some(Err(e)) => Err(Error::msg(format!("reading stdin: {e}"))),
+                None => Ok(Read::Eof),
+            },
+        }
+    }
+}
+
+struct Repl<'m> {
+    a: ChatArgs,
+    tok: Tokenizer,
+    chat: Chat,
+    session: Session<'m>,
+    ctx: usize,
+    sampler: Sampler,
+    opts: ReplyOptions,
+    ui: Ui,
+    last: Option<TurnStats>,
+}
+
+pub fn run(a: ChatArgs) -> Result<()> {
+    if a.max_tokens == 0 {
+        return Err(Error::msg("--max-tokens must be at least 1"));
+    }
+    let src = open_source(&a.m)?;
+    if !src.has_tokenizer() {
+        return Err(Error::msg(format!(
+            "{}: no tokenizer.json (sparsa chat needs the model's tokenizer)",
+            src.label
+        )));
+    }
+    let tok = src.tokenizer()?;
+    let template = load_template(&src)?;
+    let mut format = ChatFormat::new(template);
+    if a.think || a.no_think {
+        let flag = if a.think { "--think" } else { "--no-think" };
+        if !format.set_thinking(a.think) {
+            note(&format!(
+                "warning: {flag}: the chat template has no thinking switch (enable_thinking / thinking); ignored"
+            ));
+        }
+    }
+    let builtin = a.m.model.is_none();
+    let gpu = Arc::new(Gpu::new(a.m.adapter.as_deref())?);
+    let (model, load_secs) = load_model(&src, gpu)?;
+    let (ctx, why) = match a.m.ctx {
+        Some(c) => (c, "--ctx"),
+        None => default_ctx(&model, builtin),
+    };
+    let (session, ctx) = open_session(&model, ctx, a.m.ctx.is_none())?;
+    let why = if ctx < default_ctx(&model, builtin).0 && a.m.ctx.is_none() {
+        "halved until the caches could be allocated"
+    } else {
+        why
+    };
+
+    let ad = &model.gpu.adapter;
+    let weights = src.weights.total_bytes();
+    let per_token = Caches::bytes_per_token(&model.config);
+    note(&format!(
+        "{} | {} ({}, {}) | weights {:.1} MB loaded in {:.2} s ({:.0} MB/s) | ctx {ctx} ({why}), caches {:.1} MB ({:.1} KB/token) | template: {}",
+        src.label,
+        ad.name,
+        ad.backend,
+        ad.device_type,
+        mb(weights),
+        load_secs,
+        mb(weights) / load_secs.max(1e-9),
+        mb(session.caches.bytes()),
+        per_token as f64 / 1e3,
+        format.template().origin(),
+    ));
+    let interactive = std::io::stdin().is_terminal();
+    INTERACTIVE.store(interactive, Ordering::SeqCst);
+    if format.is_plain() {
+        note("note: the model has no chat template; using the plain fallback (\"User: ...\\n\\nAssistant:\")");
+    }
+    if interactive {
+        if builtin {
+            note("note: the built-in model is a 12M-parameter Shakespeare model: it answers like a character in a play (use --model DIR for a real chat model)");
+        }
+        note("Type a message; /help for commands, Ctrl-D or /exit to leave.");
+    }
+    if let Err(e) = ctrlc::set_handler(|| {
+        if GENERATING.load(Ordering::SeqCst) || INTERACTIVE.load(Ordering::SeqCst) {
+            INTERRUPTED.store(true, Ordering::SeqCst);
+        } else {
+            // Piped input waiting for a line: Ctrl-C ends the program as usual.
+            std::process::exit(130);
+        }
+    }) {
+        log::warn!("cannot catch Ctrl-C: {e}");
+    }
+
+    let sampler = Sampler::new(SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        seed: a.seed,
+        repeat_penalty: a.repeat_penalty,
+        repeat_last_n: a.repeat_last_n,
+    });
+    let opts = ReplyOptions {
+        max_tokens: a.max_tokens,
+        eos: if a.ignore_eos {
+            Vec::new()
+        } else {
+            model.config.eos_token_ids.clone()
+        },
+        stop: a.stop.iter().map(|s| unescape(s)).collect(),
+    };
+    let ui = Ui {
+        color: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
+        hide_think: a.hide_think,
+    };
+    let chat = Chat::new(format, a.system.clone());
+    let mut repl = Repl {
+        a,
+        tok,
+        chat,
+        session,
+        ctx,
+        sampler,
+        opts,
+        ui,
+        last: None,
+    };
+    let mut input = Input::new(interactive);
+    loop {
+        let line = match input.read()? {
+            Read::Line(l) => l,
+            // Ctrl-C at the prompt clears the line, as in a shell.
+            Read::Interrupted => continue,
+            Read::Eof => break,
+        };
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if let Some(cmd) = text.strip_prefix('/') {
+            if !repl.command(cmd) {
+                break;
+            }
+            continue;
+        }
+        repl.turn(text)?;
+    }
+    Ok(())
+}
+
+impl Repl<'_> {
+    /// Runs an in-session command; false means leave.
+    fn command(&mut self, cmd: &str) -> bool {
+        let (name, arg) = match cmd.split_once(char::is_whitespace) {
+            Some((n, r)) => (n, r.trim()),
+            None => (cmd, ""),
+        };
+        match name {
+            "exit" | "quit" | "bye" => return false,
+            "help" | "?" => say(HELP),
+            "reset" | "clear" => {
+                self.chat.conversation.clear();
+                note("conversation cleared (the system prompt stays)");
+            }
+            "system" if arg.is_empty() => match self.chat.conversation.system() {
+                Some(s) => say(&format!("system prompt: {s}")),
+                None => say("no system prompt (set one with /system TEXT)"),
+            },
+            "system" => {
+                self.chat.conversation.set_system(Some(arg.to_string()));
+                note("system prompt set");
+            }
+            "stats" => {
+                match &self.last {
+                    Some(s) => say(&s.line(self.ctx)),
+                    None => say("no reply yet"),
+                }
+                let turns = self.chat.conversation.turns();
+                say(&format!(
+                    "context {}/{} tokens in use, {turns} turn{} in the conversation",
+                    self.session.pos,
+                    self.ctx,
+                    if turns == 1 { "" } else { "s" }
+                ));
+            }
+            "save" | "load" if arg.is_empty() => {
+                note(&format!("error: /{name} needs a file name: /{name} FILE"))
+            }
+            "save" => match std::fs::write(arg, self.chat.conversation.to_json() + "\n") {
+                Ok(()) => note(&format!(
+                    "saved {} messages to {arg}",
+                    self.chat.conversation.messages.len()
+                )),
+                Err(e) => note(&format!("error: /save {arg}: cannot write: {e}")),
+            },
+            "load" => match load_conversation(Path::new(arg)) {
+                Ok(c) => {
+                    let n = c.messages.len();
+                    self.chat.conversation = c;
+                    note(&format!("loaded {n} messages from {arg}"));
+                }
+                Err(e) => note(&format!("error: /load {arg}: {e}")),
+            },
+            _ => note(&format!("error: unknown command /{name} (type /help)")),
+        }
+        true
+    }
+
+    /// One user message and the streamed reply.
+    fn turn(&mut self, text: &str) -> Result<()> {
+        let reserve = reply_reserve(self.a.max_tokens, self.ctx);
+        let plan = match self.chat.prepare(&self.tok, text, self.ctx, reserve) {
+            Ok(Prepared::Ready(p)) => p,
+            Ok(Prepared::TooLong { tokens, room }) => {
+                note(&format!(
+                    "error: message too long: with it the prompt is {tokens} tokens, but --ctx {} leaves room for {room} (it keeps {reserve} for the reply); not sent",
+                    self.ctx
+                ));
+                return Ok(());
+            }
+            Err(e) => {
+                note(&format!("error: {e}"));
+                return Ok(());
+            }
+        };
+        if plan.dropped_turns > 0 {
+            note(&format!(
+                "note: context full: dropped the oldest {} turn{} to fit --ctx {} (the system prompt is kept)",
+                plan.dropped_turns,
+                if plan.dropped_turns == 1 { "" } else { "s" },
+                self.ctx
+            ));
+        }
+        let mut printer = Printer::new(&self.ui);
+        INTERRUPTED.store(false, Ordering::SeqCst);
+        GENERATING.store(true, Ordering::SeqCst);
+        let t0 = Instant::now();
+        let mut first: Option<Instant> = None;
+        let result = self.chat.reply(
+            &mut self.session,
+            &self.tok,
+            plan,
+            &mut self.sampler,
+            &self.opts,
+            |e| {
+                match e {
+                    ChatEvent::Prefill { .. } => {}
+                    ChatEvent::Token(_) => {
+                        first.get_or_insert_with(Instant::now);
+                    }
+                    ChatEvent::Text(part, s) => printer.text(part, s),
+                }
+                !INTERRUPTED.load(Ordering::SeqCst)
+            },
+        );
+        GENERATING.store(false, Ordering::SeqCst);
+        let end = Instant::now();
+        let r = result?;
+        printer.end();
+        match r.end {
+            ReplyEnd::Interrupted if r.message.is_none() => {
+                note("note: interrupted before the reply started; the message was not kept")
+            }
+            ReplyEnd::Interrupted => note("note: interrupted; the reply so far is kept"),
+            ReplyEnd::ContextFull => note(&format!(
+                "note: the reply reached the end of the context (--ctx {}); the next turn drops the oldest turns",
+                self.ctx
+            )),
+            ReplyEnd::MaxTokens if self.a.verbose => note(&format!(
+                "note: reply cut at --max-tokens {}",
+                self.a.max_tokens
+            )),
+            _ => {}
+        }
+        let first = first.unwrap_or(end);
+        let stats = TurnStats {
+            prompt: r.prompt_tokens,
+            prefilled: r.prefilled,
+            reused: r.reused,
+            generated: r.generated,
+            ttft: (first - t0).as_secs_f64(),
+            decode_secs: end.saturating_duration_since(first).as_secs_f64(),
+            context: self.session.pos,
+        };
+        if self.a.verbose {
+            let line = stats.line(self.ctx);
+            if self.ui.color {
+                note(&format!("{DIM}{line}{RESET}"));
+            } else {
+                note(&line);
+            }
+        }
+        self.last = Some(stats);
+        // A Ctrl-C that came after the reply ended must not stop the next one.
+        INTERRUPTED.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+fn load_conversation(path: &Path) -> Result<Conversation> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::msg(format!("cannot read: {e}")))?;
+    Conversation::from_json(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_values_are_unescaped() {
+        assert_eq!(unescape(r"a\nb\tc\\d\qe\"), "a\nb\tc\\d\\qe\\");
+        assert_eq!(unescape("plain"), "plain");
+    }
+}
