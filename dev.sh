@@ -48,7 +48,7 @@ run)
     cargo build --release --quiet
     if [ $# -eq 0 ]; then
         # The built-in model (models/sparsa-bard-12m, compiled into the binary).
-        set -- generate --max-tokens 120 --seed 7
+        set -- chat
     fi
     exec target/release/sparsa "$@"
     ;;
