@@ -289,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn q8_and_q4_round_trip_within_half_a_step() {
+    fn q8_and_q4_round_trip_within_a_step() {
         let k = 77; // not a multiple of the block
         let data: Vec<f32> = (0..3 * k)
             .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0)
@@ -303,9 +303,15 @@ mod tests {
                 for (bi, blk) in row.chunks(32).enumerate() {
                     let amax = blk.iter().fold(0f32, |a, x| a.max(x.abs()));
                     let step = amax / if fmt.bits() == 8 { 127.0 } else { 7.0 };
+                    // q4's range is −8..7 with the scale fitted to the extreme: the other
+                    // side can clip by up to one step; q8 stays within half a step.
+                    let bound = if fmt.bits() == 8 { 0.5 } else { 1.0 };
                     for (j, x) in blk.iter().enumerate() {
                         let y = back[r * k + bi * 32 + j];
-                        assert!((x - y).abs() <= step * 0.5 + 1e-3 * amax, "{fmt:?} {x} {y}");
+                        assert!(
+                            (x - y).abs() <= step * bound + 1e-3 * amax,
+                            "{fmt:?} {x} {y}"
+                        );
                     }
                 }
             }
