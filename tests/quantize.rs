@@ -83,6 +83,8 @@ fn synthetic_model(dir: &Path) -> u64 {
         serde_json::json!(["full", "shared", "full"]),
     );
     c.remove("index_topk_pattern");
+    // The built-in model ships quantized; this synthetic one is plain bf16.
+    c.remove("quantization_config");
     std::fs::write(
         dir.join("config.json"),
         serde_json::to_string(&cfg).unwrap(),
