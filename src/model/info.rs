@@ -1,7 +1,7 @@
 //! What a model directory holds, without a GPU: parameters and bytes per tensor class
 //! (file and GPU), and the cache bytes per token. `sparsa info` prints it.
 
-use crate::config::{Config, IndexerKind};
+use crate::config::Config;
 use crate::error::Result;
 use crate::weights::{DType, QFormat, WFormat, WeightFiles};
 
@@ -127,14 +127,7 @@ pub fn summarize(cfg: &Config, files: &WeightFiles) -> Result<Summary> {
     let routed = classes[5].params;
     let active = total - routed
         + routed * cfg.num_experts_per_tok as u64 / cfg.n_routed_experts.max(1) as u64;
-    let full = cfg
-        .indexer_types
-        .iter()
-        .filter(|k| **k == IndexerKind::Full)
-        .count();
-    let cache = (cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)
-        + full * cfg.index_head_dim) as u64
-        * 4;
+    let cache = crate::cache::Caches::bytes_per_token(cfg);
     Ok(Summary {
         classes,
         params_total: total,
