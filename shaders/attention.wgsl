@@ -1,30 +1,21 @@
-// Sparse MLA in absorbed form over the latent cache: absorb_q, sparse_mla, up_v.
+// The weight products of absorbed MLA: absorb_q and up_v (the attention itself is mla.wgsl).
 //
-// All three entry points share one set of binding declarations (each uses a prefix of
-// them, the wrapper passes buffers in binding order):
-//   1 in0  (f32, read): q (absorb_q) / q_abs (sparse_mla) / o_lat (up_v)
-//   2 wts  (u32, read): kv_b weight in W_DTYPE (absorb_q, up_v) / idx (sparse_mla)
-//   3 out0 (f32, rw)  : q_abs / o_lat / o
-//   4 in1  (f32, read): q (sparse_mla, for q_pe) / wscale (u32, read): kv_b scales
-//                       (absorb_q, up_v; a dummy buffer for float weights)
-//   5 in2  (f32, read): latent cache (sparse_mla)
-//   6 cnt  (u32, read): selected counts (sparse_mla)
+// Both entry points share one set of binding declarations (the wrapper passes buffers in
+// binding order):
+//   1 in0  (f32, read): q (absorb_q) / o_lat (up_v)
+//   2 wts  (u32, read): kv_b weight in W_DTYPE
+//   3 out0 (f32, rw)  : q_abs / o
+//   4 wscale (u32, read): kv_b scales (a dummy buffer for float weights)
 //
 // Defines (every pipeline of this file sets all of them):
 //   W_DTYPE: 0 = f32, 1 = bf16, 2 = f16 (weight element i in word i >> 1, low half even),
 //            3 = FP8, 4 = q8, 5 = q4 (quant.wgsl; QB elements per scale, S_BF16)
-//   TR: query rows per workgroup (absorb_q, up_v)
-//   SWG: sparse_mla's workgroup size (64, 128 or 256: the smallest ≥ kv_lora, so small
-//        latents do not leave most invocations idle)
-//   NC: output columns per invocation in sparse_mla = ceil(kv_lora / SWG)
-//   QD: kv_lora + dr (sparse_mla's query in workgroup memory)
+//   TR: query rows per workgroup
 
 const WG: u32 = 256u;
 const DCH: u32 = 64u;   // absorb_q: dn chunk staged in workgroup memory
 const KCH: u32 = 128u;  // up_v: kv_lora chunk staged in workgroup memory
 const VT: u32 = 16u;    // up_v: outputs per workgroup (16 invocations each)
-const BLK: u32 = SWG / 8u; // sparse_mla: positions per block (8 invocations each for the logit)
-const NEG_BIG: f32 = -3.0e38;
 
 struct Params {
     a_off: u32,
@@ -53,10 +44,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> in0: array<f32>;
 @group(0) @binding(2) var<storage, read> wts: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out0: array<f32>;
-@group(0) @binding(4) var<storage, read> in1: array<f32>;
 @group(0) @binding(4) var<storage, read> wscale: array<u32>;
-@group(0) @binding(5) var<storage, read> in2: array<f32>;
-@group(0) @binding(6) var<storage, read> cnt: array<u32>;
 
 // Element (row, col) of kv_b.
 fn wget(row: u32, col: u32) -> f32 {
@@ -191,113 +179,6 @@ fn up_v(
         }
         if (v2 < P.dv && r0 + r < P.rows) {
             out0[P.o_off + (r0 + r) * P.o_stride + h * P.dv + v2] = sum;
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// sparse_mla: one workgroup of SWG invocations per (row t, head h). The selected positions are walked in
-// blocks of BLK: 8 invocations per position compute the logit over the kv_lora + dr
-// latent values, then every invocation updates the online softmax and its NC output
-// columns. Only cache rows named in idx[t*topk .. t*topk + cnt[t]] are ever read.
-
-var<workgroup> qsh: array<f32, QD>;
-var<workgroup> pos_sh: array<u32, BLK>;
-var<workgroup> lg: array<f32, BLK>;
-var<workgroup> part_sh: array<f32, SWG>;
-var<workgroup> n_sh: u32;
-
-@compute @workgroup_size(SWG)
-fn sparse_mla(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
-    let g = wid.x + wid.y * nwg.x;
-    if (g >= P.rows * P.heads) {
-        return;
-    }
-    let t = g / P.heads;
-    let h = g % P.heads;
-    let kvl = P.kv_lora;
-    let qd = kvl + P.dr;
-    if (lid == 0u) {
-        n_sh = min(cnt[t], P.topk);
-    }
-    let qa = P.a_off + t * P.a_stride + h * kvl;
-    for (var i = lid; i < kvl; i = i + SWG) {
-        qsh[i] = in0[qa + i];
-    }
-    let qp = P.b_off + t * P.b_stride + h * (P.dn + P.dr) + P.dn;
-    for (var i = lid; i < P.dr; i = i + SWG) {
-        qsh[kvl + i] = in1[qp + i];
-    }
-    let n = workgroupUniformLoad(&n_sh);
-
-    var m = NEG_BIG;
-    var l = 0.0;
-    var acc: array<f32, NC>;
-    for (var i = 0u; i < NC; i = i + 1u) {
-        acc[i] = 0.0;
-    }
-    let ib = t * P.topk;
-    for (var j0 = 0u; j0 < n; j0 = j0 + BLK) {
-        let nb = min(BLK, n - j0);
-        workgroupBarrier();
-        if (lid < nb) {
-            pos_sh[lid] = wts[ib + j0 + lid];
-        }
-        workgroupBarrier();
-        let p = lid / 8u;
-        let lane = lid % 8u;
-        var part = 0.0;
-        if (p < nb) {
-            let base = P.c_off + pos_sh[p] * P.c_stride;
-            for (var i = lane; i < qd; i = i + 8u) {
-                part = part + qsh[i] * in2[base + i];
-            }
-        }
-        part_sh[lid] = part;
-        workgroupBarrier();
-        if (lid < nb) {
-            var sum = 0.0;
-            for (var i = 0u; i < 8u; i = i + 1u) {
-                sum = sum + part_sh[lid * 8u + i];
-            }
-            lg[lid] = sum * P.scale;
-        }
-        workgroupBarrier();
-        var mb = m;
-        for (var jj = 0u; jj < nb; jj = jj + 1u) {
-            mb = max(mb, lg[jj]);
-        }
-        let corr = exp(m - mb);
-        l = l * corr;
-        for (var i = 0u; i < NC; i = i + 1u) {
-            acc[i] = acc[i] * corr;
-        }
-        for (var jj = 0u; jj < nb; jj = jj + 1u) {
-            let pj = exp(lg[jj] - mb);
-            l = l + pj;
-            let base = P.c_off + pos_sh[jj] * P.c_stride;
-            for (var i = 0u; i < NC; i = i + 1u) {
-                let c = lid + i * SWG;
-                if (c < kvl) {
-                    acc[i] = acc[i] + pj * in2[base + c];
-                }
-            }
-        }
-        m = mb;
-    }
-    var inv = 0.0;
-    if (l > 0.0) {
-        inv = 1.0 / l;
-    }
-    let ob = P.o_off + t * P.o_stride + h * kvl;
-    for (var i = 0u; i < NC; i = i + 1u) {
-        let c = lid + i * SWG;
-        if (c < kvl) {
-            out0[ob + c] = acc[i] * inv;
         }
     }
 }

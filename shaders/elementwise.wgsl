@@ -4,6 +4,8 @@
 //   swiglu       o[r, c] = silu(a[r, c]) * a[u_off + r * u_stride + c]  (g and u in one buffer)
 //   swiglu2      o[r, c] = silu(a[r, c]) * b[r, c]                      (g, u in two buffers)
 //   moe_combine  o[r, c] += Σ_j b[r * topk + j] · a[r * topk + j, c]
+//   fill_random  o[r, c] = uniform in [-√3, √3) (unit variance) from a hash of (seed, r, c);
+//                the seed travels in `topk`. For synthetic caches in `sparsa bench`.
 
 struct Params {
     a_off: u32,
@@ -85,4 +87,24 @@ fn moe_combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         s += b[slot] * a[P.a_off + slot * P.a_stride + p.y];
     }
     o[P.o_off + p.x * P.o_stride + p.y] += s;
+}
+
+// A 32-bit integer hash (xorshift-multiply rounds).
+fn hash32(x0: u32) -> u32 {
+    var x = x0;
+    x = (x ^ (x >> 16u)) * 0x7feb352du;
+    x = (x ^ (x >> 15u)) * 0x846ca68bu;
+    return x ^ (x >> 16u);
+}
+
+@compute @workgroup_size(256)
+fn fill_random(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let p = rc(wid, nwg, lid);
+    if (p.x >= P.rows) {
+        return;
+    }
+    let h = hash32(hash32(p.x ^ hash32(P.topk)) ^ (p.y * 0x9e3779b9u));
+    let u01 = f32(h >> 8u) * (1.0 / 16777216.0);
+    o[P.o_off + p.x * P.o_stride + p.y] = (2.0 * u01 - 1.0) * 1.7320508;
 }

@@ -8,7 +8,10 @@
 //! - [`cache`]: latent MLA and indexer-key caches.
 //! - [`generate`]: sampling and the generation loop.
 //! - [`quantize`]: conversion to sparsa's q8 / q4 formats.
+//! - [`bench`]: `sparsa bench` (speed against the adapter's measured limits).
 //! - [`chat`]: the model's chat template rendered as transformers renders it.
+#[cfg(not(target_arch = "wasm32"))]
+pub mod bench;
 pub mod cache;
 pub mod chat;
 pub mod config;

@@ -1,5 +1,6 @@
 //! The `sparsa` command-line tool.
 
+mod bench;
 mod chat;
 
 use clap::{Args, Parser, Subcommand};
@@ -41,6 +42,8 @@ enum Cmd {
     Quantize(QuantizeArgs),
     /// Architecture, parameters, bytes per tensor class, memory plan and adapter limits.
     Info(ModelArgs),
+    /// Prefill / decode speed and per-kernel GPU time against the adapter's measured limits.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Args)]
@@ -67,7 +70,7 @@ struct QuantizeArgs {
 }
 
 #[derive(Args)]
-struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// Model directory (Hugging Face layout: config.json + safetensors). Default: the
     /// built-in sparsa-bard-12m (a small Shakespeare model; see models/sparsa-bard-12m).
     #[arg(long)]
@@ -179,6 +182,7 @@ fn main() {
         Cmd::Devices => cmd_devices(),
         Cmd::Quantize(a) => cmd_quantize(a),
         Cmd::Info(a) => cmd_info(a),
+        Cmd::Bench(a) => bench::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -187,14 +191,14 @@ fn main() {
 }
 
 /// The model's files, checked (config, weight headers) before any GPU is opened.
-fn open_source(m: &ModelArgs) -> Result<ModelSource> {
+pub(crate) fn open_source(m: &ModelArgs) -> Result<ModelSource> {
     match &m.model {
         Some(dir) => ModelSource::open(dir).map_err(|e| Error::msg(format!("--model {e}"))),
         None => ModelSource::builtin(),
     }
 }
 
-fn open_model(m: &ModelArgs, src: &ModelSource) -> Result<Model> {
+pub(crate) fn open_model(m: &ModelArgs, src: &ModelSource) -> Result<Model> {
     let gpu = Arc::new(Gpu::new(m.adapter.as_deref())?);
     log::info!("adapter: {}", gpu.adapter.line());
     let t0 = Instant::now();

@@ -7,8 +7,10 @@
 //! - Defines are prepended to the WGSL source as `const NAME = VALUE;` lines, and a pipeline
 //!   is cached by (shader name, entry point, defines).
 
+mod profile;
 mod recorder;
 
+pub use profile::{Cost, KernelStat, ProfileClock};
 pub use recorder::Recorder;
 
 use crate::error::{Error, Result};
@@ -125,8 +127,12 @@ pub struct Gpu {
     dummy: wgpu::Buffer,
     /// `name::entry` of each pipeline (by address), for the profiler.
     labels: Mutex<HashMap<usize, String>>,
-    /// Per-kernel wall time when profiling (see [`Gpu::set_profiling`]).
-    pub(crate) profile: Mutex<Option<HashMap<String, (f64, u32)>>>,
+    /// Per-kernel totals while profiling (see [`Gpu::set_profiling`]).
+    pub(crate) profile: Mutex<Option<profile::Profiler>>,
+    /// Whether the device was opened with timestamp queries.
+    timestamps: bool,
+    /// Kernel scratch buffers by name, grown on demand and kept (see [`Gpu::scratch`]).
+    scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
 }
 
 /// Size of the uniform arena that holds the `Params` of the dispatches of one submission.
@@ -164,6 +170,7 @@ impl Gpu {
         let limits = adapter.limits();
         let wanted = wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;
+        let timestamps = features.contains(wgpu::Features::TIMESTAMP_QUERY);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("sparsa"),
             required_features: features,
@@ -201,6 +208,8 @@ impl Gpu {
             labels: Mutex::default(),
             dummy,
             profile: Mutex::new(None),
+            timestamps,
+            scratch: Mutex::default(),
             errors,
             param_arena,
             arena_lock: Mutex::new(()),
@@ -229,6 +238,28 @@ impl Gpu {
                 self.adapter.name
             )))
         }
+    }
+
+    /// The scratch buffer `name` with at least `bytes` bytes: created on first use, replaced
+    /// by a larger one when a call needs more, else reused. For intermediate results that
+    /// live between two dispatches of one kernel (queue order keeps the uses apart).
+    pub fn scratch(&self, name: &'static str, bytes: u64) -> Result<wgpu::Buffer> {
+        let mut m = lock(&self.scratch);
+        if let Some(b) = m.get(name) {
+            if b.size() >= bytes {
+                return Ok(b.clone());
+            }
+        }
+        let b = self.buffer(bytes, name)?;
+        m.insert(name, b.clone());
+        Ok(b)
+    }
+
+    /// Record an error for the next [`Gpu::check`] (for wrappers that record work and
+    /// cannot return one).
+    pub fn report_error(&self, msg: String) {
+        log::error!("{msg}");
+        lock(&self.errors).push(msg);
     }
 
     /// A storage buffer of `bytes` (rounded up to 4), usable as copy source and destination.
@@ -361,21 +392,43 @@ impl Gpu {
         p
     }
 
-    /// Profiling by synchronisation: while on, every dispatch is submitted alone and waited
-    /// for, and its wall time is added to its kernel's total. Slow, but it works on every
-    /// adapter (timestamp queries do not); `take_profile` returns and clears the totals.
+    /// Per-kernel profiling: while on, every dispatch runs in a compute pass of its own and
+    /// its time (GPU timestamps where the adapter has them, else the wall time of the
+    /// dispatch submitted alone), count and stated bytes/FLOPs are added to its kernel's
+    /// totals. Slower than normal running; `take_profile` returns and clears the totals.
     pub fn set_profiling(&self, on: bool) {
-        *lock(&self.profile) = on.then(HashMap::new);
+        let clock = if self.timestamps {
+            ProfileClock::Timestamps
+        } else {
+            ProfileClock::Wall
+        };
+        *lock(&self.profile) = on.then(|| profile::Profiler::new(clock));
     }
 
-    /// Per-kernel (`name::entry`) total seconds and dispatch counts, largest first.
-    pub fn take_profile(&self) -> Vec<(String, f64, u32)> {
-        let mut v: Vec<(String, f64, u32)> = lock(&self.profile)
+    /// How `set_profiling` measures on this device.
+    pub fn profile_clock(&self) -> ProfileClock {
+        if self.timestamps {
+            ProfileClock::Timestamps
+        } else {
+            ProfileClock::Wall
+        }
+    }
+
+    /// Per-kernel totals since profiling was switched on, largest time first.
+    pub fn take_profile(&self) -> Vec<KernelStat> {
+        lock(&self.profile)
             .as_mut()
-            .map(|m| m.drain().map(|(k, (t, n))| (k, t, n)).collect())
-            .unwrap_or_default();
-        v.sort_by(|a, b| b.1.total_cmp(&a.1));
-        v
+            .map(|p| p.take())
+            .unwrap_or_default()
+    }
+
+    /// A timestamp query set of `n` queries (profiling only).
+    pub(crate) fn query_set(&self, n: u32) -> wgpu::QuerySet {
+        self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: n.max(2),
+        })
     }
 
     pub fn dummy(&self) -> &wgpu::Buffer {

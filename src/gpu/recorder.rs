@@ -4,17 +4,21 @@
 //! the arena is written once right before the submit. When it fills up the recorder
 //! submits what it has and goes on (queue order keeps the earlier reads first).
 
+use super::profile::{Cost, ProfileClock};
 use super::{Gpu, PARAM_ARENA};
 use crate::error::Result;
 use std::sync::{Arc, MutexGuard};
 
 const PARAM_STRIDE: u64 = 256;
+/// Dispatches per submission while profiling with timestamps (two queries each).
+const PROFILE_BATCH: usize = 1024;
 
 enum Op {
     Dispatch {
         pipeline: Arc<wgpu::ComputePipeline>,
         group: wgpu::BindGroup,
         wg: [u32; 3],
+        cost: Cost,
     },
     Copy {
         src: wgpu::Buffer,
@@ -29,6 +33,8 @@ pub struct Recorder<'g> {
     gpu: &'g Gpu,
     params: Vec<u8>,
     ops: Vec<Op>,
+    /// The cost stated for the next dispatch.
+    cost: Cost,
     _arena: MutexGuard<'g, ()>,
 }
 
@@ -39,6 +45,7 @@ impl Gpu {
             gpu: self,
             params: Vec::new(),
             ops: Vec::new(),
+            cost: Cost::default(),
             _arena: super::lock(&self.arena_lock),
         }
     }
@@ -47,6 +54,12 @@ impl Gpu {
 impl<'g> Recorder<'g> {
     pub fn gpu(&self) -> &'g Gpu {
         self.gpu
+    }
+
+    /// State the bytes the next dispatch must move and the FLOPs it must compute (for the
+    /// profiler's report; `tag` tells variants of one kernel apart, e.g. weight formats).
+    pub fn cost(&mut self, bytes: u64, flops: u64, tag: &'static str) {
+        self.cost = Cost { bytes, flops, tag };
     }
 
     /// Dispatch `pipeline` with `params` at binding 0 and `buffers` at bindings 1.. .
@@ -95,22 +108,31 @@ impl<'g> Recorder<'g> {
                 layout: &pipeline.get_bind_group_layout(0),
                 entries: &entries,
             });
+        let cost = std::mem::take(&mut self.cost);
         self.ops.push(Op::Dispatch {
             pipeline: pipeline.clone(),
             group,
             wg,
+            cost,
         });
-        if super::lock(&self.gpu.profile).is_some() {
-            let t = std::time::Instant::now();
-            self.flush();
-            // An error here is reported again by the next check.
-            let _ = self.gpu.sync();
-            let dt = t.elapsed().as_secs_f64();
-            let label = self.gpu.label_of(pipeline);
-            if let Some(m) = super::lock(&self.gpu.profile).as_mut() {
-                let e = m.entry(label).or_insert((0.0, 0));
-                e.0 += dt;
-                e.1 += 1;
+        let clock = super::lock(&self.gpu.profile).as_ref().map(|p| p.clock);
+        match clock {
+            None => {}
+            Some(ProfileClock::Timestamps) => {
+                if self.ops.len() >= PROFILE_BATCH {
+                    self.flush();
+                }
+            }
+            Some(ProfileClock::Wall) => {
+                let t = std::time::Instant::now();
+                self.flush();
+                // An error here is reported again by the next check.
+                let _ = self.gpu.sync();
+                let dt = t.elapsed().as_secs_f64();
+                let label = self.gpu.label_of(pipeline);
+                if let Some(p) = super::lock(&self.gpu.profile).as_mut() {
+                    p.add(&label, dt, cost);
+                }
             }
         }
     }
@@ -136,7 +158,8 @@ impl<'g> Recorder<'g> {
         });
     }
 
-    /// Submit everything recorded so far (does not wait).
+    /// Submit everything recorded so far (does not wait, except while profiling with
+    /// timestamps, when it reads the timestamps back).
     pub fn flush(&mut self) {
         if self.ops.is_empty() {
             return;
@@ -146,9 +169,14 @@ impl<'g> Recorder<'g> {
                 .queue
                 .write_buffer(&self.gpu.param_arena, 0, &self.params);
         }
+        let ops = std::mem::take(&mut self.ops);
+        let timed = super::lock(&self.gpu.profile)
+            .as_ref()
+            .is_some_and(|p| p.clock == ProfileClock::Timestamps);
+        let queries = timed.then(|| self.gpu.query_set(2 * ops.len() as u32));
         let mut enc = self.gpu.device.create_command_encoder(&Default::default());
         let mut i = 0;
-        let ops = std::mem::take(&mut self.ops);
+        let mut n_disp = 0u32;
         while i < ops.len() {
             if let Op::Copy {
                 src,
@@ -162,25 +190,69 @@ impl<'g> Recorder<'g> {
                 i += 1;
                 continue;
             }
-            let mut pass = enc.begin_compute_pass(&Default::default());
+            let desc = wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: queries.as_ref().map(|q| wgpu::ComputePassTimestampWrites {
+                    query_set: q,
+                    beginning_of_pass_write_index: Some(2 * n_disp),
+                    end_of_pass_write_index: Some(2 * n_disp + 1),
+                }),
+            };
+            let mut pass = enc.begin_compute_pass(&desc);
             while i < ops.len() {
                 match &ops[i] {
                     Op::Dispatch {
                         pipeline,
                         group,
                         wg,
+                        ..
                     } => {
                         pass.set_pipeline(pipeline);
                         pass.set_bind_group(0, group, &[]);
                         pass.dispatch_workgroups(wg[0], wg[1], wg[2]);
                         i += 1;
+                        n_disp += 1;
+                        if queries.is_some() {
+                            break;
+                        }
                     }
                     Op::Copy { .. } => break,
                 }
             }
         }
+        let Some(qs) = queries else {
+            self.gpu.queue.submit([enc.finish()]);
+            self.params.clear();
+            return;
+        };
+        let bytes = 16 * n_disp as u64;
+        let resolve = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps"),
+            size: bytes.max(16),
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        enc.resolve_query_set(&qs, 0..2 * n_disp, &resolve, 0);
         self.gpu.queue.submit([enc.finish()]);
         self.params.clear();
+        match self.gpu.read_bytes(&resolve, 0, bytes) {
+            Ok(raw) => {
+                let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&raw);
+                let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
+                let mut j = 0;
+                let mut prof = super::lock(&self.gpu.profile);
+                for op in &ops {
+                    if let Op::Dispatch { pipeline, cost, .. } = op {
+                        let dt = ticks[2 * j + 1].saturating_sub(ticks[2 * j]) as f64 * period;
+                        if let Some(p) = prof.as_mut() {
+                            p.add(&self.gpu.label_of(pipeline), dt, *cost);
+                        }
+                        j += 1;
+                    }
+                }
+            }
+            Err(e) => log::error!("profiler: {e}"),
+        }
     }
 
     /// Submit and wait for the GPU; reports GPU errors.

@@ -9,7 +9,7 @@
 //! or F16. Output buffers must not be any of the input buffers.
 use super::{src, Recorder, View};
 use crate::gpu::u;
-use crate::weights::{DType, GpuWeight, WFormat};
+use crate::weights::{GpuWeight, WFormat};
 use bytemuck::Zeroable;
 
 const WG: u32 = 256;
@@ -40,26 +40,14 @@ struct Params {
     _pad: [u32; 2],
 }
 
-/// All pipelines of attention.wgsl set every define (module-scope workgroup arrays use them).
-fn defines(w: WFormat, tr: u32, nc: u32, qd: u32, swg: u32) -> [(&'static str, String); 7] {
+/// Every pipeline of attention.wgsl sets all its defines.
+fn defines(w: WFormat, tr: u32) -> [(&'static str, String); 4] {
     [
         ("W_DTYPE", u(w.code())),
         ("QB", u(w.block().max(1) as u32)),
         ("S_BF16", u(w.scale_bf16() as u32)),
         ("TR", u(tr)),
-        ("NC", u(nc)),
-        ("QD", u(qd)),
-        ("SWG", u(swg)),
     ]
-}
-
-/// sparse_mla's workgroup size: the smallest of 64 / 128 / 256 that covers the latent.
-fn sparse_wg(kv_lora: u32) -> u32 {
-    match kv_lora {
-        0..=64 => 64,
-        65..=128 => 128,
-        _ => WG,
-    }
 }
 
 /// Query rows per workgroup for the two weight products.
@@ -141,7 +129,7 @@ fn kvb_product(
         "attention",
         src::ATTENTION,
         entry,
-        &defines(wkvb.format, tr, 1, 4, WG),
+        &defines(wkvb.format, tr),
     );
     let params = Params {
         a_off: a.offset,
@@ -175,12 +163,87 @@ fn kvb_product(
     );
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MlaParams {
+    qa_off: u32,
+    qa_stride: u32,
+    q_off: u32,
+    q_stride: u32,
+    c_off: u32,
+    c_stride: u32,
+    o_off: u32,
+    o_stride: u32,
+    rows: u32,
+    heads: u32,
+    dn: u32,
+    dr: u32,
+    kv_lora: u32,
+    topk: u32,
+    splits: u32,
+    split_len: u32,
+    scale: f32,
+    hgroups: u32,
+    _pad: [u32; 2],
+}
+
+/// Workgroups `sparse_mla` aims for before it splits the selected positions.
+const MLA_TARGET_GROUPS: u32 = 1024;
+/// Most splits of one (row, head); `mla_combine`'s workgroup array holds a weight each.
+const MLA_MAX_SPLITS: u32 = 1024;
+
+/// `mla.wgsl`'s shape for a model: heads per workgroup, heads per invocation, tile
+/// positions, and how many vec4s hold one query.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct MlaShape {
+    hg: u32,
+    hpt: u32,
+    pt: u32,
+    qd4: u32,
+    nc: u32,
+}
+
+impl MlaShape {
+    /// The most heads per workgroup (≤ 16, a power of two ≤ heads) whose queries fit in the
+    /// adapter's workgroup memory.
+    fn new(heads: u32, kv_lora: u32, dr: u32, wg_bytes: u32) -> MlaShape {
+        let qd4 = (kv_lora + dr).div_ceil(4);
+        let mut hg = 16u32.min(1 << (31 - heads.max(1).leading_zeros()));
+        // queries + logit tile (4 KiB at most) + positions.
+        while hg > 1 && hg * qd4 * 16 + 4096 + 1024 > wg_bytes {
+            hg /= 2;
+        }
+        let hpt = hg.min(4);
+        MlaShape {
+            hg,
+            hpt,
+            pt: 256 * hpt / hg,
+            qd4,
+            nc: kv_lora.div_ceil(WG),
+        }
+    }
+
+    fn defines(&self) -> [(&'static str, String); 6] {
+        [
+            ("HG", u(self.hg)),
+            ("HPT", u(self.hpt)),
+            ("PT", u(self.pt)),
+            ("QD4", u(self.qd4)),
+            ("NC", u(self.nc)),
+            ("MAXS", u(MLA_MAX_SPLITS)),
+        ]
+    }
+}
+
 /// For each `t < rows`, `h < heads`, over the selected positions `s = idx[t*topk + j]`,
 /// `j < cnt[t]`: `logit_j = (q_abs[t,h,:] · cache[s, :kv_lora] + q_pe[t,h,:] · cache[s, kv_lora..kv_lora+dr]) · scale`,
 /// `o_lat[t, h*kv_lora + c] = Σ_j softmax(logit)_j · cache[s, c]` (online softmax, any count).
 ///
 /// `cnt[t]` is clamped to `topk`; a row with no selected position gets zeros. Only the
-/// cache rows named by `idx` are read. One workgroup per (row, head).
+/// cache rows named by `idx` are read, each once per group of heads (`mla.wgsl`).
+/// `max_count` bounds `cnt` (e.g. `min(topk, keys cached)`): it sizes the split of the
+/// positions across workgroups, which a decode step needs to fill the GPU. Split partial
+/// results go to a scratch buffer that the device keeps between calls.
 #[allow(clippy::too_many_arguments)]
 pub fn sparse_mla(
     rec: &mut Recorder,
@@ -190,6 +253,7 @@ pub fn sparse_mla(
     idx: &wgpu::Buffer,
     cnt: &wgpu::Buffer,
     topk: u32,
+    max_count: u32,
     o_lat: View,
     rows: u32,
     heads: u32,
@@ -201,24 +265,30 @@ pub fn sparse_mla(
     if rows == 0 || heads == 0 {
         return;
     }
-    assert!(
-        kv_lora > 0 && kv_lora + dr <= 2048,
-        "sparse_mla: kv_lora {kv_lora} + dr {dr} must be in 1..=2048"
-    );
-    let swg = sparse_wg(kv_lora);
-    let nc = kv_lora.div_ceil(swg);
     let gpu = rec.gpu();
-    let p = gpu.pipeline(
-        "attention",
-        src::ATTENTION,
-        "sparse_mla",
-        &defines(WFormat::Float(DType::F32), 1, nc, kv_lora + dr, swg),
+    let sh = MlaShape::new(
+        heads,
+        kv_lora,
+        dr,
+        gpu.limits.max_compute_workgroup_storage_size,
     );
-    let params = Params {
-        a_off: q_abs.offset,
-        a_stride: q_abs.stride,
-        b_off: q.offset,
-        b_stride: q.stride,
+    let hgroups = heads.div_ceil(sh.hg);
+    let n_max = max_count.min(topk).max(1);
+    let groups = rows as u64 * hgroups as u64;
+    let want = (MLA_TARGET_GROUPS as u64 / groups.max(1)).min(MLA_MAX_SPLITS as u64) as u32;
+    let (splits, split_len) = if want <= 1 {
+        (1, n_max.div_ceil(sh.pt) * sh.pt)
+    } else {
+        let len = n_max.div_ceil(want).div_ceil(sh.pt) * sh.pt;
+        (n_max.div_ceil(len), len)
+    };
+    let defines = sh.defines();
+    let p = gpu.pipeline("mla", src::MLA, "mla", &defines);
+    let params = MlaParams {
+        qa_off: q_abs.offset,
+        qa_stride: q_abs.stride,
+        q_off: q.offset,
+        q_stride: q.stride,
         c_off: cache.offset,
         c_stride: cache.stride,
         o_off: o_lat.offset,
@@ -229,15 +299,46 @@ pub fn sparse_mla(
         dr,
         kv_lora,
         topk,
+        splits,
+        split_len,
         scale,
-        ..Params::zeroed()
+        hgroups,
+        _pad: [0; 2],
     };
-    let n = grid_count("sparse_mla", rows as u64 * heads as u64);
+    let row_bytes = 4 * (kv_lora + dr) as u64;
+    let flops = 2 * rows as u64 * heads as u64 * n_max as u64 * (2 * kv_lora + dr) as u64;
+    let n = grid_count("sparse_mla", groups * splits as u64);
+    rec.cost(rows as u64 * n_max as u64 * row_bytes, flops, "");
+    if splits == 1 {
+        rec.dispatch(
+            &p,
+            &params,
+            &[o_lat.buf, q_abs.buf, q.buf, cache.buf, idx, cnt],
+            gpu.grid(n),
+        );
+        return;
+    }
+    let part_bytes = 4 * rows as u64 * heads as u64 * splits as u64 * (kv_lora + 2) as u64;
+    let part = match gpu.scratch("mla partials", part_bytes) {
+        Ok(b) => b,
+        Err(e) => {
+            gpu.report_error(e.to_string());
+            return;
+        }
+    };
     rec.dispatch(
         &p,
         &params,
-        &[q_abs.buf, idx, o_lat.buf, q.buf, cache.buf, cnt],
+        &[&part, q_abs.buf, q.buf, cache.buf, idx, cnt],
         gpu.grid(n),
+    );
+    let pc = gpu.pipeline("mla", src::MLA, "mla_combine", &defines);
+    rec.cost(part_bytes, 0, "");
+    rec.dispatch(
+        &pc,
+        &params,
+        &[o_lat.buf, &part],
+        gpu.grid(grid_count("mla_combine", rows as u64 * heads as u64)),
     );
 }
 
@@ -593,6 +694,7 @@ mod tests {
             &ib,
             &nb,
             topk as u32,
+            topk as u32,
             View::new(&ob, ooff as u32, os as u32),
             rows as u32,
             d.heads as u32,
@@ -647,6 +749,40 @@ mod tests {
             let (got, want) = run_sparse(&mut rng, &d, rows, n_keys, topk, &sel, false);
             assert_close(&got, &want, 1e-5, 1e-4, &format!("sparse_mla kv {kv}"));
         }
+    }
+
+    #[test]
+    fn sparse_mla_splits_and_head_groups() {
+        // Few rows with many selected positions: the positions are split across workgroups
+        // and merged by mla_combine (rows with fewer positions leave whole splits empty).
+        // 20 heads: a full group of 16 and a group with 4 live heads; kv 300: two value
+        // columns per invocation; kv + dr = 310: a query that ends inside a vec4.
+        let mut rng = Rng::new(37);
+        let d = Dims {
+            heads: 20,
+            dn: 4,
+            dr: 10,
+            dv: 4,
+            kv: 300,
+        };
+        let (n_keys, topk) = (2600, 2000);
+        let sel: Vec<Vec<u32>> = [2000usize, 700, 1]
+            .iter()
+            .map(|&c| random_selection(&mut rng, n_keys, c))
+            .collect();
+        let (got, want) = run_sparse(&mut rng, &d, 3, n_keys, topk, &sel, true);
+        assert_close(&got, &want, 1e-5, 1e-4, "sparse_mla split");
+        // One row, 3 heads (groups of 2), a single-head tail group.
+        let d = Dims {
+            heads: 3,
+            dn: 4,
+            dr: 4,
+            dv: 4,
+            kv: 60,
+        };
+        let sel = vec![random_selection(&mut rng, 5000, 4097)];
+        let (got, want) = run_sparse(&mut rng, &d, 1, 5000, 4100, &sel, false);
+        assert_close(&got, &want, 1e-5, 1e-4, "sparse_mla split, 3 heads");
     }
 
     #[test]
@@ -706,6 +842,7 @@ mod tests {
             View::rows(&cb, w as u32),
             &ib,
             &nb,
+            100,
             100,
             View::rows(&ob, (d.heads * d.kv) as u32),
             1,
@@ -784,6 +921,7 @@ mod tests {
             View::rows(&cb, lw as u32),
             &ib,
             &nb,
+            topk as u32,
             topk as u32,
             View::rows(&ol, h * kv),
             rows as u32,

@@ -58,6 +58,14 @@ pub fn add(rec: &mut Recorder, x: View, y: View, rows: u32, dim: u32) {
     );
 }
 
+/// Fills `rows × dim` values of `y` with seeded pseudo-random values, uniform with unit
+/// variance (synthetic caches for benchmarks: same seed, same values on every adapter).
+pub fn fill_random(rec: &mut Recorder, y: View, rows: u32, dim: u32, seed: u32) {
+    let p = Params::new(y, None, y, rows, dim, seed);
+    rec.cost(4 * rows as u64 * dim as u64, 0, "");
+    run(rec, "fill_random", &p, &[y.buf]);
+}
+
 /// SwiGLU: `out[r, c] = silu(g[r, c]) * u[r, c]`, `silu(v) = v / (1 + exp(-v))`.
 /// `g` and `u` may be views of one buffer; `out` must be another buffer.
 pub fn swiglu(rec: &mut Recorder, g: View, u: View, out: View, rows: u32, dim: u32) {

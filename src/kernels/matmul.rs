@@ -194,6 +194,12 @@ fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, k
         };
         let grid = rec.gpu().grid(groups);
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
+        let (k, n, r) = (w.cols as u64, n as u64, rows as u64);
+        rec.cost(
+            n * w.row_bytes() + 4 * r * (k + n),
+            2 * r * n * k,
+            w.format.name(),
+        );
         rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, scale], grid);
     }
 }
@@ -272,6 +278,15 @@ pub fn matmul_experts(
         };
         let grid = rec.gpu().grid(groups);
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
+        // Rows read: each slot's expert once (distinct experts may be fewer; this is the
+        // bound for decode, where the slots of one token name distinct experts).
+        let (k, n, sl) = (w.cols as u64, rpe as u64, slots as u64);
+        let read_rows = (sl * n).min(c.rows as u64);
+        rec.cost(
+            read_rows * w.row_bytes() + 4 * sl * (k + n),
+            2 * sl * n * k,
+            w.format.name(),
+        );
         rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, scale, experts], grid);
     }
 }

@@ -29,6 +29,8 @@ pub mod src {
         include_str!("../../shaders/quant.wgsl"),
         include_str!("../../shaders/attention.wgsl")
     );
+    pub const CALIBRATE: &str = include_str!("../../shaders/calibrate.wgsl");
+    pub const MLA: &str = include_str!("../../shaders/mla.wgsl");
     pub const ELEMENTWISE: &str = include_str!("../../shaders/elementwise.wgsl");
     pub const EMBED: &str = concat!(
         include_str!("../../shaders/weights.wgsl"),

@@ -75,14 +75,23 @@ pub struct Session<'m> {
     pub pos: usize,
     /// Rows per prefill chunk.
     pub chunk: usize,
-    /// Positions attended per query: `min(index_topk, max_ctx)`.
+    /// Positions attended per query: `min(index_topk, max_ctx)`, or `max_ctx` when dense.
     topk: usize,
+    /// Attention over every cached position (no indexer): the baseline DSA is measured
+    /// against.
+    dense: bool,
     rope: RopeTable,
     s: Scratch,
 }
 
 impl<'m> Session<'m> {
     pub fn new(model: &'m Model, max_ctx: usize) -> Result<Session<'m>> {
+        Self::with_attention(model, max_ctx, false)
+    }
+
+    /// A session whose attention reads every cached position when `dense` (the indexer and
+    /// top-k are skipped), else the indexer's top-k.
+    pub fn with_attention(model: &'m Model, max_ctx: usize, dense: bool) -> Result<Session<'m>> {
         let cfg = &model.config;
         let gpu = &*model.gpu;
         if max_ctx == 0 {
@@ -128,7 +137,14 @@ impl<'m> Session<'m> {
             ik: f(c * cfg.index_head_dim, "ik")?,
             iw: f(c * cfg.index_n_heads, "iw")?,
             scores: f(c * max_ctx, "scores")?,
-            sel_idx: f(c * cfg.index_topk.min(max_ctx), "sel_idx")?,
+            sel_idx: f(
+                c * if dense {
+                    max_ctx
+                } else {
+                    cfg.index_topk.min(max_ctx)
+                },
+                "sel_idx",
+            )?,
             sel_cnt: f(c, "sel_cnt")?,
             rlogits: f(c * cfg.n_routed_experts.max(1), "router logits")?,
             ridx: f(c * k, "router idx")?,
@@ -146,7 +162,12 @@ impl<'m> Session<'m> {
             caches,
             pos: 0,
             chunk,
-            topk: cfg.index_topk.min(max_ctx),
+            topk: if dense {
+                max_ctx
+            } else {
+                cfg.index_topk.min(max_ctx)
+            },
+            dense,
             rope: RopeTable::new(cfg),
             s,
         })
@@ -154,6 +175,50 @@ impl<'m> Session<'m> {
 
     pub fn max_ctx(&self) -> usize {
         self.caches.max_ctx
+    }
+
+    /// Whether attention reads every cached position.
+    pub fn is_dense(&self) -> bool {
+        self.dense
+    }
+
+    /// Fill the caches of positions `0 .. len` with seeded pseudo-random unit-variance values
+    /// and continue from `len`, so a decode step at a long context can be measured without
+    /// prefilling it. The values are not what the model would compute; only for benchmarks.
+    pub fn fill_synthetic(&mut self, len: usize, seed: u32) -> Result<()> {
+        let cfg = &self.model.config;
+        if len > self.max_ctx() {
+            return Err(Error::msg(format!(
+                "synthetic fill of {len} positions exceeds --ctx {}",
+                self.max_ctx()
+            )));
+        }
+        let gpu = &*self.model.gpu;
+        let row = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as u32;
+        let id = cfg.index_head_dim as u32;
+        let mut rec = gpu.recorder();
+        for (i, latent) in self.caches.latent.iter().enumerate() {
+            let n = len as u32;
+            elementwise::fill_random(
+                &mut rec,
+                View::rows(latent, row),
+                n,
+                row,
+                seed ^ (2 * i as u32),
+            );
+            if let Some(keys) = &self.caches.keys[i] {
+                elementwise::fill_random(
+                    &mut rec,
+                    View::rows(keys, id),
+                    n,
+                    id,
+                    seed ^ (2 * i as u32 + 1),
+                );
+            }
+        }
+        rec.finish()?;
+        self.pos = len;
+        Ok(())
     }
 
     /// Forget the conversation (the caches are overwritten from position 0).
@@ -485,6 +550,7 @@ impl<'m> Session<'m> {
             &s.sel_idx,
             &s.sel_cnt,
             k,
+            k.min(pos0 + t),
             o_lat,
             t,
             heads,

@@ -26,6 +26,13 @@ pub struct GpuWeight {
 }
 
 /// One quantized tensor and its scale tensor, as stored in the files.
+impl GpuWeight {
+    /// GPU bytes of one row with its scales.
+    pub fn row_bytes(&self) -> u64 {
+        (self.format.row_bytes(self.cols) + self.format.scale_row_bytes(self.cols)) as u64
+    }
+}
+
 pub struct QuantPart<'a> {
     pub weight: TensorRef<'a>,
     pub scale: TensorRef<'a>,

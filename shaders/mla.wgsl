@@ -1,0 +1,314 @@
+// Sparse MLA attention in absorbed form over the latent cache (MQA form: every head reads
+// the same selected cache rows), flash-decoding style.
+//
+//   logit[t, h, j] = (q_abs[t, h, :] · cache[s_j, :kv_lora] + q_pe[t, h, :] · cache[s_j, kv_lora:]) · scale
+//   o_lat[t, h, :] = Σ_j softmax_j(logit[t, h, :]) · cache[s_j, :kv_lora]
+// over the selected positions s_j = idx[t * topk + j], j < min(cnt[t], topk).
+//
+// mla: one workgroup per (row t, group of HG heads, split of the selected list). The
+//   HG queries sit in workgroup memory as vec4s; each selected row is read from memory by
+//   the workgroup once for the logits and once for the values (the second read hits the
+//   cache), and is used by all HG heads: bytes per row stay one row, not one per head.
+//   Positions go in tiles of PT:
+//   1. logits: invocation (p, l) takes tile position p and heads l*HPT .. l*HPT+HPT, and
+//      walks the row in vec4 steps (HPT dot products per row element read);
+//   2. per head, the tile's max and the online-softmax rescale (invocations h < HG);
+//   3. values: invocation c takes latent columns c, c + 256, ... (NC of them) for all HG
+//      heads and accumulates p_j · row_j[c] over the tile, 4 positions per step.
+//   With one split the output is normalized and written to o_lat; with several, each split
+//   writes its unnormalized sums, max and sum of exponentials to `part`, and mla_combine
+//   merges the splits with a log-sum-exp rescale.
+//
+// Defines: HG (heads per workgroup, a power of two), HPT (heads per invocation in the logit
+// phase, ≤ 4, divides HG), PT (tile positions = 256 * HPT / HG), QD4 (ceil((kv_lora + dr) / 4)),
+// NC (ceil(kv_lora / 256)).
+
+const WG: u32 = 256u;
+const NEG_BIG: f32 = -3.0e38;
+
+struct Params {
+    qa_off: u32,     // q_abs view
+    qa_stride: u32,
+    q_off: u32,      // q view (q_pe = columns h*(dn+dr)+dn ..)
+    q_stride: u32,
+    c_off: u32,      // cache view
+    c_stride: u32,
+    o_off: u32,      // o_lat view
+    o_stride: u32,
+    rows: u32,
+    heads: u32,
+    dn: u32,
+    dr: u32,
+    kv_lora: u32,
+    topk: u32,       // idx row stride (capacity)
+    splits: u32,
+    split_len: u32,  // positions per split (a multiple of PT)
+    scale: f32,
+    hgroups: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read> qa: array<f32>;
+@group(0) @binding(3) var<storage, read> qin: array<f32>;
+@group(0) @binding(4) var<storage, read> cache: array<f32>;
+@group(0) @binding(5) var<storage, read> idx: array<u32>;
+@group(0) @binding(6) var<storage, read> cnt: array<u32>;
+
+var<workgroup> qsh: array<vec4<f32>, HG * QD4>;
+var<workgroup> sp: array<vec4<f32>, HG * PT / 4u>;  // logits, then probabilities, [h][p]
+var<workgroup> pos_sh: array<u32, PT>;
+var<workgroup> corr_sh: array<f32, HG>;
+var<workgroup> n_sh: u32;
+
+fn qd() -> u32 {
+    return P.kv_lora + P.dr;
+}
+
+// Element i of the query of head h: q_abs for i < kv_lora, then q_pe.
+fn query(t: u32, h: u32, i: u32) -> f32 {
+    if (h >= P.heads || i >= qd()) {
+        return 0.0;
+    }
+    if (i < P.kv_lora) {
+        return qa[P.qa_off + t * P.qa_stride + h * P.kv_lora + i];
+    }
+    return qin[P.q_off + t * P.q_stride + h * (P.dn + P.dr) + P.dn + (i - P.kv_lora)];
+}
+
+@compute @workgroup_size(256)
+fn mla(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if (g >= P.rows * P.hgroups * P.splits) {
+        return;
+    }
+    let split = g % P.splits;
+    let hg = (g / P.splits) % P.hgroups;
+    let t = g / (P.splits * P.hgroups);
+    let h0 = hg * HG;
+    if (lid == 0u) {
+        n_sh = min(cnt[t], P.topk);
+    }
+    for (var i = lid; i < HG * QD4; i = i + WG) {
+        let h = h0 + i / QD4;
+        let d = (i % QD4) * 4u;
+        qsh[i] = vec4<f32>(query(t, h, d), query(t, h, d + 1u), query(t, h, d + 2u), query(t, h, d + 3u));
+    }
+    let n = workgroupUniformLoad(&n_sh);
+    let j_begin = split * P.split_len;
+    let j_end = min(n, j_begin + P.split_len);
+    let qdim = qd();
+    let ib = t * P.topk;
+
+    // Logit phase: invocation (p, l).
+    let lanes = HG / HPT;
+    let p_me = lid / lanes;
+    let l_me = lid % lanes;
+    // Softmax state per head (invocations h < HG), value accumulators per (head, column).
+    var m = NEG_BIG;
+    var lsum = 0.0;
+    var acc: array<f32, HG * NC>;
+    for (var i = 0u; i < HG * NC; i = i + 1u) {
+        acc[i] = 0.0;
+    }
+    for (var j0 = j_begin; j0 < j_end; j0 = j0 + PT) {
+        let nb = min(PT, j_end - j0);
+        workgroupBarrier();
+        for (var i = lid; i < nb; i = i + WG) {
+            pos_sh[i] = idx[ib + j0 + i];
+        }
+        workgroupBarrier();
+        // 1. logits of tile position p_me for heads l_me*HPT ..
+        var lg: array<f32, HPT>;
+        for (var k = 0u; k < HPT; k = k + 1u) {
+            lg[k] = 0.0;
+        }
+        if (p_me < nb) {
+            let base = P.c_off + pos_sh[p_me] * P.c_stride;
+            for (var d4 = 0u; d4 < QD4; d4 = d4 + 1u) {
+                let d = d4 * 4u;
+                var r = vec4<f32>(0.0);
+                if (d + 3u < qdim) {
+                    r = vec4<f32>(cache[base + d], cache[base + d + 1u], cache[base + d + 2u], cache[base + d + 3u]);
+                } else {
+                    for (var e = 0u; e < 4u; e = e + 1u) {
+                        if (d + e < qdim) {
+                            r[e] = cache[base + d + e];
+                        }
+                    }
+                }
+                for (var k = 0u; k < HPT; k = k + 1u) {
+                    lg[k] = lg[k] + dot(qsh[(l_me * HPT + k) * QD4 + d4], r);
+                }
+            }
+        }
+        for (var k = 0u; k < HPT; k = k + 1u) {
+            var v = NEG_BIG;
+            if (p_me < nb) {
+                v = lg[k] * P.scale;
+            }
+            sp[((l_me * HPT + k) * PT + p_me) / 4u][p_me % 4u] = v;
+        }
+        workgroupBarrier();
+        // 2. online softmax per head.
+        if (lid < HG) {
+            var mb = m;
+            for (var p = 0u; p < nb; p = p + 1u) {
+                mb = max(mb, sp[(lid * PT + p) / 4u][p % 4u]);
+            }
+            let c = exp(m - mb);
+            var s = 0.0;
+            for (var p = 0u; p < PT; p = p + 1u) {
+                var e = 0.0;
+                if (p < nb) {
+                    e = exp(sp[(lid * PT + p) / 4u][p % 4u] - mb);
+                }
+                sp[(lid * PT + p) / 4u][p % 4u] = e;
+                s = s + e;
+            }
+            lsum = lsum * c + s;
+            m = mb;
+            corr_sh[lid] = c;
+        }
+        workgroupBarrier();
+        // 3. values.
+        for (var h = 0u; h < HG; h = h + 1u) {
+            let c = corr_sh[h];
+            for (var i = 0u; i < NC; i = i + 1u) {
+                acc[h * NC + i] = acc[h * NC + i] * c;
+            }
+        }
+        for (var p = 0u; p < nb; p = p + 4u) {
+            var rv: array<vec4<f32>, NC>;
+            for (var i = 0u; i < NC; i = i + 1u) {
+                let col = lid + i * WG;
+                var v = vec4<f32>(0.0);
+                if (col < P.kv_lora) {
+                    for (var e = 0u; e < 4u; e = e + 1u) {
+                        if (p + e < nb) {
+                            v[e] = cache[P.c_off + pos_sh[p + e] * P.c_stride + col];
+                        }
+                    }
+                }
+                rv[i] = v;
+            }
+            for (var h = 0u; h < HG; h = h + 1u) {
+                let pr = sp[(h * PT + p) / 4u];
+                for (var i = 0u; i < NC; i = i + 1u) {
+                    acc[h * NC + i] = acc[h * NC + i] + dot(pr, rv[i]);
+                }
+            }
+        }
+    }
+    // Results: the softmax state of head h lives in invocation h; share it.
+    workgroupBarrier();
+    if (lid < HG) {
+        sp[lid][0] = m;
+        sp[lid][1] = lsum;
+    }
+    workgroupBarrier();
+    for (var h = 0u; h < HG; h = h + 1u) {
+        let head = h0 + h;
+        if (head >= P.heads) {
+            break;
+        }
+        let hm = sp[h][0];
+        let hl = sp[h][1];
+        if (P.splits == 1u) {
+            var inv = 0.0;
+            if (hl > 0.0) {
+                inv = 1.0 / hl;
+            }
+            let ob = P.o_off + t * P.o_stride + head * P.kv_lora;
+            for (var i = 0u; i < NC; i = i + 1u) {
+                let col = lid + i * WG;
+                if (col < P.kv_lora) {
+                    out[ob + col] = acc[h * NC + i] * inv;
+                }
+            }
+        } else {
+            // part[(t, head, split)] = [acc (kv_lora) | m | l]
+            let pb = ((t * P.heads + head) * P.splits + split) * (P.kv_lora + 2u);
+            for (var i = 0u; i < NC; i = i + 1u) {
+                let col = lid + i * WG;
+                if (col < P.kv_lora) {
+                    out[pb + col] = acc[h * NC + i];
+                }
+            }
+            if (lid == 0u) {
+                out[pb + P.kv_lora] = hm;
+                out[pb + P.kv_lora + 1u] = hl;
+            }
+        }
+    }
+}
+
+// mla_combine: one workgroup per (row t, head). Merges the splits' partial sums:
+//   M = max_s m_s, o = Σ_s e^(m_s - M) acc_s / Σ_s e^(m_s - M) l_s.
+// Reads `part` through binding 2 (qa) and writes o_lat through binding 1 (out).
+
+var<workgroup> wsh: array<f32, MAXS>;
+var<workgroup> red: array<f32, WG>;
+
+@compute @workgroup_size(256)
+fn mla_combine(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if (g >= P.rows * P.heads) {
+        return;
+    }
+    let t = g / P.heads;
+    let head = g % P.heads;
+    let row = P.kv_lora + 2u;
+    let pb = (t * P.heads + head) * P.splits * row;
+    var mx = NEG_BIG;
+    for (var s = lid; s < P.splits; s = s + WG) {
+        mx = max(mx, qa[pb + s * row + P.kv_lora]);
+    }
+    red[lid] = mx;
+    workgroupBarrier();
+    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
+        if (lid < off) {
+            red[lid] = max(red[lid], red[lid + off]);
+        }
+        workgroupBarrier();
+    }
+    let big = red[0];
+    workgroupBarrier();
+    var l = 0.0;
+    for (var s = lid; s < P.splits; s = s + WG) {
+        let w = exp(qa[pb + s * row + P.kv_lora] - big);
+        wsh[s] = w;
+        l = l + w * qa[pb + s * row + P.kv_lora + 1u];
+    }
+    red[lid] = l;
+    workgroupBarrier();
+    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
+        if (lid < off) {
+            red[lid] = red[lid] + red[lid + off];
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    var inv = 0.0;
+    if (total > 0.0) {
+        inv = 1.0 / total;
+    }
+    let ob = P.o_off + t * P.o_stride + head * P.kv_lora;
+    for (var c = lid; c < P.kv_lora; c = c + WG) {
+        var o = 0.0;
+        for (var s = 0u; s < P.splits; s = s + 1u) {
+            o = o + wsh[s] * qa[pb + s * row + c];
+        }
+        out[ob + c] = o * inv;
+    }
+}

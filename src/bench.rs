@@ -1,0 +1,450 @@
+//! `sparsa bench`: prefill and decode speed, per-kernel GPU time, and the adapter's measured
+//! copy bandwidth and FMA rate, all in one process so every figure can be a ratio.
+//!
+//! - Prefill: random token ids (seeded) run through the model in its normal chunks.
+//! - Decode at context L: the caches of positions `0..L` are either filled with seeded
+//!   random values ([`Fill::Synthetic`], so a 128K step needs no 128K prefill) or prefilled
+//!   with random tokens ([`Fill::Prefill`]); then single-token steps are timed end to end
+//!   (forward pass, logits readback, argmax), and one more step is profiled per kernel.
+//! - Dense: the same model and caches with attention over every cached position (no
+//!   indexer, no top-k), the baseline DSA is compared with.
+
+use crate::error::{Error, Result};
+use crate::generate::argmax;
+use crate::gpu::{Gpu, KernelStat};
+use crate::kernels::src;
+use crate::model::{Model, Session};
+use serde::Serialize;
+use std::time::Instant;
+
+/// The adapter's measured limits.
+#[derive(Clone, Debug, Serialize)]
+pub struct Calibration {
+    /// Buffer-to-buffer copy, bytes read + bytes written per second.
+    pub copy_bytes_per_s: f64,
+    /// f32 fused multiply-add rate, FLOP/s (an FMA is 2 FLOP).
+    pub fma_flops_per_s: f64,
+    /// Bytes of one copy and the number of copies timed.
+    pub copy_bytes: u64,
+    pub copies: u32,
+}
+
+/// Copy bandwidth and FMA rate, each the best of a few timed runs after a warm-up.
+pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
+    let size = gpu.max_binding().min(1 << 30) & !((1 << 20) - 1);
+    let a = gpu.buffer(size, "calibrate src")?;
+    let b = gpu.buffer(size, "calibrate dst")?;
+    let copies = 8u32;
+    let mut best = f64::MAX;
+    for rep in 0..4 {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let n = if rep == 0 { 1 } else { copies };
+        for i in 0..n {
+            let (s, d) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+            enc.copy_buffer_to_buffer(s, 0, d, 0, size);
+        }
+        gpu.sync()?;
+        let t = Instant::now();
+        gpu.queue.submit([enc.finish()]);
+        gpu.sync()?;
+        if rep > 0 {
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    let copy_bytes_per_s = 2.0 * size as f64 * copies as f64 / best;
+    drop((a, b));
+
+    // FMA: grow the grid until one dispatch takes ≥ 20 ms, then take the best of three.
+    let out = gpu.buffer(16, "calibrate out")?;
+    let pipe = gpu.pipeline("calibrate", src::CALIBRATE, "fma_rate", &[]);
+    #[repr(C)]
+    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+    struct P {
+        a: f32,
+        b: f32,
+        iters: u32,
+        pad: u32,
+    }
+    let iters = 2048u32;
+    let p = P {
+        a: 0.999,
+        b: 1e-4,
+        iters,
+        pad: 0,
+    };
+    let mut groups = 64u32;
+    let mut rate = 0.0f64;
+    loop {
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let mut rec = gpu.recorder();
+            rec.dispatch(&pipe, &p, &[&out], gpu.grid(groups));
+            gpu.sync()?;
+            let t = Instant::now();
+            rec.finish()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let flops = 16.0 * iters as f64 * 256.0 * groups as f64;
+        rate = rate.max(flops / best);
+        if best >= 0.02 || groups >= 1 << 20 {
+            break;
+        }
+        groups *= 2;
+    }
+    Ok(Calibration {
+        copy_bytes_per_s,
+        fma_flops_per_s: rate,
+        copy_bytes: size,
+        copies,
+    })
+}
+
+/// How the caches reach the context of a decode measurement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fill {
+    /// Seeded random cache entries (no prefill).
+    Synthetic,
+    /// A real prefill of random tokens.
+    Prefill,
+}
+
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    pub prompt_lens: Vec<usize>,
+    pub contexts: Vec<usize>,
+    pub decode: usize,
+    pub dense: bool,
+    pub fill: Fill,
+    pub profile: bool,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Kernel {
+    pub name: String,
+    pub ms: f64,
+    pub count: u64,
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+impl From<KernelStat> for Kernel {
+    fn from(k: KernelStat) -> Kernel {
+        Kernel {
+            name: k.name,
+            ms: k.seconds * 1e3,
+            count: k.count,
+            bytes: k.bytes,
+            flops: k.flops,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PrefillResult {
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tok_per_s: f64,
+    /// Per-kernel times of the same prefill, run again with profiling on.
+    pub kernels: Vec<Kernel>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeResult {
+    pub context: usize,
+    /// "dsa" or "dense".
+    pub attention: &'static str,
+    pub fill: Fill,
+    pub steps: usize,
+    pub ms_median: f64,
+    pub ms_min: f64,
+    pub ms_max: f64,
+    pub tok_per_s: f64,
+    /// Per-kernel times of one more step, profiled.
+    pub kernels: Vec<Kernel>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    pub model: String,
+    pub adapter: String,
+    pub date: String,
+    pub profile_clock: String,
+    pub calibration: Option<Calibration>,
+    pub prefill: Vec<PrefillResult>,
+    pub decode: Vec<DecodeResult>,
+}
+
+/// Deterministic token ids below `vocab` (splitmix64).
+fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_add(0x9e3779b97f4a7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+            ((z ^ (z >> 31)) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn profiled<T>(gpu: &Gpu, on: bool, f: impl FnOnce() -> Result<T>) -> Result<(T, Vec<Kernel>)> {
+    if !on {
+        return Ok((f()?, Vec::new()));
+    }
+    gpu.set_profiling(true);
+    let r = f();
+    let k = gpu.take_profile();
+    gpu.set_profiling(false);
+    Ok((r?, k.into_iter().map(Kernel::from).collect()))
+}
+
+/// Today's date (UTC) as YYYY-MM-DD.
+pub fn today() -> String {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() / 86400)
+        .unwrap_or(0) as i64;
+    // Civil-from-days (proleptic Gregorian).
+    let z = days + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Run the benchmark; `log` receives progress lines.
+pub fn run(
+    model: &Model,
+    opts: &BenchOptions,
+    calibration: Option<Calibration>,
+    log: &mut dyn FnMut(&str),
+) -> Result<BenchReport> {
+    let gpu = &*model.gpu;
+    let cfg = &model.config;
+    let vocab = cfg.vocab_size;
+    let need = opts
+        .contexts
+        .iter()
+        .map(|c| c + opts.decode + 2)
+        .chain(opts.prompt_lens.iter().copied())
+        .max()
+        .unwrap_or(1);
+    let mut report = BenchReport {
+        model: model.label.clone(),
+        adapter: gpu.adapter.line(),
+        date: today(),
+        profile_clock: gpu.profile_clock().describe().to_string(),
+        calibration,
+        prefill: Vec::new(),
+        decode: Vec::new(),
+    };
+    let mut modes = vec![false];
+    if opts.dense {
+        modes.push(true);
+    }
+    for dense in modes {
+        let attention = if dense { "dense" } else { "dsa" };
+        let mut s = Session::with_attention(model, need, dense)?;
+        // Warm-up: compile the pipelines of prefill and decode.
+        s.forward(&random_tokens(s.chunk.min(need), vocab, opts.seed), false)?;
+        s.forward(&random_tokens(1, vocab, opts.seed + 1), false)?;
+        if !dense {
+            for &n in &opts.prompt_lens {
+                let toks = random_tokens(n, vocab, opts.seed ^ n as u64);
+                s.reset();
+                let t = Instant::now();
+                s.forward(&toks, false)?;
+                let seconds = t.elapsed().as_secs_f64();
+                log(&format!(
+                    "prefill {n} tokens: {seconds:.3} s, {:.1} tok/s",
+                    n as f64 / seconds
+                ));
+                let kernels = if opts.profile {
+                    s.reset();
+                    profiled(gpu, true, || s.forward(&toks, false))?.1
+                } else {
+                    Vec::new()
+                };
+                report.prefill.push(PrefillResult {
+                    tokens: n,
+                    seconds,
+                    tok_per_s: n as f64 / seconds,
+                    kernels,
+                });
+            }
+        }
+        for &ctx in &opts.contexts {
+            s.reset();
+            match opts.fill {
+                Fill::Synthetic => s.fill_synthetic(ctx, opts.seed as u32)?,
+                Fill::Prefill => {
+                    if ctx > 0 {
+                        s.forward(&random_tokens(ctx, vocab, opts.seed ^ 0x5eed), false)?;
+                    }
+                }
+            }
+            let mut tok = random_tokens(1, vocab, opts.seed)[0];
+            // Two warm-up steps, then the timed ones; each step starts at the same context.
+            let mut times = Vec::with_capacity(opts.decode);
+            for i in 0..opts.decode + 2 {
+                s.truncate(ctx);
+                let t = Instant::now();
+                let logits = s.forward(&[tok], false)?;
+                tok = argmax(logits.last());
+                if i >= 2 {
+                    times.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            s.truncate(ctx);
+            let (_, kernels) = profiled(gpu, opts.profile, || s.forward(&[tok], false))?;
+            times.sort_by(f64::total_cmp);
+            let med = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+            log(&format!(
+                "decode at {ctx} ({attention}): {med:.3} ms/token median of {}",
+                times.len()
+            ));
+            report.decode.push(DecodeResult {
+                context: ctx,
+                attention,
+                fill: opts.fill,
+                steps: times.len(),
+                ms_median: med,
+                ms_min: times.first().copied().unwrap_or(f64::NAN),
+                ms_max: times.last().copied().unwrap_or(f64::NAN),
+                tok_per_s: 1e3 / med,
+                kernels,
+            });
+        }
+    }
+    Ok(report)
+}
+
+/// Kernels of the attention path of a decode step (indexer, top-k, attention).
+pub fn is_attention_kernel(name: &str) -> bool {
+    name.starts_with("indexer::")
+        || name.starts_with("topk::")
+        || name.starts_with("attention::sparse_mla")
+        || name.starts_with("attention::mla")
+}
+
+/// The report as text tables. Percentages are of the calibrated copy bandwidth (bytes)
+/// and FMA rate (FLOPs) when a calibration is present.
+pub fn format_report(r: &BenchReport) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "model:   {}\nadapter: {}\ndate:    {}",
+        r.model, r.adapter, r.date
+    );
+    let _ = writeln!(o, "kernel times: {}", r.profile_clock);
+    if let Some(c) = &r.calibration {
+        let _ = writeln!(
+            o,
+            "calibration: copy {:.1} GB/s (read+write, {} × {} MiB), f32 FMA {:.2} TFLOP/s",
+            c.copy_bytes_per_s / 1e9,
+            c.copies,
+            c.copy_bytes >> 20,
+            c.fma_flops_per_s / 1e12
+        );
+    }
+    for p in &r.prefill {
+        let _ = writeln!(
+            o,
+            "\nprefill {} tokens: {:.3} s, {:.1} tok/s",
+            p.tokens, p.seconds, p.tok_per_s
+        );
+        kernel_table(&mut o, &p.kernels, r.calibration.as_ref());
+    }
+    for d in &r.decode {
+        let _ = writeln!(
+            o,
+            "\ndecode at context {} ({}, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s",
+            d.context, d.attention, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s
+        );
+        if !d.kernels.is_empty() {
+            let total: f64 = d.kernels.iter().map(|k| k.ms).sum();
+            let attn: f64 = d
+                .kernels
+                .iter()
+                .filter(|k| is_attention_kernel(&k.name))
+                .map(|k| k.ms)
+                .sum();
+            let bytes: u64 = d.kernels.iter().map(|k| k.bytes).sum();
+            let _ = write!(
+                o,
+                "  GPU time {total:.3} ms (indexer + top-k + attention {attn:.3} ms), {:.1} MB moved",
+                bytes as f64 / 1e6
+            );
+            if let Some(c) = &r.calibration {
+                let bound = bytes as f64 / c.copy_bytes_per_s * 1e3;
+                let _ = write!(
+                    o,
+                    "; bandwidth bound {bound:.3} ms = {:.0} % of the measured step",
+                    100.0 * bound / d.ms_median
+                );
+            }
+            let _ = writeln!(o);
+            kernel_table(&mut o, &d.kernels, r.calibration.as_ref());
+        }
+    }
+    o
+}
+
+fn kernel_table(o: &mut String, ks: &[Kernel], cal: Option<&Calibration>) {
+    use std::fmt::Write;
+    if ks.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "  {:<34} {:>6} {:>10} {:>10} {:>10} {:>7} {:>7}",
+        "kernel", "calls", "ms", "MB", "GFLOP", "%bw", "%fma"
+    );
+    for k in ks {
+        let s = k.ms * 1e-3;
+        let (bw, fl) = match (cal, s > 0.0) {
+            (Some(c), true) => (
+                format!("{:.0}", 100.0 * k.bytes as f64 / s / c.copy_bytes_per_s),
+                format!("{:.0}", 100.0 * k.flops as f64 / s / c.fma_flops_per_s),
+            ),
+            _ => ("-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            o,
+            "  {:<34} {:>6} {:>10.4} {:>10.2} {:>10.3} {:>7} {:>7}",
+            k.name,
+            k.count,
+            k.ms,
+            k.bytes as f64 / 1e6,
+            k.flops as f64 / 1e9,
+            bw,
+            fl
+        );
+    }
+}
+
+/// Checks a list of context lengths against the model.
+pub fn check_contexts(model: &Model, contexts: &[usize], decode: usize) -> Result<()> {
+    let max = crate::cache::Caches::max_ctx_for(
+        &model.config,
+        model.gpu.max_binding(),
+        model.gpu.limits.max_buffer_size,
+    );
+    for &c in contexts {
+        if c + decode + 2 > max {
+            return Err(Error::msg(format!(
+                "--context {c}: this adapter holds at most {max} positions for this model"
+            )));
+        }
+    }
+    Ok(())
+}

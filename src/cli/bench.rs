@@ -1,0 +1,86 @@
+//! `sparsa bench`: speed of a model on this adapter, against its measured limits.
+
+use clap::Args;
+use sparsa::bench::{self, BenchOptions, Fill};
+use sparsa::error::{Error, Result};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub m: crate::ModelArgs,
+    /// Prompt lengths to time prefill at (comma-separated; 0 or empty: no prefill run).
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    prompt_len: Vec<usize>,
+    /// Context lengths to time a decode step at (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "4096,32768,131072")]
+    context: Vec<usize>,
+    /// Decode steps timed at each context (after two warm-up steps).
+    #[arg(long, default_value_t = 16)]
+    decode: usize,
+    /// Also run the dense baseline: the same model and caches with attention over every
+    /// cached position (no indexer, no top-k).
+    #[arg(long)]
+    dense: bool,
+    /// How the caches reach each context: `synthetic` (seeded random entries, no prefill)
+    /// or `prefill` (a real prefill of random tokens).
+    #[arg(long, default_value = "synthetic", value_parser = ["synthetic", "prefill"])]
+    fill: String,
+    /// Measure the adapter's copy bandwidth and FMA rate first (percentages need it).
+    #[arg(long)]
+    calibrate: bool,
+    /// Skip the per-kernel breakdown.
+    #[arg(long)]
+    no_profile: bool,
+    /// Print the report as JSON (to stdout) instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Seed of the random tokens and synthetic caches.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let src = crate::open_source(&a.m)?;
+    let model = crate::open_model(&a.m, &src)?;
+    let prompt_lens: Vec<usize> = a.prompt_len.iter().copied().filter(|n| *n > 0).collect();
+    if a.context.is_empty() && prompt_lens.is_empty() {
+        return Err(Error::msg(
+            "--context and --prompt-len are both empty: nothing to measure",
+        ));
+    }
+    bench::check_contexts(&model, &a.context, a.decode)?;
+    let opts = BenchOptions {
+        prompt_lens,
+        contexts: a.context.clone(),
+        decode: a.decode.max(1),
+        dense: a.dense,
+        fill: if a.fill == "prefill" {
+            Fill::Prefill
+        } else {
+            Fill::Synthetic
+        },
+        profile: !a.no_profile,
+        seed: a.seed,
+    };
+    let mut log = |s: &str| eprintln!("bench: {s}");
+    let cal = if a.calibrate {
+        let c = bench::calibrate(&model.gpu)?;
+        log(&format!(
+            "calibration: copy {:.1} GB/s, f32 FMA {:.2} TFLOP/s",
+            c.copy_bytes_per_s / 1e9,
+            c.fma_flops_per_s / 1e12
+        ));
+        Some(c)
+    } else {
+        None
+    };
+    let report = bench::run(&model, &opts, cal, &mut log)?;
+    if a.json {
+        let s = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::msg(format!("--json: {e}")))?;
+        println!("{s}");
+    } else {
+        print!("{}", bench::format_report(&report));
+    }
+    Ok(())
+}
