@@ -101,7 +101,7 @@ pub fn indexer_scores(
 mod tests {
     use super::*;
     use crate::kernels::testutil::{assert_close, gpu, Rng};
-    use crate::kernels::topk::{topk, topk_ref};
+    use crate::kernels::topk::{topk, topk_ref, TopkScratch};
 
     #[allow(clippy::too_many_arguments)]
     fn cpu_scores(
@@ -316,6 +316,7 @@ mod tests {
         let sbuf = g.buffer_from(&got, "scores").unwrap();
         let idx = g.buffer(c.rows as u64 * k as u64 * 4, "idx").unwrap();
         let cnt = g.buffer(c.rows as u64 * 4, "cnt").unwrap();
+        let sc = TopkScratch::new(g, c.rows as u32).unwrap();
         let mut rec = g.recorder();
         topk(
             &mut rec,
@@ -326,6 +327,7 @@ mod tests {
             k,
             &idx,
             &cnt,
+            &sc,
         );
         rec.finish().unwrap();
         let gi = g.read_u32(&idx, 0, c.rows * k as usize).unwrap();

@@ -46,6 +46,7 @@ pub mod src {
     pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
     pub const ROUTER: &str = include_str!("../../shaders/router.wgsl");
     pub const TOPK: &str = include_str!("../../shaders/topk.wgsl");
+    pub const TOPK_WIDE: &str = include_str!("../../shaders/topk_wide.wgsl");
 }
 
 /// A row-major f32 matrix inside a buffer: element (r, c) at `offset + r * stride + c`.

@@ -1,14 +1,90 @@
-//! Top-k selection on the GPU (`shaders/topk.wgsl`).
+//! Top-k selection on the GPU (`shaders/topk.wgsl`, `shaders/topk_wide.wgsl`).
 //!
 //! Tie rule: among equal scores the lower position wins (+0 and -0 are equal), so every
 //! backend selects the same set.
 //!
-//! `topk` runs one workgroup of 256 invocations per row: the scores' f32 bits are mapped
-//! to order-preserving u32 keys, four 8-bit histogram passes (radix select) find the k-th
-//! largest key, and a final pass in position order takes every key above it and the
-//! lowest positions among the keys equal to it. Each pass reads the row's valid scores
-//! once (5 reads in all); nothing is sorted.
+//! Both kernels map the scores' f32 bits to order-preserving u32 keys, find the k-th
+//! largest key by radix select (histogram passes over the key digits), then take every
+//! key above it and the lowest positions among the keys equal to it in one pass in
+//! position order. Nothing is sorted.
+//!
+//! - Short rows (`n_keys < WIDE_MIN_KEYS`): `topk.wgsl`, one workgroup of 256 invocations
+//!   per row, four 8-bit histogram passes and the collection pass (5 reads of the row).
+//! - Long rows: `topk_wide.wgsl` spreads each row over many workgroups (segments of the
+//!   row), 11 + 11 + 10-bit digits with global per-row histograms, a count pass and the
+//!   collection pass (5 dispatches, 5 reads of the row). One workgroup per row reads a
+//!   decode row of 128K keys five times on one compute unit; the wide kernel spreads the
+//!   same reads over the whole GPU. It needs a [`TopkScratch`].
 use super::{src, Recorder, View};
+use crate::error::Result;
+use crate::gpu::Gpu;
+
+/// Rows of at least this many keys take the multi-workgroup kernel. Below it a row is a
+/// few passes of ≤ 32 loads per invocation in one workgroup, which costs about what the
+/// wide kernel's five dispatches cost; above it the single workgroup's serial passes grow
+/// with the row while the wide kernel's stay spread over the GPU.
+pub const WIDE_MIN_KEYS: u32 = 8192;
+/// Fewest positions per workgroup segment of the wide kernel.
+const WIDE_MIN_SEG: u32 = 1024;
+/// Workgroups the wide kernel aims at over all rows on a GPU (a few per compute unit of a
+/// large one); segments grow past `WIDE_MIN_SEG` to stay near it.
+const WIDE_TARGET_GROUPS: u32 = 512;
+/// On a CPU adapter (lavapipe) workgroups run on the host's threads: more workgroups than
+/// a few per thread only add per-workgroup work (histogram clears, scans).
+const WIDE_GROUPS_PER_CPU_THREAD: u32 = 2;
+/// u32 per row in the wide kernel's histograms (2048 + 2048 + 1024 bins) and state.
+const HIST_ROW: u64 = 5120;
+const STATE_ROW: u64 = 8;
+
+/// Scratch of the wide top-k for up to `max_rows` rows: per-row histograms (zero between
+/// calls: the kernel zeroes them again at its end), the radix-select state and per-segment
+/// counts. Create once per session (about 20 KiB per row); reused by every call.
+pub struct TopkScratch {
+    hist: wgpu::Buffer,
+    state: wgpu::Buffer,
+    segcnt: wgpu::Buffer,
+    max_rows: u32,
+    max_segs: u32,
+    /// Workgroups the wide kernel aims at (see `wide_plan`).
+    groups: u32,
+}
+
+impl TopkScratch {
+    pub fn new(gpu: &Gpu, max_rows: u32) -> Result<TopkScratch> {
+        let groups = if gpu.adapter.device_type == format!("{:?}", wgpu::DeviceType::Cpu) {
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (threads as u32).saturating_mul(WIDE_GROUPS_PER_CPU_THREAD)
+        } else {
+            WIDE_TARGET_GROUPS
+        };
+        Self::with_groups(gpu, max_rows, groups)
+    }
+
+    /// Scratch whose wide kernel aims at `groups` workgroups.
+    fn with_groups(gpu: &Gpu, max_rows: u32, groups: u32) -> Result<TopkScratch> {
+        let rows = max_rows.max(1);
+        let groups = groups.max(1);
+        // `wide_plan` keeps rows × segments ≤ groups + rows.
+        let max_segs = groups + rows;
+        Ok(TopkScratch {
+            hist: gpu.buffer(rows as u64 * HIST_ROW * 4, "topk hist")?,
+            state: gpu.buffer(rows as u64 * STATE_ROW * 4, "topk state")?,
+            segcnt: gpu.buffer(max_segs as u64 * 2 * 4, "topk segment counts")?,
+            max_rows: rows,
+            max_segs,
+            groups,
+        })
+    }
+}
+
+/// Segment length and segments per row of the wide kernel for `rows × n_keys` scores:
+/// at least `WIDE_MIN_SEG` positions per workgroup, about `groups` workgroups in all
+/// (rows × segments ≤ groups + rows).
+fn wide_plan(rows: u32, n_keys: u32, groups: u32) -> (u32, u32) {
+    let per = (rows as u64 * n_keys as u64).div_ceil(groups.max(1) as u64);
+    let seg_len = per.clamp(WIDE_MIN_SEG as u64, n_keys.max(1) as u64) as u32;
+    (seg_len, n_keys.div_ceil(seg_len).max(1))
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -22,9 +98,24 @@ struct Params {
     _pad: [u32; 2],
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct WideParams {
+    s_off: u32,
+    s_stride: u32,
+    rows: u32,
+    n_keys: u32,
+    pos0: u32,
+    topk: u32,
+    seg_len: u32,
+    segs: u32,
+}
+
 /// For each row `t < rows`: `valid = min(pos0 + t + 1, n_keys)`, `k = min(topk, valid)`;
 /// writes the `k` positions `s < valid` with the largest `scores[t, s]` to
 /// `idx[t * topk .. t * topk + k]` (u32, ascending position order) and `k` to `cnt[t]`.
+/// Rows of `n_keys ≥ WIDE_MIN_KEYS` use the multi-workgroup kernel when `scratch` holds
+/// `rows` rows (else the one-workgroup-per-row kernel, same result).
 #[allow(clippy::too_many_arguments)]
 pub fn topk(
     rec: &mut Recorder,
@@ -35,11 +126,34 @@ pub fn topk(
     topk: u32,
     idx: &wgpu::Buffer,
     cnt: &wgpu::Buffer,
+    scratch: &TopkScratch,
 ) {
     if rows == 0 {
         return;
     }
     assert!(topk > 0, "topk: topk must be at least 1");
+    if n_keys >= WIDE_MIN_KEYS && rows <= scratch.max_rows {
+        let (seg_len, segs) = wide_plan(rows, n_keys, scratch.groups);
+        topk_wide(
+            rec, scores, rows, n_keys, pos0, topk, idx, cnt, scratch, seg_len, segs,
+        );
+        return;
+    }
+    topk_one_wg(rec, scores, rows, n_keys, pos0, topk, idx, cnt);
+}
+
+/// The one-workgroup-per-row kernel (`topk.wgsl`).
+#[allow(clippy::too_many_arguments)]
+fn topk_one_wg(
+    rec: &mut Recorder,
+    scores: View,
+    rows: u32,
+    n_keys: u32,
+    pos0: u32,
+    topk: u32,
+    idx: &wgpu::Buffer,
+    cnt: &wgpu::Buffer,
+) {
     let gpu = rec.gpu();
     let p = gpu.pipeline("topk", src::TOPK, "topk", &[]);
     let params = Params {
@@ -51,7 +165,83 @@ pub fn topk(
         topk,
         _pad: [0; 2],
     };
+    // Five reads of the valid scores (at most n_keys per row), k indices written per row.
+    let reads = 5 * rows as u64 * n_keys as u64 * 4;
+    rec.cost(reads + rows as u64 * (topk as u64 + 1) * 4, 0, "");
     rec.dispatch(&p, &params, &[idx, cnt, scores.buf], gpu.grid(rows));
+}
+
+/// The multi-workgroup kernel (`topk_wide.wgsl`) with `segs` segments of `seg_len`
+/// positions per row (`segs × seg_len ≥ n_keys`).
+#[allow(clippy::too_many_arguments)]
+fn topk_wide(
+    rec: &mut Recorder,
+    scores: View,
+    rows: u32,
+    n_keys: u32,
+    pos0: u32,
+    topk: u32,
+    idx: &wgpu::Buffer,
+    cnt: &wgpu::Buffer,
+    sc: &TopkScratch,
+    seg_len: u32,
+    segs: u32,
+) {
+    assert!(
+        rows <= sc.max_rows && rows as u64 * segs as u64 <= sc.max_segs as u64,
+        "topk_wide: {rows} rows × {segs} segments exceed the scratch"
+    );
+    assert!(
+        seg_len as u64 * segs as u64 >= n_keys as u64,
+        "topk_wide: segments do not cover the row"
+    );
+    let gpu = rec.gpu();
+    let params = WideParams {
+        s_off: scores.offset,
+        s_stride: scores.stride,
+        rows,
+        n_keys,
+        pos0,
+        topk,
+        seg_len,
+        segs,
+    };
+    let grid = gpu.grid(rows * segs);
+    let (r, n, g) = (rows as u64, n_keys as u64, rows as u64 * segs as u64);
+    let row_bytes = r * n * 4;
+    let pipe = |entry| gpu.pipeline("topk_wide", src::TOPK_WIDE, entry, &[]);
+    // hist0: the scores, and at most 2048 atomics per workgroup.
+    rec.cost(row_bytes + g * 2048 * 4, 0, "");
+    rec.dispatch(&pipe("hist0"), &params, &[scores.buf, &sc.hist], grid);
+    // hist1, hist2: also a histogram scan per workgroup.
+    for entry in ["hist1", "hist2"] {
+        rec.cost(row_bytes + g * 2 * 2048 * 4, 0, "");
+        rec.dispatch(
+            &pipe(entry),
+            &params,
+            &[scores.buf, &sc.hist, &sc.state],
+            grid,
+        );
+    }
+    rec.cost(row_bytes + g * (1024 + 2) * 4, 0, "");
+    rec.dispatch(
+        &pipe("count"),
+        &params,
+        &[scores.buf, &sc.hist, &sc.state, &sc.segcnt],
+        grid,
+    );
+    // collect: the scores, the earlier segments' counts, k indices out, histograms zeroed.
+    rec.cost(
+        row_bytes + g * segs as u64 * 4 + r * (topk as u64 + HIST_ROW + 1) * 4,
+        0,
+        "",
+    );
+    rec.dispatch(
+        &pipe("collect"),
+        &params,
+        &[scores.buf, &sc.hist, &sc.state, &sc.segcnt, idx, cnt],
+        grid,
+    );
 }
 
 /// The dense case (every row has `pos0 + t + 1 ≤ topk` valid keys): selects all of them,
@@ -83,6 +273,7 @@ pub fn select_all(
         _pad: [0; 2],
     };
     let n = rows as u64 * topk as u64;
+    rec.cost((n + rows as u64) * 4, 0, "");
     rec.dispatch(&p, &params, &[idx, cnt], gpu.grid(n.div_ceil(256) as u32));
 }
 
@@ -110,9 +301,69 @@ mod tests {
 
     const POISON: u32 = 0xDEAD_BEEF;
 
+    /// Which kernel a check runs.
+    #[derive(Clone, Copy)]
+    enum Mode {
+        /// `topk` as the model calls it (picks the kernel).
+        Auto,
+        /// The one-workgroup-per-row kernel.
+        OneWg,
+        /// The wide kernel with this segment length.
+        Wide(u32),
+    }
+
     /// Runs `topk` on `rows × n_keys` scores laid out with `stride` at `offset` and checks
     /// every row against the CPU reference (set, order, count, untouched tail).
     fn check(scores: &[f32], offset: u32, stride: u32, rows: u32, n_keys: u32, pos0: u32, k: u32) {
+        let sc = TopkScratch::new(gpu(), rows).unwrap();
+        check_with(
+            Mode::Auto,
+            &sc,
+            scores,
+            offset,
+            stride,
+            rows,
+            n_keys,
+            pos0,
+            k,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        rec: &mut Recorder,
+        mode: Mode,
+        sc: &TopkScratch,
+        scores: View,
+        rows: u32,
+        n_keys: u32,
+        pos0: u32,
+        k: u32,
+        idx: &wgpu::Buffer,
+        cnt: &wgpu::Buffer,
+    ) {
+        match mode {
+            Mode::Auto => topk(rec, scores, rows, n_keys, pos0, k, idx, cnt, sc),
+            Mode::OneWg => topk_one_wg(rec, scores, rows, n_keys, pos0, k, idx, cnt),
+            Mode::Wide(seg) => {
+                let segs = n_keys.div_ceil(seg);
+                topk_wide(rec, scores, rows, n_keys, pos0, k, idx, cnt, sc, seg, segs)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_with(
+        mode: Mode,
+        sc: &TopkScratch,
+        scores: &[f32],
+        offset: u32,
+        stride: u32,
+        rows: u32,
+        n_keys: u32,
+        pos0: u32,
+        k: u32,
+    ) {
         let g = gpu();
         let sbuf = g.buffer_from(scores, "scores").unwrap();
         let idx = g
@@ -120,19 +371,29 @@ mod tests {
             .unwrap();
         let cnt = g.buffer_from(&vec![POISON; rows as usize], "cnt").unwrap();
         let mut rec = g.recorder();
-        topk(
-            &mut rec,
-            View::new(&sbuf, offset, stride),
-            rows,
-            n_keys,
-            pos0,
-            k,
-            &idx,
-            &cnt,
-        );
+        let view = View::new(&sbuf, offset, stride);
+        run(&mut rec, mode, sc, view, rows, n_keys, pos0, k, &idx, &cnt);
         rec.finish().unwrap();
         let got_idx = g.read_u32(&idx, 0, (rows * k) as usize).unwrap();
         let got_cnt = g.read_u32(&cnt, 0, rows as usize).unwrap();
+        verify(
+            scores, offset, stride, rows, n_keys, pos0, k, &got_idx, &got_cnt,
+        );
+    }
+
+    /// Compares the kernel's `idx` / `cnt` with the CPU reference, row by row.
+    #[allow(clippy::too_many_arguments)]
+    fn verify(
+        scores: &[f32],
+        offset: u32,
+        stride: u32,
+        rows: u32,
+        n_keys: u32,
+        pos0: u32,
+        k: u32,
+        got_idx: &[u32],
+        got_cnt: &[u32],
+    ) {
         for t in 0..rows as usize {
             let valid = ((pos0 as usize) + t + 1).min(n_keys as usize);
             let base = offset as usize + t * stride as usize;
@@ -274,6 +535,8 @@ mod tests {
             .buffer_from(&vec![POISON; (rows * k) as usize], "idx")
             .unwrap();
         let cnt = g.buffer_from(&vec![POISON; rows as usize], "cnt").unwrap();
+        // Short rows never use the scratch: one row's worth is enough.
+        let sc = TopkScratch::new(g, 1).unwrap();
         let mut rec = g.recorder();
         topk(
             &mut rec,
@@ -284,6 +547,7 @@ mod tests {
             k,
             &idx,
             &cnt,
+            &sc,
         );
         rec.finish().unwrap();
         let c = g.read_u32(&cnt, 0, rows as usize).unwrap();
@@ -318,6 +582,344 @@ mod tests {
                 let want = if j < n { j } else { POISON };
                 assert_eq!(ix[(t * k + j) as usize], want, "row {t} slot {j}");
             }
+        }
+    }
+
+    // ---- The wide (multi-workgroup) kernel ----
+
+    /// Scratch planned as on a GPU (many segments) whatever the test adapter is, with room
+    /// for the explicit segment lengths of the tests (up to 1024 segments per row).
+    fn scratch(rows: u32) -> TopkScratch {
+        TopkScratch::with_groups(gpu(), rows, WIDE_TARGET_GROUPS.max(1024 * rows)).unwrap()
+    }
+
+    #[test]
+    fn wide_plan_bounds() {
+        // Segments cover the row, at least WIDE_MIN_SEG long, and rows × segments fit the
+        // scratch sized for `rows`.
+        for groups in [1u32, 4, 16, WIDE_TARGET_GROUPS] {
+            for rows in [1u32, 2, 7, 64, 128] {
+                for n in [WIDE_MIN_KEYS, 8193, 20_000, 131_072, 1 << 20, 3_000_001] {
+                    let (seg, segs) = wide_plan(rows, n, groups);
+                    let case = format!("{groups} groups, {rows} × {n}: {seg} × {segs}");
+                    assert!(seg as u64 * segs as u64 >= n as u64, "{case}");
+                    assert!(seg >= WIDE_MIN_SEG.min(n), "{case}");
+                    assert!(rows * segs <= groups + rows, "{case}");
+                }
+            }
+        }
+        assert_eq!(wide_plan(1, 131_072, WIDE_TARGET_GROUPS), (1024, 128));
+    }
+
+    #[test]
+    fn topk_wide_decode_random() {
+        // One decode row past WIDE_MIN_KEYS (the model's path), k = 2048, a ragged length.
+        let mut rng = Rng::new(11);
+        let n = 40_009;
+        let s = random_scores(&mut rng, n);
+        check(&s, 0, n as u32, 1, n as u32, n as u32 - 1, 2048);
+        // Same scores with many segments (> 256: the offset sum loops) and small k.
+        let sc = scratch(1);
+        check_with(
+            Mode::Wide(97),
+            &sc,
+            &s,
+            0,
+            n as u32,
+            1,
+            n as u32,
+            n as u32 - 1,
+            5,
+        );
+        check_with(
+            Mode::Wide(300),
+            &sc,
+            &s,
+            0,
+            n as u32,
+            1,
+            n as u32,
+            n as u32 - 1,
+            2048,
+        );
+    }
+
+    #[test]
+    fn topk_wide_ties_relu_zeros() {
+        // ReLU-like scores: mostly exact zeros (+0 and -0 mixed), the k-th largest is 0, so
+        // `need` zeros are taken from the lowest positions across many segments.
+        let mut rng = Rng::new(12);
+        let n = 30_011usize;
+        let s: Vec<f32> = (0..n)
+            .map(|i| match rng.below(20) {
+                0 => rng.uniform().abs() * 5.0 + 1e-3,
+                1..=6 => -0.0,
+                _ if i % 7 == 0 => -(rng.uniform().abs() + 1.0), // below zero
+                _ => 0.0,
+            })
+            .collect();
+        let positive = s.iter().filter(|&&x| x > 0.0).count();
+        assert!(
+            positive < 2048 && n - positive > 4000,
+            "the cut falls inside the zeros"
+        );
+        let sc = scratch(1);
+        for (mode, k) in [
+            (Mode::Auto, 2048u32),
+            (Mode::Wide(1000), 4000),
+            (Mode::Wide(333), 2048),
+            (Mode::Wide(4096), 29_000),
+        ] {
+            check_with(mode, &sc, &s, 0, n as u32, 1, n as u32, n as u32 - 1, k);
+        }
+        // All equal: positions 0..k.
+        let same = vec![-2.5f32; 20_000];
+        check_with(Mode::Auto, &sc, &same, 0, 20_000, 1, 20_000, 19_999, 2048);
+        // Few distinct values.
+        let vals = [0.0f32, -0.0, 1.0, -1.0, 0.5];
+        let few: Vec<f32> = (0..n)
+            .map(|_| vals[rng.below(vals.len() as u64) as usize])
+            .collect();
+        for k in [1u32, 2048, 6001, 12_000] {
+            check_with(
+                Mode::Wide(1024),
+                &sc,
+                &few,
+                0,
+                n as u32,
+                1,
+                n as u32,
+                n as u32 - 1,
+                k,
+            );
+        }
+    }
+
+    #[test]
+    fn topk_wide_low_digits() {
+        // Keys that differ only in their low bits, so the threshold is decided by digit 1
+        // or digit 2: consecutive floats above 1.0 (differing in bits 0..14) and a band
+        // sharing bits 31..10.
+        let mut rng = Rng::new(13);
+        let n = 25_000usize;
+        let base = 1.0f32.to_bits();
+        let s: Vec<f32> = (0..n)
+            .map(|_| f32::from_bits(base + rng.below(20_000) as u32))
+            .collect();
+        let sc = scratch(1);
+        check_with(
+            Mode::Wide(1024),
+            &sc,
+            &s,
+            0,
+            n as u32,
+            1,
+            n as u32,
+            n as u32 - 1,
+            2048,
+        );
+        let s2: Vec<f32> = (0..n)
+            .map(|_| f32::from_bits((base | 0x3ff) - rng.below(1024) as u32))
+            .collect();
+        check_with(
+            Mode::Wide(1500),
+            &sc,
+            &s2,
+            0,
+            n as u32,
+            1,
+            n as u32,
+            n as u32 - 1,
+            2048,
+        );
+    }
+
+    #[test]
+    fn topk_wide_rows_masked_tails_and_offsets() {
+        // Several rows inside a larger matrix (offset, stride > n_keys) whose valid counts
+        // (pos0 + t + 1) fall below k, on k, above k, and past n_keys; -inf scores (causal
+        // mask) beyond each row's valid keys and scattered inside them, plus infinities.
+        let mut rng = Rng::new(14);
+        let (rows, n_keys, stride, offset) = (4u32, 20_000u32, 20_005u32, 3u32);
+        let mut s = random_scores(&mut rng, (offset + rows * stride) as usize);
+        for x in s.iter_mut() {
+            match rng.below(50) {
+                0 => *x = f32::NEG_INFINITY,
+                1 => *x = f32::INFINITY,
+                2 => *x = 0.0,
+                3 => *x = -0.0,
+                _ => {}
+            }
+        }
+        let sc = scratch(rows);
+        for pos0 in [2046u32, 9_000, 19_998] {
+            let mut m = s.clone();
+            for t in 0..rows {
+                let valid = (pos0 + t + 1).min(n_keys);
+                let b = (offset + t * stride) as usize;
+                for x in &mut m[b + valid as usize..b + n_keys as usize] {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+            check_with(
+                Mode::Auto,
+                &sc,
+                &m,
+                offset,
+                stride,
+                rows,
+                n_keys,
+                pos0,
+                2048,
+            );
+            check_with(
+                Mode::Wide(777),
+                &sc,
+                &m,
+                offset,
+                stride,
+                rows,
+                n_keys,
+                pos0,
+                2048,
+            );
+        }
+    }
+
+    #[test]
+    fn topk_wide_k_exceeds_live_keys() {
+        // Fewer finite scores than k: all of them, then the lowest-position -inf keys.
+        let mut rng = Rng::new(15);
+        let n = 20_000usize;
+        let mut s = vec![f32::NEG_INFINITY; n];
+        for _ in 0..1000 {
+            s[rng.below(n as u64) as usize] = rng.uniform();
+        }
+        let sc = scratch(1);
+        check_with(
+            Mode::Auto,
+            &sc,
+            &s,
+            0,
+            n as u32,
+            1,
+            n as u32,
+            n as u32 - 1,
+            2048,
+        );
+        // Only -inf.
+        let ninf = vec![f32::NEG_INFINITY; n];
+        check_with(
+            Mode::Wide(1024),
+            &sc,
+            &ninf,
+            0,
+            n as u32,
+            1,
+            n as u32,
+            n as u32 - 1,
+            17,
+        );
+    }
+
+    #[test]
+    fn topk_wide_scratch_reuse() {
+        // Several calls on one scratch in one submission and across submissions, with
+        // different rows and lengths: each call must find the histograms zeroed.
+        let g = gpu();
+        let mut rng = Rng::new(16);
+        let sc = scratch(3);
+        let cases = [
+            (1u32, 16_384u32, 2048u32),
+            (3, 9_000, 1000),
+            (2, 12_001, 64),
+        ];
+        for round in 0..2 {
+            let mut rec = g.recorder();
+            let mut outs = Vec::new();
+            for &(rows, n, k) in &cases {
+                let s = random_scores(&mut rng, (rows * n) as usize);
+                let sbuf = g.buffer_from(&s, "scores").unwrap();
+                let idx = g
+                    .buffer_from(&vec![POISON; (rows * k) as usize], "idx")
+                    .unwrap();
+                let cnt = g.buffer_from(&vec![POISON; rows as usize], "cnt").unwrap();
+                let mode = if round == 0 {
+                    Mode::Auto
+                } else {
+                    Mode::Wide(500)
+                };
+                let view = View::rows(&sbuf, n);
+                run(&mut rec, mode, &sc, view, rows, n, n - rows, k, &idx, &cnt);
+                outs.push((s, idx, cnt));
+            }
+            rec.finish().unwrap();
+            for ((s, idx, cnt), &(rows, n, k)) in outs.iter().zip(&cases) {
+                let gi = g.read_u32(idx, 0, (rows * k) as usize).unwrap();
+                let gc = g.read_u32(cnt, 0, rows as usize).unwrap();
+                verify(s, 0, n, rows, n, n - rows, k, &gi, &gc);
+            }
+        }
+        // The histograms are all zero again.
+        let h = g.read_u32(&sc.hist, 0, 3 * HIST_ROW as usize).unwrap();
+        assert!(h.iter().all(|&x| x == 0));
+    }
+
+    /// Wall time of the old (one workgroup) and the wide kernel for one decode row of
+    /// 131072 keys, k = 2048: `cargo test --lib topk_bench -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn topk_bench_decode() {
+        let g = gpu();
+        let mut rng = Rng::new(17);
+        let n = 131_072u32;
+        let k = 2048u32;
+        let s = random_scores(&mut rng, n as usize);
+        let sbuf = g.buffer_from(&s, "scores").unwrap();
+        let idx = g.buffer(k as u64 * 4, "idx").unwrap();
+        let cnt = g.buffer(4, "cnt").unwrap();
+        let auto = TopkScratch::new(g, 1).unwrap();
+        let many = scratch(1);
+        let (seg, _) = wide_plan(1, n, auto.groups);
+        println!("adapter {}: planned segments of {seg}", g.adapter.name);
+        for (name, mode, sc) in [
+            ("one workgroup", Mode::OneWg, &auto),
+            ("wide (as planned)", Mode::Auto, &auto),
+            ("wide, segments of 1024 (GPU plan)", Mode::Wide(1024), &many),
+            ("wide, segments of 4096", Mode::Wide(4096), &many),
+            ("wide, segments of 16384", Mode::Wide(16384), &many),
+            ("wide, segments of 65536", Mode::Wide(65536), &many),
+        ] {
+            let mut times = Vec::new();
+            for _ in 0..6 {
+                let t = std::time::Instant::now();
+                let mut rec = g.recorder();
+                run(
+                    &mut rec,
+                    mode,
+                    sc,
+                    View::rows(&sbuf, n),
+                    1,
+                    n,
+                    n - 1,
+                    k,
+                    &idx,
+                    &cnt,
+                );
+                rec.finish().unwrap();
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            let gi = g.read_u32(&idx, 0, k as usize).unwrap();
+            let gc = g.read_u32(&cnt, 0, 1).unwrap();
+            verify(&s, 0, n, 1, n, n - 1, k, &gi, &gc);
+            let mut warm = times[1..].to_vec();
+            warm.sort_by(f64::total_cmp);
+            println!(
+                "{name}: median {:.2} ms (min {:.2}) over {} warm runs",
+                warm[warm.len() / 2],
+                warm[0],
+                warm.len()
+            );
         }
     }
 }

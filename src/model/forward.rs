@@ -56,6 +56,7 @@ struct Scratch {
     scores: wgpu::Buffer,
     sel_idx: wgpu::Buffer,
     sel_cnt: wgpu::Buffer,
+    topk_scratch: topk::TopkScratch,
     rlogits: wgpu::Buffer,
     ridx: wgpu::Buffer,
     rw: wgpu::Buffer,
@@ -146,6 +147,7 @@ impl<'m> Session<'m> {
                 "sel_idx",
             )?,
             sel_cnt: f(c, "sel_cnt")?,
+            topk_scratch: topk::TopkScratch::new(gpu, c as u32)?,
             rlogits: f(c * cfg.n_routed_experts.max(1), "router logits")?,
             ridx: f(c * k, "router idx")?,
             rw: f(c * k, "router weights")?,
@@ -533,7 +535,17 @@ impl<'m> Session<'m> {
                     (ih as f32).powf(-0.5),
                     (id as f32).powf(-0.5),
                 );
-                topk::topk(rec, scores, t, n_keys, pos0, k, &s.sel_idx, &s.sel_cnt);
+                topk::topk(
+                    rec,
+                    scores,
+                    t,
+                    n_keys,
+                    pos0,
+                    k,
+                    &s.sel_idx,
+                    &s.sel_cnt,
+                    &s.topk_scratch,
+                );
             }
         }
         // Shared layers keep s.sel_idx / s.sel_cnt from the last full layer of this chunk.
