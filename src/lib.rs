@@ -9,6 +9,7 @@
 //! - [`generate`]: sampling and the generation loop.
 //! - [`quantize`]: conversion to sparsa's q8 / q4 formats.
 //! - [`bench`]: `sparsa bench` (speed against the adapter's measured limits).
+//! - [`synth`]: random-weight model directories with a release's real shapes and config.
 //! - [`chat`]: the model's chat template rendered as transformers renders it.
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
@@ -22,6 +23,8 @@ pub mod kernels;
 pub mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod quantize;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod synth;
 pub mod tokenizer;
 pub mod weights;
 

@@ -89,10 +89,7 @@ struct Source<'a> {
 }
 
 struct Out<'a> {
-    name: String,
-    dtype: &'static str,
-    shape: Vec<usize>,
-    bytes: u64,
+    header: TensorHeader,
     plan: Plan<'a>,
 }
 
@@ -164,16 +161,7 @@ pub fn quantize_dir(
         )));
     }
     let files = WeightFiles::open(src)?;
-    if out.exists()
-        && std::fs::read_dir(out)
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(true)
-    {
-        return Err(Error::msg(format!(
-            "--out {}: exists and is not empty",
-            out.display()
-        )));
-    }
+    check_out_empty(out)?;
     // Plan every output tensor (sorted by name, so the output is deterministic).
     let mut names: Vec<&str> = files.names().collect();
     names.sort_unstable();
@@ -210,10 +198,12 @@ pub fn quantize_dir(
         let floaty = fp8 || DType::from_safetensors(t.dtype, name).is_ok();
         if !matrix || !floaty || (keep && !fp8) {
             plan.push(Out {
-                name: name.to_string(),
-                dtype: dtype_str(t.dtype)?,
-                shape: t.shape.clone(),
-                bytes: t.bytes.len() as u64,
+                header: TensorHeader {
+                    name: name.to_string(),
+                    dtype: dtype_str(t.dtype)?,
+                    shape: t.shape.clone(),
+                    bytes: t.bytes.len() as u64,
+                },
                 plan: Plan::Copy(t),
             });
             report.kept += 1;
@@ -229,10 +219,12 @@ pub fn quantize_dir(
         if keep {
             // A kept FP8 tensor becomes bf16 (q8/q4 directories hold no FP8).
             plan.push(Out {
-                name: name.to_string(),
-                dtype: "BF16",
-                shape: vec![rows, cols],
-                bytes: (rows * cols * 2) as u64,
+                header: TensorHeader {
+                    name: name.to_string(),
+                    dtype: "BF16",
+                    shape: vec![rows, cols],
+                    bytes: (rows * cols * 2) as u64,
+                },
                 plan: Plan::QWeight(s),
             });
             report.kept += 1;
@@ -240,83 +232,45 @@ pub fn quantize_dir(
         }
         let nb = cols.div_ceil(fmt.block());
         plan.push(Out {
-            name: name.to_string(),
-            dtype: if matches!(fmt, QFormat::Q4 { .. }) {
-                "U8"
-            } else {
-                "I8"
+            header: TensorHeader {
+                name: name.to_string(),
+                dtype: if matches!(fmt, QFormat::Q4 { .. }) {
+                    "U8"
+                } else {
+                    "I8"
+                },
+                shape: vec![rows, fmt.file_row_bytes(cols)],
+                bytes: (rows * fmt.file_row_bytes(cols)) as u64,
             },
-            shape: vec![rows, fmt.file_row_bytes(cols)],
-            bytes: (rows * fmt.file_row_bytes(cols)) as u64,
             plan: Plan::QWeight(s.clone()),
         });
         plan.push(Out {
-            name: format!("{name}_scale"),
-            dtype: "BF16",
-            shape: vec![rows, nb],
-            bytes: (rows * nb * 2) as u64,
+            header: TensorHeader {
+                name: format!("{name}_scale"),
+                dtype: "BF16",
+                shape: vec![rows, nb],
+                bytes: (rows * nb * 2) as u64,
+            },
             plan: Plan::QScale(s),
         });
         report.quantized += 1;
     }
-    // Shards.
-    let mut shards: Vec<Vec<usize>> = vec![vec![]];
-    let mut size = 0u64;
-    for (i, o) in plan.iter().enumerate() {
-        if size > 0 && size + o.bytes > opts.shard_bytes {
-            shards.push(vec![]);
-            size = 0;
-        }
-        size += o.bytes;
-        if let Some(s) = shards.last_mut() {
-            s.push(i);
-        }
-    }
-    std::fs::create_dir_all(out)
-        .map_err(|e| Error::msg(format!("--out {}: cannot create: {e}", out.display())))?;
-    let n_shards = shards.len();
-    let mut weight_map = BTreeMap::new();
+    let headers: Vec<TensorHeader> = plan.iter().map(|o| o.header.clone()).collect();
+    let mut meta = serde_json::Map::new();
+    meta.insert("format".into(), "pt".into());
+    meta.insert("sparsa_quant".into(), fmt.name().into());
+    meta.insert("block_size".into(), fmt.block().to_string().into());
     let total = report.in_bytes;
     let mut done = 0u64;
-    for (si, idx) in shards.iter().enumerate() {
-        let fname = if n_shards == 1 {
-            "model.safetensors".to_string()
-        } else {
-            format!("model-{:05}-of-{:05}.safetensors", si + 1, n_shards)
-        };
-        let path = out.join(&fname);
-        let mut header = serde_json::Map::new();
-        let mut meta = serde_json::Map::new();
-        meta.insert("format".into(), "pt".into());
-        meta.insert("sparsa_quant".into(), fmt.name().into());
-        meta.insert("block_size".into(), fmt.block().to_string().into());
-        header.insert("__metadata__".into(), serde_json::Value::Object(meta));
-        let mut off = 0u64;
-        for &i in idx {
+    let written = write_sharded(
+        out,
+        &headers,
+        opts.shard_bytes,
+        false,
+        &meta,
+        &mut |i, w| {
             let o = &plan[i];
-            header.insert(
-                o.name.clone(),
-                serde_json::json!({"dtype": o.dtype, "shape": o.shape, "data_offsets": [off, off + o.bytes]}),
-            );
-            off += o.bytes;
-            weight_map.insert(o.name.clone(), fname.clone());
-        }
-        let mut h = serde_json::Value::Object(header).to_string();
-        while !(h.len() + 8).is_multiple_of(8) {
-            h.push(' ');
-        }
-        let err = |e: std::io::Error| Error::msg(format!("{}: cannot write: {e}", path.display()));
-        let f = std::fs::File::create(&path).map_err(err)?;
-        let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
-        w.write_all(&(h.len() as u64).to_le_bytes()).map_err(err)?;
-        w.write_all(h.as_bytes()).map_err(err)?;
-        for &i in idx {
-            let o = &plan[i];
-            let written = write_tensor(&mut w, o, fmt).map_err(|e| match e {
-                WriteErr::Io(e) => err(e),
-                WriteErr::Other(e) => e,
-            })?;
-            debug_assert_eq!(written, o.bytes, "{}", o.name);
+            let n = write_tensor(w, o, fmt)?;
             if !matches!(o.plan, Plan::QScale(_)) {
                 done += match &o.plan {
                     Plan::Copy(t) => t.bytes.len() as u64,
@@ -325,28 +279,20 @@ pub fn quantize_dir(
                             + s.fp8_scale.as_ref().map_or(0, |x| x.bytes.len() as u64)
                     }
                 };
-                progress(done.min(total), total, &o.name);
+                progress(done.min(total), total, &o.header.name);
             }
-            report.out_bytes += o.bytes;
-        }
-        w.flush().map_err(err)?;
-    }
-    report.shards = n_shards;
-    if n_shards > 1 {
-        let index = serde_json::json!({
-            "metadata": {"total_size": report.out_bytes},
-            "weight_map": weight_map,
-        });
-        let p = out.join("model.safetensors.index.json");
-        std::fs::write(&p, serde_json::to_string_pretty(&index).unwrap_or_default())
-            .map_err(|e| Error::msg(format!("{}: cannot write: {e}", p.display())))?;
-    }
+            Ok(n)
+        },
+    )?;
+    report.shards = written.shards;
+    report.out_bytes = written.bytes;
     copy_side_files(src, out, fmt)?;
     progress(total, total, "");
     Ok(report)
 }
 
-enum WriteErr {
+/// An error while writing a tensor: I/O errors are reported with the file's path.
+pub(crate) enum WriteErr {
     Io(std::io::Error),
     Other(Error),
 }
@@ -363,7 +309,7 @@ impl From<Error> for WriteErr {
 }
 
 /// Write one planned tensor; returns the bytes written.
-fn write_tensor(w: &mut impl Write, o: &Out, fmt: QFormat) -> std::result::Result<u64, WriteErr> {
+fn write_tensor(w: &mut dyn Write, o: &Out, fmt: QFormat) -> std::result::Result<u64, WriteErr> {
     match &o.plan {
         Plan::Copy(t) => {
             w.write_all(t.bytes)?;
@@ -371,7 +317,7 @@ fn write_tensor(w: &mut impl Write, o: &Out, fmt: QFormat) -> std::result::Resul
         }
         Plan::QWeight(s) | Plan::QScale(s) => {
             let scales = matches!(o.plan, Plan::QScale(_));
-            let bf16 = !scales && o.dtype == "BF16"; // a kept FP8 tensor, widened
+            let bf16 = !scales && o.header.dtype == "BF16"; // a kept FP8 tensor, widened
             let mut n_out = 0u64;
             let mut r0 = 0;
             while r0 < s.rows {
@@ -403,6 +349,135 @@ fn write_tensor(w: &mut impl Write, o: &Out, fmt: QFormat) -> std::result::Resul
             Ok(n_out)
         }
     }
+}
+
+/// Fails if `out` exists and is not an empty directory.
+pub(crate) fn check_out_empty(out: &Path) -> Result<()> {
+    if out.exists()
+        && std::fs::read_dir(out)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+    {
+        return Err(Error::msg(format!(
+            "--out {}: exists and is not empty",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
+/// One tensor of a safetensors file being written: its header entry.
+#[derive(Clone, Debug)]
+pub(crate) struct TensorHeader {
+    pub name: String,
+    pub dtype: &'static str,
+    pub shape: Vec<usize>,
+    pub bytes: u64,
+}
+
+/// What [`write_sharded`] wrote.
+pub(crate) struct Written {
+    pub shards: usize,
+    pub bytes: u64,
+}
+
+/// Shard boundaries: tensors in order, a new shard when the next tensor would pass
+/// `shard_bytes` (a tensor larger than that gets a shard of its own).
+pub(crate) fn plan_shards(tensors: &[TensorHeader], shard_bytes: u64) -> Vec<Vec<usize>> {
+    let mut shards: Vec<Vec<usize>> = vec![vec![]];
+    let mut size = 0u64;
+    for (i, o) in tensors.iter().enumerate() {
+        if size > 0 && size + o.bytes > shard_bytes {
+            shards.push(vec![]);
+            size = 0;
+        }
+        size += o.bytes;
+        if let Some(s) = shards.last_mut() {
+            s.push(i);
+        }
+    }
+    shards
+}
+
+/// Write `tensors`, in order, into `out` (created): `model.safetensors`, or
+/// `model-0000i-of-0000n.safetensors` shards of about `shard_bytes` plus
+/// `model.safetensors.index.json` when there is more than one shard (or `always_index`).
+/// Every file's `__metadata__` is `meta`. `write(i, w)` writes tensor `i`'s bytes (exactly
+/// `tensors[i].bytes` of them) and returns how many it wrote.
+pub(crate) fn write_sharded(
+    out: &Path,
+    tensors: &[TensorHeader],
+    shard_bytes: u64,
+    always_index: bool,
+    meta: &serde_json::Map<String, serde_json::Value>,
+    write: &mut dyn FnMut(usize, &mut dyn Write) -> std::result::Result<u64, WriteErr>,
+) -> Result<Written> {
+    let shards = plan_shards(tensors, shard_bytes);
+    std::fs::create_dir_all(out)
+        .map_err(|e| Error::msg(format!("--out {}: cannot create: {e}", out.display())))?;
+    let n_shards = shards.len();
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0u64;
+    for (si, idx) in shards.iter().enumerate() {
+        let fname = if n_shards == 1 && !always_index {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", si + 1, n_shards)
+        };
+        let path = out.join(&fname);
+        let mut header = serde_json::Map::new();
+        header.insert(
+            "__metadata__".into(),
+            serde_json::Value::Object(meta.clone()),
+        );
+        let mut off = 0u64;
+        for &i in idx {
+            let o = &tensors[i];
+            header.insert(
+                o.name.clone(),
+                serde_json::json!({"dtype": o.dtype, "shape": o.shape, "data_offsets": [off, off + o.bytes]}),
+            );
+            off += o.bytes;
+            weight_map.insert(o.name.clone(), fname.clone());
+        }
+        let mut h = serde_json::Value::Object(header).to_string();
+        while !(h.len() + 8).is_multiple_of(8) {
+            h.push(' ');
+        }
+        let err = |e: std::io::Error| Error::msg(format!("{}: cannot write: {e}", path.display()));
+        let f = std::fs::File::create(&path).map_err(err)?;
+        let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
+        w.write_all(&(h.len() as u64).to_le_bytes()).map_err(err)?;
+        w.write_all(h.as_bytes()).map_err(err)?;
+        for &i in idx {
+            let o = &tensors[i];
+            let written = write(i, &mut w).map_err(|e| match e {
+                WriteErr::Io(e) => err(e),
+                WriteErr::Other(e) => e,
+            })?;
+            if written != o.bytes {
+                return Err(Error::msg(format!(
+                    "internal error: tensor {} has {} bytes, {written} were written",
+                    o.name, o.bytes
+                )));
+            }
+            total += o.bytes;
+        }
+        w.flush().map_err(err)?;
+    }
+    if n_shards > 1 || always_index {
+        let index = serde_json::json!({
+            "metadata": {"total_size": total},
+            "weight_map": weight_map,
+        });
+        let p = out.join("model.safetensors.index.json");
+        std::fs::write(&p, serde_json::to_string_pretty(&index).unwrap_or_default())
+            .map_err(|e| Error::msg(format!("{}: cannot write: {e}", p.display())))?;
+    }
+    Ok(Written {
+        shards: n_shards,
+        bytes: total,
+    })
 }
 
 /// Copy every non-weight file; rewrite config.json's quantization_config.

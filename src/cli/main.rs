@@ -44,6 +44,55 @@ enum Cmd {
     Info(ModelArgs),
     /// Prefill / decode speed and per-kernel GPU time against the adapter's measured limits.
     Bench(bench::BenchArgs),
+    /// Write a random-weight model with a release's real shapes, tensor names and config.
+    #[command(long_about = SYNTH_ABOUT)]
+    Synth(SynthArgs),
+}
+
+const SYNTH_ABOUT: &str = "Write a random-weight model directory with the real per-layer shapes, \
+Hugging Face tensor names and config.json of a release (GLM-5, GLM-5.2, DeepSeek-V3.2), \
+cut to --layers layers (the first one a dense MLP when there are several, the rest MoE; no MTP \
+layer), for benchmarks at real sizes. It is an ordinary model directory for `sparsa info`, \
+`generate`, `bench`, and (bf16) for transformers' from_pretrained.\n\n\
+Weights are seeded random values (uniform, std 1/sqrt(fan_in); norms 1), streamed to disk by \
+--threads workers with little host memory. The tokenizer is the built-in model's \
+(sparsa-bard-12m, 6144 tokens; the releases' tokenizers are not included): ids below 6144 \
+decode to its text, vocab_size stays the release's.";
+
+#[derive(Args)]
+struct SynthArgs {
+    /// The release to copy: glm-5, glm-5.2 or deepseek-v3.2.
+    #[arg(long)]
+    like: String,
+    /// Decoder layers (layer 0 dense when more than one, the rest MoE).
+    #[arg(long)]
+    layers: usize,
+    /// Routed experts per MoE layer (default: the release's 256). Experts per token stay 8
+    /// (fewer if E < 8); DeepSeek-V3.2's router groups are adjusted to stay valid.
+    #[arg(long)]
+    experts: Option<usize>,
+    /// bf16, fp8 (the official FP8 release layout), q8 or q4 (sparsa's formats, as
+    /// `sparsa quantize` writes them).
+    #[arg(long, value_parser = ["bf16", "fp8", "q8", "q4"])]
+    format: String,
+    /// Columns per scale for q8 / q4: 32, 64, 128 or 256.
+    #[arg(long, default_value_t = sparsa::weights::quant::DEFAULT_BLOCK)]
+    block: usize,
+    /// Output directory (created; must be empty if it exists).
+    #[arg(long, required_unless_present = "dry_run")]
+    out: Option<PathBuf>,
+    /// Random seed (the same seed writes byte-identical files).
+    #[arg(long, default_value_t = sparsa::synth::DEFAULT_SEED)]
+    seed: u64,
+    /// Target size of a shard, in GB.
+    #[arg(long, default_value_t = 4.0)]
+    shard_gb: f64,
+    /// Generator threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the size it would write, and write nothing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Args)]
@@ -183,6 +232,7 @@ fn main() {
         Cmd::Quantize(a) => cmd_quantize(a),
         Cmd::Info(a) => cmd_info(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Synth(a) => cmd_synth(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
@@ -414,6 +464,112 @@ fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
         r.out_bytes as f64 / 1e6,
         r.shards,
         t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Peak resident memory of this process (Linux), in bytes.
+fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb: u64 = s
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+fn cmd_synth(a: SynthArgs) -> Result<()> {
+    use sparsa::synth::{plan, release_config, synth_dir, Like, Options};
+    use sparsa::weights::QFormat;
+    let like = Like::parse(&a.like)?;
+    let format = match a.format.as_str() {
+        "bf16" => None,
+        "fp8" => Some(QFormat::Fp8),
+        "q8" => Some(QFormat::Q8 { block: a.block }),
+        _ => Some(QFormat::Q4 { block: a.block }),
+    };
+    if let Some(q @ (QFormat::Q8 { .. } | QFormat::Q4 { .. })) = format {
+        QFormat::check_block(q.block(), "--block")?;
+    }
+    if a.shard_gb.is_nan() || a.shard_gb <= 0.0 {
+        return Err(Error::msg("--shard-gb: expected a positive size"));
+    }
+    if a.threads == Some(0) {
+        return Err(Error::msg("--threads: expected at least 1"));
+    }
+    let rc = release_config(like, a.layers, a.experts)?;
+    for n in &rc.notes {
+        eprintln!("note: {n}");
+    }
+    let shard_bytes = (a.shard_gb * 1e9) as u64;
+    let p = plan(&rc.json, format, shard_bytes)?;
+    let gp = |x: u64| format!("{:.2}B", x as f64 / 1e9);
+    if a.dry_run {
+        println!(
+            "{} --layers {} --experts {} --format {}: {} parameters, {} tensors, {:.2} GB in {} shard(s)",
+            like.name(),
+            a.layers,
+            a.experts.unwrap_or(like.experts()),
+            a.format,
+            gp(p.params),
+            p.tensors,
+            p.bytes as f64 / 1e9,
+            p.shards
+        );
+        return Ok(());
+    }
+    let Some(out) = a.out.as_ref() else {
+        return Err(Error::msg("--out: required (or pass --dry-run)"));
+    };
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let opts = Options {
+        format,
+        seed: a.seed,
+        shard_bytes,
+        threads,
+    };
+    eprintln!(
+        "writing {} ({} layers, {} parameters, {:.2} GB) to {} with {threads} threads",
+        like.name(),
+        a.layers,
+        gp(p.params),
+        p.bytes as f64 / 1e9,
+        out.display()
+    );
+    let bar = indicatif::ProgressBar::new(p.bytes);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:30} {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let t0 = Instant::now();
+    let r = synth_dir(&rc.json, out, &opts, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .inspect_err(|_| bar.abandon())?;
+    bar.finish_and_clear();
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{}: {} parameters, {} tensors, {:.2} GB in {} shard(s), {:.1}s ({:.0} MB/s){}",
+        out.display(),
+        gp(r.params),
+        r.tensors,
+        r.bytes as f64 / 1e9,
+        r.shards,
+        secs,
+        r.bytes as f64 / 1e6 / secs.max(1e-9),
+        peak_rss()
+            .map(|b| format!(", peak RSS {:.0} MB", b as f64 / 1e6))
+            .unwrap_or_default()
     );
     Ok(())
 }
