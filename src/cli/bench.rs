@@ -31,9 +31,9 @@ pub struct BenchArgs {
     /// Skip the per-kernel breakdown.
     #[arg(long)]
     no_profile: bool,
-    /// Print the report as JSON (to stdout) instead of tables.
+    /// Also write the report as JSON to this file.
     #[arg(long)]
-    json: bool,
+    json: Option<std::path::PathBuf>,
     /// Seed of the random tokens and synthetic caches.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -75,12 +75,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         None
     };
     let report = bench::run(&model, &opts, cal, &mut log)?;
-    if a.json {
+    print!("{}", bench::format_report(&report));
+    if let Some(path) = &a.json {
         let s = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::msg(format!("--json: {e}")))?;
-        println!("{s}");
-    } else {
-        print!("{}", bench::format_report(&report));
+        std::fs::write(path, s)
+            .map_err(|e| Error::msg(format!("--json {}: {e}", path.display())))?;
     }
     Ok(())
 }
