@@ -2,15 +2,22 @@
 //   out[t, s] = Σ_h (w[t, h] · w_scale) · relu(q[t, h, :] · keys[s, :]) · scale,
 //   out[t, s] = -inf for s > pos0 + t.
 //
-// One workgroup = one query row t and WG consecutive keys; invocation i owns key s0 + i.
-// The dim axis is walked in chunks of DC: the chunk of q for all heads (HEADS × DC) is
-// staged in workgroup memory and read as a broadcast, the invocation's DC key values sit
-// in registers, and the per-head partial dots accumulate in a private array (one per head)
-// until the whole dim is done; then ReLU, head weights and the sum. Each key element is
-// read from memory once per query row.
+// One workgroup = one query row t and KT = 64 consecutive keys: a small matrix product
+// [HEADS × dim] · [dim × 64], tiled like a GEMM. The dim axis goes in chunks of DC: the
+// chunk of q for all heads and of the 64 keys are staged in workgroup memory (keys
+// transposed, so neighbouring invocations read neighbouring keys), then invocation
+// (head group g, key pair p) accumulates the dot products of heads g*HPT .. g*HPT+HPT with
+// keys 2p and 2p+1 in registers (2·HPT FMAs per 1 + HPT/4 workgroup-memory reads). At the
+// end each invocation applies ReLU and the head weights to its heads, and the 8 head
+// groups are summed through workgroup memory. Each key element is read from memory once
+// per query row.
 //
-// Defines: WG (keys per workgroup = invocations), HEADS (= heads), DC (dim chunk).
+// Defines: HEADS (= heads), HPT (= ceil(HEADS / 8), heads per invocation).
 // The output is written as raw bits so -inf never goes through float arithmetic.
+
+const KT: u32 = 64u;   // keys per workgroup
+const DC: u32 = 16u;   // dim chunk
+const NG: u32 = 8u;    // head groups (256 invocations = NG × KT/2 key pairs)
 
 struct Params {
     q_off: u32,
@@ -39,10 +46,11 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 @group(0) @binding(3) var<storage, read> keys: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;
 
-var<workgroup> qs: array<f32, HEADS * DC>;
-var<workgroup> ws: array<f32, HEADS>;
+var<workgroup> qc: array<f32, DC * NG * HPT>;     // [d][head], heads padded to NG·HPT
+var<workgroup> kc: array<vec2<f32>, DC * KT / 2u>; // [d][key pair]
+var<workgroup> red: array<f32, NG * KT>;           // [group][key]
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(256)
 fn scores(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -53,63 +61,83 @@ fn scores(
         return;
     }
     let t = g / P.key_blocks;
-    let s0 = (g % P.key_blocks) * WG;
-    let s = s0 + lid;
+    let s0 = (g % P.key_blocks) * KT;
     let last = P.pos0 + t;
-    let o = P.o_off + t * P.o_stride + s;
     if (s0 > last) {
         // Whole block in the causal future.
-        if (s < P.n_keys) {
-            out[o] = NEG_INF_BITS;
+        if (lid < KT && s0 + lid < P.n_keys) {
+            out[P.o_off + t * P.o_stride + s0 + lid] = NEG_INF_BITS;
         }
         return;
     }
     let qbase = P.q_off + t * P.q_stride;
-    for (var h = lid; h < HEADS; h = h + WG) {
-        ws[h] = w[P.w_off + t * P.w_stride + h] * P.w_scale;
-    }
-    let live = s < P.n_keys && s <= last;
-    let kbase = P.k_off + s * P.k_stride;
-    var acc: array<f32, HEADS>;
-    for (var h = 0u; h < HEADS; h = h + 1u) {
-        acc[h] = 0.0;
+    let hg = lid / (KT / 2u);   // head group
+    let kp = lid % (KT / 2u);   // key pair
+    var acc: array<vec2<f32>, HPT>;
+    for (var i = 0u; i < HPT; i = i + 1u) {
+        acc[i] = vec2<f32>(0.0);
     }
     for (var d0 = 0u; d0 < P.dim; d0 = d0 + DC) {
         workgroupBarrier();
-        for (var i = lid; i < HEADS * DC; i = i + WG) {
+        // q chunk: heads × DC values, stored [d][head].
+        for (var i = lid; i < NG * HPT * DC; i = i + 256u) {
             let h = i / DC;
-            let d = d0 + i % DC;
+            let d = i % DC;
             var v = 0.0;
-            if (d < P.dim) {
-                v = q[qbase + h * P.dim + d];
+            if (h < HEADS && d0 + d < P.dim) {
+                v = q[qbase + h * P.dim + d0 + d];
             }
-            qs[i] = v;
+            qc[d * NG * HPT + h] = v;
+        }
+        // key chunk: 64 keys × DC values; invocation i loads key i / 4, values (i % 4)*4 ..
+        {
+            let key = lid / 4u;
+            let dq = (lid % 4u) * 4u;
+            let s = s0 + key;
+            let live = s < P.n_keys && s <= last;
+            let kb = P.k_off + s * P.k_stride + d0 + dq;
+            for (var e = 0u; e < 4u; e = e + 1u) {
+                var v = 0.0;
+                if (live && d0 + dq + e < P.dim) {
+                    v = keys[kb + e];
+                }
+                kc[(dq + e) * (KT / 2u) + key / 2u][key % 2u] = v;
+            }
         }
         workgroupBarrier();
-        var kr: array<f32, DC>;
-        for (var c = 0u; c < DC; c = c + 1u) {
-            var v = 0.0;
-            if (live && d0 + c < P.dim) {
-                v = keys[kbase + d0 + c];
+        for (var d = 0u; d < DC; d = d + 1u) {
+            let kv = kc[d * (KT / 2u) + kp];
+            let qb = d * NG * HPT + hg * HPT;
+            for (var i = 0u; i < HPT; i = i + 1u) {
+                acc[i] = acc[i] + qc[qb + i] * kv;
             }
-            kr[c] = v;
-        }
-        for (var h = 0u; h < HEADS; h = h + 1u) {
-            var p = 0.0;
-            for (var c = 0u; c < DC; c = c + 1u) {
-                p = p + qs[h * DC + c] * kr[c];
-            }
-            acc[h] = acc[h] + p;
         }
     }
-    workgroupBarrier();
-    if (live) {
-        var total = 0.0;
-        for (var h = 0u; h < HEADS; h = h + 1u) {
-            total = total + ws[h] * max(acc[h], 0.0);
+    // ReLU, head weights, sum over this group's heads; then over the groups.
+    var part = vec2<f32>(0.0);
+    for (var i = 0u; i < HPT; i = i + 1u) {
+        let h = hg * HPT + i;
+        if (h < HEADS) {
+            let wh = w[P.w_off + t * P.w_stride + h] * P.w_scale;
+            part = part + wh * max(acc[i], vec2<f32>(0.0));
         }
-        out[o] = bitcast<u32>(total * P.scale);
-    } else if (s < P.n_keys) {
-        out[o] = NEG_INF_BITS;
+    }
+    red[hg * KT + 2u * kp] = part.x;
+    red[hg * KT + 2u * kp + 1u] = part.y;
+    workgroupBarrier();
+    if (lid < KT) {
+        let s = s0 + lid;
+        if (s < P.n_keys) {
+            let o = P.o_off + t * P.o_stride + s;
+            if (s <= last) {
+                var total = 0.0;
+                for (var j = 0u; j < NG; j = j + 1u) {
+                    total = total + red[j * KT + lid];
+                }
+                out[o] = bitcast<u32>(total * P.scale);
+            } else {
+                out[o] = NEG_INF_BITS;
+            }
+        }
     }
 }

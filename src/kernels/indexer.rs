@@ -2,8 +2,10 @@
 use super::{src, Recorder, View};
 use crate::gpu::u;
 
-/// Keys per workgroup (= invocations per workgroup).
-const WG: u32 = 64;
+/// Keys per workgroup.
+const KT: u32 = 64;
+/// Head groups of the kernel (each invocation takes ceil(heads / NG) heads).
+const NG: u32 = 8;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -32,7 +34,7 @@ struct Params {
 /// `q`: rows × heads·dim; `w`: rows × heads; `keys`: n_keys × dim.
 ///
 /// `out` must be a buffer of its own (the inputs may share one). One workgroup covers one
-/// query row and 64 keys; blocks wholly in the causal future only write -inf.
+/// query row and 64 keys, a tiled [heads × dim]·[dim × 64] product; blocks wholly in the causal future only write -inf.
 #[allow(clippy::too_many_arguments)]
 pub fn indexer_scores(
     rec: &mut Recorder,
@@ -56,16 +58,14 @@ pub fn indexer_scores(
         "indexer_scores: heads = {heads}, supported 1..=256"
     );
     assert!(dim > 0, "indexer_scores: dim must be positive");
-    // The q chunk in workgroup memory is heads × dc floats ≤ 8 KiB.
-    let dc = (2048 / heads).clamp(1, 32);
     let gpu = rec.gpu();
     let p = gpu.pipeline(
         "indexer",
         src::INDEXER,
         "scores",
-        &[("WG", u(WG)), ("HEADS", u(heads)), ("DC", u(dc))],
+        &[("HEADS", u(heads)), ("HPT", u(heads.div_ceil(NG)))],
     );
-    let key_blocks = n_keys.div_ceil(WG);
+    let key_blocks = n_keys.div_ceil(KT);
     let params = Params {
         q_off: q.offset,
         q_stride: q.stride,
@@ -85,6 +85,17 @@ pub fn indexer_scores(
         scale,
     };
     let groups = rows as u64 * key_blocks as u64;
+    // Keys up to the last causal position are read once per row.
+    let live = (0..rows.min(4))
+        .map(|t| n_keys.min(pos0 + t + 1) as u64)
+        .max()
+        .unwrap_or(0)
+        * rows as u64;
+    rec.cost(
+        live * dim as u64 * 4 + rows as u64 * n_keys as u64 * 4,
+        2 * live * heads as u64 * dim as u64,
+        "",
+    );
     assert!(
         groups <= u32::MAX as u64,
         "indexer_scores: too many workgroups"
