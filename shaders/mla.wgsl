@@ -10,8 +10,9 @@
 //   the workgroup once for the logits and once for the values (the second read hits the
 //   cache), and is used by all HG heads: bytes per row stay one row, not one per head.
 //   Positions go in tiles of PT:
-//   1. logits: invocation (p, l) takes tile position p and heads l*HPT .. l*HPT+HPT, and
-//      walks the row in vec4 steps (HPT dot products per row element read);
+//   1. logits: LANES invocations per tile position split the row's vec4s; each keeps the
+//      partial dot products of all HG heads (HG dot products per row vec4 read), and the
+//      lanes' partial sums are added in workgroup memory;
 //   2. per head, the tile's max and the online-softmax rescale (invocations h < HG);
 //   3. values: invocation c takes latent columns c, c + 256, ... (NC of them) for all HG
 //      heads and accumulates p_j · row_j[c] over the tile, 4 positions per step.
@@ -19,11 +20,12 @@
 //   writes its unnormalized sums, max and sum of exponentials to `part`, and mla_combine
 //   merges the splits with a log-sum-exp rescale.
 //
-// Defines: HG (heads per workgroup, a power of two), HPT (heads per invocation in the logit
-// phase, ≤ 4, divides HG), PT (tile positions = 256 * HPT / HG), QD4 (ceil((kv_lora + dr) / 4)),
-// NC (ceil(kv_lora / 256)).
+// Defines: HG (heads per workgroup, a power of two), QD4 (ceil((kv_lora + dr) / 4)),
+// NC (ceil(kv_lora / 256)), MAXS (most splits mla_combine merges).
 
 const WG: u32 = 256u;
+const LANES: u32 = 4u;      // invocations per tile position in the logit phase
+const PT: u32 = WG / LANES; // tile positions
 const NEG_BIG: f32 = -3.0e38;
 
 struct Params {
@@ -107,9 +109,8 @@ fn mla(
     let ib = t * P.topk;
 
     // Logit phase: invocation (p, l).
-    let lanes = HG / HPT;
-    let p_me = lid / lanes;
-    let l_me = lid % lanes;
+    let p_me = lid / LANES;
+    let l_me = lid % LANES;
     // Softmax state per head (invocations h < HG), value accumulators per (head, column).
     var m = NEG_BIG;
     var lsum = 0.0;
@@ -124,14 +125,15 @@ fn mla(
             pos_sh[i] = idx[ib + j0 + i];
         }
         workgroupBarrier();
-        // 1. logits of tile position p_me for heads l_me*HPT ..
-        var lg: array<f32, HPT>;
-        for (var k = 0u; k < HPT; k = k + 1u) {
+        // 1. logits: invocation (p_me, l_me) sums vec4 steps l_me, l_me + LANES, .. of
+        //    tile row p_me for all HG heads, then the LANES partial sums are added up in sp.
+        var lg: array<f32, HG>;
+        for (var k = 0u; k < HG; k = k + 1u) {
             lg[k] = 0.0;
         }
         if (p_me < nb) {
             let base = P.c_off + pos_sh[p_me] * P.c_stride;
-            for (var d4 = 0u; d4 < QD4; d4 = d4 + 1u) {
+            for (var d4 = l_me; d4 < QD4; d4 = d4 + LANES) {
                 let d = d4 * 4u;
                 var r = vec4<f32>(0.0);
                 if (d + 3u < qdim) {
@@ -143,31 +145,36 @@ fn mla(
                         }
                     }
                 }
-                for (var k = 0u; k < HPT; k = k + 1u) {
-                    lg[k] = lg[k] + dot(qsh[(l_me * HPT + k) * QD4 + d4], r);
+                for (var k = 0u; k < HG; k = k + 1u) {
+                    lg[k] = lg[k] + dot(qsh[k * QD4 + d4], r);
                 }
             }
         }
-        for (var k = 0u; k < HPT; k = k + 1u) {
-            var v = NEG_BIG;
-            if (p_me < nb) {
-                v = lg[k] * P.scale;
+        for (var r = 0u; r < LANES; r = r + 1u) {
+            if (l_me == r) {
+                for (var k = 0u; k < HG; k = k + 1u) {
+                    let i = (k * PT + p_me) / 4u;
+                    if (r == 0u) {
+                        sp[i][p_me % 4u] = lg[k];
+                    } else {
+                        sp[i][p_me % 4u] = sp[i][p_me % 4u] + lg[k];
+                    }
+                }
             }
-            sp[((l_me * HPT + k) * PT + p_me) / 4u][p_me % 4u] = v;
+            workgroupBarrier();
         }
-        workgroupBarrier();
         // 2. online softmax per head.
         if (lid < HG) {
             var mb = m;
             for (var p = 0u; p < nb; p = p + 1u) {
-                mb = max(mb, sp[(lid * PT + p) / 4u][p % 4u]);
+                mb = max(mb, sp[(lid * PT + p) / 4u][p % 4u] * P.scale);
             }
             let c = exp(m - mb);
             var s = 0.0;
             for (var p = 0u; p < PT; p = p + 1u) {
                 var e = 0.0;
                 if (p < nb) {
-                    e = exp(sp[(lid * PT + p) / 4u][p % 4u] - mb);
+                    e = exp(sp[(lid * PT + p) / 4u][p % 4u] * P.scale - mb);
                 }
                 sp[(lid * PT + p) / 4u][p % 4u] = e;
                 s = s + e;

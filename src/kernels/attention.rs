@@ -192,42 +192,38 @@ const MLA_TARGET_GROUPS: u32 = 1024;
 /// Most splits of one (row, head); `mla_combine`'s workgroup array holds a weight each.
 const MLA_MAX_SPLITS: u32 = 1024;
 
-/// `mla.wgsl`'s shape for a model: heads per workgroup, heads per invocation, tile
-/// positions, and how many vec4s hold one query.
+/// Tile positions of `mla.wgsl` (its `PT`).
+const MLA_TILE: u32 = 64;
+
+/// `mla.wgsl`'s shape for a model: heads per workgroup, vec4s per query, value columns per
+/// invocation.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct MlaShape {
     hg: u32,
-    hpt: u32,
-    pt: u32,
     qd4: u32,
     nc: u32,
 }
 
 impl MlaShape {
-    /// The most heads per workgroup (≤ 16, a power of two ≤ heads) whose queries fit in the
-    /// adapter's workgroup memory.
+    /// The most heads per workgroup (≤ 16, a power of two ≤ heads) whose queries and logit
+    /// tile fit in the adapter's workgroup memory.
     fn new(heads: u32, kv_lora: u32, dr: u32, wg_bytes: u32) -> MlaShape {
         let qd4 = (kv_lora + dr).div_ceil(4);
         let mut hg = 16u32.min(1 << (31 - heads.max(1).leading_zeros()));
-        // queries + logit tile (4 KiB at most) + positions.
-        while hg > 1 && hg * qd4 * 16 + 4096 + 1024 > wg_bytes {
+        // queries + logit tile + positions and softmax state.
+        while hg > 1 && hg * qd4 * 16 + hg * MLA_TILE * 4 + 1024 > wg_bytes {
             hg /= 2;
         }
-        let hpt = hg.min(4);
         MlaShape {
             hg,
-            hpt,
-            pt: 256 * hpt / hg,
             qd4,
             nc: kv_lora.div_ceil(WG),
         }
     }
 
-    fn defines(&self) -> [(&'static str, String); 6] {
+    fn defines(&self) -> [(&'static str, String); 4] {
         [
             ("HG", u(self.hg)),
-            ("HPT", u(self.hpt)),
-            ("PT", u(self.pt)),
             ("QD4", u(self.qd4)),
             ("NC", u(self.nc)),
             ("MAXS", u(MLA_MAX_SPLITS)),
@@ -277,9 +273,9 @@ pub fn sparse_mla(
     let groups = rows as u64 * hgroups as u64;
     let want = (MLA_TARGET_GROUPS as u64 / groups.max(1)).min(MLA_MAX_SPLITS as u64) as u32;
     let (splits, split_len) = if want <= 1 {
-        (1, n_max.div_ceil(sh.pt) * sh.pt)
+        (1, n_max.div_ceil(MLA_TILE) * MLA_TILE)
     } else {
-        let len = n_max.div_ceil(want).div_ceil(sh.pt) * sh.pt;
+        let len = n_max.div_ceil(want).div_ceil(MLA_TILE) * MLA_TILE;
         (n_max.div_ceil(len), len)
     };
     let defines = sh.defines();
