@@ -43,18 +43,27 @@ fn w_any(word: u32, i: u32) -> f32 {
     return w_elem(word, i);
 }
 
+// Integer codes become floats without an int-to-float conversion (a slow instruction on
+// some GPUs): code bits OR 2^23's exponent is the float 2^23 + code, and subtracting
+// 2^23 + offset leaves code - offset exactly.
+const MAGIC: u32 = 0x4B000000u;
+
 // Four consecutive elements of one 32-bit word of 8-bit codes (FP8 or q8), unscaled.
 fn q_bytes4(u: u32) -> vec4<f32> {
     if (W_DTYPE == 3u) {
         return vec4<f32>(e4m3(u), e4m3(u >> 8u), e4m3(u >> 16u), e4m3(u >> 24u));
     }
-    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(u << 24u, u << 16u, u << 8u, u)) >> vec4<u32>(24u));
+    // int8 b: (b ^ 0x80) is b + 128 as an unsigned byte.
+    let b = ((vec4<u32>(u, u >> 8u, u >> 16u, u >> 24u) & vec4<u32>(255u)) ^ vec4<u32>(128u)) | vec4<u32>(MAGIC);
+    return bitcast<vec4<f32>>(b) - vec4<f32>(8388736.0);
 }
 
-// Elements 0..3 (lo) or 4..7 (hi) of one 32-bit word of q4 nibbles, unscaled.
+// Elements 0..3 (lo) or 4..7 (hi) of one 32-bit word of q4 nibbles, unscaled (nibble - 8).
 fn q_nib_lo(u: u32) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(u, u >> 4u, u >> 8u, u >> 12u) & vec4<u32>(15u))) - vec4<f32>(8.0);
+    let b = (vec4<u32>(u, u >> 4u, u >> 8u, u >> 12u) & vec4<u32>(15u)) | vec4<u32>(MAGIC);
+    return bitcast<vec4<f32>>(b) - vec4<f32>(8388616.0);
 }
 fn q_nib_hi(u: u32) -> vec4<f32> {
-    return vec4<f32>((vec4<u32>(u >> 16u, u >> 20u, u >> 24u, u >> 28u) & vec4<u32>(15u))) - vec4<f32>(8.0);
+    let b = (vec4<u32>(u >> 16u, u >> 20u, u >> 24u, u >> 28u) & vec4<u32>(15u)) | vec4<u32>(MAGIC);
+    return bitcast<vec4<f32>>(b) - vec4<f32>(8388616.0);
 }
