@@ -80,8 +80,9 @@ pub struct ReleaseConfig {
 /// token. Returns (n_group, topk_group, experts per token).
 fn router_groups(n_group: usize, topk_group: usize, per_tok: usize, e: usize) -> [usize; 3] {
     let k = per_tok.min(e);
-    // The largest group count ≤ the release's that divides e.
-    let g = (1..=n_group.min(e))
+    // The largest group count ≤ the release's that divides e and leaves at least 2 experts
+    // per group (a group's score is the sum of its top-2 experts' scores).
+    let g = (1..=n_group.min(e / 2))
         .rev()
         .find(|g| e.is_multiple_of(*g))
         .unwrap_or(1);
@@ -1066,13 +1067,14 @@ mod tests {
     fn router_groups_stay_valid() {
         assert_eq!(router_groups(8, 4, 8, 256), [8, 4, 8]);
         assert_eq!(router_groups(8, 4, 8, 16), [8, 4, 8]);
-        assert_eq!(router_groups(8, 4, 8, 8), [8, 8, 8]);
+        assert_eq!(router_groups(8, 4, 8, 8), [4, 4, 8]);
         assert_eq!(router_groups(8, 4, 8, 12), [6, 4, 8]);
-        assert_eq!(router_groups(8, 4, 8, 3), [3, 3, 3]);
+        assert_eq!(router_groups(8, 4, 8, 3), [1, 1, 3]);
         assert_eq!(router_groups(1, 1, 8, 4), [1, 1, 4]);
         for e in 1..=300 {
             let [g, t, k] = router_groups(8, 4, 8, e);
             assert!(e % g == 0 && t <= g && k <= t * (e / g), "{e}: {g} {t} {k}");
+            assert!(g == 1 || e / g >= 2, "{e}: {g} groups");
         }
     }
 }
