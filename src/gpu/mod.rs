@@ -112,6 +112,10 @@ fn sorted_adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
 }
 
 type PipelineKey = (&'static str, &'static str, String);
+/// A dispatch's bindings: pipeline (by address), params offset and size, buffers.
+pub(crate) type BindKey = (usize, u64, u64, Vec<wgpu::Buffer>);
+/// Cached bind groups beyond which the cache starts over.
+pub(crate) const BIND_CACHE_MAX: usize = 8192;
 
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -131,6 +135,8 @@ pub struct Gpu {
     pub(crate) profile: Mutex<Option<profile::Profiler>>,
     /// Whether the device was opened with timestamp queries.
     timestamps: bool,
+    /// Bind groups of recorders that asked for caching (see [`Recorder::cache_bind_groups`]).
+    pub(crate) bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     /// Kernel scratch buffers by name, grown on demand and kept (see [`Gpu::scratch`]).
     scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
 }
@@ -210,6 +216,7 @@ impl Gpu {
             profile: Mutex::new(None),
             timestamps,
             scratch: Mutex::default(),
+            bind_groups: Mutex::default(),
             errors,
             param_arena,
             arena_lock: Mutex::new(()),
@@ -253,6 +260,11 @@ impl Gpu {
         let b = self.buffer(bytes, name)?;
         m.insert(name, b.clone());
         Ok(b)
+    }
+
+    /// Drop the cached bind groups (and with them their hold on buffers).
+    pub fn clear_bind_groups(&self) {
+        lock(&self.bind_groups).clear();
     }
 
     /// Record an error for the next [`Gpu::check`] (for wrappers that record work and

@@ -35,6 +35,8 @@ pub struct Recorder<'g> {
     ops: Vec<Op>,
     /// The cost stated for the next dispatch.
     cost: Cost,
+    /// Reuse bind groups across recorders (see [`Recorder::cache_bind_groups`]).
+    cache: bool,
     _arena: MutexGuard<'g, ()>,
 }
 
@@ -46,6 +48,7 @@ impl Gpu {
             params: Vec::new(),
             ops: Vec::new(),
             cost: Cost::default(),
+            cache: false,
             _arena: super::lock(&self.arena_lock),
         }
     }
@@ -54,6 +57,15 @@ impl Gpu {
 impl<'g> Recorder<'g> {
     pub fn gpu(&self) -> &'g Gpu {
         self.gpu
+    }
+
+    /// Keep this recorder's bind groups in the device's cache and reuse identical ones (same
+    /// pipeline, params slot and buffers): a decode step records the same dispatches every
+    /// token, so after the first token no bind group is created. Only for long-lived
+    /// buffers (a model's weights, caches and scratch): the cache holds them until
+    /// [`Gpu::clear_bind_groups`].
+    pub fn cache_bind_groups(&mut self, on: bool) {
+        self.cache = on;
     }
 
     /// State the bytes the next dispatch must move and the FLOPs it must compute (for the
@@ -86,28 +98,52 @@ impl<'g> Recorder<'g> {
         self.params.extend_from_slice(bytes);
         self.params.resize((offset + PARAM_STRIDE) as usize, 0);
         let size = (bytes.len() as u64).div_ceil(16) * 16;
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.gpu.param_arena,
+        let key = self.cache.then(|| {
+            (
+                Arc::as_ptr(pipeline) as usize,
                 offset,
-                size: std::num::NonZeroU64::new(size),
-            }),
-        }];
-        for (i, b) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
-                resource: b.as_entire_binding(),
-            });
-        }
-        let group = self
-            .gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
+                size,
+                buffers.iter().map(|b| (*b).clone()).collect::<Vec<_>>(),
+            )
+        });
+        let cached = key
+            .as_ref()
+            .and_then(|k| super::lock(&self.gpu.bind_groups).get(k).cloned());
+        let group = match cached {
+            Some(g) => g,
+            None => {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &self.gpu.param_arena,
+                        offset,
+                        size: std::num::NonZeroU64::new(size),
+                    }),
+                }];
+                for (i, b) in buffers.iter().enumerate() {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: i as u32 + 1,
+                        resource: b.as_entire_binding(),
+                    });
+                }
+                let g = self
+                    .gpu
+                    .device
+                    .create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: None,
+                        layout: &pipeline.get_bind_group_layout(0),
+                        entries: &entries,
+                    });
+                if let Some(k) = key {
+                    let mut m = super::lock(&self.gpu.bind_groups);
+                    if m.len() >= super::BIND_CACHE_MAX {
+                        m.clear();
+                    }
+                    m.insert(k, g.clone());
+                }
+                g
+            }
+        };
         let cost = std::mem::take(&mut self.cost);
         self.ops.push(Op::Dispatch {
             pipeline: pipeline.clone(),

@@ -85,6 +85,13 @@ pub struct Session<'m> {
     s: Scratch,
 }
 
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        // The cached bind groups hold this session's caches and scratch.
+        self.model.gpu.clear_bind_groups();
+    }
+}
+
 impl<'m> Session<'m> {
     pub fn new(model: &'m Model, max_ctx: usize) -> Result<Session<'m>> {
         Self::with_attention(model, max_ctx, false)
@@ -295,6 +302,7 @@ impl<'m> Session<'m> {
 
         let hd = cfg.hidden_size as u32;
         let mut rec = gpu.recorder();
+        rec.cache_bind_groups(true);
         embed::embed(&mut rec, &w.embed, &s.ids, 0, t, View::rows(&s.h, hd));
         for (i, layer) in w.layers.iter().enumerate() {
             self.attention(&mut rec, i, layer, t, pos0);
@@ -378,7 +386,10 @@ impl<'m> Session<'m> {
                 want_logits as u32,
             );
         }
-        rec.finish()?;
+        // Submitted without waiting: the logits readback (or the next chunk) is ordered
+        // after it and waits; validation errors surface here or at that wait.
+        drop(rec);
+        gpu.check()?;
         self.pos += tokens.len();
         Ok(())
     }
