@@ -16,7 +16,7 @@
 // The output is written as raw bits so -inf never goes through float arithmetic.
 
 const KT: u32 = 64u;   // keys per workgroup
-const DC: u32 = 16u;   // dim chunk
+const DC: u32 = 32u;   // dim chunk
 const NG: u32 = 8u;    // head groups (256 invocations = NG × KT/2 key pairs)
 
 struct Params {
@@ -89,14 +89,14 @@ fn scores(
             }
             qc[d * NG * HPT + h] = v;
         }
-        // key chunk: 64 keys × DC values; invocation i loads key i / 4, values (i % 4)*4 ..
+        // key chunk: 64 keys × DC values; invocation i loads key i / 4, values (i % 4)*8 ..
         {
             let key = lid / 4u;
-            let dq = (lid % 4u) * 4u;
+            let dq = (lid % 4u) * (DC / 4u);
             let s = s0 + key;
             let live = s < P.n_keys && s <= last;
             let kb = P.k_off + s * P.k_stride + d0 + dq;
-            for (var e = 0u; e < 4u; e = e + 1u) {
+            for (var e = 0u; e < DC / 4u; e = e + 1u) {
                 var v = 0.0;
                 if (live && d0 + dq + e < P.dim) {
                     v = keys[kb + e];

@@ -276,16 +276,6 @@ fn dotsq(v: vec4<u32>, wi: u32, xi: u32, xs4: u32) -> Acc8 {
     return r;
 }
 
-// Dot of the 16-byte word of codes at word index `wi` with x values held in registers.
-fn dotq_regs(wi: u32, xv: array<vec4<f32>, 8>) -> f32 {
-    let w = unpack_q(w4[wi]);
-    var s = (dot(w.a, xv[0]) + dot(w.b, xv[1])) + (dot(w.c, xv[2]) + dot(w.d, xv[3]));
-    if (EPV == 32u) {
-        s += (dot(w.e, xv[4]) + dot(w.f, xv[5])) + (dot(w.g, xv[6]) + dot(w.h, xv[7]));
-    }
-    return s * q_scale((wi * EPV) / QB);
-}
-
 // Dots of the 16-byte word at index `wi` with the T x rows at vec4 index `xi`.
 fn dots_word(wi: u32, xi: u32, xs4: u32) -> Acc8 {
     if (W_DTYPE >= 3u) {
@@ -349,21 +339,6 @@ fn gemv4_partial(wa: u32, wb: u32, xb: u32, lane: u32) -> Acc8x2 {
         let kw = P.k / EPV;
         let xs4 = P.x_stride / 4u;
         let wb2 = select(wa, wb, RR > 1u && wb != NONE);
-        if (W_DTYPE >= 3u && T == 1u) {
-            // One x row: load its EPV floats once for both weight rows.
-            for (var q = lane; q < kw; q += TPR4) {
-                let xi = xb + q * (EPV / 4u);
-                var xv: array<vec4<f32>, 8>;
-                for (var j = 0u; j < EPV / 4u; j++) {
-                    xv[j] = x4[xi + j];
-                }
-                a.lo.x += dotq_regs(wa + q, xv);
-                if (RR > 1u) {
-                    b.lo.x += dotq_regs(wb2 + q, xv);
-                }
-            }
-            return Acc8x2(a, b);
-        }
         for (var q = lane; q < kw; q += TPR4) {
             let xi = xb + q * (EPV / 4u);
             let da = dots_word(wa + q, xi, xs4);

@@ -26,6 +26,7 @@
 const WG: u32 = 256u;
 const LANES: u32 = 4u;      // invocations per tile position in the logit phase
 const PT: u32 = WG / LANES; // tile positions
+const TPH: u32 = WG / HG;   // invocations per head in the softmax phase
 const NEG_BIG: f32 = -3.0e38;
 
 struct Params {
@@ -63,6 +64,8 @@ var<workgroup> qsh: array<vec4<f32>, HG * QD4>;
 var<workgroup> sp: array<vec4<f32>, HG * PT / 4u>;  // logits, then probabilities, [h][p]
 var<workgroup> pos_sh: array<u32, PT>;
 var<workgroup> corr_sh: array<f32, HG>;
+var<workgroup> m_sh: array<f32, HG>;
+var<workgroup> l_sh: array<f32, HG>;
 var<workgroup> n_sh: u32;
 
 fn qd() -> u32 {
@@ -111,9 +114,11 @@ fn mla(
     // Logit phase: invocation (p, l).
     let p_me = lid / LANES;
     let l_me = lid % LANES;
-    // Softmax state per head (invocations h < HG), value accumulators per (head, column).
-    var m = NEG_BIG;
-    var lsum = 0.0;
+    // Softmax state per head in m_sh / l_sh, value accumulators per (head, column).
+    for (var i = lid; i < HG; i = i + WG) {
+        m_sh[i] = NEG_BIG;
+        l_sh[i] = 0.0;
+    }
     var acc: array<f32, HG * NC>;
     for (var i = 0u; i < HG * NC; i = i + 1u) {
         acc[i] = 0.0;
@@ -163,25 +168,51 @@ fn mla(
             }
             workgroupBarrier();
         }
-        // 2. online softmax per head.
-        if (lid < HG) {
-            var mb = m;
-            for (var p = 0u; p < nb; p = p + 1u) {
-                mb = max(mb, sp[(lid * PT + p) / 4u][p % 4u] * P.scale);
+        // 2. online softmax per head: TPH invocations per head each take every TPH-th tile
+        //    position, and their max and sum are reduced in `red`.
+        let h2 = lid / TPH;
+        let sub = lid % TPH;
+        var lm = NEG_BIG;
+        if (h2 < HG) {
+            for (var p = sub; p < nb; p = p + TPH) {
+                lm = max(lm, sp[(h2 * PT + p) / 4u][p % 4u] * P.scale);
             }
-            let c = exp(m - mb);
-            var s = 0.0;
-            for (var p = 0u; p < PT; p = p + 1u) {
+        }
+        red[lid] = lm;
+        workgroupBarrier();
+        for (var off = TPH / 2u; off > 0u; off = off >> 1u) {
+            if (sub < off) {
+                red[lid] = max(red[lid], red[lid + off]);
+            }
+            workgroupBarrier();
+        }
+        var mb = NEG_BIG;
+        var ls = 0.0;
+        if (h2 < HG) {
+            mb = max(m_sh[h2], red[h2 * TPH]);
+            for (var p = sub; p < PT; p = p + TPH) {
                 var e = 0.0;
                 if (p < nb) {
-                    e = exp(sp[(lid * PT + p) / 4u][p % 4u] * P.scale - mb);
+                    e = exp(sp[(h2 * PT + p) / 4u][p % 4u] * P.scale - mb);
                 }
-                sp[(lid * PT + p) / 4u][p % 4u] = e;
-                s = s + e;
+                sp[(h2 * PT + p) / 4u][p % 4u] = e;
+                ls = ls + e;
             }
-            lsum = lsum * c + s;
-            m = mb;
-            corr_sh[lid] = c;
+        }
+        workgroupBarrier();
+        red[lid] = ls;
+        workgroupBarrier();
+        for (var off = TPH / 2u; off > 0u; off = off >> 1u) {
+            if (sub < off) {
+                red[lid] = red[lid] + red[lid + off];
+            }
+            workgroupBarrier();
+        }
+        if (h2 < HG && sub == 0u) {
+            let c = exp(m_sh[h2] - mb);
+            corr_sh[h2] = c;
+            l_sh[h2] = l_sh[h2] * c + red[lid];
+            m_sh[h2] = mb;
         }
         workgroupBarrier();
         // 3. values.
@@ -213,20 +244,14 @@ fn mla(
             }
         }
     }
-    // Results: the softmax state of head h lives in invocation h; share it.
-    workgroupBarrier();
-    if (lid < HG) {
-        sp[lid][0] = m;
-        sp[lid][1] = lsum;
-    }
     workgroupBarrier();
     for (var h = 0u; h < HG; h = h + 1u) {
         let head = h0 + h;
         if (head >= P.heads) {
             break;
         }
-        let hm = sp[h][0];
-        let hl = sp[h][1];
+        let hm = m_sh[h];
+        let hl = l_sh[h];
         if (P.splits == 1u) {
             var inv = 0.0;
             if (hl > 0.0) {

@@ -108,20 +108,28 @@ fn gemv4_ok(rows: u32, x: View, w: &GpuWeight) -> bool {
         && (rows == 1 || x.stride.is_multiple_of(4))
 }
 
-/// gemv4's (lanes per row, rows per lane): short rows do better with fewer lanes each.
-fn gemv4_knobs(w: &GpuWeight) -> (u32, u32) {
-    if w.format.row_bytes(w.cols) / 16 >= 512 {
-        (64, 2)
-    } else {
-        (32, 2)
+/// gemv4's (lanes per row, rows per lane) for `x_rows` rows of x and about `out_rows`
+/// weight rows to cover. Each lane should walk at least 8 words of its row (the lane sums'
+/// reduction has a fixed cost: 4-bit rows are short), but fewer lanes per row also mean
+/// fewer workgroups, so lanes are added back while the dispatch would have under 256.
+fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32) -> (u32, u32) {
+    let words = (w.format.row_bytes(w.cols) / 16) as u32;
+    let min = x_rows.next_power_of_two().max(4);
+    let mut tpr = 64u32;
+    while tpr > min && words < 8 * tpr {
+        tpr /= 2;
     }
+    while tpr < 64 && out_rows.div_ceil(256 / tpr * 2) < 256 {
+        tpr *= 2;
+    }
+    (tpr, 2)
 }
 
 impl Dense {
     fn pick(rows: u32, x: View, w: &GpuWeight) -> Dense {
         if rows <= GEMV_MAX_ROWS {
             if gemv4_ok(rows, x, w) {
-                let (tpr, rr) = gemv4_knobs(w);
+                let (tpr, rr) = gemv4_knobs(w, rows, w.rows as u32);
                 Dense::Gemv4(tpr, rr)
             } else {
                 Dense::Gemv
@@ -236,7 +244,7 @@ pub fn matmul_experts(
     let slots = rows * topk;
     let gemv = rows <= GEMV_MAX_ROWS;
     let gemv4 = gemv && gemv4_ok(2, x, w);
-    let (tpr4, rr) = gemv4_knobs(w);
+    let (tpr4, rr) = gemv4_knobs(w, 1, rpe.saturating_mul(slots));
     let pipe = if gemv4 {
         pipeline(rec, "gemv4_experts", w, Knobs { t: 1, tpr4, rr })
     } else if gemv {
