@@ -359,10 +359,7 @@ pub fn run(
 
 /// Kernels of the attention path of a decode step (indexer, top-k, attention).
 pub fn is_attention_kernel(name: &str) -> bool {
-    name.starts_with("indexer::")
-        || name.starts_with("topk::")
-        || name.starts_with("attention::sparse_mla")
-        || name.starts_with("attention::mla")
+    name.starts_with("indexer::") || name.starts_with("topk") || name.starts_with("mla::")
 }
 
 /// The report as text tables. Percentages are of the calibrated copy bandwidth (bytes)

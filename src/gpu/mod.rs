@@ -382,12 +382,26 @@ impl Gpu {
             return p.clone();
         }
         let src = format!("{header}{source}");
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(name),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
-            });
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        };
+        let checks = wgpu::ShaderRuntimeChecks {
+            bounds_checks: shader_bounds_checks(),
+            force_loop_bounding: false,
+            int_div_checks: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        };
+        // SAFETY: two checks are off by default. Loop bounding stops infinite loops from being
+        // undefined behaviour: every loop in sparsa's shaders runs a counter over a finite
+        // range (their own source, never user input), so none is infinite. Integer-division
+        // checks guard against dividing by zero (or i32::MIN by -1): every divisor in the
+        // shaders is a nonzero define or a Params field the wrappers compute as nonzero
+        // (tile counts, strides, head counts; the wrappers return early on empty shapes),
+        // and no signed division by -1 occurs. Buffer bounds checks stay on unless
+        // SPARSA_SHADER_BOUNDS_CHECKS=0 asks otherwise (a measurement aid; the kernels'
+        // index arithmetic is tested against CPU references).
+        let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
         let p = Arc::new(
             self.device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -476,6 +490,11 @@ impl Gpu {
 /// error list, the pipeline cache, the param arena) stays valid whatever a panic interrupted.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Whether shaders get wgpu's buffer bounds checks (on unless SPARSA_SHADER_BOUNDS_CHECKS=0).
+fn shader_bounds_checks() -> bool {
+    std::env::var("SPARSA_SHADER_BOUNDS_CHECKS").map_or(true, |v| v != "0")
 }
 
 /// The WGSL literal of a u32 define.
