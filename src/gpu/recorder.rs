@@ -153,12 +153,8 @@ impl<'g> Recorder<'g> {
         });
         let clock = super::lock(&self.gpu.profile).as_ref().map(|p| p.clock);
         match clock {
-            None => {}
-            Some(ProfileClock::Timestamps) => {
-                if self.ops.len() >= PROFILE_BATCH {
-                    self.flush();
-                }
-            }
+            Some(ProfileClock::Timestamps) if self.ops.len() >= PROFILE_BATCH => self.flush(),
+            None | Some(ProfileClock::Timestamps) => {}
             Some(ProfileClock::Wall) => {
                 let t = std::time::Instant::now();
                 self.flush();

@@ -306,8 +306,6 @@ mod tests {
     enum Mode {
         /// `topk` as the model calls it (picks the kernel).
         Auto,
-        /// The one-workgroup-per-row kernel.
-        OneWg,
         /// The wide kernel with this segment length.
         Wide(u32),
     }
@@ -344,7 +342,6 @@ mod tests {
     ) {
         match mode {
             Mode::Auto => topk(rec, scores, rows, n_keys, pos0, k, idx, cnt, sc),
-            Mode::OneWg => topk_one_wg(rec, scores, rows, n_keys, pos0, k, idx, cnt),
             Mode::Wide(seg) => {
                 let segs = n_keys.div_ceil(seg);
                 topk_wide(rec, scores, rows, n_keys, pos0, k, idx, cnt, sc, seg, segs)
