@@ -29,6 +29,8 @@ def main():
     cfg = AutoConfig.from_pretrained(a.model)
     cuda = a.device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
+    # device_map needs `accelerate`; on the CPU the model is loaded where it runs anyway.
+    placement = {"device_map": "cuda"} if cuda else {}
 
     def sync():
         if cuda:
@@ -36,12 +38,12 @@ def main():
     t0 = time.time()
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            a.model, dtype=dtype, attn_implementation=a.attn, device_map=a.device)
+            a.model, dtype=dtype, attn_implementation=a.attn, **placement)
         attn = a.attn
     except (ValueError, NotImplementedError) as e:
         print(f"attn {a.attn} unavailable ({e}); using eager", file=sys.stderr)
         model = AutoModelForCausalLM.from_pretrained(
-            a.model, dtype=dtype, attn_implementation="eager", device_map=a.device)
+            a.model, dtype=dtype, attn_implementation="eager", **placement)
         attn = "eager"
     model.eval()
     load_s = time.time() - t0
