@@ -172,6 +172,7 @@ pub enum Event {
 ///
 /// The last token returned is never run through the model, so afterwards the session holds
 /// the prompt and all generated tokens but the last.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn generate(
     session: &mut Session,
     prompt: &[u32],
@@ -199,8 +200,26 @@ pub fn generate(
 /// token; returning false stops ([`Stop::Callback`]; during the prefill, with no tokens and the
 /// session holding the chunks done so far). `history` is the text already in the session
 /// before `prompt`, which the repetition penalty looks back into.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn generate_with(
     session: &mut Session,
+    history: &[u32],
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    eos: &[u32],
+    on_event: impl FnMut(Event) -> bool,
+) -> Result<(Vec<u32>, Stop)> {
+    pollster::block_on(generate_with_async(
+        session, history, prompt, max_tokens, sampler, eos, on_event,
+    ))
+}
+
+/// [`generate_with`] for every platform: the browser awaits each token's logits (natively
+/// every await is ready at once). The events arrive between the GPU steps, so a page can
+/// show each token as it comes.
+pub async fn generate_with_async(
+    session: &mut Session<'_>,
     history: &[u32],
     prompt: &[u32],
     max_tokens: usize,
@@ -231,7 +250,7 @@ pub fn generate_with(
     let mut logits = None;
     let mut done = 0;
     for part in prompt.chunks(session.chunk.max(1)) {
-        logits = Some(session.forward(part, false)?);
+        logits = Some(session.forward_async(part, false).await?);
         done += part.len();
         if !on_event(Event::Prefill {
             done,
@@ -263,7 +282,7 @@ pub fn generate_with(
         if session.pos >= session.max_ctx() {
             return Ok((out, Stop::ContextFull));
         }
-        let logits = session.forward(&[next], false)?;
+        let logits = session.forward_async(&[next], false).await?;
         next = sampler.sample_after(logits.last(), &recent);
     }
 }

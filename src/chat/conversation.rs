@@ -24,7 +24,7 @@
 
 use super::{ChatTemplate, Message};
 use crate::error::{Error, Result};
-use crate::generate::{generate_with, partial_suffix, Event, Sampler, Stop, StopStrings};
+use crate::generate::{generate_with_async, partial_suffix, Event, Sampler, Stop, StopStrings};
 use crate::model::Session;
 use crate::tokenizer::{TextStream, Tokenizer};
 use serde::{Deserialize, Serialize};
@@ -465,9 +465,23 @@ impl Chat {
     /// Runs a prepared turn: rolls the session back to the reused prefix, prefills the rest,
     /// streams the reply through `on_event` and stores it as the assistant message (the reply
     /// so far when interrupted).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn reply(
         &mut self,
         session: &mut Session,
+        tok: &Tokenizer,
+        plan: TurnPlan,
+        sampler: &mut Sampler,
+        opts: &ReplyOptions,
+        on_event: impl FnMut(ChatEvent<'_>) -> bool,
+    ) -> Result<TurnResult> {
+        pollster::block_on(self.reply_async(session, tok, plan, sampler, opts, on_event))
+    }
+
+    /// [`Chat::reply`] for every platform (the browser awaits each token's logits).
+    pub async fn reply_async(
+        &mut self,
+        session: &mut Session<'_>,
         tok: &Tokenizer,
         plan: TurnPlan,
         sampler: &mut Sampler,
@@ -486,7 +500,7 @@ impl Chat {
         let mut interrupted = false;
         let mut decode_err = None;
         let eos = &opts.eos;
-        let result = generate_with(
+        let result = generate_with_async(
             session,
             &self.cached,
             &prompt[reused..],
@@ -523,7 +537,8 @@ impl Chat {
                     !reply.stopped()
                 }
             },
-        );
+        )
+        .await;
         let (out, stop) = match result {
             Ok(r) => r,
             Err(e) => {

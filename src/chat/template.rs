@@ -941,6 +941,7 @@ fn strftime_now(format: String) -> std::result::Result<String, minijinja::Error>
 }
 
 /// `format` applied to the UTC time `secs` seconds after the Unix epoch.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 fn strftime_utc(format: &str, secs: i64) -> String {
     const DAYS: [&str; 7] = [
         "Monday",

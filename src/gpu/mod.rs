@@ -83,22 +83,38 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 const NO_ADAPTER_HINT: &str = "no GPU adapter found: install a Vulkan driver (on Debian/Ubuntu without a GPU: `apt-get install mesa-vulkan-drivers` for the lavapipe software rasterizer)";
+#[cfg(target_arch = "wasm32")]
+const NO_ADAPTER_HINT: &str =
+    "no WebGPU adapter: this browser has WebGPU turned off or offers no adapter for it";
 
 fn instance() -> wgpu::Instance {
     wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
 }
 
 /// Every adapter wgpu can see, best first (discrete, integrated, then software).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn list_adapters() -> Vec<AdapterSummary> {
-    sorted_adapters(&instance())
+    pollster::block_on(sorted_adapters(&instance()))
         .iter()
         .map(AdapterSummary::of)
         .collect()
 }
 
-fn sorted_adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
-    let mut v = pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()));
+/// The browser offers one adapter, through `navigator.gpu.requestAdapter`.
+#[cfg(target_arch = "wasm32")]
+async fn sorted_adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    let opts = wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        ..Default::default()
+    };
+    inst.request_adapter(&opts).await.ok().into_iter().collect()
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+async fn sorted_adapters(inst: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    let mut v = inst.enumerate_adapters(wgpu::Backends::all()).await;
     v.sort_by_key(|a| match a.get_info().device_type {
         wgpu::DeviceType::DiscreteGpu => 0,
         wgpu::DeviceType::IntegratedGpu => 1,
@@ -117,11 +133,25 @@ pub(crate) type BindKey = (usize, u64, u64, Vec<wgpu::Buffer>);
 /// Cached bind groups beyond which the cache starts over.
 pub(crate) const BIND_CACHE_MAX: usize = 8192;
 
+/// Which device limits [`Gpu::open`] asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LimitsRequest {
+    /// Everything the adapter offers (the default: larger bindings, more invocations).
+    #[default]
+    Adapter,
+    /// WebGPU's default limits (128 MiB storage bindings, 8 storage buffers per stage,
+    /// 256 invocations per workgroup), what every WebGPU adapter supports.
+    WebGpuDefault,
+}
+
 pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
     pub adapter: AdapterSummary,
     pub limits: wgpu::Limits,
+    /// Lines put before every shader's source: the `enable` directives this device needs
+    /// (see [`shader_prelude`]).
+    prelude: String,
     pipelines: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
     errors: Arc<Mutex<Vec<String>>>,
     pub(crate) param_arena: wgpu::Buffer,
@@ -146,9 +176,16 @@ pub(crate) const PARAM_ARENA: u64 = 1 << 20;
 
 impl Gpu {
     /// Open the first adapter whose name contains `filter` (case-insensitive), or the best one.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn new(filter: Option<&str>) -> Result<Gpu> {
+        pollster::block_on(Self::open(filter, LimitsRequest::Adapter))
+    }
+
+    /// [`Gpu::new`] for every platform (the browser cannot block on the adapter and device
+    /// requests), with a choice of limits.
+    pub async fn open(filter: Option<&str>, limits: LimitsRequest) -> Result<Gpu> {
         let inst = instance();
-        let adapters = sorted_adapters(&inst);
+        let adapters = sorted_adapters(&inst).await;
         let adapter = match filter {
             Some(f) => {
                 let fl = f.to_lowercase();
@@ -168,24 +205,33 @@ impl Gpu {
                 .next()
                 .ok_or_else(|| Error::msg(NO_ADAPTER_HINT))?,
         };
-        Self::from_adapter(adapter)
+        Self::from_adapter(adapter, limits).await
     }
 
-    fn from_adapter(adapter: wgpu::Adapter) -> Result<Gpu> {
+    async fn from_adapter(adapter: wgpu::Adapter, request: LimitsRequest) -> Result<Gpu> {
         let summary = AdapterSummary::of(&adapter);
-        let limits = adapter.limits();
+        let limits = match request {
+            LimitsRequest::Adapter => adapter.limits(),
+            LimitsRequest::WebGpuDefault => wgpu::Limits::default(),
+        };
+        // Only features the adapter offers are requested.
         let wanted = wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;
         let timestamps = features.contains(wgpu::Features::TIMESTAMP_QUERY);
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("sparsa"),
-            required_features: features,
-            required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| Error::msg(format!("adapter {}: cannot open device: {e}", summary.name)))?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("sparsa"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| {
+                Error::msg(format!("adapter {}: cannot open device: {e}", summary.name))
+            })?;
+        let prelude = shader_prelude(device.features(), cfg!(target_arch = "wasm32"));
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -210,6 +256,7 @@ impl Gpu {
             queue,
             adapter: summary,
             limits,
+            prelude,
             pipelines: Mutex::default(),
             labels: Mutex::default(),
             dummy,
@@ -314,8 +361,21 @@ impl Gpu {
         }
     }
 
-    /// Copy `bytes` bytes from the start of `buf` back to the host (waits for the GPU).
+    /// Copy `bytes` bytes from `offset` in `buf` back to the host (waits for the GPU).
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+        pollster::block_on(self.read_bytes_async(buf, offset, bytes))
+    }
+
+    /// [`Gpu::read_bytes`] for every platform: natively the GPU is waited for before the
+    /// first await (so the future is ready at once); in the browser the future resolves
+    /// when the buffer is mapped.
+    pub async fn read_bytes_async(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<Vec<u8>> {
         let size = bytes.div_ceil(4) * 4;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -327,16 +387,16 @@ impl Gpu {
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
         self.queue.submit([enc.finish()]);
         let slice = staging.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
+        let (tx, rx) = oneshot();
+        slice.map_async(wgpu::MapMode::Read, move |r| tx.send(r));
+        // In the browser this returns at once: the device is polled by the browser itself.
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::msg(format!("GPU wait failed on {}: {e}", self.adapter.name)))?;
+        let mapped = rx.await;
         self.check()?;
-        rx.recv()
-            .map_err(|_| Error::msg("GPU readback was dropped"))?
+        mapped
+            .ok_or_else(|| Error::msg("GPU readback was dropped"))?
             .map_err(|e| Error::msg(format!("GPU readback failed: {e}")))?;
         let data = slice
             .get_mapped_range()
@@ -346,17 +406,32 @@ impl Gpu {
         Ok(data)
     }
 
+    pub async fn read_f32_async(
+        &self,
+        buf: &wgpu::Buffer,
+        offset_elems: u64,
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        let b = self
+            .read_bytes_async(buf, offset_elems * 4, n as u64 * 4)
+            .await?;
+        Ok(bytemuck::pod_collect_to_vec(&b))
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_f32(&self, buf: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<f32>> {
         let b = self.read_bytes(buf, offset_elems * 4, n as u64 * 4)?;
         Ok(bytemuck::pod_collect_to_vec(&b))
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_u32(&self, buf: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<u32>> {
         let b = self.read_bytes(buf, offset_elems * 4, n as u64 * 4)?;
         Ok(bytemuck::pod_collect_to_vec(&b))
     }
 
-    /// Wait until all submitted work is done.
+    /// Wait until all submitted work is done (in the browser: report the GPU errors seen so
+    /// far; waiting happens in [`Gpu::read_bytes_async`]).
     pub fn sync(&self) -> Result<()> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
@@ -381,27 +456,17 @@ impl Gpu {
         if let Some(p) = lock(&self.pipelines).get(&key) {
             return p.clone();
         }
-        let src = format!("{header}{source}");
+        let prelude = if source.contains("subgroup") {
+            self.prelude.as_str()
+        } else {
+            ""
+        };
+        let src = format!("{prelude}{header}{source}");
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(name),
             source: wgpu::ShaderSource::Wgsl(src.into()),
         };
-        let checks = wgpu::ShaderRuntimeChecks {
-            bounds_checks: shader_bounds_checks(),
-            force_loop_bounding: false,
-            int_div_checks: false,
-            ..wgpu::ShaderRuntimeChecks::checked()
-        };
-        // SAFETY: two checks are off by default. Loop bounding stops infinite loops from being
-        // undefined behaviour: every loop in sparsa's shaders runs a counter over a finite
-        // range (their own source, never user input), so none is infinite. Integer-division
-        // checks guard against dividing by zero (or i32::MIN by -1): every divisor in the
-        // shaders is a nonzero define or a Params field the wrappers compute as nonzero
-        // (tile counts, strides, head counts; the wrappers return early on empty shapes),
-        // and no signed division by -1 occurs. Buffer bounds checks stay on unless
-        // SPARSA_SHADER_BOUNDS_CHECKS=0 asks otherwise (a measurement aid; the kernels'
-        // index arithmetic is tested against CPU references).
-        let module = unsafe { self.device.create_shader_module_trusted(desc, checks) };
+        let module = self.shader_module(desc);
         let p = Arc::new(
             self.device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -448,6 +513,43 @@ impl Gpu {
             .unwrap_or_default()
     }
 
+    /// Compile a shader module. Natively without wgpu's loop bounding and integer-division
+    /// checks (see the SAFETY comment); in the browser the WebGPU implementation applies its
+    /// own checks and the plain call is used.
+    fn shader_module(&self, desc: wgpu::ShaderModuleDescriptor) -> wgpu::ShaderModule {
+        if cfg!(target_arch = "wasm32") {
+            return self.device.create_shader_module(desc);
+        }
+        let checks = wgpu::ShaderRuntimeChecks {
+            bounds_checks: shader_bounds_checks(),
+            force_loop_bounding: false,
+            int_div_checks: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        };
+        // SAFETY: two checks are off by default. Loop bounding stops infinite loops from being
+        // undefined behaviour: every loop in sparsa's shaders runs a counter over a finite
+        // range (their own source, never user input), so none is infinite. Integer-division
+        // checks guard against dividing by zero (or i32::MIN by -1): every divisor in the
+        // shaders is a nonzero define or a Params field the wrappers compute as nonzero
+        // (tile counts, strides, head counts; the wrappers return early on empty shapes),
+        // and no signed division by -1 occurs. Buffer bounds checks stay on unless
+        // SPARSA_SHADER_BOUNDS_CHECKS=0 asks otherwise (a measurement aid; the kernels'
+        // index arithmetic is tested against CPU references).
+        unsafe { self.device.create_shader_module_trusted(desc, checks) }
+    }
+
+    /// The resolved timestamps of a profiled submission (native only: the browser cannot
+    /// wait inside a recorder's flush, so profiling is not offered there).
+    pub(crate) fn read_timestamps(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.read_bytes(buf, 0, bytes);
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (buf, bytes);
+            Err(Error::msg("per-kernel profiling is not available in the browser"))
+        }
+    }
+
     /// A timestamp query set of `n` queries (profiling only).
     pub(crate) fn query_set(&self, n: u32) -> wgpu::QuerySet {
         self.device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -486,6 +588,76 @@ impl Gpu {
     }
 }
 
+/// The `enable` directives put before a shader's source on a device with `features`.
+/// Browsers require `enable subgroups;` before subgroup builtins, which native wgpu (naga)
+/// rejects, so the line is generated for the web build only; the `.wgsl` files stay one
+/// source for both.
+pub fn shader_prelude(features: wgpu::Features, web: bool) -> String {
+    let mut p = String::new();
+    if web && features.contains(wgpu::Features::SUBGROUP) {
+        p.push_str("enable subgroups;\n");
+    }
+    p
+}
+
+/// A one-value channel whose receiver is a future (`None` when the sender was dropped
+/// unsent): how a `map_async` callback hands its result to an `async fn`.
+fn oneshot<T>() -> (OneshotTx<T>, OneshotRx<T>) {
+    let slot = Arc::new(Mutex::new(Slot {
+        value: None,
+        closed: false,
+        waker: None,
+    }));
+    (OneshotTx(slot.clone()), OneshotRx(slot))
+}
+
+struct Slot<T> {
+    value: Option<T>,
+    closed: bool,
+    waker: Option<std::task::Waker>,
+}
+
+struct OneshotTx<T>(Arc<Mutex<Slot<T>>>);
+struct OneshotRx<T>(Arc<Mutex<Slot<T>>>);
+
+impl<T> OneshotTx<T> {
+    fn send(self, v: T) {
+        lock(&self.0).value = Some(v);
+        // Drop wakes the receiver.
+    }
+}
+
+impl<T> Drop for OneshotTx<T> {
+    fn drop(&mut self) {
+        let waker = {
+            let mut s = lock(&self.0);
+            s.closed = true;
+            s.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+impl<T> std::future::Future for OneshotRx<T> {
+    type Output = Option<T>;
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<T>> {
+        let mut s = lock(&self.0);
+        if let Some(v) = s.value.take() {
+            return std::task::Poll::Ready(Some(v));
+        }
+        if s.closed {
+            return std::task::Poll::Ready(None);
+        }
+        s.waker = Some(cx.waker().clone());
+        std::task::Poll::Pending
+    }
+}
+
 /// Lock a mutex even if a panicking thread poisoned it: the data behind our locks (an
 /// error list, the pipeline cache, the param arena) stays valid whatever a panic interrupted.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -500,4 +672,28 @@ fn shader_bounds_checks() -> bool {
 /// The WGSL literal of a u32 define.
 pub fn u(v: impl Into<u64>) -> String {
     format!("{}u", v.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prelude_enables_subgroups_only_in_the_browser() {
+        let sg = wgpu::Features::SUBGROUP;
+        assert_eq!(shader_prelude(sg, true), "enable subgroups;\n");
+        assert_eq!(shader_prelude(sg, false), "", "naga rejects the directive");
+        assert_eq!(shader_prelude(wgpu::Features::empty(), true), "");
+    }
+
+    #[test]
+    fn oneshot_delivers_a_value_or_none_when_the_sender_is_dropped() {
+        let (tx, rx) = oneshot();
+        tx.send(7u32);
+        assert_eq!(pollster::block_on(rx), Some(7));
+        let (tx, rx) = oneshot::<u32>();
+        let waiter = std::thread::spawn(move || pollster::block_on(rx));
+        drop(tx);
+        assert_eq!(waiter.join().unwrap(), None);
+    }
 }

@@ -267,7 +267,7 @@ impl<'g> Recorder<'g> {
         enc.resolve_query_set(&qs, 0..2 * n_disp, &resolve, 0);
         self.gpu.queue.submit([enc.finish()]);
         self.params.clear();
-        match self.gpu.read_bytes(&resolve, 0, bytes) {
+        match self.gpu.read_timestamps(&resolve, bytes) {
             Ok(raw) => {
                 let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&raw);
                 let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;

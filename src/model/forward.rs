@@ -242,7 +242,14 @@ impl<'m> Session<'m> {
 
     /// Run `tokens` through the model at positions `pos ..`, appending them to the caches.
     /// Returns the logits of every token (`all_logits`) or of the last one.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Logits> {
+        pollster::block_on(self.forward_async(tokens, all_logits))
+    }
+
+    /// [`Session::forward`] for every platform: the browser cannot block on the logits'
+    /// readback, so it awaits it (natively the future is ready at once).
+    pub async fn forward_async(&mut self, tokens: &[u32], all_logits: bool) -> Result<Logits> {
         let cfg = &self.model.config;
         if tokens.is_empty() {
             return Err(Error::msg("empty prompt: at least one token is needed"));
@@ -279,7 +286,8 @@ impl<'m> Session<'m> {
             };
             self.chunk_forward(part, want)?;
             if want > 0 {
-                data.extend(self.model.gpu.read_f32(&self.s.logits, 0, want * vocab)?);
+                let gpu = &self.model.gpu;
+                data.extend(gpu.read_f32_async(&self.s.logits, 0, want * vocab).await?);
             }
             rows += part.len();
         }

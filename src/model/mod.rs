@@ -15,9 +15,12 @@ pub use forward::{Logits, Session};
 pub use source::ModelSource;
 
 use crate::config::Config;
-use crate::error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::error::Error;
+use crate::error::Result;
 use crate::gpu::Gpu;
 use crate::weights::WeightFiles;
+#[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
 use std::sync::Arc;
 
