@@ -11,6 +11,7 @@
 // float weights), 5 = expert ids):
 //   gemv          y[t, n] for all t < T, RPW weight rows n per workgroup.
 //   gemv4         the same over 16-byte words (aligned rows and x), RR rows per lane.
+//   gemv4q        gemv4 for one x row and quantized weights, 4 rows per lane.
 //   gemm          64×64 tiles of (t × n), K-tiles of 16, 4×4 outputs per invocation.
 //   gemm128       128×128 tiles, K-tiles of 8, 8×8 outputs per invocation (large products).
 //   gemv_experts  one slot × RPW expert rows per workgroup.
@@ -380,6 +381,127 @@ fn gemv4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         if (RR > 1u && nb < P.n) {
             y[P.y_off + t * P.y_stride + nb] = yb;
+        }
+    }
+}
+
+// gemv4q: one x row (T = 1), quantized weights, 4 consecutive weight rows per lane. The x
+// floats of a step are loaded once into registers and used for all 4 rows: the L1 traffic
+// for x, which bounds the GEMV when the weight bytes per element are few, drops 4-fold
+// against one row per lane.
+struct X8 {
+    a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>,
+    e: vec4<f32>, f: vec4<f32>, g: vec4<f32>, h: vec4<f32>,
+}
+
+fn load_x8(xi: u32) -> X8 {
+    let z = vec4<f32>(0.0);
+    var x = X8(x4[xi], x4[xi + 1u], x4[xi + 2u], x4[xi + 3u], z, z, z, z);
+    if (EPV == 32u) {
+        x.e = x4[xi + 4u];
+        x.f = x4[xi + 5u];
+        x.g = x4[xi + 6u];
+        x.h = x4[xi + 7u];
+    }
+    return x;
+}
+
+fn dotq_x(wi: u32, x: X8) -> f32 {
+    let w = unpack_q(w4[wi]);
+    var s = (dot(w.a, x.a) + dot(w.b, x.b)) + (dot(w.c, x.c) + dot(w.d, x.d));
+    if (EPV == 32u) {
+        s += (dot(w.e, x.e) + dot(w.f, x.f)) + (dot(w.g, x.g) + dot(w.h, x.h));
+    }
+    return s * q_scale((wi * EPV) / QB);
+}
+
+@compute @workgroup_size(256)
+fn gemv4q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let sub = lid / TPR4;
+    let lane = lid % TPR4;
+    let n0 = (g * (WG / TPR4) + sub) * 4u;
+    let rw = P.ws / EPV;
+    let kw = P.k / EPV;
+    var acc = vec4<f32>(0.0);
+    if (n0 < P.n) {
+        // Rows past the end repeat row n0; their sums are not written.
+        let r1 = select(n0, n0 + 1u, n0 + 1u < P.n) * rw;
+        let r2 = select(n0, n0 + 2u, n0 + 2u < P.n) * rw;
+        let r3 = select(n0, n0 + 3u, n0 + 3u < P.n) * rw;
+        let r0 = n0 * rw;
+        let xb = P.x_off / 4u;
+        for (var q = lane; q < kw; q += TPR4) {
+            let x = load_x8(xb + q * (EPV / 4u));
+            acc += vec4<f32>(dotq_x(r0 + q, x), dotq_x(r1 + q, x), dotq_x(r2 + q, x), dotq_x(r3 + q, x));
+        }
+    }
+    let r = reduce_pair(acc, vec4<f32>(0.0), lid);
+    if (lane == 0u) {
+        for (var j = 0u; j < 4u; j++) {
+            if (n0 + j < P.n) {
+                y[P.y_off + n0 + j] = r.lo[j];
+            }
+        }
+    }
+}
+
+// gemv4q for routed experts: one slot per workgroup, WG / TPR4 * 4 rows of its expert, 4
+// rows per lane sharing the x loads.
+@compute @workgroup_size(256)
+fn gemv4q_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let per = WG / TPR4 * 4u;
+    let groups = (P.n + per - 1u) / per;
+    let slot = g / groups;
+    let sub = lid / TPR4;
+    let lane = lid % TPR4;
+    let n0 = (g % groups) * per + sub * 4u;
+    let rw = P.ws / EPV;
+    let kw = P.k / EPV;
+    // Word offsets of the 4 rows in this chunk, NONE where a row is past the expert or
+    // outside the chunk (a chunk boundary inside an expert).
+    var wo = vec4<u32>(NONE);
+    var xb = 0u;
+    if (slot < P.rows) {
+        let e = experts[slot];
+        if (e < P.n_experts) {
+            xb = slot_x(slot) / 4u;
+            for (var j = 0u; j < 4u; j++) {
+                let gr = e * P.n + n0 + j;
+                if (n0 + j < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
+                    wo[j] = (gr - P.row0) * rw;
+                }
+            }
+        }
+    }
+    // Inactive rows read a live row's words (their sums are dropped).
+    var live = NONE;
+    for (var j = 0u; j < 4u; j++) {
+        if (live == NONE && wo[j] != NONE) {
+            live = wo[j];
+        }
+    }
+    var acc = vec4<f32>(0.0);
+    if (live != NONE) {
+        let w0 = select(live, wo.x, wo.x != NONE);
+        let w1 = select(live, wo.y, wo.y != NONE);
+        let w2 = select(live, wo.z, wo.z != NONE);
+        let w3 = select(live, wo.w, wo.w != NONE);
+        for (var q = lane; q < kw; q += TPR4) {
+            let x = load_x8(xb + q * (EPV / 4u));
+            acc += vec4<f32>(dotq_x(w0 + q, x), dotq_x(w1 + q, x), dotq_x(w2 + q, x), dotq_x(w3 + q, x));
+        }
+    }
+    let r = reduce_pair(acc, vec4<f32>(0.0), lid);
+    if (lane == 0u) {
+        let base = P.y_off + slot * P.y_stride;
+        for (var j = 0u; j < 4u; j++) {
+            if (wo[j] != NONE) {
+                y[base + n0 + j] = r.lo[j];
+            }
         }
     }
 }

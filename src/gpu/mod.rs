@@ -546,7 +546,9 @@ impl Gpu {
         #[cfg(target_arch = "wasm32")]
         {
             let _ = (buf, bytes);
-            Err(Error::msg("per-kernel profiling is not available in the browser"))
+            Err(Error::msg(
+                "per-kernel profiling is not available in the browser",
+            ))
         }
     }
 

@@ -14,7 +14,7 @@
 //! expert into 64-row tiles.
 use super::{Recorder, View};
 use crate::gpu::u;
-use crate::weights::GpuWeight;
+use crate::weights::{GpuWeight, WFormat};
 use bytemuck::Zeroable;
 
 /// Rows of `x` one GEMV pass handles (`T` in the shader). `matmul_experts` uses the
@@ -94,6 +94,8 @@ enum Dense {
     Gemv,
     /// 16-byte loads: lanes per row, rows per lane.
     Gemv4(u32, u32),
+    /// 16-byte loads, one x row, quantized weights, 4 rows per lane: lanes per row.
+    Gemv4Q(u32),
     /// Square tiles of this size.
     Gemm(u32),
 }
@@ -128,7 +130,9 @@ fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32) -> (u32, u32) {
 impl Dense {
     fn pick(rows: u32, x: View, w: &GpuWeight) -> Dense {
         if rows <= GEMV_MAX_ROWS {
-            if gemv4_ok(rows, x, w) {
+            if rows == 1 && matches!(w.format, WFormat::Quant(_)) && gemv4_ok(rows, x, w) {
+                Dense::Gemv4Q(gemv4_knobs(w, 1, w.rows as u32 / 2).0)
+            } else if gemv4_ok(rows, x, w) {
                 let (tpr, rr) = gemv4_knobs(w, rows, w.rows as u32);
                 Dense::Gemv4(tpr, rr)
             } else {
@@ -176,6 +180,7 @@ fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, k
             );
             pipeline(rec, "gemv4", w, Knobs { t: rows, tpr4, rr })
         }
+        Dense::Gemv4Q(tpr4) => pipeline(rec, "gemv4q", w, Knobs { t: 1, tpr4, rr: 1 }),
         Dense::Gemm(64) => pipeline(rec, "gemm", w, KNOBS),
         Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
     };
@@ -198,6 +203,7 @@ fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, k
         let groups = match kind {
             Dense::Gemv => n.div_ceil(GEMV_RPW),
             Dense::Gemv4(tpr4, rr) => n.div_ceil(256 / tpr4 * rr),
+            Dense::Gemv4Q(tpr4) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
         };
         let grid = rec.gpu().grid(groups);
@@ -244,8 +250,16 @@ pub fn matmul_experts(
     let slots = rows * topk;
     let gemv = rows <= GEMV_MAX_ROWS;
     let gemv4 = gemv && gemv4_ok(2, x, w);
-    let (tpr4, rr) = gemv4_knobs(w, 1, rpe.saturating_mul(slots));
-    let pipe = if gemv4 {
+    // Quantized weights: 4 rows per lane (gemv4q_experts), else RR rows.
+    let quad = gemv4 && matches!(w.format, WFormat::Quant(_));
+    let (tpr4, rr) = if quad {
+        (gemv4_knobs(w, 1, rpe.saturating_mul(slots) / 2).0, 4)
+    } else {
+        gemv4_knobs(w, 1, rpe.saturating_mul(slots))
+    };
+    let pipe = if quad {
+        pipeline(rec, "gemv4q_experts", w, Knobs { t: 1, tpr4, rr: 1 })
+    } else if gemv4 {
         pipeline(rec, "gemv4_experts", w, Knobs { t: 1, tpr4, rr })
     } else if gemv {
         pipeline(rec, "gemv_experts", w, KNOBS)
@@ -764,6 +778,20 @@ mod tests {
             }
             // The 16-byte GEMV on long rows, several chunks.
             run_matmul(s + 4, 2, 1024, 66, f, Some(32), None, (0, 1024));
+            // One x row: 4 weight rows per lane (row counts not a multiple of 4, chunks).
+            run_matmul(s + 5, 1, 1024, 66, f, Some(32), None, (0, 1024));
+            for tpr in [4, 16, 64] {
+                run_matmul(
+                    s + 6 + tpr as u64,
+                    1,
+                    512,
+                    39,
+                    f,
+                    None,
+                    Some(Dense::Gemv4Q(tpr)),
+                    (4, 516),
+                );
+            }
         }
     }
 
