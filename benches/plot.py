@@ -3,8 +3,8 @@
 
     python3 benches/plot.py benches/results/2026-11-29-h200-run4 docs/
 
-Reads g5q4.json and g52q4.json (GLM-5 / GLM-5.2 shapes, DSA and --dense) and the
-transformers lines in misc.txt; writes bench-decode-vs-context.png and
+Reads g5q4.json, g52q4.json and dsq4.json (GLM-5 / GLM-5.2 / DeepSeek-V3.2 shapes, DSA and
+--dense) and transformers' tf_g5.json; writes bench-decode-vs-context.png and
 bench-kernels-128k.png, and prints the attention-path ratios.
 """
 import json, sys
@@ -23,8 +23,11 @@ def attn_ms(d):
 
 def main():
     src, out = Path(sys.argv[1]), Path(sys.argv[2])
-    runs = {name: json.loads((src / f"{name}.json").read_text()) for name in ("g5q4", "g52q4")}
-    tf = [json.loads(l) for l in (src / "misc.txt").read_text().splitlines() if l.startswith('{"context"')]
+    runs = {name: json.loads((src / f"{name}.json").read_text()) for name in ("g5q4", "g52q4", "dsq4")}
+    if (src / "tf_g5.json").exists():
+        tf = json.loads((src / "tf_g5.json").read_text())["results"]
+    else:
+        tf = [json.loads(l) for l in (src / "misc.txt").read_text().splitlines() if l.startswith('{"context"')]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     styles = {("g5q4", "dsa"): ("GLM-5 shape, DSA", "C0", "-o"),
               ("g5q4", "dense"): ("GLM-5 shape, dense", "C1", "-s"),
@@ -35,7 +38,7 @@ def main():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=f"sparsa q4, {label}")
     pts = [(r["context"], r["decode_ms_median"]) for r in tf if "decode_ms_median" in r]
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "-^", color="C7",
-            label="transformers 5.17 + torch (CUDA, bf16, sdpa)")
+            label="transformers 5.17 + torch 2.11 (CUDA, bf16, sdpa)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context (tokens)")

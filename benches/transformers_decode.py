@@ -34,7 +34,7 @@ def main():
 
     def sync():
         if cuda:
-            sync()
+            torch.cuda.synchronize()
     t0 = time.time()
     try:
         model = AutoModelForCausalLM.from_pretrained(

@@ -12,11 +12,11 @@
 // groups are summed through workgroup memory. Each key element is read from memory once
 // per query row.
 //
-// Defines: HEADS (= heads), HPT (= ceil(HEADS / 8), heads per invocation).
+// Defines: HEADS (= heads), HPT (= ceil(HEADS / 8), heads per invocation), DC (dim chunk:
+// 32, or 16 where the adapter's workgroup memory is small; a multiple of 4).
 // The output is written as raw bits so -inf never goes through float arithmetic.
 
 const KT: u32 = 64u;   // keys per workgroup
-const DC: u32 = 32u;   // dim chunk
 const NG: u32 = 8u;    // head groups (256 invocations = NG × KT/2 key pairs)
 
 struct Params {

@@ -59,11 +59,19 @@ pub fn indexer_scores(
     );
     assert!(dim > 0, "indexer_scores: dim must be positive");
     let gpu = rec.gpu();
+    // Workgroup memory: q chunk DC·NG·HPT floats, key chunk DC·KT floats, sums NG·KT floats.
+    let hpt = heads.div_ceil(NG);
+    let wg_bytes = |dc: u32| 4 * (dc * NG * hpt + dc * KT + NG * KT);
+    let dc: u32 = if wg_bytes(32) <= gpu.limits.max_compute_workgroup_storage_size {
+        32
+    } else {
+        16
+    };
     let p = gpu.pipeline(
         "indexer",
         src::INDEXER,
         "scores",
-        &[("HEADS", u(heads)), ("HPT", u(heads.div_ceil(NG)))],
+        &[("HEADS", u(heads)), ("HPT", u(hpt)), ("DC", u(dc))],
     );
     let key_blocks = n_keys.div_ceil(KT);
     let params = Params {
@@ -111,8 +119,35 @@ pub fn indexer_scores(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::gpu::Gpu;
+    use crate::kernels::testutil::{assert_close, gpu, gpu_default_limits, Rng};
     use crate::kernels::topk::{topk, topk_ref, TopkScratch};
+
+    #[test]
+    fn indexer_small_workgroup_memory() {
+        // WebGPU's default 16 KiB of workgroup memory: 100 heads take the 16-wide dim chunk.
+        let g = gpu_default_limits();
+        assert!(g.limits.max_compute_workgroup_storage_size <= 16384);
+        let mut rng = Rng::new(91);
+        let c = Case {
+            rows: 3,
+            heads: 100,
+            dim: 40,
+            n_keys: 150,
+            pos0: 147,
+        };
+        let q = rng.vec(c.rows * c.heads * c.dim, 1.0);
+        let w = rng.vec(c.rows * c.heads, 1.0);
+        let keys = rng.vec(c.n_keys * c.dim, 1.0);
+        let (got, want) = run_on(g, &c, &q, &w, &keys, 0.37, 0.125);
+        assert_close(
+            &got,
+            &want,
+            1e-4,
+            1e-4,
+            "indexer with 16 KiB workgroup memory",
+        );
+    }
 
     #[allow(clippy::too_many_arguments)]
     fn cpu_scores(
@@ -166,7 +201,18 @@ mod tests {
         w_scale: f32,
         scale: f32,
     ) -> (Vec<f32>, Vec<f32>) {
-        let g = gpu();
+        run_on(gpu(), c, q, w, keys, w_scale, scale)
+    }
+
+    fn run_on(
+        g: &Gpu,
+        c: &Case,
+        q: &[f32],
+        w: &[f32],
+        keys: &[f32],
+        w_scale: f32,
+        scale: f32,
+    ) -> (Vec<f32>, Vec<f32>) {
         let (rows, heads, dim, n_keys) = (c.rows, c.heads, c.dim, c.n_keys);
         // q and w share one buffer: q rows of stride heads*dim + 3 at offset 5, w after it.
         let qs = heads * dim + 3;

@@ -13,6 +13,19 @@ pub fn gpu() -> &'static Gpu {
     })
 }
 
+/// A second device on the test adapter opened with WebGPU's default limits (16 KiB of
+/// workgroup memory, 128 MiB bindings), for kernels whose shape depends on the limits.
+pub fn gpu_default_limits() -> &'static Gpu {
+    static G: OnceLock<Gpu> = OnceLock::new();
+    G.get_or_init(|| {
+        pollster::block_on(Gpu::open(
+            std::env::var("SPARSA_ADAPTER").ok().as_deref(),
+            crate::gpu::LimitsRequest::WebGpuDefault,
+        ))
+        .expect("a GPU adapter for the tests")
+    })
+}
+
 /// A small deterministic generator (xorshift64*), so tests need no extra crate.
 pub struct Rng(u64);
 

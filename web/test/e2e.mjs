@@ -63,7 +63,7 @@ const got = await withPage([...common, ...webgpu], async (page) => {
   const t1 = Date.now();
   await page.click('#generate');
   await page.waitForFunction(() => document.getElementById('output').dataset.done === 'true',
-    null, { timeout: 300_000 });
+    null, { timeout: 900_000 });
   const gen = (Date.now() - t1) / 1000;
   const err2 = await page.$eval('#error', (e) => (e.hidden ? '' : e.textContent));
   if (err2) fail(`the page shows an error while generating: ${err2}`);
@@ -83,7 +83,7 @@ const got = await withPage([...common, ...webgpu], async (page) => {
   await page.fill('#prompt', 'Who art thou?');
   await page.click('#generate');
   await page.waitForFunction(() => document.getElementById('output').dataset.done === 'true',
-    null, { timeout: 300_000 });
+    null, { timeout: 900_000 });
   const err3 = await page.$eval('#error', (e) => (e.hidden ? '' : e.textContent));
   if (err3) fail(`the page shows an error in chat mode: ${err3}`);
   const chatIds = await page.$eval('#output', (e) => e.dataset.tokenIds);
