@@ -215,3 +215,67 @@ fn devices_lists_an_adapter() {
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(s.contains("max binding"), "{s}");
 }
+
+#[test]
+fn bench_reports_dsa_dense_kernels_and_calibration() {
+    // The built-in model on this adapter: a short prefill, one decode step at a synthetic
+    // context longer than index_topk (64), DSA and dense, profiled and calibrated.
+    let dir = tmpdir("bench");
+    let json = dir.join("bench.json");
+    let out = bin()
+        .args(["bench", "--calibrate", "--dense", "--context", "300"])
+        .args(["--prompt-len", "20", "--decode", "1", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("decode at context 300 (dsa"), "{text}");
+    assert!(text.contains("decode at context 300 (dense"), "{text}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let cal = &r["calibration"];
+    assert!(cal["copy_bytes_per_s"].as_f64().unwrap() > 0.0, "{cal}");
+    assert!(cal["fma_flops_per_s"].as_f64().unwrap() > 0.0, "{cal}");
+    assert_eq!(r["prefill"][0]["tokens"], 20);
+    let decode = r["decode"].as_array().unwrap();
+    assert_eq!(decode.len(), 2);
+    let names = |i: usize| -> Vec<String> {
+        decode[i]["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    // DSA runs the indexer and top-k; dense selects every position instead.
+    let (dsa, dense) = (names(0), names(1));
+    assert_eq!(decode[0]["attention"], "dsa");
+    assert!(dsa.iter().any(|n| n == "indexer::scores"), "{dsa:?}");
+    assert!(dsa.iter().any(|n| n.starts_with("topk")), "{dsa:?}");
+    assert!(!dense.iter().any(|n| n == "indexer::scores"), "{dense:?}");
+    assert!(dense.iter().any(|n| n == "topk::select_all"), "{dense:?}");
+    // Weight GEMVs state their bytes: the step moves at least the built-in model's q8 bytes
+    // of one token's active weights (several MB).
+    let bytes: u64 = decode[0]["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["bytes"].as_u64().unwrap())
+        .sum();
+    assert!(bytes > 1_000_000, "bytes moved per step: {bytes}");
+}
+
+#[test]
+fn bench_rejects_a_context_the_adapter_cannot_hold() {
+    let out = bin()
+        .args(["bench", "--context", "4000000000", "--prompt-len", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--context 4000000000"), "{err}");
+}
