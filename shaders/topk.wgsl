@@ -7,7 +7,8 @@
 // with a workgroup prefix sum: every key > T is taken, and the lowest-position keys == T
 // until k are taken (tie rule: lower position wins). Positions come out ascending.
 //
-// Scores are read as raw u32 bits, so no float arithmetic touches -inf.
+// Scores are read as raw u32 bits, so no float arithmetic touches -inf. Keys, the prefix
+// sum and the collection pass are in select.wgsl (shared with topk_wide.wgsl).
 // Both entry points share the binding declarations (1: idx, 2: cnt, 3: scores).
 
 const WG: u32 = 256u;
@@ -32,36 +33,7 @@ var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> scan: array<u32, 256>;
 var<workgroup> sel_bin: u32;
 var<workgroup> sel_below: u32;
-var<workgroup> chunk_total: u32;
-
-// Order-preserving map from f32 bits to u32 (larger float -> larger key), -0 == +0.
-fn key_of(bits: u32) -> u32 {
-    var b = bits;
-    if (b == 0x80000000u) {
-        b = 0u;
-    }
-    if ((b & 0x80000000u) != 0u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
-
-// Inclusive prefix sum of `v` over the workgroup (Hillis-Steele). Call from uniform
-// control flow. Returns this invocation's inclusive sum; scan[WG-1] holds the total.
-fn scan_incl(lid: u32, v: u32) -> u32 {
-    scan[lid] = v;
-    workgroupBarrier();
-    for (var off = 1u; off < WG; off = off << 1u) {
-        var x = scan[lid];
-        if (lid >= off) {
-            x = x + scan[lid - off];
-        }
-        workgroupBarrier();
-        scan[lid] = x;
-        workgroupBarrier();
-    }
-    return scan[lid];
-}
+var<workgroup> bcast: u32;
 
 @compute @workgroup_size(256)
 fn topk(
@@ -119,40 +91,7 @@ fn topk(
     }
 
     // Collection in position order: all keys > T, then the first `remaining` keys == T.
-    let thr = prefix;
-    let take_eq = remaining;
-    var written = 0u;
-    var eq_seen = 0u;
-    for (var base = 0u; base < valid; base = base + WG) {
-        let i = base + lid;
-        var gt = 0u;
-        var eq = 0u;
-        if (i < valid) {
-            let key = key_of(scores[sb + i]);
-            gt = select(0u, 1u, key > thr);
-            eq = select(0u, 1u, key == thr);
-        }
-        let packed = gt | (eq << 16u);
-        let incl = scan_incl(lid, packed);
-        let ex = incl - packed;
-        let gt_ex = ex & 0xffffu;
-        let eq_ex = ex >> 16u;
-        var eq_room = 0u;
-        if (take_eq > eq_seen) {
-            eq_room = take_eq - eq_seen;
-        }
-        if (gt == 1u) {
-            idx[ob + written + gt_ex + min(eq_ex, eq_room)] = i;
-        } else if (eq == 1u && eq_ex < eq_room) {
-            idx[ob + written + gt_ex + eq_ex] = i;
-        }
-        if (lid == WG - 1u) {
-            chunk_total = incl;
-        }
-        let tot = workgroupUniformLoad(&chunk_total);
-        written = written + (tot & 0xffffu) + min(tot >> 16u, eq_room);
-        eq_seen = eq_seen + (tot >> 16u);
-    }
+    collect_range(lid, sb, 0u, valid, ob, prefix, remaining, 0u, 0u);
 }
 
 // Dense case: idx[t*topk + j] = j for j <= pos0 + t, cnt[t] = pos0 + t + 1.

@@ -64,18 +64,6 @@ var<workgroup> sel_below: u32;
 var<workgroup> bcast: u32;
 var<workgroup> n_match: atomic<u32>;
 
-// Order-preserving map from f32 bits to u32 (larger float -> larger key), -0 == +0.
-fn key_of(bits: u32) -> u32 {
-    var b = bits;
-    if (b == 0x80000000u) {
-        b = 0u;
-    }
-    if ((b & 0x80000000u) != 0u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
-
 // Digit d of a key: its lowest bit, number of bins, offset of its histogram in a row.
 fn digit_shift(d: u32) -> u32 {
     return select(select(0u, 10u, d == 1u), 21u, d == 0u);
@@ -92,23 +80,6 @@ fn done_mask(d: u32) -> u32 {
         return 0u;
     }
     return ~((1u << digit_shift(d - 1u)) - 1u);
-}
-
-// Inclusive prefix sum of `v` over the workgroup (Hillis-Steele). Call from uniform
-// control flow. Returns this invocation's inclusive sum; scan[WG-1] holds the total.
-fn scan_incl(lid: u32, v: u32) -> u32 {
-    scan[lid] = v;
-    workgroupBarrier();
-    for (var off = 1u; off < WG; off = off << 1u) {
-        var x = scan[lid];
-        if (lid >= off) {
-            x = x + scan[lid - off];
-        }
-        workgroupBarrier();
-        scan[lid] = x;
-        workgroupBarrier();
-    }
-    return scan[lid];
 }
 
 // Sum of `v` over the workgroup, returned to every invocation (uniform control flow).
@@ -354,39 +325,8 @@ fn collect(
     let gt_before = wg_sum(lid, g);
     let eq_before = wg_sum(lid, e);
 
-    // Collection in position order, as in topk.wgsl: a key > T goes to the next slot, a
-    // key == T only while fewer than `need` of them have been seen in the row.
+    // Collection in position order (select.wgsl): a key > T goes to the next slot, a key
+    // == T only while fewer than `need` of them have been seen in the row.
     let sb = P.s_off + sg.t * P.s_stride;
-    var written = gt_before + min(eq_before, need);
-    var eq_seen = eq_before;
-    for (var base = sg.lo; base < sg.hi; base = base + WG) {
-        let i = base + lid;
-        var gt = 0u;
-        var eq = 0u;
-        if (i < sg.hi) {
-            let key = key_of(scores[sb + i]);
-            gt = select(0u, 1u, key > thr);
-            eq = select(0u, 1u, key == thr);
-        }
-        let packed = gt | (eq << 16u);
-        let incl = scan_incl(lid, packed);
-        let ex = incl - packed;
-        let gt_ex = ex & 0xffffu;
-        let eq_ex = ex >> 16u;
-        var eq_room = 0u;
-        if (need > eq_seen) {
-            eq_room = need - eq_seen;
-        }
-        if (gt == 1u) {
-            idx[ob + written + gt_ex + min(eq_ex, eq_room)] = i;
-        } else if (eq == 1u && eq_ex < eq_room) {
-            idx[ob + written + gt_ex + eq_ex] = i;
-        }
-        if (lid == WG - 1u) {
-            bcast = incl;
-        }
-        let tot = workgroupUniformLoad(&bcast);
-        written = written + (tot & 0xffffu) + min(tot >> 16u, eq_room);
-        eq_seen = eq_seen + (tot >> 16u);
-    }
+    collect_range(lid, sb, sg.lo, sg.hi, ob, thr, need, gt_before + min(eq_before, need), eq_before);
 }

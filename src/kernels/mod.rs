@@ -45,8 +45,14 @@ pub mod src {
     pub const NORM: &str = include_str!("../../shaders/norm.wgsl");
     pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
     pub const ROUTER: &str = include_str!("../../shaders/router.wgsl");
-    pub const TOPK: &str = include_str!("../../shaders/topk.wgsl");
-    pub const TOPK_WIDE: &str = include_str!("../../shaders/topk_wide.wgsl");
+    pub const TOPK: &str = concat!(
+        include_str!("../../shaders/select.wgsl"),
+        include_str!("../../shaders/topk.wgsl")
+    );
+    pub const TOPK_WIDE: &str = concat!(
+        include_str!("../../shaders/select.wgsl"),
+        include_str!("../../shaders/topk_wide.wgsl")
+    );
 }
 
 /// A row-major f32 matrix inside a buffer: element (r, c) at `offset + r * stride + c`.
