@@ -20,8 +20,8 @@ struct Params {
     n_keys: u32,
     pos0: u32,
     topk: u32,
-    _pad0: u32,
-    _pad1: u32,
+    seg_len: u32, // unused here (topk_wide.wgsl)
+    segs: u32,
 }
 
 @group(0) @binding(0) var<uniform> P: Params;

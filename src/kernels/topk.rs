@@ -86,21 +86,11 @@ fn wide_plan(rows: u32, n_keys: u32, groups: u32) -> (u32, u32) {
     (seg_len, n_keys.div_ceil(seg_len).max(1))
 }
 
+/// The `Params` of topk.wgsl and topk_wide.wgsl (the one-workgroup kernels leave the
+/// segment fields 0).
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct Params {
-    s_off: u32,
-    s_stride: u32,
-    rows: u32,
-    n_keys: u32,
-    pos0: u32,
-    topk: u32,
-    _pad: [u32; 2],
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct WideParams {
     s_off: u32,
     s_stride: u32,
     rows: u32,
@@ -163,7 +153,8 @@ fn topk_one_wg(
         n_keys,
         pos0,
         topk,
-        _pad: [0; 2],
+        seg_len: 0,
+        segs: 0,
     };
     // Five reads of the valid scores (at most n_keys per row), k indices written per row.
     let reads = 5 * rows as u64 * n_keys as u64 * 4;
@@ -196,7 +187,7 @@ fn topk_wide(
         "topk_wide: segments do not cover the row"
     );
     let gpu = rec.gpu();
-    let params = WideParams {
+    let params = Params {
         s_off: scores.offset,
         s_stride: scores.stride,
         rows,
@@ -270,7 +261,8 @@ pub fn select_all(
         n_keys: 0,
         pos0,
         topk,
-        _pad: [0; 2],
+        seg_len: 0,
+        segs: 0,
     };
     let n = rows as u64 * topk as u64;
     rec.cost((n + rows as u64) * 4, 0, "");
