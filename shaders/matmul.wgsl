@@ -415,36 +415,54 @@ fn dotq_x(wi: u32, x: X8) -> f32 {
     return s * q_scale((wi * EPV) / QB);
 }
 
+// The 4 rows' partial dots of this lane with the x row at vec4 offset `xb`; `wo` holds the
+// rows' word offsets, NONE for a row that does not exist (it reads a live row instead and
+// its sum is not used; all NONE: zeros).
+fn quad_partial(wo: vec4<u32>, xb: u32, lane: u32) -> vec4<f32> {
+    var live = NONE;
+    for (var j = 0u; j < 4u; j++) {
+        if (live == NONE && wo[j] != NONE) {
+            live = wo[j];
+        }
+    }
+    var acc = vec4<f32>(0.0);
+    if (live == NONE) {
+        return acc;
+    }
+    let w = select(vec4<u32>(live), wo, wo != vec4<u32>(NONE));
+    let kw = P.k / EPV;
+    for (var q = lane; q < kw; q += TPR4) {
+        let x = load_x8(xb + q * (EPV / 4u));
+        acc += vec4<f32>(dotq_x(w.x + q, x), dotq_x(w.y + q, x), dotq_x(w.z + q, x), dotq_x(w.w + q, x));
+    }
+    return acc;
+}
+
+// Reduces the lanes' partial dots and writes the rows that exist: y[base + n0 + j].
+fn quad_store(acc: vec4<f32>, wo: vec4<u32>, base: u32, n0: u32, lid: u32) {
+    let r = reduce_pair(acc, vec4<f32>(0.0), lid);
+    if (lid % TPR4 == 0u) {
+        for (var j = 0u; j < 4u; j++) {
+            if (wo[j] != NONE) {
+                y[base + n0 + j] = r.lo[j];
+            }
+        }
+    }
+}
+
 @compute @workgroup_size(256)
 fn gemv4q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let sub = lid / TPR4;
-    let lane = lid % TPR4;
-    let n0 = (g * (WG / TPR4) + sub) * 4u;
+    let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
     let rw = P.ws / EPV;
-    let kw = P.k / EPV;
-    var acc = vec4<f32>(0.0);
-    if (n0 < P.n) {
-        // Rows past the end repeat row n0; their sums are not written.
-        let r1 = select(n0, n0 + 1u, n0 + 1u < P.n) * rw;
-        let r2 = select(n0, n0 + 2u, n0 + 2u < P.n) * rw;
-        let r3 = select(n0, n0 + 3u, n0 + 3u < P.n) * rw;
-        let r0 = n0 * rw;
-        let xb = P.x_off / 4u;
-        for (var q = lane; q < kw; q += TPR4) {
-            let x = load_x8(xb + q * (EPV / 4u));
-            acc += vec4<f32>(dotq_x(r0 + q, x), dotq_x(r1 + q, x), dotq_x(r2 + q, x), dotq_x(r3 + q, x));
+    var wo = vec4<u32>(NONE);
+    for (var j = 0u; j < 4u; j++) {
+        if (n0 + j < P.n) {
+            wo[j] = (n0 + j) * rw;
         }
     }
-    let r = reduce_pair(acc, vec4<f32>(0.0), lid);
-    if (lane == 0u) {
-        for (var j = 0u; j < 4u; j++) {
-            if (n0 + j < P.n) {
-                y[P.y_off + n0 + j] = r.lo[j];
-            }
-        }
-    }
+    quad_store(quad_partial(wo, P.x_off / 4u, lid % TPR4), wo, P.y_off, n0, lid);
 }
 
 // gemv4q for routed experts: one slot per workgroup, WG / TPR4 * 4 rows of its expert, 4
@@ -460,7 +478,6 @@ fn gemv4q_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let lane = lid % TPR4;
     let n0 = (g % groups) * per + sub * 4u;
     let rw = P.ws / EPV;
-    let kw = P.k / EPV;
     // Word offsets of the 4 rows in this chunk, NONE where a row is past the expert or
     // outside the chunk (a chunk boundary inside an expert).
     var wo = vec4<u32>(NONE);
@@ -477,33 +494,7 @@ fn gemv4q_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
             }
         }
     }
-    // Inactive rows read a live row's words (their sums are dropped).
-    var live = NONE;
-    for (var j = 0u; j < 4u; j++) {
-        if (live == NONE && wo[j] != NONE) {
-            live = wo[j];
-        }
-    }
-    var acc = vec4<f32>(0.0);
-    if (live != NONE) {
-        let w0 = select(live, wo.x, wo.x != NONE);
-        let w1 = select(live, wo.y, wo.y != NONE);
-        let w2 = select(live, wo.z, wo.z != NONE);
-        let w3 = select(live, wo.w, wo.w != NONE);
-        for (var q = lane; q < kw; q += TPR4) {
-            let x = load_x8(xb + q * (EPV / 4u));
-            acc += vec4<f32>(dotq_x(w0 + q, x), dotq_x(w1 + q, x), dotq_x(w2 + q, x), dotq_x(w3 + q, x));
-        }
-    }
-    let r = reduce_pair(acc, vec4<f32>(0.0), lid);
-    if (lane == 0u) {
-        let base = P.y_off + slot * P.y_stride;
-        for (var j = 0u; j < 4u; j++) {
-            if (wo[j] != NONE) {
-                y[base + n0 + j] = r.lo[j];
-            }
-        }
-    }
+    quad_store(quad_partial(wo, xb, lane), wo, P.y_off + slot * P.y_stride, n0, lid);
 }
 
 // One slot (T = 1) per workgroup, WG / TPR4 * RR rows of its expert.
