@@ -230,27 +230,13 @@ pub fn quantize_dir(
             report.kept += 1;
             continue;
         }
-        let nb = cols.div_ceil(fmt.block());
+        let [weight, scale] = TensorHeader::quantized(name, fmt, rows, cols);
         plan.push(Out {
-            header: TensorHeader {
-                name: name.to_string(),
-                dtype: if matches!(fmt, QFormat::Q4 { .. }) {
-                    "U8"
-                } else {
-                    "I8"
-                },
-                shape: vec![rows, fmt.file_row_bytes(cols)],
-                bytes: (rows * fmt.file_row_bytes(cols)) as u64,
-            },
+            header: weight,
             plan: Plan::QWeight(s.clone()),
         });
         plan.push(Out {
-            header: TensorHeader {
-                name: format!("{name}_scale"),
-                dtype: "BF16",
-                shape: vec![rows, nb],
-                bytes: (rows * nb * 2) as u64,
-            },
+            header: scale,
             plan: Plan::QScale(s),
         });
         report.quantized += 1;
@@ -373,6 +359,40 @@ pub(crate) struct TensorHeader {
     pub dtype: &'static str,
     pub shape: Vec<usize>,
     pub bytes: u64,
+}
+
+impl TensorHeader {
+    /// The file headers of `name` ([rows, cols]) quantized to `fmt` and of its scale tensor:
+    /// q8 `I8` / q4 `U8` codes with a bf16 `<name>_scale`, or FP8 `F8_E4M3` with an f32
+    /// `<name>_scale_inv` (shapes from [`QFormat::file_row_bytes`] / [`QFormat::scale_shape`]).
+    pub(crate) fn quantized(
+        name: &str,
+        fmt: QFormat,
+        rows: usize,
+        cols: usize,
+    ) -> [TensorHeader; 2] {
+        let (dtype, scale_dtype, scale_size) = match fmt {
+            QFormat::Fp8 => ("F8_E4M3", "F32", 4),
+            QFormat::Q8 { .. } => ("I8", "BF16", 2),
+            QFormat::Q4 { .. } => ("U8", "BF16", 2),
+        };
+        let row = fmt.file_row_bytes(cols);
+        let s = fmt.scale_shape(rows, cols);
+        [
+            TensorHeader {
+                name: name.to_string(),
+                dtype,
+                shape: vec![rows, row],
+                bytes: (rows * row) as u64,
+            },
+            TensorHeader {
+                name: format!("{name}{}", fmt.scale_suffix()),
+                dtype: scale_dtype,
+                shape: s.to_vec(),
+                bytes: (s[0] * s[1] * scale_size) as u64,
+            },
+        ]
+    }
 }
 
 /// What [`write_sharded`] wrote.

@@ -485,74 +485,39 @@ fn stored_tensors(cfg: &Config, format: Option<QFormat>) -> Vec<Tensor> {
         }
         let matrix = shape.len() == 2;
         match format {
-            Some(QFormat::Fp8) if matrix && fp8_quantized(&name) => {
-                out.push(Tensor {
-                    header: TensorHeader {
-                        name: name.clone(),
-                        dtype: "F8_E4M3",
-                        shape: shape.clone(),
-                        bytes: (rows * cols) as u64,
-                    },
-                    seed_name: name.clone(),
-                    rows,
-                    cols,
-                    init,
-                    store: Store::Fp8,
-                });
-                let s = QFormat::Fp8.scale_shape(rows, cols);
-                out.push(Tensor {
-                    header: TensorHeader {
-                        name: format!("{name}_scale_inv"),
-                        dtype: "F32",
-                        shape: s.to_vec(),
-                        bytes: (s[0] * s[1] * 4) as u64,
-                    },
-                    seed_name: name.clone(),
-                    rows,
-                    cols,
-                    init,
-                    store: Store::Fp8ScaleInv,
-                });
-            }
-            Some(q @ (QFormat::Q8 { .. } | QFormat::Q4 { .. }))
-                if matrix && !default_keep(&name) =>
-            {
-                out.push(Tensor {
-                    header: TensorHeader {
-                        name: name.clone(),
-                        dtype: if matches!(q, QFormat::Q4 { .. }) {
-                            "U8"
-                        } else {
-                            "I8"
-                        },
-                        shape: vec![rows, q.file_row_bytes(cols)],
-                        bytes: (rows * q.file_row_bytes(cols)) as u64,
-                    },
-                    seed_name: name.clone(),
-                    rows,
-                    cols,
-                    init,
-                    store: Store::Quant,
-                });
-                let s = q.scale_shape(rows, cols);
-                out.push(Tensor {
-                    header: TensorHeader {
-                        name: format!("{name}_scale"),
-                        dtype: "BF16",
-                        shape: s.to_vec(),
-                        bytes: (s[0] * s[1] * 2) as u64,
-                    },
-                    seed_name: name.clone(),
-                    rows,
-                    cols,
-                    init,
-                    store: Store::QuantScale,
-                });
+            Some(q) if matrix && quantized(q, &name) => {
+                let (weight, scale) = if q == QFormat::Fp8 {
+                    (Store::Fp8, Store::Fp8ScaleInv)
+                } else {
+                    (Store::Quant, Store::QuantScale)
+                };
+                for (header, store) in TensorHeader::quantized(&name, q, rows, cols)
+                    .into_iter()
+                    .zip([weight, scale])
+                {
+                    out.push(Tensor {
+                        header,
+                        seed_name: name.clone(),
+                        rows,
+                        cols,
+                        init,
+                        store,
+                    });
+                }
             }
             _ => out.push(plain(Store::Bf16)),
         }
     }
     out
+}
+
+/// Whether a matrix is stored quantized: the tensors the FP8 releases quantize, or for
+/// q8 / q4 everything `sparsa quantize` does not keep by default.
+fn quantized(q: QFormat, name: &str) -> bool {
+    match q {
+        QFormat::Fp8 => fp8_quantized(name),
+        QFormat::Q8 { .. } | QFormat::Q4 { .. } => !default_keep(name),
+    }
 }
 
 fn parse_config(config: &Value) -> Result<Config> {
