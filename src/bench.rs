@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::generate::argmax;
-use crate::gpu::{Gpu, KernelStat};
+use crate::gpu::{Gpu, KernelStat, Recorder};
 use crate::kernels::src;
 use crate::model::{Model, Session};
 use serde::Serialize;
@@ -32,61 +32,67 @@ pub struct Calibration {
     pub copies: u32,
 }
 
+/// The shortest wall time of three submissions of what `record` records, after one
+/// untimed warm-up submission.
+fn best_time(gpu: &Gpu, mut record: impl FnMut(&mut Recorder)) -> Result<f64> {
+    let mut best = f64::MAX;
+    for run in 0..4 {
+        let mut rec = gpu.recorder();
+        record(&mut rec);
+        gpu.sync()?;
+        let t = Instant::now();
+        rec.finish()?;
+        if run > 0 {
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(best)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct CalibrateParams {
+    a: f32,
+    b: f32,
+    iters: u32,
+    pad: u32,
+}
+
 /// Copy bandwidth and FMA rate, each the best of a few timed runs after a warm-up.
 pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
     let size = gpu.max_binding().min(1 << 30) & !((1 << 20) - 1);
     let a = gpu.buffer(size, "calibrate src")?;
     let b = gpu.buffer(size, "calibrate dst")?;
     let copies = 8u32;
-    let mut best = f64::MAX;
-    for rep in 0..4 {
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        let n = if rep == 0 { 1 } else { copies };
-        for i in 0..n {
-            let (s, d) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
-            enc.copy_buffer_to_buffer(s, 0, d, 0, size);
+    let ping_pong = |i: u32| {
+        if i.is_multiple_of(2) {
+            (&a, &b)
+        } else {
+            (&b, &a)
         }
-        gpu.sync()?;
-        let t = Instant::now();
-        gpu.queue.submit([enc.finish()]);
-        gpu.sync()?;
-        if rep > 0 {
-            best = best.min(t.elapsed().as_secs_f64());
+    };
+    let best = best_time(gpu, |rec| {
+        for i in 0..copies {
+            let (s, d) = ping_pong(i);
+            rec.copy(s, 0, d, 0, size);
         }
-    }
+    })?;
     let transfer_copy_bytes_per_s = 2.0 * size as f64 * copies as f64 / best;
     // The same bytes copied by a kernel.
-    #[repr(C)]
-    #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-    struct P {
-        a: f32,
-        b: f32,
-        iters: u32,
-        pad: u32,
-    }
     let cp = gpu.pipeline("calibrate", src::CALIBRATE, "copy", &[]);
-    let pc = P {
+    let pc = CalibrateParams {
         a: 0.0,
         b: 0.0,
         iters: (size / 16) as u32,
         pad: 0,
     };
     let groups = ((size / 16 / 256) as u32).min(65535);
-    let mut best = f64::MAX;
-    for rep in 0..4 {
-        let mut rec = gpu.recorder();
-        let n = if rep == 0 { 1 } else { copies };
-        for i in 0..n {
-            let (s, d) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+    let best = best_time(gpu, |rec| {
+        for i in 0..copies {
+            let (s, d) = ping_pong(i);
             rec.dispatch(&cp, &pc, &[d, s], [groups, 1, 1]);
         }
-        gpu.sync()?;
-        let t = Instant::now();
-        rec.finish()?;
-        if rep > 0 {
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-    }
+    })?;
     let copy_bytes_per_s = 2.0 * size as f64 * copies as f64 / best;
     drop((a, b));
 
@@ -95,31 +101,22 @@ pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
     let out = gpu.buffer(16, "calibrate out")?;
     let pipe = gpu.pipeline("calibrate", src::CALIBRATE, "fma_rate", &[]);
     let iters = 512u32;
-    let p = P {
+    let p = CalibrateParams {
         a: 0.999,
         b: 1e-4,
         iters,
         pad: 0,
     };
     let mut groups = 64u32;
-    let mut rate;
-    loop {
-        let mut best = f64::MAX;
-        for _ in 0..3 {
-            let mut rec = gpu.recorder();
-            rec.dispatch(&pipe, &p, &[&out], gpu.grid(groups));
-            gpu.sync()?;
-            let t = Instant::now();
-            rec.finish()?;
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        let flops = 64.0 * iters as f64 * 256.0 * groups as f64;
-        rate = flops / best;
+    let rate = loop {
+        let best = best_time(gpu, |rec| {
+            rec.dispatch(&pipe, &p, &[&out], gpu.grid(groups))
+        })?;
         if best >= 0.1 || groups >= 1 << 20 {
-            break;
+            break 64.0 * iters as f64 * 256.0 * groups as f64 / best;
         }
         groups *= 2;
-    }
+    };
     Ok(Calibration {
         copy_bytes_per_s,
         transfer_copy_bytes_per_s,

@@ -420,8 +420,7 @@ impl Gpu {
 
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_f32(&self, buf: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<f32>> {
-        let b = self.read_bytes(buf, offset_elems * 4, n as u64 * 4)?;
-        Ok(bytemuck::pod_collect_to_vec(&b))
+        pollster::block_on(self.read_f32_async(buf, offset_elems, n))
     }
 
     #[cfg(not(target_arch = "wasm32"))]
