@@ -5,7 +5,7 @@
 //! the library ([`sparsa::chat::Chat`]); this module is the terminal around it: line editing,
 //! Ctrl-C, the progress bar, colours and the in-session commands.
 
-use super::{open_source, ModelArgs};
+use super::{interrupt, open_source, ModelArgs};
 use clap::Args;
 use sparsa::cache::Caches;
 use sparsa::chat::{
@@ -19,7 +19,6 @@ use sparsa::tokenizer::Tokenizer;
 use sparsa::{Error, Result};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -87,13 +86,6 @@ pub struct ChatArgs {
     #[arg(long, short)]
     verbose: bool,
 }
-
-/// A reply is being generated (SIGINT interrupts it instead of ending the program).
-static GENERATING: AtomicBool = AtomicBool::new(false);
-/// SIGINT arrived during the current reply.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-/// Stdin is a terminal (rustyline reads Ctrl-C at the prompt itself).
-static INTERACTIVE: AtomicBool = AtomicBool::new(false);
 
 /// Numbers of one reply, for /stats and --verbose.
 struct TurnStats {
@@ -257,6 +249,7 @@ fn load_model(src: &ModelSource, gpu: Arc<Gpu>) -> Result<(Model, f64)> {
         b
     });
     let t0 = Instant::now();
+    let _ctrl_c = interrupt::Loading::start(gpu.interrupt_flag());
     let model = Model::from_source(src, gpu, &mut |done, total| {
         if let Some(b) = &bar {
             b.set_length(total);
@@ -421,7 +414,6 @@ pub fn run(a: ChatArgs) -> Result<()> {
         format.template().origin(),
     ));
     let interactive = std::io::stdin().is_terminal();
-    INTERACTIVE.store(interactive, Ordering::SeqCst);
     if format.is_plain() {
         note("note: the model has no chat template; using the plain fallback (\"User: ...\\n\\nAssistant:\")");
     }
@@ -431,16 +423,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
         }
         note("Type a message; /help for commands, Ctrl-D or /exit to leave.");
     }
-    if let Err(e) = ctrlc::set_handler(|| {
-        if GENERATING.load(Ordering::SeqCst) || INTERACTIVE.load(Ordering::SeqCst) {
-            INTERRUPTED.store(true, Ordering::SeqCst);
-        } else {
-            // Piped input waiting for a line: Ctrl-C ends the program as usual.
-            std::process::exit(130);
-        }
-    }) {
-        log::warn!("cannot catch Ctrl-C: {e}");
-    }
+    // Interactive, Ctrl-C stops a reply (or is a key at the prompt); with piped input it
+    // stops a reply being generated, and ends the program while waiting for a line.
+    let _ctrl_c = interactive.then(interrupt::Polling::start);
 
     let sampler = Sampler::new(SamplingParams {
         temperature: a.temperature,
@@ -582,8 +567,8 @@ impl Repl<'_> {
             ));
         }
         let mut printer = Printer::new(&self.ui);
-        INTERRUPTED.store(false, Ordering::SeqCst);
-        GENERATING.store(true, Ordering::SeqCst);
+        interrupt::clear();
+        let generating = interrupt::Polling::start();
         let t0 = Instant::now();
         let mut first: Option<Instant> = None;
         let result = self.chat.reply(
@@ -600,10 +585,10 @@ impl Repl<'_> {
                     }
                     ChatEvent::Text(part, s) => printer.text(part, s),
                 }
-                !INTERRUPTED.load(Ordering::SeqCst)
+                !interrupt::requested()
             },
         );
-        GENERATING.store(false, Ordering::SeqCst);
+        drop(generating);
         let end = Instant::now();
         let r = result?;
         printer.end();
@@ -642,7 +627,7 @@ impl Repl<'_> {
         }
         self.last = Some(stats);
         // A Ctrl-C that came after the reply ended must not stop the next one.
-        INTERRUPTED.store(false, Ordering::SeqCst);
+        interrupt::clear();
         Ok(())
     }
 }

@@ -2,9 +2,10 @@
 
 mod bench;
 mod chat;
+mod interrupt;
 
 use clap::{Args, Parser, Subcommand};
-use sparsa::generate::{generate, Sampler, SamplingParams, Stop};
+use sparsa::generate::{generate_with, Event, Sampler, SamplingParams, Stop};
 use sparsa::gpu::{list_adapters, Gpu};
 use sparsa::model::{Model, ModelSource};
 use sparsa::tokenizer::TextStream;
@@ -223,6 +224,8 @@ fn main() {
     std::panic::set_hook(Box::new(|info| {
         eprintln!("error: internal error (please report): {info}");
     }));
+    interrupt::install();
+    sparsa::weights::mapguard::install();
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Generate(a) => cmd_generate(a),
@@ -236,7 +239,11 @@ fn main() {
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
-        std::process::exit(1);
+        std::process::exit(if interrupt::requested() {
+            interrupt::EXIT_CODE
+        } else {
+            1
+        });
     }
 }
 
@@ -252,6 +259,7 @@ pub(crate) fn open_model(m: &ModelArgs, src: &ModelSource) -> Result<Model> {
     let gpu = Arc::new(Gpu::new(m.adapter.as_deref())?);
     log::info!("adapter: {}", gpu.adapter.line());
     let t0 = Instant::now();
+    let _ctrl_c = interrupt::Loading::start(gpu.interrupt_flag());
     let model = Model::from_source(src, gpu, &mut |_, _| {})?;
     log::info!("loaded {} in {:.2}s", src.label, t0.elapsed().as_secs_f64());
     Ok(model)
@@ -329,13 +337,21 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let t0 = Instant::now();
     let mut first: Option<Instant> = None;
     let mut err: Option<Error> = None;
-    let (out, stop) = generate(
+    let ctrl_c = interrupt::Polling::start();
+    let (out, stop) = generate_with(
         &mut session,
+        &[],
         &prompt,
         a.max_tokens,
         &mut sampler,
         &eos,
-        |id| {
+        |event| {
+            if interrupt::requested() {
+                return false;
+            }
+            let Event::Token(id) = event else {
+                return true;
+            };
             first.get_or_insert_with(Instant::now);
             if let Some(s) = stream.as_mut() {
                 match s.push(id) {
@@ -357,8 +373,18 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             true
         },
     )?;
+    drop(ctrl_c);
     if let Some(e) = err {
         return Err(e);
+    }
+    if interrupt::requested() {
+        let _ = stdout.lock().flush();
+        println!();
+        return Err(Error::msg(format!(
+            "interrupted after {} generated token{}",
+            out.len(),
+            if out.len() == 1 { "" } else { "s" }
+        )));
     }
     if a.print_ids {
         let ids: Vec<String> = out.iter().map(|x| x.to_string()).collect();

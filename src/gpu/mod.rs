@@ -15,6 +15,7 @@ pub use recorder::Recorder;
 
 use crate::error::{Error, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// What `sparsa devices` prints about one adapter.
@@ -90,7 +91,15 @@ const NO_ADAPTER_HINT: &str =
     "no WebGPU adapter: this browser has WebGPU turned off or offers no adapter for it";
 
 fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    // Where the driver reports a memory budget (Vulkan's VK_EXT_memory_budget: NVIDIA, AMD,
+    // lavapipe), creating a buffer past 95 % of it is an out-of-memory error instead of an
+    // allocation the driver may overcommit and the system kill the process for later.
+    desc.memory_budget_thresholds = wgpu::MemoryBudgetThresholds {
+        for_resource_creation: Some(95),
+        for_device_loss: None,
+    };
+    wgpu::Instance::new(desc)
 }
 
 /// Every adapter wgpu can see, best first (discrete, integrated, then software).
@@ -169,6 +178,15 @@ pub struct Gpu {
     pub(crate) bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     /// Kernel scratch buffers by name, grown on demand and kept (see [`Gpu::scratch`]).
     scratch: Mutex<HashMap<&'static str, wgpu::Buffer>>,
+    /// Raised (e.g. by a Ctrl-C handler) to stop a long host loop such as the weight upload
+    /// at its next step (see [`Gpu::interrupt_flag`]).
+    interrupt: Arc<AtomicBool>,
+    /// Why the device was lost (driver reset, GPU removed, destroyed), once it was.
+    lost: Arc<Mutex<Option<String>>>,
+    /// Queue submissions so far (for `SPARSA_FAULT_DEVICE_LOST_AFTER`).
+    submits: AtomicU64,
+    /// Bytes of every buffer [`Gpu::buffer`] created (for `SPARSA_FAULT_GPU_MEMORY`).
+    created_bytes: AtomicU64,
 }
 
 /// Size of the uniform arena that holds the `Params` of the dispatches of one submission.
@@ -234,11 +252,28 @@ impl Gpu {
         let prelude = shader_prelude(device.features(), cfg!(target_arch = "wasm32"));
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
+        let adapter_name = summary.name.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            let msg = e.to_string();
-            log::error!("wgpu: {msg}");
+            let msg = match &e {
+                wgpu::Error::OutOfMemory { .. } => format!(
+                    "out of GPU memory on {adapter_name} ({e}): use a smaller --ctx or model"
+                ),
+                _ => e.to_string(),
+            };
+            log::debug!("wgpu: {msg}");
             lock(&sink).push(msg);
         }));
+        let lost: Arc<Mutex<Option<String>>> = Arc::default();
+        let lost_sink = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            log::debug!("GPU device lost ({reason:?}): {msg}");
+            let why = if msg.is_empty() {
+                format!("{reason:?}")
+            } else {
+                format!("{reason:?}: {msg}")
+            };
+            *lock(&lost_sink) = Some(why);
+        });
         let param_arena = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params"),
             size: PARAM_ARENA,
@@ -267,7 +302,26 @@ impl Gpu {
             errors,
             param_arena,
             arena_lock: Mutex::new(()),
+            interrupt: Arc::default(),
+            lost,
+            submits: AtomicU64::new(0),
+            created_bytes: AtomicU64::new(0),
         })
+    }
+
+    /// The flag that asks long host loops on this device (the weight upload) to stop: set it
+    /// from a signal handler or another thread; they return an error saying they were
+    /// interrupted.
+    pub fn interrupt_flag(&self) -> Arc<AtomicBool> {
+        self.interrupt.clone()
+    }
+
+    /// Fails with "interrupted while {what}" once [`Gpu::interrupt_flag`] was raised.
+    pub fn check_interrupt(&self, what: &str) -> Result<()> {
+        if self.interrupt.load(Ordering::SeqCst) {
+            return Err(Error::msg(format!("interrupted while {what}")));
+        }
+        Ok(())
     }
 
     /// Largest buffer we bind as one storage binding.
@@ -278,8 +332,25 @@ impl Gpu {
             & !255
     }
 
-    /// Fails with the first GPU validation / out-of-memory error seen since the last check.
+    /// Submit command buffers to the queue (every submission goes through here).
+    pub fn submit(&self, commands: impl IntoIterator<Item = wgpu::CommandBuffer>) {
+        self.queue.submit(commands);
+        let n = self.submits.fetch_add(1, Ordering::Relaxed) + 1;
+        if crate::fault::injected("DEVICE_LOST_AFTER") == Some(n) {
+            log::warn!("SPARSA_FAULT_DEVICE_LOST_AFTER={n}: destroying the device");
+            self.device.destroy();
+        }
+    }
+
+    /// Fails once the device is lost, and with the first GPU validation / out-of-memory
+    /// error seen since the last check.
     pub fn check(&self) -> Result<()> {
+        if let Some(why) = lock(&self.lost).clone() {
+            return Err(Error::msg(format!(
+                "GPU device lost on {} ({why}); the driver reset or the GPU went away, so this run cannot go on (start sparsa again)",
+                self.adapter.name
+            )));
+        }
         let mut e = lock(&self.errors);
         if e.is_empty() {
             Ok(())
@@ -330,14 +401,34 @@ impl Gpu {
                 self.max_binding()
             )));
         }
-        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+        let created = self.created_bytes.fetch_add(size, Ordering::Relaxed) + size;
+        if crate::fault::injected("GPU_MEMORY").is_some_and(|limit| created > limit) {
+            // What a driver reports when the memory is gone (see crate::fault).
+            let msg = format!(
+                "out of GPU memory on {} (SPARSA_FAULT_GPU_MEMORY): use a smaller --ctx or model",
+                self.adapter.name
+            );
+            return Err(Error::msg(format!("buffer {label} ({size} bytes): {msg}")));
+        }
+        let seen = lock(&self.errors).len();
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_DST
                 | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
-        }))
+        });
+        // Natively a failed creation reports to the error handler during the call.
+        let mut errors = lock(&self.errors);
+        if errors.len() > seen {
+            let new: Vec<String> = errors.drain(seen..).collect();
+            return Err(Error::msg(format!(
+                "buffer {label} ({size} bytes): {}",
+                new[0].lines().next().unwrap_or("")
+            )));
+        }
+        Ok(buf)
     }
 
     /// A storage buffer holding `data`.
@@ -385,14 +476,18 @@ impl Gpu {
         });
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
-        self.queue.submit([enc.finish()]);
+        self.submit([enc.finish()]);
         let slice = staging.slice(..);
         let (tx, rx) = oneshot();
         slice.map_async(wgpu::MapMode::Read, move |r| tx.send(r));
         // In the browser this returns at once: the device is polled by the browser itself.
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::msg(format!("GPU wait failed on {}: {e}", self.adapter.name)))?;
+        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
+            self.check()?;
+            return Err(Error::msg(format!(
+                "GPU wait failed on {}: {e}",
+                self.adapter.name
+            )));
+        }
         let mapped = rx.await;
         self.check()?;
         mapped
@@ -432,9 +527,13 @@ impl Gpu {
     /// Wait until all submitted work is done (in the browser: report the GPU errors seen so
     /// far; waiting happens in [`Gpu::read_bytes_async`]).
     pub fn sync(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::msg(format!("GPU wait failed on {}: {e}", self.adapter.name)))?;
+        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
+            self.check()?;
+            return Err(Error::msg(format!(
+                "GPU wait failed on {}: {e}",
+                self.adapter.name
+            )));
+        }
         self.check()
     }
 

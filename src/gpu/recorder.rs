@@ -253,7 +253,7 @@ impl<'g> Recorder<'g> {
             }
         }
         let Some(qs) = queries else {
-            self.gpu.queue.submit([enc.finish()]);
+            self.gpu.submit([enc.finish()]);
             self.params.clear();
             return;
         };
@@ -265,7 +265,7 @@ impl<'g> Recorder<'g> {
             mapped_at_creation: false,
         });
         enc.resolve_query_set(&qs, 0..2 * n_disp, &resolve, 0);
-        self.gpu.queue.submit([enc.finish()]);
+        self.gpu.submit([enc.finish()]);
         self.params.clear();
         match self.gpu.read_timestamps(&resolve, bytes) {
             Ok(raw) => {

@@ -110,9 +110,14 @@ impl Loader<'_, '_> {
         self.files.get(name)
     }
 
-    fn tick(&mut self, bytes: u64) {
+    /// Count uploaded bytes; fails once the GPU's interrupt flag was raised (Ctrl-C).
+    fn tick(&mut self, bytes: u64) -> Result<()> {
         self.done += bytes;
         (self.progress)(self.done, self.total);
+        if let Some(ms) = crate::fault::injected("SLOW_LOAD_MS") {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+        self.gpu.check_interrupt("loading the weights")
     }
 
     /// A matrix `[rows, cols]` from one tensor.
@@ -203,7 +208,7 @@ impl Loader<'_, '_> {
             None => GpuWeight::upload(self.gpu, &parts, cols, align, label)?,
             Some(q) => GpuWeight::upload_quant(self.gpu, &qparts, q, cols, align, None, label)?,
         };
-        self.tick(file_bytes);
+        self.tick(file_bytes)?;
         Ok(w)
     }
 
@@ -218,7 +223,7 @@ impl Loader<'_, '_> {
                 v[i]
             )));
         }
-        self.tick(t.bytes.len() as u64);
+        self.tick(t.bytes.len() as u64)?;
         self.gpu.buffer_from(&v, name)
     }
 
@@ -258,13 +263,13 @@ impl Loader<'_, '_> {
             }
             t.expect_shape(&[e, 2 * i, h])?;
             let gu = GpuWeight::upload(self.gpu, &[t], h, 2 * i, &fused)?;
-            self.tick(gu.bytes());
+            self.tick(gu.bytes())?;
             // (float only, so GPU bytes equal file bytes)
             let dn = format!("{p}.experts.down_proj");
             let t = self.tensor(&dn)?;
             t.expect_shape(&[e, h, i])?;
             let d = GpuWeight::upload(self.gpu, &[t], i, h, &dn)?;
-            self.tick(d.bytes());
+            self.tick(d.bytes())?;
             return Ok((gu, d));
         }
         let mut gu_names = Vec::with_capacity(2 * e);

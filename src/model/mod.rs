@@ -71,6 +71,7 @@ impl Model {
     ) -> Result<Model> {
         let weights = load::load(&gpu, &config, files, progress)?;
         gpu.sync()?;
+        files.check_unchanged()?;
         Ok(Model {
             config,
             gpu,

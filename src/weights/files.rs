@@ -9,17 +9,42 @@ use std::sync::Arc;
 /// Bytes of one file: a read-only memory map natively, an owned buffer in the browser.
 pub enum Storage {
     #[cfg(not(target_arch = "wasm32"))]
-    Mapped(memmap2::Mmap),
+    Mapped(Mapped),
     Owned(Vec<u8>),
     /// Bytes compiled into the binary (the built-in model).
     Static(&'static [u8]),
+}
+
+/// A read-only map of a model file, registered with [`super::mapguard`] while it lives, and
+/// the file's size and modification time when it was mapped.
+#[cfg(not(target_arch = "wasm32"))]
+pub struct Mapped {
+    map: memmap2::Mmap,
+    slot: Option<usize>,
+    stamp: Option<(u64, std::time::SystemTime)>,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        if let Some(s) = self.slot {
+            super::mapguard::unregister(s);
+        }
+    }
+}
+
+/// Size and modification time of a file, to notice that it changed.
+#[cfg(not(target_arch = "wasm32"))]
+fn stamp(path: &Path) -> Option<(u64, std::time::SystemTime)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?))
 }
 
 impl Storage {
     fn bytes(&self) -> &[u8] {
         match self {
             #[cfg(not(target_arch = "wasm32"))]
-            Storage::Mapped(m) => m,
+            Storage::Mapped(m) => &m.map,
             Storage::Owned(v) => v,
             Storage::Static(b) => b,
         }
@@ -147,14 +172,19 @@ impl WeightFiles {
             let path = dir.join(n);
             let f = std::fs::File::open(&path)
                 .map_err(|e| Error::msg(format!("{}: cannot open: {e}", path.display())))?;
-            // SAFETY: the map is read-only and private. Another process truncating the file
-            // while it is mapped would fault on access; sparsa never writes model files and
-            // documents that they must not change while a model is loaded.
-            let m = unsafe { memmap2::Mmap::map(&f) }
+            // SAFETY: the map is read-only and sparsa never writes model files. Another
+            // process may still change the file while it is mapped: contents that change
+            // are caught by `check_unchanged` after the upload (size and modification time),
+            // and a file that shrinks raises SIGBUS on access, which `mapguard` turns into
+            // an error naming the file. The bytes are only ever read as plain integers and
+            // floats, so no value can be invalid for its type.
+            let map = unsafe { memmap2::Mmap::map(&f) }
                 .map_err(|e| Error::msg(format!("{}: cannot map: {e}", path.display())))?;
+            let slot = super::mapguard::register(map.as_ptr(), map.len(), &path);
+            let stamp = stamp(&path);
             files.push(File {
                 path,
-                storage: Storage::Mapped(m),
+                storage: Storage::Mapped(Mapped { map, slot, stamp }),
             });
         }
         let wf = Self::from_files(files)?;
@@ -241,6 +271,23 @@ impl WeightFiles {
             files: Arc::new(files),
             tensors: Arc::new(tensors),
         })
+    }
+
+    /// Fails if a mapped file's size or modification time differs from when it was opened
+    /// (another program wrote it meanwhile, so what was read may mix old and new bytes).
+    pub fn check_unchanged(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        for f in self.files.iter() {
+            if let Storage::Mapped(m) = &f.storage {
+                if m.stamp.is_some() && stamp(&f.path) != m.stamp {
+                    return Err(Error::msg(format!(
+                        "{}: the file changed while sparsa was reading it; run again once it is complete",
+                        f.path.display()
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn contains(&self, name: &str) -> bool {

@@ -80,7 +80,7 @@ impl<'g> Writer<'g> {
         self.since_flush += self.pending.len();
         self.pending.clear();
         if self.since_flush >= FLUSH_BYTES {
-            self.gpu.queue.submit([]);
+            self.gpu.submit([]);
             self.gpu.sync()?;
             self.since_flush = 0;
         }

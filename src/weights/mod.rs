@@ -7,6 +7,8 @@
 
 mod files;
 mod gpu_weight;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod mapguard;
 pub mod quant;
 
 pub use files::{TensorRef, WeightFiles};
