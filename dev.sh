@@ -54,6 +54,13 @@ run)
     ;;
 test)
     ensure_vulkan; ensure_rust
+    if [ $# -eq 0 ]; then
+        # The whole suite starts with the lints: formatting and clippy, warnings as errors.
+        if command -v rustup >/dev/null; then rustup component add rustfmt clippy >/dev/null 2>&1 || true; fi
+        cargo fmt --all --check
+        cargo fmt --check --manifest-path web/Cargo.toml
+        cargo clippy --all-targets --quiet -- -D warnings
+    fi
     cargo build --tests --quiet
     exec cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}" "$@"
     ;;
