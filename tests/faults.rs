@@ -223,9 +223,22 @@ fn gpu_out_of_memory_names_the_buffer() {
 
 #[test]
 fn absurd_context_is_refused_before_allocating() {
-    let (code, e) = generate_fails(None, &[], &["--max-tokens", "4", "--ctx", "4000000000"]);
-    assert_eq!(code, 1);
-    assert!(e.contains("--ctx 4000000000"), "{e}");
+    let max = usize::MAX.to_string();
+    for (args, names) in [
+        (
+            ["--max-tokens", "4", "--ctx", "4000000000"],
+            "--ctx 4000000000",
+        ),
+        (
+            ["--max-tokens", "4", "--ctx", max.as_str()],
+            "--ctx 18446744073709551615",
+        ),
+        (["--max-tokens", max.as_str(), "--ctx", "64"], "--ctx 64"),
+    ] {
+        let (code, e) = generate_fails(None, &[], &args);
+        assert_eq!(code, 1);
+        assert!(e.contains(names), "{args:?}: {e}");
+    }
 }
 
 #[test]

@@ -307,7 +307,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         ));
     }
     let model = open_model(&a.m, &src)?;
-    let ctx = ctx_for(&a.m, &model, prompt.len() + a.max_tokens)?;
+    let ctx = ctx_for(&a.m, &model, prompt.len().saturating_add(a.max_tokens))?;
     let mut session = model.session(ctx)?;
     let mut sampler = Sampler::new(SamplingParams {
         temperature: a.temperature,
