@@ -94,6 +94,15 @@ static GENERATING: AtomicBool = AtomicBool::new(false);
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// Stdin is a terminal (rustyline reads Ctrl-C at the prompt itself).
 static INTERACTIVE: AtomicBool = AtomicBool::new(false);
+/// A message was refused (not UTF-8, too long, the template failed): with piped stdin the
+/// remaining lines still run, then sparsa exits with status 1.
+static FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Prints `error: msg` for one refused message and remembers the failure.
+fn refuse(msg: &str) {
+    FAILED.store(true, Ordering::SeqCst);
+    note(&format!("error: {msg}"));
+}
 
 /// Numbers of one reply, for /stats and --verbose.
 struct TurnStats {
@@ -346,7 +355,7 @@ impl Input {
             Input::Lines(lines) => match lines.next() {
                 Some(Ok(line)) => Ok(Read::Line(line)),
                 Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
-                    note("error: skipped an input line that is not UTF-8 text");
+                    refuse("stdin: an input line is not UTF-8 text; skipped");
                     Ok(Read::Line(String::new()))
                 }
                 Some(Err(e)) => Err(Error::msg(format!("reading stdin: {e}"))),
@@ -371,6 +380,13 @@ struct Repl<'m> {
 pub fn run(a: ChatArgs) -> Result<()> {
     if a.max_tokens == 0 {
         return Err(Error::msg("--max-tokens must be at least 1"));
+    }
+    super::check_sampling(a.temperature, a.top_p)?;
+    if !(a.repeat_penalty.is_finite() && a.repeat_penalty > 0.0) {
+        return Err(Error::msg(format!(
+            "--repeat-penalty {}: expected a positive number (1 is off)",
+            a.repeat_penalty
+        )));
     }
     let src = open_source(&a.m)?;
     if !src.has_tokenizer() {
@@ -495,6 +511,12 @@ pub fn run(a: ChatArgs) -> Result<()> {
         }
         repl.turn(text)?;
     }
+    if !interactive && FAILED.load(Ordering::SeqCst) {
+        // The error line of each refused message is already printed; a script piping
+        // messages in learns from the status that not all were answered.
+        let _ = std::io::stdout().flush();
+        std::process::exit(1);
+    }
     Ok(())
 }
 
@@ -562,14 +584,14 @@ impl Repl<'_> {
         let plan = match self.chat.prepare(&self.tok, text, self.ctx, reserve) {
             Ok(Prepared::Ready(p)) => p,
             Ok(Prepared::TooLong { tokens, room }) => {
-                note(&format!(
-                    "error: message too long: with it the prompt is {tokens} tokens, but --ctx {} leaves room for {room} (it keeps {reserve} for the reply); not sent",
+                refuse(&format!(
+                    "message too long: with it the prompt is {tokens} tokens, but --ctx {} leaves room for {room} (it keeps {reserve} for the reply); not sent",
                     self.ctx
                 ));
                 return Ok(());
             }
             Err(e) => {
-                note(&format!("error: {e}"));
+                refuse(&e.to_string());
                 return Ok(());
             }
         };
