@@ -56,8 +56,8 @@ impl DType {
         }
     }
     /// Index of the first NaN or infinite element of little-endian `bytes` of this dtype
-    /// (an all-ones exponent), or None. Eight bytes at a time: a branch-free lane test on
-    /// the exponent bits, with the exact scan only in the word that hit.
+    /// (an all-ones exponent), or None: a branch-free lane test on the exponent bits per
+    /// 64 bytes, with the exact scan only in a block that hit.
     pub fn first_non_finite(self, bytes: &[u8]) -> Option<usize> {
         let (exp, lane_low, lane_high): (u64, u64, u64) = match self {
             DType::F32 => (
@@ -87,15 +87,19 @@ impl DType {
                 })
                 .map(|i| at / size + i)
         };
-        let words = bytes.chunks_exact(8);
-        let tail = words.remainder();
-        for (k, w) in words.enumerate() {
+        // A lane whose exponent bits are all set becomes zero in `t`; the usual "has a zero
+        // lane" test (t - 1) & !t & high finds any such lane (lanes never have their top bit
+        // set, so only a zero lane borrows). 64-byte blocks are tested branch-free.
+        let hit = |w: &[u8]| -> u64 {
             let x = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-            // A lane whose exponent bits are all set becomes zero here; the usual
-            // "has a zero lane" test (x - 1) & !x & high finds any such lane.
             let t = (x & exp) ^ exp;
-            if t.wrapping_sub(lane_low) & !t & lane_high != 0 {
-                if let Some(i) = exact(8 * k, w) {
+            t.wrapping_sub(lane_low) & !t & lane_high
+        };
+        let blocks = bytes.chunks_exact(64);
+        let tail = blocks.remainder();
+        for (k, b) in blocks.enumerate() {
+            if b.chunks_exact(8).fold(0, |a, w| a | hit(w)) != 0 {
+                if let Some(i) = exact(64 * k, b) {
                     return Some(i);
                 }
             }
