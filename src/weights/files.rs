@@ -59,7 +59,10 @@ pub struct TensorRef<'a> {
 
 impl TensorRef<'_> {
     pub fn dtype(&self) -> Result<DType> {
-        DType::from_safetensors(self.dtype, &self.name)
+        DType::from_safetensors(
+            self.dtype,
+            &format!("{} in {}", self.name, self.file.display()),
+        )
     }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -147,6 +150,12 @@ impl WeightFiles {
             let path = dir.join(n);
             let f = std::fs::File::open(&path)
                 .map_err(|e| Error::msg(format!("{}: cannot open: {e}", path.display())))?;
+            if f.metadata().is_ok_and(|m| !m.is_file()) {
+                return Err(Error::msg(format!(
+                    "{}: not a file (expected safetensors weights)",
+                    path.display()
+                )));
+            }
             // SAFETY: the map is read-only and private. Another process truncating the file
             // while it is mapped would fault on access; sparsa never writes model files and
             // documents that they must not change while a model is loaded.
