@@ -852,3 +852,38 @@ fn quantize_bad_block() {
     );
     expect(&e, &["--block", "7"]);
 }
+
+const HUGE: &str = "18446744073709551615";
+
+#[test]
+fn max_tokens_overflowing_the_context() {
+    let e = fails(&["generate", "--max-tokens", HUGE], None);
+    expect(&e, &["--max-tokens", HUGE]);
+}
+
+#[test]
+fn ctx_huge() {
+    let e = fails(&["generate", "--ctx", HUGE, "--max-tokens", "1"], None);
+    expect(&e, &[&format!("--ctx {HUGE}"), "binding limit"]);
+}
+
+#[test]
+fn chat_ctx_huge() {
+    let e = chat_fails(&builtin_dir(), b"hi\n", &["--ctx", HUGE]);
+    expect(&e, &[&format!("--ctx {HUGE}")]);
+}
+
+#[test]
+fn info_with_a_huge_ctx_reports_without_overflow() {
+    // Not an error: `info` only reports what the caches would take.
+    let mut c = bin();
+    c.args(["info", "--ctx", HUGE]);
+    let out = run_with_timeout(c, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("panicked"), "{err}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("memory plan at --ctx {HUGE}")),
+        "{text}"
+    );
+}

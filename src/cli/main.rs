@@ -321,7 +321,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         ));
     }
     let model = open_model(&a.m, &src)?;
-    let ctx = ctx_for(&a.m, &model, prompt.len() + a.max_tokens)?;
+    let ctx = ctx_for(&a.m, &model, prompt.len().saturating_add(a.max_tokens))?;
     let mut session = model.session(ctx)?;
     let mut sampler = Sampler::new(SamplingParams {
         temperature: a.temperature,
@@ -687,7 +687,7 @@ fn cmd_info(m: ModelArgs) -> Result<()> {
         );
     }
     let ctx = m.ctx.unwrap_or(c.max_position_embeddings);
-    let cache = s.cache_bytes_per_token * ctx as u64;
+    let cache = s.cache_bytes_per_token.saturating_mul(ctx as u64);
     println!(
         "memory plan at --ctx {ctx}: weights {} + caches {} ({} per token: latent MLA {} floats × {} layers, indexer keys {} floats × {} full layers) = {}",
         mb(s.gpu_weight_bytes()),
@@ -697,7 +697,7 @@ fn cmd_info(m: ModelArgs) -> Result<()> {
         c.num_hidden_layers,
         c.index_head_dim,
         c.indexer_types.iter().filter(|k| **k == IndexerKind::Full).count(),
-        mb(s.gpu_weight_bytes() + cache)
+        mb(s.gpu_weight_bytes().saturating_add(cache))
     );
     match Gpu::new(m.adapter.as_deref()) {
         Ok(gpu) => {
