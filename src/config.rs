@@ -167,8 +167,14 @@ impl Fields<'_> {
         let n = v
             .as_u64()
             .ok_or_else(|| self.bad(k, "a non-negative integer"))?;
-        if n > (1 << 40) {
-            return Err(self.bad(k, "a plausible size (≤ 2^40)"));
+        // Refused here, before anything is sized from it: a dimension past any real model's
+        // would ask for terabytes (or overflow the products the loader computes).
+        let max = size_limit(k);
+        if n > max as u64 {
+            return Err(self.bad(
+                k,
+                &format!("at most {max} (larger than any real model; refused before allocating)"),
+            ));
         }
         Ok(n as usize)
     }
@@ -190,6 +196,23 @@ impl Fields<'_> {
             None => Ok(d),
             Some(v) => v.as_bool().ok_or_else(|| self.bad(k, "true or false")),
         }
+    }
+}
+
+/// The largest value sparsa accepts for a size field of config.json: far beyond every DSA
+/// release (GLM-5: hidden 6144, vocab 154880, 78 layers, 256 experts; DeepSeek-V3.2: hidden
+/// 7168, 61 layers), small enough that the loader's products of them cannot overflow and that
+/// nothing sized from them (per-layer lists, buffers) can be absurd.
+fn size_limit(field: &str) -> usize {
+    match field {
+        "vocab_size" | "max_position_embeddings" | "original_max_position_embeddings" => 1 << 24,
+        "hidden_size" | "q_lora_rank" | "kv_lora_rank" => 1 << 16,
+        "intermediate_size" | "moe_intermediate_size" | "index_topk" => 1 << 20,
+        "num_hidden_layers" | "num_attention_heads" | "num_key_value_heads" => 1 << 12,
+        "qk_nope_head_dim" | "qk_rope_head_dim" | "v_head_dim" | "index_head_dim" => 1 << 12,
+        "n_routed_experts" | "index_n_heads" => 1 << 12,
+        "n_shared_experts" | "num_experts_per_tok" | "n_group" | "topk_group" => 1 << 10,
+        _ => 1 << 20,
     }
 }
 
@@ -266,6 +289,9 @@ impl Config {
         let topk_group = f.usize_or("topk_group", 1)?.max(1);
         let hidden_size = f.usize("hidden_size")?;
         let num_attention_heads = f.usize("num_attention_heads")?;
+        if num_attention_heads == 0 {
+            return Err(f.bad("num_attention_heads", "positive"));
+        }
 
         // DeepSeek-V3.2 pairs the indexer RoPE half-split; GLM interleaves it (transformers 5.24
         // reads `indexer_rope_interleave`, default true for glm_moe_dsa).

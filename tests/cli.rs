@@ -1,25 +1,10 @@
 //! The `sparsa` binary end to end: the commands the acceptance checks use, and clear
 //! one-line errors for bad input.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sparsa"))
-}
-
-fn data(family: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(family)
-}
-
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("sparsa-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+use common::{bin, data, fails, tmpdir, variant};
+use std::path::Path;
 
 fn reference_tokens(family: &str, name: &str) -> Vec<i32> {
     let bytes = std::fs::read(data(family).join("reference.safetensors")).unwrap();
@@ -94,43 +79,6 @@ fn logits_writes_safetensors() {
         .fold(0f32, f32::max);
     assert!(max < 1e-2, "max |Δ| {max}");
     let _ = std::fs::remove_dir_all(dir);
-}
-
-/// Runs sparsa expecting failure; returns its stderr (one line, naming the problem).
-fn fails(args: &[&str], model: Option<&Path>) -> String {
-    let mut c = bin();
-    c.args(args);
-    if let Some(m) = model {
-        c.arg("--model").arg(m);
-    }
-    let out = c.output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(!out.status.success(), "expected failure for {args:?}");
-    assert_eq!(out.status.code(), Some(1), "exit code for {args:?}: {err}");
-    assert!(
-        !err.contains("panicked") && !err.contains("internal error"),
-        "{err}"
-    );
-    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
-    assert_eq!(lines.len(), 1, "one error line expected: {err}");
-    lines[0].to_string()
-}
-
-/// A copy of a test model directory (weights linked) with a modified config.json.
-fn variant(family: &str, name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
-    let src = data(family);
-    let dir = tmpdir(name);
-    for e in std::fs::read_dir(&src).unwrap().flatten() {
-        let n = e.file_name();
-        if n.to_string_lossy().ends_with(".safetensors") || n.to_string_lossy().ends_with(".json") {
-            std::fs::copy(e.path(), dir.join(&n)).unwrap();
-        }
-    }
-    let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    edit(&mut cfg);
-    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
-    dir
 }
 
 #[test]

@@ -18,6 +18,7 @@ pub struct Caches {
 impl Caches {
     pub fn new(gpu: &Gpu, cfg: &Config, max_ctx: usize) -> Result<Caches> {
         let row = cfg.kv_lora_rank + cfg.qk_rope_head_dim;
+        // Saturating: an absurd --ctx must reach the error below, not overflow.
         let bytes = (max_ctx as u64).saturating_mul(row as u64 * 4);
         if bytes > gpu.max_binding() {
             return Err(Error::msg(format!(

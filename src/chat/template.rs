@@ -280,6 +280,12 @@ impl ChatTemplate {
             }
             source = err.source();
         }
+        if e.kind() == ErrorKind::OutOfFuel {
+            return Error::msg(format!(
+                "{}: the chat template did not finish within {TEMPLATE_FUEL} steps (a runaway loop?)",
+                self.origin
+            ));
+        }
         Error::msg(format!(
             "{}: rendering the chat template failed: {e}",
             self.origin
@@ -426,8 +432,13 @@ impl std::fmt::Display for Raised {
 
 impl std::error::Error for Raised {}
 
+/// Instructions one render may run: real templates need a few hundred per message, so this
+/// stops only a template that loops (for ever, or for hours) — within seconds.
+const TEMPLATE_FUEL: u64 = 50_000_000;
+
 fn environment(source: &str) -> std::result::Result<Environment<'static>, minijinja::Error> {
     let mut env = Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)

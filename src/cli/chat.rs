@@ -19,6 +19,7 @@ use sparsa::tokenizer::Tokenizer;
 use sparsa::{Error, Result};
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -85,6 +86,16 @@ pub struct ChatArgs {
     /// Print token counts and speeds after each reply (as /stats does).
     #[arg(long, short)]
     verbose: bool,
+}
+
+/// A message was refused (not UTF-8, too long, the template failed): with piped stdin the
+/// remaining lines still run, then sparsa exits with status 1.
+static FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Prints `error: msg` for one refused message and remembers the failure.
+fn refuse(msg: &str) {
+    FAILED.store(true, Ordering::SeqCst);
+    note(&format!("error: {msg}"));
 }
 
 /// Numbers of one reply, for /stats and --verbose.
@@ -339,7 +350,7 @@ impl Input {
             Input::Lines(lines) => match lines.next() {
                 Some(Ok(line)) => Ok(Read::Line(line)),
                 Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
-                    note("error: skipped an input line that is not UTF-8 text");
+                    refuse("stdin: an input line is not UTF-8 text; skipped");
                     Ok(Read::Line(String::new()))
                 }
                 Some(Err(e)) => Err(Error::msg(format!("reading stdin: {e}"))),
@@ -364,6 +375,13 @@ struct Repl<'m> {
 pub fn run(a: ChatArgs) -> Result<()> {
     if a.max_tokens == 0 {
         return Err(Error::msg("--max-tokens must be at least 1"));
+    }
+    super::check_sampling(a.temperature, a.top_p)?;
+    if !(a.repeat_penalty.is_finite() && a.repeat_penalty > 0.0) {
+        return Err(Error::msg(format!(
+            "--repeat-penalty {}: expected a positive number (1 is off)",
+            a.repeat_penalty
+        )));
     }
     let src = open_source(&a.m)?;
     if !src.has_tokenizer() {
@@ -480,6 +498,12 @@ pub fn run(a: ChatArgs) -> Result<()> {
         }
         repl.turn(text)?;
     }
+    if !interactive && FAILED.load(Ordering::SeqCst) {
+        // The error line of each refused message is already printed; a script piping
+        // messages in learns from the status that not all were answered.
+        let _ = std::io::stdout().flush();
+        std::process::exit(1);
+    }
     Ok(())
 }
 
@@ -547,14 +571,14 @@ impl Repl<'_> {
         let plan = match self.chat.prepare(&self.tok, text, self.ctx, reserve) {
             Ok(Prepared::Ready(p)) => p,
             Ok(Prepared::TooLong { tokens, room }) => {
-                note(&format!(
-                    "error: message too long: with it the prompt is {tokens} tokens, but --ctx {} leaves room for {room} (it keeps {reserve} for the reply); not sent",
+                refuse(&format!(
+                    "message too long: with it the prompt is {tokens} tokens, but --ctx {} leaves room for {room} (it keeps {reserve} for the reply); not sent",
                     self.ctx
                 ));
                 return Ok(());
             }
             Err(e) => {
-                note(&format!("error: {e}"));
+                refuse(&e.to_string());
                 return Ok(());
             }
         };

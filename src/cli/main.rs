@@ -280,7 +280,29 @@ fn ctx_for(m: &ModelArgs, model: &Model, need: usize) -> Result<usize> {
     Ok(ctx)
 }
 
+/// Sampling flags that would sample garbage (or nothing) are refused by name.
+pub(crate) fn check_sampling(temperature: f32, top_p: f32) -> Result<()> {
+    if !(temperature.is_finite() && temperature >= 0.0) {
+        return Err(Error::msg(format!(
+            "--temperature {temperature}: expected a number ≥ 0 (0 is greedy)"
+        )));
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(Error::msg(format!(
+            "--top-p {top_p}: expected a number in (0, 1] (1 keeps every token)"
+        )));
+    }
+    Ok(())
+}
+
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
+    check_sampling(a.temperature, a.top_p)?;
+    if a.max_tokens == 0 {
+        return Err(Error::msg("--max-tokens 0: expected at least 1"));
+    }
+    if a.prompt.as_deref() == Some("") {
+        return Err(Error::msg("--prompt: the prompt is empty"));
+    }
     // The prompt is tokenized before the model loads, so a missing tokenizer fails fast.
     let src = open_source(&a.m)?;
     let (tok, prompt) = match (&a.prompt, &a.tokens) {
@@ -691,7 +713,7 @@ fn cmd_info(m: ModelArgs) -> Result<()> {
         );
     }
     let ctx = m.ctx.unwrap_or(c.max_position_embeddings);
-    let cache = s.cache_bytes_per_token * ctx as u64;
+    let cache = s.cache_bytes_per_token.saturating_mul(ctx as u64);
     println!(
         "memory plan at --ctx {ctx}: weights {} + caches {} ({} per token: latent MLA {} floats × {} layers, indexer keys {} floats × {} full layers) = {}",
         mb(s.gpu_weight_bytes()),
@@ -701,7 +723,7 @@ fn cmd_info(m: ModelArgs) -> Result<()> {
         c.num_hidden_layers,
         c.index_head_dim,
         c.indexer_types.iter().filter(|k| **k == IndexerKind::Full).count(),
-        mb(s.gpu_weight_bytes() + cache)
+        mb(s.gpu_weight_bytes().saturating_add(cache))
     );
     match Gpu::new(m.adapter.as_deref()) {
         Ok(gpu) => {

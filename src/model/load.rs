@@ -219,7 +219,8 @@ impl Loader<'_, '_> {
         let v = t.to_f32()?;
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
             return Err(Error::msg(format!(
-                "tensor {name}: element {i} is {} (weights must be finite)",
+                "tensor {name} in {}: element {i} is {} (weights must be finite)",
+                t.file.display(),
                 v[i]
             )));
         }

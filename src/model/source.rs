@@ -38,22 +38,39 @@ impl ModelSource {
     /// `chat_template.jinja`. Weights are memory-mapped, not read.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open(dir: &Path) -> Result<ModelSource> {
-        if !dir.is_dir() {
-            return Err(Error::msg(format!(
-                "{}: {} (expected a model directory with config.json)",
-                dir.display(),
-                if dir.exists() {
-                    "not a directory"
-                } else {
-                    "no such directory"
-                }
-            )));
+        match std::fs::metadata(dir) {
+            Ok(m) if m.is_dir() => {}
+            // Says why: no such directory, a symlink loop, a permission.
+            r => {
+                return Err(Error::msg(format!(
+                    "{}: {} (expected a model directory with config.json)",
+                    dir.display(),
+                    r.map_or_else(|e| e.to_string(), |_| "not a directory".into())
+                )))
+            }
         }
-        if !dir.join("config.json").is_file() {
-            return Err(Error::msg(format!(
-                "{}: no config.json (expected a Hugging Face model directory)",
-                dir.display()
-            )));
+        let config = dir.join("config.json");
+        match std::fs::metadata(&config) {
+            Ok(m) if m.is_file() => {}
+            Ok(_) => {
+                return Err(Error::msg(format!(
+                    "{}: not a file (expected the model's config)",
+                    config.display()
+                )))
+            }
+            // A dangling link or a link loop is not "no config.json".
+            Err(e) if config.symlink_metadata().is_ok() => {
+                return Err(Error::msg(format!(
+                    "{}: cannot read: {e}",
+                    config.display()
+                )))
+            }
+            Err(_) => {
+                return Err(Error::msg(format!(
+                    "{}: no config.json (expected a Hugging Face model directory)",
+                    dir.display()
+                )))
+            }
         }
         let config = Config::from_dir(dir)?;
         let weights = WeightFiles::open(dir)?;

@@ -84,7 +84,10 @@ pub struct TensorRef<'a> {
 
 impl TensorRef<'_> {
     pub fn dtype(&self) -> Result<DType> {
-        DType::from_safetensors(self.dtype, &self.name)
+        DType::from_safetensors(
+            self.dtype,
+            &format!("{} in {}", self.name, self.file.display()),
+        )
     }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
@@ -172,6 +175,12 @@ impl WeightFiles {
             let path = dir.join(n);
             let f = std::fs::File::open(&path)
                 .map_err(|e| Error::msg(format!("{}: cannot open: {e}", path.display())))?;
+            if f.metadata().is_ok_and(|m| !m.is_file()) {
+                return Err(Error::msg(format!(
+                    "{}: not a file (expected safetensors weights)",
+                    path.display()
+                )));
+            }
             // SAFETY: the map is read-only and sparsa never writes model files. Another
             // process may still change the file while it is mapped: contents that change
             // are caught by `check_unchanged` after the upload (size and modification time),
@@ -244,8 +253,9 @@ impl WeightFiles {
             let bytes = f.storage.bytes();
             let (n, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
                 Error::msg(format!(
-                    "{}: not a valid safetensors file: {e:?}",
-                    f.path.display()
+                    "{}: not a valid safetensors file: {}",
+                    f.path.display(),
+                    explain(bytes, e)
                 ))
             })?;
             let base = 8 + n;
@@ -321,6 +331,116 @@ impl WeightFiles {
             .map(|e| (e.end - e.start) as u64)
             .sum()
     }
+}
+
+/// What is wrong with a file that the safetensors crate refused, in words that name the
+/// tensor and the numbers at fault (the crate's errors name neither sizes nor, mostly, tensors).
+fn explain(bytes: &[u8], e: safetensors::SafeTensorError) -> String {
+    use safetensors::SafeTensorError as E;
+    let len = bytes.len() as u64;
+    let n = bytes
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0);
+    match e {
+        E::HeaderTooSmall if len == 0 => {
+            "the file is empty (expected an 8-byte header length, a JSON header, then the tensor data)".into()
+        }
+        E::HeaderTooSmall => format!("{len} bytes, too short to hold the 8-byte header length"),
+        E::HeaderTooLarge | E::InvalidHeaderLength if n > len.saturating_sub(8) => format!(
+            "the header length field says {n} bytes, but the file holds {} bytes after it (truncated, or not a safetensors file)",
+            len.saturating_sub(8)
+        ),
+        E::HeaderTooLarge => format!("the header length {n} exceeds safetensors' 100 MB limit"),
+        E::InvalidHeader(u) => format!("the header is not UTF-8 text ({u})"),
+        E::InvalidHeaderStart => "the header does not start with '{'".into(),
+        E::InvalidHeaderDeserialization(j) => {
+            format!("the header is not the expected JSON object of tensors: {j}")
+        }
+        other => match check_entries(bytes, n) {
+            Some(what) => what,
+            None => format!("{other:?}"),
+        },
+    }
+}
+
+/// Finds the first tensor whose entry is inconsistent (offsets, byte count, overflow) or the
+/// data section's size mismatch, reading the header again (it is known to be valid JSON).
+fn check_entries(bytes: &[u8], n: u64) -> Option<String> {
+    let header = bytes.get(8..usize::try_from(n).ok()?.checked_add(8)?)?;
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    let mut entries: Vec<(&String, safetensors::Dtype, Vec<u64>, u64, u64)> = Vec::new();
+    for (name, v) in &map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype: safetensors::Dtype = serde_json::from_value(v.get("dtype")?.clone()).ok()?;
+        let shape: Vec<u64> = serde_json::from_value(v.get("shape")?.clone()).ok()?;
+        let off: [u64; 2] = serde_json::from_value(v.get("data_offsets")?.clone()).ok()?;
+        entries.push((name, dtype, shape, off[0], off[1]));
+    }
+    for (name, dtype, shape, s, e) in &entries {
+        let bits = shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .and_then(|x| x.checked_mul(dtype.bitsize() as u64));
+        let Some(bits) = bits else {
+            return Some(format!(
+                "tensor {name}: shape {shape:?} has more elements than any file can hold"
+            ));
+        };
+        if e < s {
+            return Some(format!(
+                "tensor {name}: data_offsets [{s}, {e}] end before they start"
+            ));
+        }
+        if bits % 8 != 0 || e - s != bits / 8 {
+            return Some(format!(
+                "tensor {name}: data_offsets [{s}, {e}] hold {} bytes, but {dtype:?} {shape:?} needs {}",
+                e - s,
+                bits as f64 / 8.0
+            ));
+        }
+    }
+    let data = (bytes.len() as u64).checked_sub(n.checked_add(8)?)?;
+    // With room for every tensor, one that ends past the data is out of bounds (without
+    // room, the file is truncated: said below).
+    if entries
+        .iter()
+        .map(|x| x.4 - x.3)
+        .fold(0u64, u64::saturating_add)
+        <= data
+    {
+        if let Some((name, _, _, s, e)) = entries.iter().find(|x| x.4 > data) {
+            return Some(format!(
+                "tensor {name}: data_offsets [{s}, {e}] point past the end of the data ({data} bytes)"
+            ));
+        }
+    }
+    entries.sort_by_key(|x| (x.3, x.4));
+    let mut end = 0;
+    for (name, _, _, s, e) in &entries {
+        if *s != end {
+            return Some(format!(
+                "tensor {name}: data_offsets [{s}, {e}] {} (tensors must be stored back to back from offset 0)",
+                if *s < end { format!("overlap the previous tensor, which ends at {end}") } else { format!("leave a gap after the previous tensor, which ends at {end}") }
+            ));
+        }
+        end = *e;
+    }
+    if data < end {
+        return Some(format!(
+            "truncated: the header's tensors need {end} bytes of data, the file holds {data}"
+        ));
+    }
+    if data > end {
+        return Some(format!(
+            "{} bytes after the last tensor (the header's tensors end at {end} of {data} data bytes)",
+            data - end
+        ));
+    }
+    None
 }
 
 #[cfg(test)]

@@ -150,6 +150,17 @@ impl GpuWeight {
                 )));
             }
             rows += n / cols;
+            // NaN or ±inf in a weight would turn every output it touches into garbage, so the
+            // bytes are checked on their way to the GPU (a few GB/s; see docs/ROBUSTNESS.md).
+            if let Some(i) = dtype.first_non_finite(p.bytes) {
+                let s = dtype.size();
+                return Err(Error::msg(format!(
+                    "tensor {} in {}: element {i} is {} (weights must be finite)",
+                    p.name,
+                    p.file.display(),
+                    dtype.to_f32(&p.bytes[i * s..(i + 1) * s])[0]
+                )));
+            }
         }
         let sources: Vec<&[u8]> = parts.iter().map(|p| p.bytes).collect();
         Self::upload_bytes(gpu, &sources, rows, cols, dtype, align_rows, None, label)

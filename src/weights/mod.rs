@@ -57,6 +57,58 @@ impl DType {
             ))),
         }
     }
+    /// Index of the first NaN or infinite element of little-endian `bytes` of this dtype
+    /// (an all-ones exponent), or None: a branch-free lane test on the exponent bits per
+    /// 64 bytes, with the exact scan only in a block that hit.
+    pub fn first_non_finite(self, bytes: &[u8]) -> Option<usize> {
+        let (exp, lane_low, lane_high): (u64, u64, u64) = match self {
+            DType::F32 => (
+                0x7F80_0000_7F80_0000,
+                0x0000_0001_0000_0001,
+                0x8000_0000_8000_0000,
+            ),
+            DType::BF16 => (
+                0x7F80_7F80_7F80_7F80,
+                0x0001_0001_0001_0001,
+                0x8000_8000_8000_8000,
+            ),
+            DType::F16 => (
+                0x7C00_7C00_7C00_7C00,
+                0x0001_0001_0001_0001,
+                0x8000_8000_8000_8000,
+            ),
+        };
+        let size = self.size();
+        let exact = |at: usize, chunk: &[u8]| -> Option<usize> {
+            chunk
+                .chunks_exact(size)
+                .position(|c| {
+                    let mut w = [0u8; 8];
+                    w[..size].copy_from_slice(c);
+                    u64::from_le_bytes(w) & exp == exp & (u64::MAX >> (64 - 8 * size))
+                })
+                .map(|i| at / size + i)
+        };
+        // A lane whose exponent bits are all set becomes zero in `t`; the usual "has a zero
+        // lane" test (t - 1) & !t & high finds any such lane (lanes never have their top bit
+        // set, so only a zero lane borrows). 64-byte blocks are tested branch-free.
+        let hit = |w: &[u8]| -> u64 {
+            let x = u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+            let t = (x & exp) ^ exp;
+            t.wrapping_sub(lane_low) & !t & lane_high
+        };
+        let blocks = bytes.chunks_exact(64);
+        let tail = blocks.remainder();
+        for (k, b) in blocks.enumerate() {
+            if b.chunks_exact(8).fold(0, |a, w| a | hit(w)) != 0 {
+                if let Some(i) = exact(64 * k, b) {
+                    return Some(i);
+                }
+            }
+        }
+        exact(bytes.len() - tail.len(), tail)
+    }
+
     /// Decode little-endian bytes of this dtype to f32.
     pub fn to_f32(self, bytes: &[u8]) -> Vec<f32> {
         match self {
@@ -162,5 +214,43 @@ impl WFormat {
 impl From<DType> for WFormat {
     fn from(d: DType) -> WFormat {
         WFormat::Float(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_non_finite_finds_nan_and_inf_at_any_position() {
+        for d in [DType::F32, DType::BF16, DType::F16] {
+            for n in [1usize, 3, 4, 5, 8, 9, 17] {
+                let ok: Vec<f32> = (0..n).map(|i| i as f32 * -1.5e3 + 0.25).collect();
+                assert_eq!(d.first_non_finite(&d.from_f32(&ok)), None, "{d:?} {n}");
+                for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                    for at in [0, n / 2, n - 1] {
+                        let mut v = ok.clone();
+                        v[at] = bad;
+                        if at + 1 < n {
+                            v[n - 1] = bad;
+                        }
+                        assert_eq!(
+                            d.first_non_finite(&d.from_f32(&v)),
+                            Some(at),
+                            "{d:?} {n} {bad} at {at}"
+                        );
+                    }
+                }
+            }
+        }
+        // The largest finite values are not flagged.
+        assert_eq!(
+            DType::F16.first_non_finite(&DType::F16.from_f32(&[65504.0; 5])),
+            None
+        );
+        assert_eq!(
+            DType::BF16.first_non_finite(&DType::BF16.from_f32(&[-3.0e38; 5])),
+            None
+        );
     }
 }
