@@ -820,7 +820,7 @@ fn invalid_utf8_argument() {
     c.args(["generate", "--prompt"])
         .arg(std::ffi::OsStr::from_bytes(b"caf\xe9"));
     let e = one_error("invalid UTF-8 --prompt", &run_with_timeout(c, None));
-    expect(&e, &["UTF-8"]);
+    expect(&e, &["--prompt", "UTF-8"]);
 }
 
 #[test]

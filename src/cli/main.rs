@@ -142,7 +142,7 @@ struct GenerateArgs {
     /// Prompt text (needs tokenizer.json in the model directory).
     /// Default with the built-in model: "KING RICHARD:".
     #[arg(long, conflicts_with = "tokens")]
-    prompt: Option<String>,
+    prompt: Option<std::ffi::OsString>,
     /// Prompt as comma-separated token ids, e.g. 1,2,3.
     #[arg(long, value_parser = parse_ids)]
     tokens: Option<Ids>,
@@ -300,12 +300,21 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     if a.max_tokens == 0 {
         return Err(Error::msg("--max-tokens 0: expected at least 1"));
     }
-    if a.prompt.as_deref() == Some("") {
+    // Taken as OS text so that bytes which are not UTF-8 get an error naming the flag.
+    let prompt_text = match &a.prompt {
+        Some(p) => Some(
+            p.to_str()
+                .ok_or_else(|| Error::msg("--prompt: not UTF-8 text"))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    if prompt_text.as_deref() == Some("") {
         return Err(Error::msg("--prompt: the prompt is empty"));
     }
     // The prompt is tokenized before the model loads, so a missing tokenizer fails fast.
     let src = open_source(&a.m)?;
-    let (tok, prompt) = match (&a.prompt, &a.tokens) {
+    let (tok, prompt) = match (&prompt_text, &a.tokens) {
         (Some(p), _) => {
             let t = src.tokenizer()?;
             let ids = t.encode(p)?;
@@ -346,7 +355,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         tok.as_ref().map(TextStream::new)
     };
     // The prompt text goes first, so the output reads as one text (not for --tokens).
-    let echo = match (&a.prompt, &a.tokens) {
+    let echo = match (&prompt_text, &a.tokens) {
         (Some(p), _) => Some(p.as_str()),
         (None, None) => Some(DEFAULT_PROMPT),
         (None, Some(_)) => None,
