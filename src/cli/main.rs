@@ -250,7 +250,14 @@ fn main() {
 /// The model's files, checked (config, weight headers) before any GPU is opened.
 pub(crate) fn open_source(m: &ModelArgs) -> Result<ModelSource> {
     match &m.model {
-        Some(dir) => ModelSource::open(dir).map_err(|e| Error::msg(format!("--model {e}"))),
+        Some(dir) => ModelSource::open(dir).map_err(|e| {
+            // Most errors start with the path they are about; the others get the directory.
+            if e.0.starts_with(&dir.display().to_string()) {
+                Error::msg(format!("--model {e}"))
+            } else {
+                Error::msg(format!("--model {}: {e}", dir.display()))
+            }
+        }),
         None => ModelSource::builtin(),
     }
 }
