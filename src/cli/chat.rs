@@ -35,7 +35,7 @@ commands:
   /help           this list
   /reset          forget the conversation (the system prompt stays)
   /system [TEXT]  set the system prompt (without TEXT: show it)
-  /stats          speed and token counts of the last reply, context use
+  /stats          speed and token counts of the last reply, context use, GPU and host memory
   /save FILE      write the conversation as JSON ({\"messages\": [...]})
   /load FILE      replace the conversation with one saved by /save
   /exit           leave (also /quit, /bye, Ctrl-D)
@@ -541,6 +541,10 @@ impl Repl<'_> {
                     self.ctx,
                     if turns == 1 { "" } else { "s" }
                 ));
+                say(&self.session.model.gpu.stats().line());
+                if let Some(kib) = host_rss_kib() {
+                    say(&format!("host RSS: {:.1} MiB", kib as f64 / 1024.0));
+                }
             }
             "save" | "load" if arg.is_empty() => {
                 note(&format!("error: /{name} needs a file name: /{name} FILE"))
@@ -654,6 +658,13 @@ impl Repl<'_> {
         interrupt::clear();
         Ok(())
     }
+}
+
+/// This process's resident set (VmRSS in /proc/self/status), where the system reports it.
+fn host_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 fn load_conversation(path: &Path) -> Result<Conversation> {

@@ -185,8 +185,58 @@ pub struct Gpu {
     lost: Arc<Mutex<Option<String>>>,
     /// Queue submissions so far (for `SPARSA_FAULT_DEVICE_LOST_AFTER`).
     submits: AtomicU64,
-    /// Bytes of every buffer [`Gpu::buffer`] created (for `SPARSA_FAULT_GPU_MEMORY`).
-    created_bytes: AtomicU64,
+    /// The mappable buffer readbacks copy into, kept between reads and replaced only by a
+    /// larger one (`None` while a read has it).
+    staging: Mutex<Option<wgpu::Buffer>>,
+    /// Buffers and bind groups created through [`Gpu::create_buffer`] and
+    /// [`Gpu::create_bind_group`] (see [`Gpu::stats`]).
+    buffers_created: AtomicU64,
+    buffer_bytes_created: AtomicU64,
+    bind_groups_created: AtomicU64,
+}
+
+/// Counts of GPU objects, for leak checks and `sparsa chat`'s `/stats` (see [`Gpu::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuStats {
+    /// Buffers sparsa created since the device was opened, and their bytes.
+    pub buffers_created: u64,
+    pub buffer_bytes_created: u64,
+    /// Bind groups sparsa created since the device was opened.
+    pub bind_groups_created: u64,
+    /// Buffers alive in wgpu's backend (wgpu's internal staging buffers included), and the
+    /// device memory bound to them; 0 where wgpu keeps no counters (the browser).
+    pub live_buffers: u64,
+    pub live_buffer_bytes: u64,
+    /// Bind groups alive in wgpu's backend.
+    pub live_bind_groups: u64,
+    /// Bytes the backend's memory allocator has handed out, and the bytes of the memory
+    /// blocks it holds, where it reports them (Vulkan, D3D12).
+    pub allocated_bytes: Option<u64>,
+    pub reserved_bytes: Option<u64>,
+}
+
+impl GpuStats {
+    /// One line for `/stats` and logs.
+    pub fn line(&self) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let mut s = format!(
+            "GPU buffers: live {} ({:.1} MiB), created {} ({:.1} MiB) | bind groups: live {}, created {}",
+            self.live_buffers,
+            mib(self.live_buffer_bytes),
+            self.buffers_created,
+            mib(self.buffer_bytes_created),
+            self.live_bind_groups,
+            self.bind_groups_created,
+        );
+        if let (Some(a), Some(r)) = (self.allocated_bytes, self.reserved_bytes) {
+            s.push_str(&format!(
+                " | allocator: {:.1} MiB in use, {:.1} MiB reserved",
+                mib(a),
+                mib(r)
+            ));
+        }
+        s
+    }
 }
 
 /// Size of the uniform arena that holds the `Params` of the dispatches of one submission.
@@ -287,6 +337,11 @@ impl Gpu {
             mapped_at_creation: false,
         });
         Ok(Gpu {
+            staging: Mutex::new(None),
+            // The param arena and the dummy above.
+            buffers_created: AtomicU64::new(2),
+            buffer_bytes_created: AtomicU64::new(PARAM_ARENA + 16),
+            bind_groups_created: AtomicU64::new(0),
             device,
             queue,
             adapter: summary,
@@ -305,7 +360,6 @@ impl Gpu {
             interrupt: Arc::default(),
             lost,
             submits: AtomicU64::new(0),
-            created_bytes: AtomicU64::new(0),
         })
     }
 
@@ -401,7 +455,7 @@ impl Gpu {
                 self.max_binding()
             )));
         }
-        let created = self.created_bytes.fetch_add(size, Ordering::Relaxed) + size;
+        let created = self.buffer_bytes_created.load(Ordering::Relaxed) + size;
         if crate::fault::injected("GPU_MEMORY").is_some_and(|limit| created > limit) {
             // What a driver reports when the memory is gone (see crate::fault).
             let msg = format!(
@@ -411,7 +465,7 @@ impl Gpu {
             return Err(Error::msg(format!("buffer {label} ({size} bytes): {msg}")));
         }
         let seen = lock(&self.errors).len();
-        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let buf = self.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
             usage: wgpu::BufferUsages::STORAGE
@@ -429,6 +483,39 @@ impl Gpu {
             )));
         }
         Ok(buf)
+    }
+
+    /// Every buffer sparsa makes is created here, so [`Gpu::stats`] can count them.
+    pub fn create_buffer(&self, desc: &wgpu::BufferDescriptor) -> wgpu::Buffer {
+        self.buffers_created.fetch_add(1, Ordering::Relaxed);
+        self.buffer_bytes_created
+            .fetch_add(desc.size, Ordering::Relaxed);
+        self.device.create_buffer(desc)
+    }
+
+    /// Every bind group sparsa makes is created here, so [`Gpu::stats`] can count them.
+    pub fn create_bind_group(&self, desc: &wgpu::BindGroupDescriptor) -> wgpu::BindGroup {
+        self.bind_groups_created.fetch_add(1, Ordering::Relaxed);
+        self.device.create_bind_group(desc)
+    }
+
+    /// Buffers and bind groups created so far and alive now, and the allocator's totals (a
+    /// few atomic loads; the allocator report walks its allocations, so this is for
+    /// `/stats` and tests, not for every token).
+    pub fn stats(&self) -> GpuStats {
+        let hal = self.device.get_internal_counters().hal;
+        let n = |v: isize| v.max(0) as u64;
+        let report = self.device.generate_allocator_report();
+        GpuStats {
+            buffers_created: self.buffers_created.load(Ordering::Relaxed),
+            buffer_bytes_created: self.buffer_bytes_created.load(Ordering::Relaxed),
+            bind_groups_created: self.bind_groups_created.load(Ordering::Relaxed),
+            live_buffers: n(hal.buffers.read()),
+            live_buffer_bytes: n(hal.buffer_memory.read()),
+            live_bind_groups: n(hal.bind_groups.read()),
+            allocated_bytes: report.as_ref().map(|r| r.total_allocated_bytes),
+            reserved_bytes: report.as_ref().map(|r| r.total_reserved_bytes),
+        }
     }
 
     /// A storage buffer holding `data`.
@@ -468,16 +555,22 @@ impl Gpu {
         bytes: u64,
     ) -> Result<Vec<u8>> {
         let size = bytes.div_ceil(4) * 4;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: size.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        // The staging buffer is taken out of its slot for the read (a read that overlaps
+        // another, only possible in the browser, makes its own) and put back after it.
+        let kept = lock(&self.staging).take();
+        let staging = match kept {
+            Some(b) if b.size() >= size.max(4) => b,
+            old => self.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: size.max(4).max(old.map_or(0, |b| b.size())),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        };
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
         self.submit([enc.finish()]);
-        let slice = staging.slice(..);
+        let slice = staging.slice(..size.max(4));
         let (tx, rx) = oneshot();
         slice.map_async(wgpu::MapMode::Read, move |r| tx.send(r));
         // In the browser this returns at once: the device is polled by the browser itself.
@@ -498,6 +591,10 @@ impl Gpu {
             .map_err(|e| Error::msg(format!("GPU readback failed: {e}")))?[..bytes as usize]
             .to_vec();
         staging.unmap();
+        let mut slot = lock(&self.staging);
+        if slot.as_ref().is_none_or(|b| b.size() < staging.size()) {
+            *slot = Some(staging);
+        }
         Ok(data)
     }
 

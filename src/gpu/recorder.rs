@@ -126,14 +126,11 @@ impl<'g> Recorder<'g> {
                         resource: b.as_entire_binding(),
                     });
                 }
-                let g = self
-                    .gpu
-                    .device
-                    .create_bind_group(&wgpu::BindGroupDescriptor {
-                        label: None,
-                        layout: &pipeline.get_bind_group_layout(0),
-                        entries: &entries,
-                    });
+                let g = self.gpu.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: &pipeline.get_bind_group_layout(0),
+                    entries: &entries,
+                });
                 if let Some(k) = key {
                     let mut m = super::lock(&self.gpu.bind_groups);
                     if m.len() >= super::BIND_CACHE_MAX {
@@ -258,7 +255,7 @@ impl<'g> Recorder<'g> {
             return;
         };
         let bytes = 16 * n_disp as u64;
-        let resolve = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        let resolve = self.gpu.create_buffer(&wgpu::BufferDescriptor {
             label: Some("timestamps"),
             size: bytes.max(16),
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
