@@ -7,28 +7,16 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sparsa"))
-}
+mod common;
+use common::{bin, builtin_dir, copy_model, tmpdir};
 
 /// A copy of the built-in model's directory (tests may damage it).
 fn model_copy(name: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m");
-    let dir = std::env::temp_dir().join(format!("sparsa-faults-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in [
-        "config.json",
-        "generation_config.json",
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
+    let dir = tmpdir(&format!("faults-{name}"));
+    copy_model(&builtin_dir(), &dir);
     dir
 }
 
