@@ -17,6 +17,7 @@ pub mod cache;
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod fuzzing;
 pub mod generate;
 pub mod gpu;
 pub mod kernels;
