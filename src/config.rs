@@ -99,6 +99,23 @@ pub struct Config {
     pub quant: Option<QFormat>,
 }
 
+/// The `quantization_config` of a `config.json` text (`file` names it in errors), without
+/// reading the rest of the config: None when absent.
+pub fn quantization_config(text: &str, file: &str) -> Result<Option<QFormat>> {
+    let v: Value =
+        serde_json::from_str(text).map_err(|e| Error::msg(format!("{file}: invalid JSON: {e}")))?;
+    let map = v
+        .as_object()
+        .ok_or_else(|| Error::msg(format!("{file}: expected a JSON object")))?;
+    quant_config(&Fields {
+        file: file.to_string(),
+        map,
+    })
+}
+
+/// The most layers a config may declare (the releases have 78 and 61).
+pub const MAX_LAYERS: usize = 4096;
+
 /// Parse `quantization_config` (None when absent).
 fn quant_config(f: &Fields) -> Result<Option<QFormat>> {
     let Some(q) = f.get("quantization_config") else {
@@ -152,10 +169,12 @@ impl Fields<'_> {
         ))
     }
     fn bad(&self, k: &str, what: &str) -> Error {
-        Error::msg(format!(
-            "{}: field `{k}` = {} is not {what}",
-            self.file, self.map[k]
-        ))
+        // (`k` is always a field that is present; indexing a missing one would panic.)
+        let v = self
+            .map
+            .get(k)
+            .map_or_else(|| "null".to_string(), |v| v.to_string());
+        Error::msg(format!("{}: field `{k}` = {v} is not {what}", self.file))
     }
     fn get(&self, k: &str) -> Option<&Value> {
         self.map.get(k).filter(|v| !v.is_null())
@@ -281,6 +300,13 @@ impl Config {
             None => return Err(f.missing("model_type", "`glm_moe_dsa` or `deepseek_v32`")),
         };
         let num_hidden_layers = f.usize("num_hidden_layers")?;
+        // Per-layer tables are built from this count before anything else is checked.
+        if num_hidden_layers > MAX_LAYERS {
+            return Err(f.bad(
+                "num_hidden_layers",
+                &format!("a plausible layer count (≤ {MAX_LAYERS})"),
+            ));
+        }
         let qk_rope_head_dim = f.usize("qk_rope_head_dim")?;
         let index_head_dim = f.usize("index_head_dim")?;
         let n_routed_experts = f.usize("n_routed_experts")?;
@@ -588,10 +614,14 @@ fn opt_f64(p: &Fields, k: &str) -> Result<Option<f64>> {
 fn rope(f: &Fields) -> Result<Rope> {
     // transformers 5 folds everything into `rope_parameters`; older configs use
     // `rope_theta` + `rope_scaling`.
-    let params = f.get("rope_parameters").or_else(|| f.get("rope_scaling"));
-    let pmap = match params {
+    let key = if f.get("rope_parameters").is_some() {
+        "rope_parameters"
+    } else {
+        "rope_scaling"
+    };
+    let pmap = match f.get(key) {
         Some(Value::Object(m)) => Some(m),
-        Some(_) => return Err(f.bad("rope_parameters", "an object")),
+        Some(_) => return Err(f.bad(key, "an object")),
         None => None,
     };
     let pf = pmap.map(|m| Fields {
@@ -793,5 +823,37 @@ mod tests {
             .unwrap_err()
             .0
             .contains("n_group"));
+    }
+
+    /// Found by fuzzing (fuzz/regressions/config): a `rope_scaling` that is not an object was
+    /// reported under the name `rope_parameters`, whose missing value the message then indexed,
+    /// which panicked.
+    #[test]
+    fn fuzz_rope_scaling_not_an_object_is_an_error() {
+        let e = Config::from_json(&glm(r#", "rope_scaling": 5"#), "c")
+            .unwrap_err()
+            .0;
+        assert_eq!(e, "c: field `rope_scaling` = 5 is not an object");
+        let e = Config::from_json(&glm(r#", "rope_parameters": []"#), "c")
+            .unwrap_err()
+            .0;
+        assert_eq!(e, "c: field `rope_parameters` = [] is not an object");
+    }
+
+    /// Found by fuzzing: a huge `num_hidden_layers` allocated per-layer tables of that length
+    /// (out of memory) before any other check.
+    #[test]
+    fn fuzz_huge_layer_count_is_an_error() {
+        let j = glm("").replace(
+            r#""num_hidden_layers": 78"#,
+            r#""num_hidden_layers": 1099511627776"#,
+        );
+        let e = Config::from_json(&j, "c").unwrap_err().0;
+        assert!(
+            e.contains("`num_hidden_layers` = 1099511627776") && e.contains("≤ 4096"),
+            "{e}"
+        );
+        let j = j.replace("glm_moe_dsa", "deepseek_v32");
+        assert!(Config::from_json(&j, "c").is_err());
     }
 }

@@ -18,6 +18,7 @@ pub mod chat;
 pub mod config;
 pub mod error;
 pub mod fault;
+pub mod fuzzing;
 pub mod generate;
 pub mod gpu;
 pub mod kernels;

@@ -18,13 +18,22 @@ impl Tokenizer {
         }
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| Error::msg(format!("{}: cannot load tokenizer: {e}", path.display())))?;
-        Ok(Tokenizer { inner })
+        Ok(Tokenizer::wrap(inner))
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<Tokenizer> {
         let inner = tokenizers::Tokenizer::from_bytes(bytes)
             .map_err(|e| Error::msg(format!("tokenizer.json: {e}")))?;
-        Ok(Tokenizer { inner })
+        Ok(Tokenizer::wrap(inner))
+    }
+
+    /// sparsa encodes a prompt whole: the file's `padding` and `truncation` (meant for
+    /// batching) are dropped. Kept, a `"Fixed"` padding length from the file would make every
+    /// encode allocate that many tokens, and truncation would silently cut prompts.
+    fn wrap(mut inner: tokenizers::Tokenizer) -> Tokenizer {
+        inner.with_padding(None);
+        let _ = inner.with_truncation(None);
+        Tokenizer { inner }
     }
 
     /// Token ids of `text`, with the special tokens the tokenizer's post-processor adds
@@ -90,6 +99,21 @@ impl<'t> TextStream<'t> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A hostile tokenizer.json: padding to a fixed length of 2^40 tokens made every encode
+    /// run out of memory; sparsa drops the file's padding and truncation.
+    #[test]
+    fn file_padding_and_truncation_are_ignored() {
+        let json = r#"{"version": "1.0",
+            "truncation": {"direction": "Right", "max_length": 1, "strategy": "LongestFirst", "stride": 0},
+            "padding": {"strategy": {"Fixed": 1099511627776}, "direction": "Right",
+                "pad_to_multiple_of": null, "pad_id": 0, "pad_type_id": 0, "pad_token": "<unk>"},
+            "added_tokens": [], "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"<unk>": 0, "hello": 1, "world": 2}, "unk_token": "<unk>"}}"#;
+        let t = Tokenizer::from_bytes(json.as_bytes()).unwrap();
+        assert_eq!(t.encode("hello world").unwrap(), [1, 2]);
+    }
 
     fn bard() -> Tokenizer {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m");

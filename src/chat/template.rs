@@ -67,6 +67,8 @@ pub struct ChatTemplate {
     /// `tokenizer_config.json` or `the plain fallback template`.
     origin: String,
     special_tokens: Vec<(String, String)>,
+    /// The fuel of a render before the conversation's allowance ([`FUEL_BASE`]).
+    fuel_base: u64,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -78,6 +80,19 @@ impl std::fmt::Debug for ChatTemplate {
             .finish()
     }
 }
+
+/// The work one render may do, in MiniJinja fuel (about one instruction, or 64 bytes of
+/// created data, per unit), before the allowance for the size of the conversation: enough for
+/// the published templates many times over, while a hostile template (`range` loops, string
+/// repetition, runaway recursion) stops within a fraction of a second and some 64 MiB.
+pub const FUEL_BASE: u64 = 1_000_000;
+/// Fuel allowed per byte of the messages and extra arguments (templates print each message a
+/// few times and search it for markers).
+const FUEL_PER_BYTE: u64 = 16;
+/// Fuel allowed per message (the instructions a template runs for each).
+const FUEL_PER_MESSAGE: u64 = 20_000;
+/// How deeply macros and `{% include %}`-like calls may nest (real templates: a few levels).
+const MAX_RECURSION: usize = 64;
 
 /// The name the template has inside the engine; it appears in error positions
 /// (`... (in chat_template:12)`, line 12 of the template text).
@@ -184,6 +199,7 @@ impl ChatTemplate {
                 source: PLAIN_TEMPLATE.to_string(),
                 origin: "the plain fallback template".to_string(),
                 special_tokens: Vec::new(),
+                fuel_base: FUEL_BASE,
             },
         }
     }
@@ -200,7 +216,34 @@ impl ChatTemplate {
             source,
             origin: origin.to_string(),
             special_tokens,
+            fuel_base: FUEL_BASE,
         })
+    }
+
+    /// Sets the fuel a render may use before the conversation's allowance (default
+    /// [`FUEL_BASE`]). The fuzzer lowers it so that hostile templates fail fast.
+    pub fn set_fuel_base(&mut self, fuel: u64) {
+        self.fuel_base = fuel;
+    }
+
+    /// The fuel budget of rendering `messages` with `extra`: the base plus an allowance that
+    /// grows with their size, so that long conversations render while the work and memory of
+    /// any render stay bounded.
+    fn fuel_for(
+        &self,
+        messages: &[Message],
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> u64 {
+        let bytes: usize = messages
+            .iter()
+            .map(|m| {
+                m.role.len() + m.content.len() + m.reasoning_content.as_ref().map_or(0, String::len)
+            })
+            .sum::<usize>()
+            + serde_json::Value::Object(extra.clone()).to_string().len();
+        self.fuel_base
+            .saturating_add((bytes as u64).saturating_mul(FUEL_PER_BYTE))
+            .saturating_add((messages.len() as u64).saturating_mul(FUEL_PER_MESSAGE))
     }
 
     /// Where the template came from: `chat_template.jinja`, `tokenizer_config.json` or
@@ -258,14 +301,31 @@ impl ChatTemplate {
         }
         // Later entries win, as `{**special_tokens, **kwargs}` does in transformers.
         let ctx = Value::from_pairs(ctx);
-        let template = self
-            .env
+        // A copy of the environment carries this render's budget (templates are shared).
+        let mut env = self.env.clone();
+        let fuel = self.fuel_for(messages, extra);
+        env.set_fuel(Some(fuel));
+        let template = env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::msg(format!("{}: invalid chat template: {e}", self.origin)))?;
-        template.render(ctx).map_err(|e| self.render_error(&e))
+        template
+            .render(ctx)
+            .map_err(|e| self.render_error(&e, fuel))
     }
 
-    fn render_error(&self, e: &minijinja::Error) -> Error {
+    fn render_error(&self, e: &minijinja::Error, fuel: u64) -> Error {
+        if e.kind() == ErrorKind::OutOfFuel {
+            let at = match (e.name(), e.line()) {
+                (Some(name), Some(line)) => format!(" (at {name}:{line})"),
+                _ => String::new(),
+            };
+            return Error::msg(format!(
+                "{}: the chat template exceeded its work limit of {fuel} fuel units (about one \
+                 per instruction or per 64 bytes of data; a loop, a recursion or a string that \
+                 grows without bound?){at}",
+                self.origin
+            ));
+        }
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(err) = source {
             if let Some(raised) = err.downcast_ref::<Raised>() {
@@ -279,12 +339,6 @@ impl ChatTemplate {
                 ));
             }
             source = err.source();
-        }
-        if e.kind() == ErrorKind::OutOfFuel {
-            return Error::msg(format!(
-                "{}: the chat template did not finish within {TEMPLATE_FUEL} steps (a runaway loop?)",
-                self.origin
-            ));
         }
         Error::msg(format!(
             "{}: rendering the chat template failed: {e}",
@@ -432,13 +486,8 @@ impl std::fmt::Display for Raised {
 
 impl std::error::Error for Raised {}
 
-/// Instructions one render may run: real templates need a few hundred per message, so this
-/// stops only a template that loops (for ever, or for hours) — within seconds.
-const TEMPLATE_FUEL: u64 = 50_000_000;
-
 fn environment(source: &str) -> std::result::Result<Environment<'static>, minijinja::Error> {
     let mut env = Environment::new();
-    env.set_fuel(Some(TEMPLATE_FUEL));
     env.set_syntax(
         minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -447,14 +496,15 @@ fn environment(source: &str) -> std::result::Result<Environment<'static>, miniji
             .build()?,
     );
     env.set_auto_escape_callback(|_| AutoEscape::None);
+    env.set_recursion_limit(MAX_RECURSION);
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Lenient);
-    env.set_formatter(|out, _state, value| {
-        out.write_str(&py_str(value))
+    env.set_formatter(|out, state, value| {
+        out.write_str(&py_str(state, value)?)
             .map_err(|_| minijinja::Error::new(ErrorKind::WriteFailure, "cannot write output"))
     });
     env.set_unknown_method_callback(python_methods);
     env.add_filter("tojson", tojson);
-    env.add_filter("string", |v: Value| py_str(&v));
+    env.add_filter("string", |state: &State, v: Value| py_str(state, &v));
     env.add_function(
         "raise_exception",
         |message: String| -> std::result::Result<Value, minijinja::Error> {
@@ -555,21 +605,48 @@ fn is_py_space(c: char) -> bool {
 }
 
 /// Python's `str(value)` for the values a template can hold.
-fn py_str(value: &Value) -> String {
-    match value.kind() {
+fn py_str(state: &State, value: &Value) -> std::result::Result<String, minijinja::Error> {
+    Ok(match value.kind() {
         ValueKind::Undefined => String::new(),
         ValueKind::String => value.as_str().unwrap_or_default().to_string(),
         ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Seq | ValueKind::Map => {
             let mut out = String::new();
-            py_repr(value, &mut out);
+            py_repr(state, value, 0, &mut out)?;
             out
         }
         _ => value.to_string(),
+    })
+}
+
+/// How deeply the printers (`str()`, `tojson`) follow nested lists and maps; deeper values
+/// (which only a template that builds them in a loop has) fail the render.
+const MAX_VALUE_DEPTH: usize = 100;
+
+/// Charges the render's fuel for one printed item of `bytes` bytes and checks the nesting
+/// depth, so that printing a huge (lazy) list or a deeply nested value fails with a clear
+/// error instead of exhausting memory or the stack.
+fn charge_item(
+    state: &State,
+    depth: usize,
+    bytes: usize,
+) -> std::result::Result<(), minijinja::Error> {
+    if depth > MAX_VALUE_DEPTH {
+        return Err(minijinja::Error::new(
+            ErrorKind::InvalidOperation,
+            format!("cannot print a value nested deeper than {MAX_VALUE_DEPTH} levels"),
+        ));
     }
+    state.consume_fuel(1 + bytes as u64 / 64)
 }
 
 /// Python's `repr(value)`.
-fn py_repr(value: &Value, out: &mut String) {
+fn py_repr(
+    state: &State,
+    value: &Value,
+    depth: usize,
+    out: &mut String,
+) -> std::result::Result<(), minijinja::Error> {
+    charge_item(state, depth, value.as_str().map_or(0, str::len))?;
     match value.kind() {
         ValueKind::Undefined => out.push_str("Undefined"),
         ValueKind::None => out.push_str("None"),
@@ -591,7 +668,7 @@ fn py_repr(value: &Value, out: &mut String) {
                     if i > 0 {
                         out.push_str(", ");
                     }
-                    py_repr(&item, out);
+                    py_repr(state, &item, depth + 1, out)?;
                     n += 1;
                 }
             }
@@ -607,15 +684,16 @@ fn py_repr(value: &Value, out: &mut String) {
                     if i > 0 {
                         out.push_str(", ");
                     }
-                    py_repr(&k, out);
+                    py_repr(state, &k, depth + 1, out)?;
                     out.push_str(": ");
-                    py_repr(&v, out);
+                    py_repr(state, &v, depth + 1, out)?;
                 }
             }
             out.push('}');
         }
         _ => out.push_str(&value.to_string()),
     }
+    Ok(())
 }
 
 /// Python's `repr(str)`: single quotes unless the text has a `'` and no `"`; control and other
@@ -728,6 +806,21 @@ fn py_float(f: f64) -> String {
 /// separators=None, sort_keys=False)`; the first three arguments by position or by name,
 /// `sort_keys` by name.
 fn tojson(
+    state: &State,
+    value: &Value,
+    args: minijinja::value::Rest<minijinja::value::ValueOrKwargs>,
+) -> std::result::Result<String, minijinja::Error> {
+    // (A filter takes at most five parameters, so the arguments are split here.)
+    let args = args.into_values();
+    let (ensure_ascii, indent, separators, kwargs) =
+        minijinja::value::from_args::<(Option<Value>, Option<Value>, Option<Value>, Kwargs)>(
+            &args,
+        )?;
+    tojson_impl(state, value, ensure_ascii, indent, separators, kwargs)
+}
+
+fn tojson_impl(
+    state: &State,
     value: &Value,
     ensure_ascii: Option<Value>,
     indent: Option<Value>,
@@ -747,6 +840,12 @@ fn tojson(
         Some(v) if v.is_none() || v.is_undefined() => None,
         Some(v) => match (v.as_str(), v.as_i64()) {
             (Some(s), _) => Some(s.to_string()),
+            (None, Some(n)) if n > MAX_INDENT => {
+                return Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: indent {n} is larger than {MAX_INDENT}"),
+                ))
+            }
             (None, Some(n)) => Some(" ".repeat(n.max(0) as usize)),
             _ => {
                 return Err(minijinja::Error::new(
@@ -787,9 +886,12 @@ fn tojson(
         sort_keys,
     };
     let mut out = String::new();
-    json_dump(value, &opts, 0, &mut out)?;
+    json_dump(state, value, &opts, 0, &mut out)?;
     Ok(out)
 }
+
+/// The largest numeric `indent` of `tojson` (templates use 2 or 4).
+const MAX_INDENT: i64 = 64;
 
 struct JsonOpts {
     ensure_ascii: bool,
@@ -800,11 +902,23 @@ struct JsonOpts {
 }
 
 fn json_dump(
+    state: &State,
     value: &Value,
     opts: &JsonOpts,
     depth: usize,
     out: &mut String,
 ) -> std::result::Result<(), minijinja::Error> {
+    // Each item costs its indentation, separators and (for a string) its text.
+    let indent = opts
+        .indent
+        .as_ref()
+        .map_or(0, |i| i.len() * (depth + 1) + 1);
+    let text = value.as_str().map_or(0, str::len);
+    charge_item(
+        state,
+        depth,
+        indent + opts.item_sep.len() + opts.key_sep.len() + text,
+    )?;
     let newline = |out: &mut String, depth: usize| {
         if let Some(ind) = &opts.indent {
             out.push('\n');
@@ -832,18 +946,19 @@ fn json_dump(
         }
         ValueKind::String => json_str(value.as_str().unwrap_or_default(), opts.ensure_ascii, out),
         ValueKind::Seq => {
-            let items: Vec<Value> = value.try_iter()?.collect();
-            if items.is_empty() {
+            // Iterated, not collected: a repeated list (`[x] * n`) is lazy and may be huge.
+            let mut items = value.try_iter()?.peekable();
+            if items.peek().is_none() {
                 out.push_str("[]");
                 return Ok(());
             }
             out.push('[');
-            for (i, item) in items.iter().enumerate() {
+            for (i, item) in items.enumerate() {
                 if i > 0 {
                     out.push_str(&opts.item_sep);
                 }
                 newline(out, depth + 1);
-                json_dump(item, opts, depth + 1, out)?;
+                json_dump(state, &item, opts, depth + 1, out)?;
             }
             newline(out, depth);
             out.push(']');
@@ -870,7 +985,7 @@ fn json_dump(
                 newline(out, depth + 1);
                 json_str(k, opts.ensure_ascii, out);
                 out.push_str(&opts.key_sep);
-                json_dump(v, opts, depth + 1, out)?;
+                json_dump(state, v, opts, depth + 1, out)?;
             }
             newline(out, depth);
             out.push('}');
@@ -1038,6 +1153,86 @@ fn strftime_utc(format: &str, secs: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hostile(jinja: &str) -> String {
+        let t = ChatTemplate::from_config_texts("{}", Some(jinja))
+            .unwrap()
+            .unwrap();
+        let started = std::time::Instant::now();
+        let e = t
+            .render(&[Message::new("user", "hi")], true, &Default::default())
+            .err()
+            .unwrap_or_else(|| panic!("{jinja:?} rendered"))
+            .0;
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "{jinja:?} took {:?}",
+            started.elapsed()
+        );
+        assert!(e.starts_with("chat_template.jinja: "), "{e}");
+        e
+    }
+
+    #[test]
+    fn chat_real_templates_render_long_conversations_within_the_work_limit() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat");
+        let mut messages = vec![Message::new("system", "Be brief.")];
+        for i in 0..400 {
+            let text = format!("turn {i}: {}", "lorem ipsum dolor sit amet ".repeat(80));
+            messages.push(Message::new("user", text.clone()));
+            messages.push(Message {
+                role: "assistant".into(),
+                content: text.clone(),
+                reasoning_content: Some(text),
+            });
+        }
+        messages.push(Message::new("user", "last"));
+        for model in ["glm-4.7", "deepseek-v3.2-exp", "sparsa-bard-12m"] {
+            let t = ChatTemplate::from_dir(&dir.join(model)).unwrap().unwrap();
+            for gen in [false, true] {
+                let out = t.render(&messages, gen, &Default::default());
+                assert!(
+                    out.as_ref().is_ok_and(|o| o.len() > 800_000),
+                    "{model}: {out:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn chat_hostile_templates_hit_the_work_limit() {
+        for jinja in [
+            // Endless work: nested loops, string and list growth.
+            "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
+            "{{ 'a' * 10000000000 }}",
+            "{% set s = namespace(x='ab') %}{% for i in range(100) %}{% set s.x = s.x ~ s.x %}{% endfor %}{{ s.x | length }}",
+            "{% for i in range(99999) %}{{ messages | tojson(indent=60) }}{% endfor %}",
+            // A huge lazy list printed or serialized.
+            "{{ [1] * 1000000000 }}",
+            "{{ ([1] * 1000000000) | tojson }}",
+            "{{ ([[1, 2], 'x'] * 1000000000) | string }}",
+        ] {
+            let e = hostile(jinja);
+            assert!(e.contains("work limit"), "{jinja:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn chat_hostile_templates_hit_the_depth_limits() {
+        let e = hostile("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+        assert!(e.contains("recursion"), "{e}");
+        // A value nested deeper than the printers follow.
+        let e = hostile(
+            "{% set ns = namespace(v=[]) %}{% for i in range(5000) %}{% set ns.v = [ns.v] %}{% endfor %}{{ ns.v }}",
+        );
+        assert!(e.contains("nested deeper than 100 levels"), "{e}");
+        let e = hostile(
+            "{% set ns = namespace(v=[]) %}{% for i in range(5000) %}{% set ns.v = [ns.v] %}{% endfor %}{{ ns.v | tojson }}",
+        );
+        assert!(e.contains("nested deeper than 100 levels"), "{e}");
+        let e = hostile("{{ messages | tojson(indent=1000000000000) }}");
+        assert!(e.contains("indent 1000000000000 is larger than 64"), "{e}");
+    }
 
     #[test]
     fn chat_py_float_matches_python_repr() {

@@ -15,6 +15,7 @@
 use crate::config::{Config, IndexerKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
+use crate::weights::quant::stored_format;
 use crate::weights::{GpuWeight, QFormat, QuantPart, TensorRef, WeightFiles};
 
 pub struct Indexer {
@@ -80,29 +81,6 @@ struct Loader<'a, 'p> {
     done: u64,
     total: u64,
     progress: Progress<'p>,
-}
-
-/// The format of a stored matrix, from its dtype.
-fn stored_format(t: &TensorRef, qconfig: Option<QFormat>) -> Result<Option<QFormat>> {
-    use safetensors::Dtype as D;
-    let sparsa = |want: &str| -> Result<Option<QFormat>> {
-        match qconfig {
-            Some(q @ QFormat::Q8 { .. }) if want == "q8" => Ok(Some(q)),
-            Some(q @ QFormat::Q4 { .. }) if want == "q4" => Ok(Some(q)),
-            _ => Err(Error::msg(format!(
-                "tensor {} in {}: dtype {:?} (sparsa {want}) but config.json's quantization_config does not declare sparsa {want}",
-                t.name,
-                t.file.display(),
-                t.dtype
-            ))),
-        }
-    };
-    match t.dtype {
-        D::F8_E4M3 => Ok(Some(QFormat::Fp8)),
-        D::I8 => sparsa("q8"),
-        D::U8 => sparsa("q4"),
-        _ => Ok(None),
-    }
 }
 
 impl Loader<'_, '_> {

@@ -111,6 +111,43 @@ impl TensorRef<'_> {
     }
 }
 
+/// Parse the text of a `model.safetensors.index.json` (`path` names it in errors): the shard
+/// file names in order of first mention, and the map from tensor name to shard file name.
+/// Shard names must be plain file names inside the model directory.
+pub fn parse_shard_index(
+    text: &str,
+    path: &Path,
+) -> Result<(Vec<String>, HashMap<String, String>)> {
+    let v: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| Error::msg(format!("{}: invalid JSON: {e}", path.display())))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| Error::msg(format!("{}: missing object `weight_map`", path.display())))?;
+    let mut names: Vec<String> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut wm = HashMap::new();
+    for (k, f) in map {
+        let f = f.as_str().ok_or_else(|| {
+            Error::msg(format!(
+                "{}: weight_map[{k:?}] is not a file name",
+                path.display()
+            ))
+        })?;
+        if f.is_empty() || f.contains('/') || f.contains('\\') || f.starts_with('.') {
+            return Err(Error::msg(format!(
+                "{}: weight_map[{k:?}] = {f:?} is not a plain file name in the model directory",
+                path.display()
+            )));
+        }
+        if seen.insert(f) {
+            names.push(f.to_string());
+        }
+        wm.insert(k.clone(), f.to_string());
+    }
+    Ok((names, wm))
+}
+
 impl WeightFiles {
     /// Open the weights of a model directory: `model.safetensors.index.json` with its shards,
     /// else `model.safetensors`, else every `*.safetensors` in the directory.
@@ -122,33 +159,8 @@ impl WeightFiles {
         if index.exists() {
             let text = std::fs::read_to_string(&index)
                 .map_err(|e| Error::msg(format!("{}: cannot read: {e}", index.display())))?;
-            let v: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| Error::msg(format!("{}: invalid JSON: {e}", index.display())))?;
-            let map = v
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| {
-                    Error::msg(format!("{}: missing object `weight_map`", index.display()))
-                })?;
-            let mut wm = HashMap::new();
-            for (k, f) in map {
-                let f = f.as_str().ok_or_else(|| {
-                    Error::msg(format!(
-                        "{}: weight_map[{k:?}] is not a file name",
-                        index.display()
-                    ))
-                })?;
-                if f.contains('/') || f.contains('\\') || f.starts_with('.') {
-                    return Err(Error::msg(format!(
-                        "{}: weight_map[{k:?}] = {f:?} is not a plain file name in the model directory",
-                        index.display()
-                    )));
-                }
-                if !names.iter().any(|n| n == f) {
-                    names.push(f.to_string());
-                }
-                wm.insert(k.clone(), f.to_string());
-            }
+            let (shards, wm) = parse_shard_index(&text, &index)?;
+            names = shards;
             weight_map = Some(wm);
         } else if dir.join("model.safetensors").exists() {
             names.push("model.safetensors".into());
@@ -261,12 +273,24 @@ impl WeightFiles {
             let base = 8 + n;
             for (name, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
+                // read_metadata already checks that the offsets tile the data section; a
+                // tensor must still never slice outside its file, whatever that crate accepts.
+                let (start, end) = match (base.checked_add(s), base.checked_add(e)) {
+                    (Some(start), Some(end)) if start <= end && end <= bytes.len() => (start, end),
+                    _ => {
+                        return Err(Error::msg(format!(
+                            "{}: tensor {name}: data_offsets [{s}, {e}] lie outside the file's {} data bytes",
+                            f.path.display(),
+                            bytes.len().saturating_sub(base)
+                        )))
+                    }
+                };
                 let entry = Entry {
                     file: i,
                     dtype: info.dtype,
                     shape: info.shape.clone(),
-                    start: base + s,
-                    end: base + e,
+                    start,
+                    end,
                 };
                 if let Some(prev) = tensors.insert(name.clone(), entry) {
                     return Err(Error::msg(format!(
@@ -492,6 +516,44 @@ mod tests {
                 .unwrap()
                 .0;
         assert!(e.contains("x") && e.contains("twice"), "{e}");
+    }
+
+    #[test]
+    fn shard_index_is_parsed_and_checked() {
+        let p = Path::new("m/model.safetensors.index.json");
+        let (names, wm) = parse_shard_index(
+            r#"{"metadata": {}, "weight_map": {"a": "s2", "b": "s1", "c": "s2"}}"#,
+            p,
+        )
+        .unwrap();
+        assert_eq!(names, ["s2", "s1"]);
+        assert_eq!(wm["c"], "s2");
+        for (text, want) in [
+            ("{", "m/model.safetensors.index.json: invalid JSON"),
+            (
+                "[]",
+                "m/model.safetensors.index.json: missing object `weight_map`",
+            ),
+            (
+                r#"{"weight_map": {"a": 1}}"#,
+                r#"weight_map["a"] is not a file name"#,
+            ),
+            (
+                r#"{"weight_map": {"a": "../x"}}"#,
+                "is not a plain file name",
+            ),
+            (
+                r#"{"weight_map": {"a": "d\x"}}"#,
+                "is not a plain file name",
+            ),
+            (
+                r#"{"weight_map": {"a": ""}}"#,
+                r#"weight_map["a"] = "" is not a plain file name"#,
+            ),
+        ] {
+            let e = parse_shard_index(text, p).err().unwrap().0;
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -401,65 +401,8 @@ struct QuantSource<'a> {
 
 impl<'a> QuantSource<'a> {
     fn check(p: &QuantPart<'a>, fmt: QFormat, cols: usize) -> Result<QuantSource<'a>> {
-        use safetensors::Dtype as D;
         let (w, s) = (&p.weight, &p.scale);
-        let (want_w, want_s) = match fmt {
-            QFormat::Fp8 => (D::F8_E4M3, D::F32),
-            QFormat::Q8 { .. } => (D::I8, D::BF16),
-            QFormat::Q4 { .. } => (D::U8, D::BF16),
-        };
-        let bad = |what: String| {
-            Err(Error::msg(format!(
-                "tensor {} in {}: {what}",
-                w.name,
-                w.file.display()
-            )))
-        };
-        if w.dtype != want_w {
-            return bad(format!(
-                "dtype {:?}, expected {want_w:?} for the {} format",
-                w.dtype,
-                fmt.name()
-            ));
-        }
-        let frb = fmt.file_row_bytes(cols);
-        if w.shape.len() != 2 || w.shape[1] != frb {
-            return bad(format!(
-                "shape {:?}, expected [*, {frb}] ({} columns in {})",
-                w.shape,
-                cols,
-                fmt.name()
-            ));
-        }
-        let rows = w.shape[0];
-        let sshape = fmt.scale_shape(rows, cols);
-        if s.dtype != want_s || s.shape != sshape {
-            return Err(Error::msg(format!(
-                "tensor {} in {}: {:?} {:?}, expected {want_s:?} {sshape:?} (the scales of {})",
-                s.name,
-                s.file.display(),
-                s.dtype,
-                s.shape,
-                w.name
-            )));
-        }
-        let finite = match fmt {
-            QFormat::Fp8 => s
-                .bytes
-                .chunks_exact(4)
-                .all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
-            _ => s
-                .bytes
-                .chunks_exact(2)
-                .all(|c| half::bf16::from_le_bytes([c[0], c[1]]).is_finite()),
-        };
-        if !finite {
-            return Err(Error::msg(format!(
-                "tensor {} in {}: a scale is NaN or infinite",
-                s.name,
-                s.file.display()
-            )));
-        }
+        let rows = super::quant::check_pair(w, s, fmt, cols)?;
         Ok(QuantSource {
             name: w.name.clone(),
             w: w.bytes,

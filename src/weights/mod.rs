@@ -11,7 +11,7 @@ mod gpu_weight;
 pub mod mapguard;
 pub mod quant;
 
-pub use files::{TensorRef, WeightFiles};
+pub use files::{parse_shard_index, TensorRef, WeightFiles};
 pub use gpu_weight::{GpuWeight, QuantPart, WeightChunk};
 pub use quant::QFormat;
 

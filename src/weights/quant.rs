@@ -22,6 +22,7 @@
 //! the block (`stride`), one scale per (row, block) — FP8's 128×128 scales are repeated per
 //! row at upload (4 bytes per 128 weights) — so element `i` of a chunk has scale `i / block`.
 
+use super::TensorRef;
 use crate::error::{Error, Result};
 
 /// Default row block of sparsa's q8 / q4 formats (columns per scale).
@@ -139,6 +140,138 @@ impl QFormat {
         }
         Ok(())
     }
+}
+
+/// The format of a stored matrix, from its dtype: FP8 for `F8_E4M3`, sparsa q8 / q4 for `I8` /
+/// `U8` (which `config.json`'s `quantization_config` must declare, with the block size), None
+/// for floats.
+pub fn stored_format(t: &TensorRef, qconfig: Option<QFormat>) -> Result<Option<QFormat>> {
+    use safetensors::Dtype as D;
+    let sparsa = |want: &str| -> Result<Option<QFormat>> {
+        match qconfig {
+            Some(q @ QFormat::Q8 { .. }) if want == "q8" => Ok(Some(q)),
+            Some(q @ QFormat::Q4 { .. }) if want == "q4" => Ok(Some(q)),
+            _ => Err(Error::msg(format!(
+                "tensor {} in {}: dtype {:?} (sparsa {want}) but config.json's quantization_config does not declare sparsa {want}",
+                t.name,
+                t.file.display(),
+                t.dtype
+            ))),
+        }
+    };
+    match t.dtype {
+        D::F8_E4M3 => Ok(Some(QFormat::Fp8)),
+        D::I8 => sparsa("q8"),
+        D::U8 => sparsa("q4"),
+        _ => Ok(None),
+    }
+}
+
+/// Checks a quantized matrix of `cols` columns and its scale tensor: dtypes, shapes (which,
+/// with the file's own size checks, bound every row and scale the upload slices) and finite
+/// scales. Returns the number of rows.
+pub fn check_pair(w: &TensorRef, s: &TensorRef, fmt: QFormat, cols: usize) -> Result<usize> {
+    use safetensors::Dtype as D;
+    let (want_w, want_s) = match fmt {
+        QFormat::Fp8 => (D::F8_E4M3, D::F32),
+        QFormat::Q8 { .. } => (D::I8, D::BF16),
+        QFormat::Q4 { .. } => (D::U8, D::BF16),
+    };
+    let bad = |what: String| {
+        Err(Error::msg(format!(
+            "tensor {} in {}: {what}",
+            w.name,
+            w.file.display()
+        )))
+    };
+    if w.dtype != want_w {
+        return bad(format!(
+            "dtype {:?}, expected {want_w:?} for the {} format",
+            w.dtype,
+            fmt.name()
+        ));
+    }
+    let frb = fmt.file_row_bytes(cols);
+    if w.shape.len() != 2 || w.shape[1] != frb {
+        return bad(format!(
+            "shape {:?}, expected [*, {frb}] ({} columns in {})",
+            w.shape,
+            cols,
+            fmt.name()
+        ));
+    }
+    let rows = w.shape[0];
+    if w.bytes.len() != rows.saturating_mul(frb) {
+        return bad(format!(
+            "{} bytes, expected {rows} rows of {frb} bytes",
+            w.bytes.len()
+        ));
+    }
+    let sshape = fmt.scale_shape(rows, cols);
+    let s_size = if want_s == D::F32 { 4 } else { 2 };
+    if s.dtype != want_s
+        || s.shape != sshape
+        || s.bytes.len() != sshape[0].saturating_mul(sshape[1]).saturating_mul(s_size)
+    {
+        return Err(Error::msg(format!(
+            "tensor {} in {}: {:?} {:?}, expected {want_s:?} {sshape:?} (the scales of {})",
+            s.name,
+            s.file.display(),
+            s.dtype,
+            s.shape,
+            w.name
+        )));
+    }
+    let finite = match fmt {
+        QFormat::Fp8 => s
+            .bytes
+            .chunks_exact(4)
+            .all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
+        _ => s
+            .bytes
+            .chunks_exact(2)
+            .all(|c| half::bf16::from_le_bytes([c[0], c[1]]).is_finite()),
+    };
+    if !finite {
+        return Err(Error::msg(format!(
+            "tensor {} in {}: a scale is NaN or infinite",
+            s.name,
+            s.file.display()
+        )));
+    }
+    Ok(rows)
+}
+
+/// Checks tensor `name` of `files` as the loader does when it is a quantized matrix (its
+/// format from its dtype and `qconfig`, its scale tensor, their shapes), taking the column
+/// count from its shape, and dequantizes its first rows on the CPU (at most `limit` values).
+/// Returns the number of values decoded (0 for a float tensor).
+pub fn check_stored(
+    files: &super::WeightFiles,
+    name: &str,
+    qconfig: Option<QFormat>,
+    limit: usize,
+) -> Result<usize> {
+    let w = files.get(name)?;
+    let Some(fmt) = stored_format(&w, qconfig)? else {
+        return Ok(0);
+    };
+    let sname = format!("{name}{}", fmt.scale_suffix());
+    let s = files.get(&sname).map_err(|_| {
+        Error::msg(format!(
+            "tensor {name} in {}: {} weights need their scales in {sname}, which is missing",
+            w.file.display(),
+            fmt.name()
+        ))
+    })?;
+    let stored = w.shape.get(1).copied().unwrap_or(0);
+    let cols = match fmt {
+        QFormat::Q4 { .. } => stored.saturating_mul(2),
+        _ => stored,
+    };
+    let rows = check_pair(&w, &s, fmt, cols)?;
+    let n = rows.min(limit / cols.max(1));
+    Ok(dequantize_rows(fmt, w.bytes, s.bytes, 0, n, cols).len())
 }
 
 /// Quantize rows of `k` f32 values to sparsa q8 or q4: (weight bytes, bf16 scale bytes),
