@@ -10,7 +10,9 @@
 //! **Context policy.** Before a turn, the prompt plus room for the reply ([`reply_reserve`]:
 //! `max_tokens`, at most a quarter of the context) must fit in the context. If it does not, the
 //! oldest turns (a user message and everything up to the next user message) are dropped, oldest
-//! first; the system prompt is always kept. If the newest message still does not fit on its own,
+//! first, until the prompt and the reply's room take at most half the context (or only the
+//! newest turn is left), so the caches serve several turns before the next drop refills them;
+//! the system prompt is always kept. If the newest message still does not fit on its own,
 //! it is refused ([`Prepared::TooLong`]) and the conversation is left as it was. During the
 //! reply, generation stops when the context is full ([`ReplyEnd::ContextFull`]).
 //!
@@ -440,7 +442,19 @@ impl Chat {
                 self.conversation = saved;
                 return Err(Error::msg("the rendered chat prompt has no tokens"));
             }
-            if prompt.len() + reserve <= ctx {
+            let fits = prompt.len() + reserve <= ctx;
+            // Once turns must go, enough go to free half the context: the caches hold the
+            // new start for several turns instead of being refilled after every reply.
+            let roomy = prompt.len() + reserve <= ctx / 2;
+            let done = fits && (dropped == 0 || roomy);
+            if done || !self.conversation.drop_oldest_turn() {
+                if !fits {
+                    self.conversation = saved;
+                    return Ok(Prepared::TooLong {
+                        tokens: prompt.len(),
+                        room: ctx.saturating_sub(reserve),
+                    });
+                }
                 let reused = common_prefix(&self.cached, &prompt).min(prompt.len() - 1);
                 let starts_in_reasoning = text.trim_end().ends_with(THINK_OPEN);
                 return Ok(Prepared::Ready(TurnPlan {
@@ -450,13 +464,6 @@ impl Chat {
                     dropped_turns: dropped,
                     starts_in_reasoning,
                 }));
-            }
-            if !self.conversation.drop_oldest_turn() {
-                self.conversation = saved;
-                return Ok(Prepared::TooLong {
-                    tokens: prompt.len(),
-                    room: ctx.saturating_sub(reserve),
-                });
             }
             dropped += 1;
         }
@@ -738,24 +745,29 @@ mod tests {
         assert_eq!(&q.prompt[..q.reused], chat.cached());
         assert_eq!(q.dropped_turns, 0);
 
-        // A small context drops the first turn (the system prompt stays): the context is
-        // just what the conversation without its first turn needs.
+        // A small context drops old turns (the system prompt stays). The context is just what
+        // the conversation without its first turn needs, so that one drop would fit; drops go
+        // on until half the context is free, which here leaves only the newest turn.
         chat.conversation
             .messages
             .push(msg("assistant", "Fare thee well."));
         chat.conversation.set_system(Some("Speak.".into()));
-        let mut expected = chat.conversation.clone();
-        expected.messages.push(msg("user", "Then farewell."));
+        let mut one_dropped = chat.conversation.clone();
+        one_dropped.messages.push(msg("user", "Then farewell."));
+        one_dropped.messages.drain(1..3);
+        let encode = |c: &Conversation| chat.format.encode(&tok, &chat.format.render(c).unwrap());
+        let ctx = encode(&one_dropped).unwrap().len() + 4;
+        let mut expected = one_dropped.clone();
         expected.messages.drain(1..3);
-        let need = chat
-            .format
-            .encode(&tok, &chat.format.render(&expected).unwrap())
-            .unwrap();
-        let ctx = need.len() + 4;
+        let need = encode(&expected).unwrap();
+        assert!(
+            need.len() + 4 > ctx / 2,
+            "the newest turn alone takes over half"
+        );
         let Prepared::Ready(r) = chat.prepare(&tok, "Then farewell.", ctx, 4).unwrap() else {
             panic!("fits after dropping")
         };
-        assert_eq!(r.dropped_turns, 1);
+        assert_eq!(r.dropped_turns, 2);
         assert_eq!(chat.conversation, expected);
         assert_eq!(chat.conversation.system(), Some("Speak."));
         assert_eq!(r.prompt, need);
