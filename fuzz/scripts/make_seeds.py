@@ -76,9 +76,9 @@ st_q8 = save({"l.weight": w, "l.weight_scale": s.view(np.uint16)}, metadata={
 # The scale is BF16: rewrite the dtype in the header (numpy has no bfloat16).
 def retype(blob, old, new):
     n = struct.unpack("<Q", blob[:8])[0]
-    h = blob[8:8 + n].replace(old, new)
-    h = h + b" " * (n - len(h))
-    return blob[:8] + h + blob[8 + n:]
+    h = blob[8:8 + n].replace(old, new).rstrip(b" ")
+    h = h + b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + blob[8 + n:]
 st_q8 = retype(st_q8, b'"U16"', b'"BF16"')
 put("quant_meta", "q8", json.dumps({"quantization_config": {"quant_method": "sparsa", "format": "q8",
                                                             "block_size": 32}}).encode() + SEP + st_q8)

@@ -22,7 +22,7 @@ for spec in "$@"; do
   for i in $(seq 1 "$n"); do
     mkdir -p "$work/$t-$i"
     cp fuzz/corpus/"$t"/* "$work/$t-$i/"
-    fuzz/bin/"$t" "$work/$t-$i" -seed="$i" -max_len=$len -rss_limit_mb=2048 -timeout=10 \
+    ${BIN:-fuzz/bin}/"$t" "$work/$t-$i" -seed="$i" -max_len=$len -rss_limit_mb=2048 -timeout=10 \
       -dict=fuzz/dicts/$dict.dict -print_final_stats=1 -max_total_time="$secs" \
       -artifact_prefix="$out/$t-$i-" > "$out/$t-$i.log" 2>&1 &
   done

@@ -543,7 +543,7 @@ mod tests {
                 "is not a plain file name",
             ),
             (
-                r#"{"weight_map": {"a": "d\x"}}"#,
+                r#"{"weight_map": {"a": "d\\x"}}"#,
                 "is not a plain file name",
             ),
             (
