@@ -1,6 +1,6 @@
 //! The model's `tokenizer.json`, through the `tokenizers` crate.
 
-use crate::error::{Error, Result};
+use crate::error::{catch_panic, Error, Result};
 use std::path::Path;
 
 pub struct Tokenizer {
@@ -16,14 +16,20 @@ impl Tokenizer {
                 path.display()
             )));
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| Error::msg(format!("{}: cannot load tokenizer: {e}", path.display())))?;
+        let what = format!("{}: cannot load tokenizer", path.display());
+        let inner = catch_panic(&what, || {
+            tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::msg(format!("{what}: {e}")))
+        })?;
         Ok(Tokenizer::wrap(inner))
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_bytes(bytes)
-            .map_err(|e| Error::msg(format!("tokenizer.json: {e}")))?;
+        // The `tokenizers` crate panics on some malformed files (a syntax error inside the
+        // decoder, a bad precompiled normalizer): caught, they are errors like the others.
+        let inner = catch_panic("tokenizer.json", || {
+            tokenizers::Tokenizer::from_bytes(bytes)
+                .map_err(|e| Error::msg(format!("tokenizer.json: {e}")))
+        })?;
         Ok(Tokenizer::wrap(inner))
     }
 
@@ -39,28 +45,32 @@ impl Tokenizer {
     /// Token ids of `text`, with the special tokens the tokenizer's post-processor adds
     /// (e.g. GLM's `[gMASK]<sop>`), as transformers' `tokenizer(text)` does.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, true)
-            .map_err(|e| Error::msg(format!("tokenizing the prompt: {e}")))?;
-        Ok(enc.get_ids().to_vec())
+        self.encode_with(text, true)
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner
-            .decode(ids, false)
-            .map_err(|e| Error::msg(format!("decoding tokens: {e}")))
+        catch_panic("tokenizer.json: decoding tokens", || {
+            self.inner
+                .decode(ids, false)
+                .map_err(|e| Error::msg(format!("decoding tokens: {e}")))
+        })
+    }
+
+    fn encode_with(&self, text: &str, special: bool) -> Result<Vec<u32>> {
+        catch_panic("tokenizer.json: tokenizing the prompt", || {
+            let enc = self
+                .inner
+                .encode(text, special)
+                .map_err(|e| Error::msg(format!("tokenizing the prompt: {e}")))?;
+            Ok(enc.get_ids().to_vec())
+        })
     }
 
     /// Token ids of `text` without the post-processor's special tokens: what transformers'
     /// `apply_chat_template(tokenize=True)` does with a rendered chat, whose template already
     /// wrote the special tokens (`[gMASK]<sop>`, `<|user|>`, ...) into the text.
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| Error::msg(format!("tokenizing the prompt: {e}")))?;
-        Ok(enc.get_ids().to_vec())
+        self.encode_with(text, false)
     }
 }
 
@@ -99,6 +109,27 @@ impl<'t> TextStream<'t> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing (fuzz/regressions/tokenizer/): the `tokenizers` crate panics on a
+    /// syntax error inside the decoder (`expect("Helper")`) and on a precompiled normalizer
+    /// that does not parse (`expect("Precompiled")`). Both are errors naming the file.
+    #[test]
+    fn tokenizer_crate_panics_become_errors() {
+        let broken_decoder =
+            include_bytes!("../fuzz/regressions/tokenizer/decoder-syntax-error-panic");
+        let bad_precompiled = br#"{"version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [], "pre_tokenizer": null, "post_processor": null, "decoder": null,
+            "normalizer": {"type": "Precompiled", "precompiled_charsmap": "AAAA"},
+            "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}"#;
+        for bytes in [broken_decoder.as_slice(), bad_precompiled.as_slice()] {
+            let e = Tokenizer::from_bytes(bytes)
+                .err()
+                .expect("an error, not a tokenizer")
+                .0;
+            assert!(e.starts_with("tokenizer.json: "), "{e}");
+            assert!(!crate::error::catching_panic(), "the catch is over");
+        }
+    }
 
     /// A hostile tokenizer.json: padding to a fixed length of 2^40 tokens made every encode
     /// run out of memory; sparsa drops the file's padding and truncation.

@@ -222,7 +222,10 @@ fn main() {
     )
     .init();
     std::panic::set_hook(Box::new(|info| {
-        eprintln!("error: internal error (please report): {info}");
+        // A dependency's panic that sparsa catches and reports as an error is not ours.
+        if !sparsa::error::catching_panic() {
+            eprintln!("error: internal error (please report): {info}");
+        }
     }));
     interrupt::install();
     sparsa::weights::mapguard::install();
