@@ -74,6 +74,18 @@ fn use_weights(w: &WeightFiles) {
 }
 
 /// `safetensors`: the input as one file, and split at [`SHARD_MARKER`] into shards.
+/// Setup for every fuzz target: libFuzzer's panic hook aborts on any panic, even one that
+/// sparsa catches on purpose (see [`crate::error::catch_panic`]); this hook lets those pass
+/// and keeps aborting on every other.
+pub fn init() {
+    let abort = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !crate::error::catching_panic() {
+            abort(info);
+        }
+    }));
+}
+
 pub fn safetensors(data: &[u8]) {
     if let Ok(w) = WeightFiles::from_owned(vec![("model.safetensors".to_string(), data.to_vec())]) {
         use_weights(&w);
