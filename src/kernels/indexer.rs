@@ -136,9 +136,7 @@ mod tests {
             n_keys: 150,
             pos0: 147,
         };
-        let q = rng.vec(c.rows * c.heads * c.dim, 1.0);
-        let w = rng.vec(c.rows * c.heads, 1.0);
-        let keys = rng.vec(c.n_keys * c.dim, 1.0);
+        let (q, w, keys) = c.random_inputs(&mut rng);
         let (got, want) = run_on(g, &c, &q, &w, &keys, 0.37, 0.125);
         assert_close(
             &got,
@@ -189,6 +187,16 @@ mod tests {
         dim: usize,
         n_keys: usize,
         pos0: usize,
+    }
+
+    impl Case {
+        /// Queries, head weights and keys drawn from `rng` (in that order), uniform in ±1.
+        fn random_inputs(&self, rng: &mut Rng) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+            let q = rng.vec(self.rows * self.heads * self.dim, 1.0);
+            let w = rng.vec(self.rows * self.heads, 1.0);
+            let keys = rng.vec(self.n_keys * self.dim, 1.0);
+            (q, w, keys)
+        }
     }
 
     /// Runs the kernel with inputs inside padded matrices (offsets, strides) and returns the
@@ -330,9 +338,7 @@ mod tests {
         .iter()
         .enumerate()
         {
-            let q = rng.vec(c.rows * c.heads * c.dim, 1.0);
-            let w = rng.vec(c.rows * c.heads, 1.0);
-            let keys = rng.vec(c.n_keys * c.dim, 1.0);
+            let (q, w, keys) = c.random_inputs(&mut rng);
             let (got, want) = run(c, &q, &w, &keys, 0.37, 0.125);
             check_scores(&got, &want);
             // the causal mask really is there for prefill-like cases
@@ -416,9 +422,7 @@ mod tests {
             n_keys: 260,
             pos0: 10,
         };
-        let q = rng.vec(c.rows * c.heads * c.dim, 1.0);
-        let w = rng.vec(c.rows * c.heads, 1.0);
-        let keys = rng.vec(c.n_keys * c.dim, 1.0);
+        let (q, w, keys) = c.random_inputs(&mut rng);
         let (got, want) = run(&c, &q, &w, &keys, 1.0, 1.0);
         check_scores(&got, &want);
     }
