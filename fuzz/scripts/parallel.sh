@@ -4,6 +4,8 @@
 #     fuzz/scripts/parallel.sh SECONDS target:PROCESSES ...
 # Each process is an independent libFuzzer run (its own seed and corpus copy) with the same
 # flags as run.sh, bounded by -max_total_time; logs go to $OUT (default fuzz/logs/parallel).
+# Process i of a target uses -seed=SEED_BASE+i (SEED_BASE defaults to 0): give a later call a
+# new SEED_BASE so it does not replay an earlier call's runs.
 set -u
 secs=$1
 shift
@@ -22,7 +24,7 @@ for spec in "$@"; do
   for i in $(seq 1 "$n"); do
     mkdir -p "$work/$t-$i"
     cp fuzz/corpus/"$t"/* "$work/$t-$i/"
-    ${BIN:-fuzz/bin}/"$t" "$work/$t-$i" -seed="$i" -max_len=$len -rss_limit_mb=2048 -timeout=10 \
+    ${BIN:-fuzz/bin}/"$t" "$work/$t-$i" -seed="$((${SEED_BASE:-0} + i))" -max_len=$len -rss_limit_mb=2048 -timeout=10 \
       -dict=fuzz/dicts/$dict.dict -print_final_stats=1 -max_total_time="$secs" \
       -artifact_prefix="$out/$t-$i-" > "$out/$t-$i.log" 2>&1 &
   done
