@@ -12,7 +12,8 @@
 //   gemv          y[t, n] for all t < T, RPW weight rows n per workgroup.
 //   gemv4         the same over 16-byte words (aligned rows and x), RR rows per lane.
 //   gemv4q        gemv4 for one x row and quantized weights, 4 rows per lane.
-//   gemm          64×64 tiles of (t × n), K-tiles of 16, 4×4 outputs per invocation.
+//   gemm          64×64 tiles of (t × n) by `tile`: matmul_tile.wgsl (tile64: K-tiles of 16,
+//                 4×4 outputs per invocation) or matmul_coop.wgsl (tensor cores).
 //   gemm128       128×128 tiles, K-tiles of 8, 8×8 outputs per invocation (large products).
 //   gemv_experts  one slot × RPW expert rows per workgroup.
 //   gemm_experts  one (expert, 64-column tile) per workgroup; gathers the slots routed to
@@ -665,7 +666,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             wr[q] = n * P.ws;
         }
     }
-    let acc = tile64(xr, wr, lid);
+    let acc = tile(xr, wr, lid);
     let t0 = m0 + 4u * (lid / 16u);
     let nc = n0 + 4u * (lid % 16u);
     let base = P.y_off + t0 * P.y_stride;
@@ -860,7 +861,7 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 xr[p] = slot_x(slot_list[i]);
             }
         }
-        let acc = tile64(xr, wr, lid);
+        let acc = tile(xr, wr, lid);
         let l0 = 4u * (lid / 16u);
         let nc = n0 + 4u * (lid % 16u);
         store_slot(l0, m, e, nc, acc.r0);

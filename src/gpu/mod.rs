@@ -9,6 +9,8 @@
 
 mod profile;
 mod recorder;
+#[cfg(not(target_arch = "wasm32"))]
+pub(crate) mod spirv;
 
 pub use profile::{Cost, KernelStat, ProfileClock};
 pub use recorder::Recorder;
@@ -33,6 +35,8 @@ pub struct AdapterSummary {
     pub shader_f16: bool,
     pub subgroups: bool,
     pub timestamps: bool,
+    /// Tensor cores usable by the GEMM tile (see [`tensor_core_support`]).
+    pub tensor_cores: bool,
 }
 
 impl AdapterSummary {
@@ -55,13 +59,14 @@ impl AdapterSummary {
             shader_f16: f.contains(wgpu::Features::SHADER_F16),
             subgroups: f.contains(wgpu::Features::SUBGROUP),
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            tensor_cores: tensor_core_support(adapter),
         }
     }
 
     /// One line for logs and `sparsa devices`.
     pub fn line(&self) -> String {
         format!(
-            "{} ({}, {}) max binding {} MiB, max buffer {} MiB, {} invocations/workgroup, {} storage buffers/stage, f16 {}, subgroups {}, timestamps {}",
+            "{} ({}, {}) max binding {} MiB, max buffer {} MiB, {} invocations/workgroup, {} storage buffers/stage, f16 {}, subgroups {}, timestamps {}, tensor cores {}",
             self.name,
             self.backend,
             self.device_type,
@@ -71,7 +76,8 @@ impl AdapterSummary {
             self.max_storage_buffers_per_stage,
             yes(self.shader_f16),
             yes(self.subgroups),
-            yes(self.timestamps)
+            yes(self.timestamps),
+            yes(self.tensor_cores)
         )
     }
 }
@@ -174,6 +180,8 @@ pub struct Gpu {
     pub(crate) profile: Mutex<Option<profile::Profiler>>,
     /// Whether the device was opened with timestamp queries.
     timestamps: bool,
+    /// Whether the device was opened with f16 cooperative matrices for the GEMM tile.
+    tensor_cores: bool,
     /// Bind groups of recorders that asked for caching (see [`Recorder::cache_bind_groups`]).
     pub(crate) bind_groups: Mutex<HashMap<BindKey, wgpu::BindGroup>>,
     /// Kernel scratch buffers by name, grown on demand and kept (see [`Gpu::scratch`]).
@@ -283,15 +291,31 @@ impl Gpu {
             LimitsRequest::WebGpuDefault => wgpu::Limits::default(),
         };
         // Only features the adapter offers are requested.
-        let wanted = wgpu::Features::TIMESTAMP_QUERY;
+        let mut wanted = wgpu::Features::TIMESTAMP_QUERY;
+        let tensor_cores = summary.tensor_cores && !tensor_cores_disabled();
+        if tensor_cores {
+            wanted |= TENSOR_CORE_FEATURES;
+        }
         let features = adapter.features() & wanted;
         let timestamps = features.contains(wgpu::Features::TIMESTAMP_QUERY);
+        let experimental_features = if tensor_cores {
+            // SAFETY: wgpu marks cooperative matrices experimental because their validation
+            // is incomplete: a shader could misuse them without an error. The only shader
+            // that uses them (matmul_coop.wgsl) passes naga's validator, loads from and
+            // stores to workgroup arrays at offsets that stay inside them (64 rows of a
+            // 40-element stride: at most 63 * 40 + 16 + 16 * 40 ≤ 2560; 64 × 64 for the
+            // output), and is checked against the CPU reference by the matmul tests on an
+            // adapter that has them (docs/BENCHMARKS.md says where they ran).
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("sparsa"),
                 required_features: features,
                 required_limits: limits.clone(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                experimental_features,
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
@@ -352,6 +376,7 @@ impl Gpu {
             dummy,
             profile: Mutex::new(None),
             timestamps,
+            tensor_cores,
             scratch: Mutex::default(),
             bind_groups: Mutex::default(),
             errors,
@@ -361,6 +386,12 @@ impl Gpu {
             lost,
             submits: AtomicU64::new(0),
         })
+    }
+
+    /// Whether GEMMs run their tiles on tensor cores (cooperative matrices, 16×16×16, f16
+    /// inputs, f32 accumulation; see `shaders/matmul_coop.wgsl`).
+    pub fn tensor_cores(&self) -> bool {
+        self.tensor_cores
     }
 
     /// The flag that asks long host loops on this device (the weight upload) to stop: set it
@@ -643,10 +674,7 @@ impl Gpu {
         entry: &'static str,
         defines: &[(&str, String)],
     ) -> Arc<wgpu::ComputePipeline> {
-        let mut header = String::new();
-        for (k, v) in defines {
-            header.push_str(&format!("const {k} = {v};\n"));
-        }
+        let header = define_lines(defines);
         let key = (name, entry, header.clone());
         if let Some(p) = lock(&self.pipelines).get(&key) {
             return p.clone();
@@ -656,17 +684,24 @@ impl Gpu {
         } else {
             ""
         };
-        let src = format!("{prelude}{header}{source}");
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
+        let src = shader_source(prelude, &header, source);
+        let (module, layout) = if source.starts_with("enable wgpu_cooperative_matrix")
+            || source.contains("\nenable wgpu_cooperative_matrix")
+        {
+            let (module, layout) = self.coop_module(name, &src, entry);
+            (module, Some(layout))
+        } else {
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            };
+            (self.shader_module(desc), None)
         };
-        let module = self.shader_module(desc);
         let p = Arc::new(
             self.device
                 .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                     label: Some(&format!("{name}::{entry}")),
-                    layout: None,
+                    layout: layout.as_ref(),
                     module: &module,
                     entry_point: Some(entry),
                     compilation_options: Default::default(),
@@ -706,6 +741,62 @@ impl Gpu {
             .as_mut()
             .map(|p| p.take())
             .unwrap_or_default()
+    }
+
+    /// A shader with cooperative matrices: SPIR-V from naga with workgroup memory ordered
+    /// under the Vulkan memory model ([`spirv::compile`]), as a passthrough module, and its
+    /// pipeline layout. The sources are sparsa's own and validated by naga on every run
+    /// (tests included), so a failure here is a bug: it panics with naga's message.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn coop_module(
+        &self,
+        name: &str,
+        src: &str,
+        entry: &str,
+    ) -> (wgpu::ShaderModule, wgpu::PipelineLayout) {
+        let (words, entries) = match spirv::compile(src, entry) {
+            Ok(x) => x,
+            Err(e) => panic!("shader {name}: {e}"),
+        };
+        let desc = wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some(name),
+            entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
+                name: entry.to_string().into(),
+                workgroup_size: (256, 1, 1),
+            }]),
+            spirv: Some(std::borrow::Cow::Owned(words)),
+            ..Default::default()
+        };
+        // SAFETY: the words are naga's SPIR-V for a module naga validated, changed only by
+        // `spirv::publish_workgroup_memory` (memory-operand and barrier-semantics bits that
+        // the Vulkan memory model the module already declares defines; covered by its unit
+        // test), with buffer and index bounds checks compiled in. The bind group layout
+        // passed with it is naga's reflection of the same module.
+        let module = unsafe { self.device.create_shader_module_passthrough(desc) };
+        let bgl = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(name),
+                entries: &entries,
+            });
+        let layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(name),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        (module, layout)
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn coop_module(
+        &self,
+        name: &str,
+        _src: &str,
+        _entry: &str,
+    ) -> (wgpu::ShaderModule, wgpu::PipelineLayout) {
+        unreachable!("shader {name}: cooperative matrices are native only")
     }
 
     /// Compile a shader module. Natively without wgpu's loop bounding and integer-division
@@ -783,6 +874,64 @@ impl Gpu {
             [n.div_ceil(y), y, 1]
         }
     }
+}
+
+/// `const NAME = value;` lines for `defines`.
+pub(crate) fn define_lines(defines: &[(&str, String)]) -> String {
+    defines
+        .iter()
+        .map(|(k, v)| format!("const {k} = {v};\n"))
+        .collect()
+}
+
+/// A shader's full source: the device prelude, the source's own leading `enable`
+/// directives (which must come before any declaration), the defines, then the rest.
+pub(crate) fn shader_source(prelude: &str, header: &str, source: &str) -> String {
+    let body = source.trim_start();
+    let split = body
+        .lines()
+        .take_while(|l| l.starts_with("enable "))
+        .map(|l| l.len() + 1)
+        .sum::<usize>()
+        .min(body.len());
+    let (enables, rest) = body.split_at(split);
+    format!("{prelude}{enables}{header}{rest}")
+}
+
+/// Whether `adapter` offers what the tensor-core GEMM tile needs: cooperative matrices of
+/// 16×16×16 with f16 inputs and f32 accumulation, f16 in shaders, subgroups of exactly 32
+/// (the tile maps subgroup `lid / 32` to its outputs) and 36 KiB of workgroup memory
+/// (its f16 staging tiles and f32 output tile: 4 × 5 KiB + 16 KiB).
+/// Native only: browsers do not offer cooperative matrices.
+fn tensor_core_support(adapter: &wgpu::Adapter) -> bool {
+    if cfg!(target_arch = "wasm32") {
+        return false;
+    }
+    let f = adapter.features();
+    let info = adapter.get_info();
+    f.contains(TENSOR_CORE_FEATURES)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && adapter.limits().max_compute_workgroup_storage_size >= 36 * 1024
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            p.m_size == 16
+                && p.n_size == 16
+                && p.k_size == 16
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+}
+
+/// The features the tensor-core tile needs: f16, cooperative matrices, and passthrough
+/// shaders (its SPIR-V is patched for the memory model; see [`spirv`]).
+const TENSOR_CORE_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    .union(wgpu::Features::PASSTHROUGH_SHADERS);
+
+/// `SPARSA_TENSOR_CORES=0` keeps the f32 GEMM tile on adapters that have tensor cores (for
+/// side-by-side measurements, or a driver that mishandles them).
+fn tensor_cores_disabled() -> bool {
+    std::env::var("SPARSA_TENSOR_CORES").is_ok_and(|v| v == "0")
 }
 
 /// The `enable` directives put before a shader's source on a device with `features`.

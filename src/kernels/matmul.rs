@@ -71,20 +71,28 @@ fn pipeline(
     w: &GpuWeight,
     k: Knobs,
 ) -> std::sync::Arc<wgpu::ComputePipeline> {
-    rec.gpu().pipeline(
-        "matmul",
-        super::src::MATMUL,
-        entry,
-        &[
-            ("W_DTYPE", u(w.format.code())),
-            ("QB", u(w.format.block().max(1) as u32)),
-            ("S_BF16", u(w.format.scale_bf16() as u32)),
-            ("T", u(k.t)),
-            ("TPR4", u(k.tpr4)),
-            ("RR", u(k.rr)),
-            ("EPV", u(w.format.per_word() as u32)),
-        ],
-    )
+    // Only the dense GEMM takes the tensor-core tile: in `gemm_experts` (whose tile follows
+    // a slot gather through workgroup atomics) it gave wrong rows on the H200 (see
+    // BENCHMARKS.md, "Tensor cores"), so routed experts keep the f32 tile.
+    let (name, source) = if entry == "gemm" && rec.gpu().tensor_cores() {
+        ("matmul_coop", super::src::MATMUL_COOP)
+    } else {
+        ("matmul", super::src::MATMUL)
+    };
+    rec.gpu()
+        .pipeline(name, source, entry, &defines(w.format, k))
+}
+
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 7] {
+    [
+        ("W_DTYPE", u(f.code())),
+        ("QB", u(f.block().max(1) as u32)),
+        ("S_BF16", u(f.scale_bf16() as u32)),
+        ("T", u(k.t)),
+        ("TPR4", u(k.tpr4)),
+        ("RR", u(k.rr)),
+        ("EPV", u(f.per_word() as u32)),
+    ]
 }
 
 /// The dense kernels.
@@ -135,7 +143,9 @@ fn quad_rows(w: &GpuWeight) -> bool {
 }
 
 impl Dense {
-    fn pick(rows: u32, x: View, w: &GpuWeight) -> Dense {
+    /// The kernel for `rows` rows of x; `tensor_cores`: the device runs `gemm`'s tile on
+    /// them, which then serves every GEMM size (gemm128 is the f32 tile's large variant).
+    fn pick(rows: u32, x: View, w: &GpuWeight, tensor_cores: bool) -> Dense {
         if rows <= GEMV_MAX_ROWS {
             if rows == 1 && quad_rows(w) && gemv4_ok(rows, x, w) {
                 Dense::Gemv4Q(gemv4_knobs(w, 1, w.rows as u32 / 2).0)
@@ -145,7 +155,8 @@ impl Dense {
             } else {
                 Dense::Gemv
             }
-        } else if rows <= 128
+        } else if tensor_cores
+            || rows <= 128
             || rows.div_ceil(128) * (w.rows as u32).div_ceil(128) < GEMM128_MIN_TILES
         {
             Dense::Gemm(64)
@@ -159,18 +170,19 @@ impl Dense {
 /// One dispatch per weight chunk; picks GEMV or GEMM by `rows`. `x` and `y` must be
 /// different buffers.
 pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
+    let tc = rec.gpu().tensor_cores();
     if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS {
         // A few GEMV passes beat a GEMM whose tiles are mostly empty.
         let mut t = 0;
         while t < rows {
             let r = (rows - t).min(GEMV_MAX_ROWS);
             let xv = x.row(t);
-            matmul_with(rec, xv, w, y.row(t), r, Dense::pick(r, xv, w));
+            matmul_with(rec, xv, w, y.row(t), r, Dense::pick(r, xv, w, tc));
             t += r;
         }
         return;
     }
-    matmul_with(rec, x, w, y, rows, Dense::pick(rows, x, w));
+    matmul_with(rec, x, w, y, rows, Dense::pick(rows, x, w, tc));
 }
 
 fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, kind: Dense) {
@@ -491,13 +503,19 @@ mod tests {
         let w = GpuWeight::from_f32(g, &[0.0; 16 * 24], 16, 24, DType::BF16, None, "w").unwrap();
         let xb = g.buffer(4 * 1024, "x").unwrap();
         assert!(matches!(
-            Dense::pick(3, View::new(&xb, 4, 28), &w),
+            Dense::pick(3, View::new(&xb, 4, 28), &w, false),
             Dense::Gemv4(..)
         ));
-        assert_eq!(Dense::pick(3, View::new(&xb, 4, 26), &w), Dense::Gemv);
-        assert_eq!(Dense::pick(3, View::new(&xb, 2, 28), &w), Dense::Gemv);
+        assert_eq!(
+            Dense::pick(3, View::new(&xb, 4, 26), &w, false),
+            Dense::Gemv
+        );
+        assert_eq!(
+            Dense::pick(3, View::new(&xb, 2, 28), &w, false),
+            Dense::Gemv
+        );
         assert!(matches!(
-            Dense::pick(1, View::new(&xb, 4, 26), &w),
+            Dense::pick(1, View::new(&xb, 4, 26), &w, false),
             Dense::Gemv4(..)
         ));
         for (i, dtype) in DTYPES.into_iter().enumerate() {
@@ -558,10 +576,17 @@ mod tests {
             GpuWeight::from_f32(gpu(), &[0.0; 8 * 1280], 1280, 8, DType::F32, None, "w").unwrap();
         let xb = gpu().buffer(1024, "x").unwrap();
         assert_eq!(
-            Dense::pick(GEMV_MAX_ROWS + 1, View::rows(&xb, 8), &w),
+            Dense::pick(GEMV_MAX_ROWS + 1, View::rows(&xb, 8), &w, false),
             Dense::Gemm(64)
         );
-        assert_eq!(Dense::pick(1280, View::rows(&xb, 8), &w), Dense::Gemm(128));
+        assert_eq!(
+            Dense::pick(1280, View::rows(&xb, 8), &w, false),
+            Dense::Gemm(128)
+        );
+        assert_eq!(
+            Dense::pick(1280, View::rows(&xb, 8), &w, true),
+            Dense::Gemm(64)
+        );
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             for kind in GEMMS {
                 let s = 30 + i as u64 * 10 + if kind == GEMMS[0] { 0 } else { 5 };
@@ -799,6 +824,29 @@ mod tests {
                     (4, 516),
                 );
             }
+        }
+    }
+
+    /// The tensor-core GEMM shader for every weight format through the compiler path the
+    /// device uses (naga, then the memory-model patch): it only runs on adapters with
+    /// tensor cores (the H200 run in BENCHMARKS.md), so this keeps it compiling everywhere.
+    #[test]
+    fn tensor_core_gemm_compiles_for_every_format() {
+        let formats = [DType::F32, DType::BF16, DType::F16]
+            .map(WFormat::from)
+            .into_iter()
+            .chain(QUANT.map(WFormat::Quant));
+        for f in formats {
+            let src = crate::gpu::shader_source(
+                "",
+                &crate::gpu::define_lines(&defines(f, KNOBS)),
+                super::super::src::MATMUL_COOP,
+            );
+            let (words, layout) =
+                crate::gpu::spirv::compile(&src, "gemm").unwrap_or_else(|e| panic!("{f:?}: {e}"));
+            assert!(words.len() > 1000, "{f:?}");
+            let bindings: Vec<u32> = layout.iter().map(|e| e.binding).collect();
+            assert_eq!(bindings, [0, 1, 2, 3, 4], "{f:?}");
         }
     }
 

@@ -40,6 +40,14 @@ pub mod src {
     pub const MATMUL: &str = concat!(
         include_str!("../../shaders/weights.wgsl"),
         include_str!("../../shaders/quant.wgsl"),
+        include_str!("../../shaders/matmul.wgsl"),
+        include_str!("../../shaders/matmul_tile.wgsl")
+    );
+    /// MATMUL with the GEMM tile on tensor cores (its `enable` lines first).
+    pub const MATMUL_COOP: &str = concat!(
+        include_str!("../../shaders/matmul_coop.wgsl"),
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
         include_str!("../../shaders/matmul.wgsl")
     );
     pub const NORM: &str = include_str!("../../shaders/norm.wgsl");
