@@ -299,13 +299,14 @@ impl Gpu {
         let features = adapter.features() & wanted;
         let timestamps = features.contains(wgpu::Features::TIMESTAMP_QUERY);
         let experimental_features = if tensor_cores {
-            // SAFETY: wgpu marks cooperative matrices experimental because their validation
-            // is incomplete: a shader could misuse them without an error. The only shader
-            // that uses them (matmul_coop.wgsl) passes naga's validator, loads from and
-            // stores to workgroup arrays at offsets that stay inside them (64 rows of a
-            // 40-element stride: at most 63 * 40 + 16 + 16 * 40 ≤ 2560; 64 × 64 for the
-            // output), and is checked against the CPU reference by the matmul tests on an
-            // adapter that has them (docs/BENCHMARKS.md says where they ran).
+            // SAFETY: wgpu marks cooperative matrices (and passthrough shaders) experimental
+            // because their validation is incomplete: a shader could misuse them without an
+            // error. The only shader that uses them (matmul_coop.wgsl) passes naga's
+            // validator, and its cooperative loads and stores stay inside their workgroup
+            // arrays (the last element a 16 × 16 load of the staged tiles reads is
+            // (48 + 15) · 40 + 16 + 15 = 2551 < 2560; the output tile is 64 × 64 of 4096).
+            // The matmul tests check it against the CPU reference on an adapter that has
+            // tensor cores (BENCHMARKS.md, "Tensor cores", says where they ran).
             unsafe { wgpu::ExperimentalFeatures::enabled() }
         } else {
             wgpu::ExperimentalFeatures::disabled()
