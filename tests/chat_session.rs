@@ -1,7 +1,7 @@
 //! [`Chat`] against a real session of the built-in model: the second turn prefills only what
 //! the caches do not hold, and still produces exactly what a fresh prefill of the whole
 //! rendered conversation produces; an interrupted prefill leaves the caches consistent; and
-//! decoding creates no GPU buffer or bind group after a warm-up.
+//! decoding creates no GPU buffer or bind group after a warm-up, and prefills leave none behind.
 
 use sparsa::chat::{Chat, ChatEvent, ChatFormat, ChatTemplate, Prepared, ReplyEnd, ReplyOptions};
 use sparsa::generate::{generate_with, Sampler, SamplingParams};
@@ -191,4 +191,41 @@ fn decode_creates_no_buffers_or_bind_groups_after_warm_up() {
         assert!(a <= b, "allocator bytes grew: {b} -> {a}");
     }
     assert!(before.live_buffers > 0, "wgpu's counters are on");
+}
+
+/// Prefills of new lengths (each records a different dispatch sequence) leave no bind group
+/// alive once they are done: only decode steps keep theirs for reuse. When prefills cached
+/// theirs too, every new length in a long chat added a few hundred that stayed.
+#[test]
+fn prefills_of_new_lengths_leave_no_bind_groups_behind() {
+    let (_, _, model) = builtin_chat_model();
+    let gpu = model.gpu.clone();
+    let mut session = model.session(512).unwrap();
+    let ids = |n: usize, salt: u32| -> Vec<u32> {
+        (0..n as u32).map(|i| 7 + (i * 31 + salt) % 900).collect()
+    };
+    // Past the indexer's top-k (64) first, so the decode steps below all take the same path.
+    session.forward(&ids(100, 0), false).unwrap();
+    session.forward(&ids(1, 1), false).unwrap();
+    gpu.sync().unwrap();
+    let before = gpu.stats();
+    for (n, salt) in [(13, 2), (40, 3), (77, 4), (9, 5)] {
+        session.forward(&ids(n, salt), false).unwrap();
+        session.forward(&ids(1, salt), false).unwrap();
+    }
+    gpu.sync().unwrap();
+    let after = gpu.stats();
+    eprintln!("after the first prefill and decode step: {}", before.line());
+    eprintln!("after four more prefills of new lengths: {}", after.line());
+    assert!(
+        after.bind_groups_created > before.bind_groups_created,
+        "the prefills made their bind groups"
+    );
+    assert!(
+        after.live_bind_groups <= before.live_bind_groups,
+        "bind groups left alive by prefills: {} -> {}",
+        before.live_bind_groups,
+        after.live_bind_groups
+    );
+    assert!(before.live_bind_groups > 0, "wgpu's counters are on");
 }

@@ -310,7 +310,12 @@ impl<'m> Session<'m> {
 
         let hd = cfg.hidden_size as u32;
         let mut rec = gpu.recorder();
-        rec.cache_bind_groups(true);
+        // Decode steps (one token) repeat the same dispatches with the same parameter slots,
+        // so their bind groups are kept and reused. A prefill's depend on its length (GEMV
+        // passes, tile counts): cached, every new length added a few hundred entries that
+        // stayed (host memory grew by steps in long chats), so they are made per chunk and
+        // dropped with it (a few hundred, about a millisecond).
+        rec.cache_bind_groups(tokens.len() == 1);
         embed::embed(&mut rec, &w.embed, &s.ids, 0, t, View::rows(&s.h, hd));
         for (i, layer) in w.layers.iter().enumerate() {
             self.attention(&mut rec, i, layer, t, pos0);
