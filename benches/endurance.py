@@ -230,9 +230,10 @@ def summarize(out, wall=None):
         ax[1].plot(tk, [float(r["alloc_mib"]) for r in turns], "--", label="allocator in use")
     ax[1].set_ylabel("GPU memory (MiB)")
     ax[1].legend()
-    ax[2].plot(tk, [int(r["buffers_created"]) for r in turns], label="buffers created")
-    ax[2].plot(tk, [int(r["bind_groups_created"]) for r in turns], label="bind groups created")
-    ax[2].set_ylabel("created (total)")
+    ax[2].plot(tk, [int(r["buffers_created"]) for r in turns], label="buffers created (total)")
+    ax[2].plot(tk, [int(r["bind_groups_created"]) for r in turns], label="bind groups created (total)")
+    ax[2].plot(tk, [int(r["live_bind_groups"]) for r in turns], label="bind groups alive")
+    ax[2].set_ylabel("count")
     ax[2].set_xlabel("tokens generated")
     ax[2].legend()
     for a in ax:
