@@ -73,7 +73,6 @@ fn use_weights(w: &WeightFiles) {
     }
 }
 
-/// `safetensors`: the input as one file, and split at [`SHARD_MARKER`] into shards.
 /// Setup for every fuzz target: libFuzzer's panic hook aborts on any panic, even one that
 /// sparsa catches on purpose (see [`crate::error::catch_panic`]); this hook lets those pass
 /// and keeps aborting on every other.
@@ -86,6 +85,7 @@ pub fn init() {
     }));
 }
 
+/// `safetensors`: the input as one file, and split at [`SHARD_MARKER`] into shards.
 pub fn safetensors(data: &[u8]) {
     if let Ok(w) = WeightFiles::from_owned(vec![("model.safetensors".to_string(), data.to_vec())]) {
         use_weights(&w);

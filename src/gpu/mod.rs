@@ -686,9 +686,7 @@ impl Gpu {
             ""
         };
         let src = shader_source(prelude, &header, source);
-        let (module, layout) = if source.starts_with("enable wgpu_cooperative_matrix")
-            || source.contains("\nenable wgpu_cooperative_matrix")
-        {
+        let (module, layout) = if split_enables(source).0.contains("wgpu_cooperative_matrix") {
             let (module, layout) = self.coop_module(name, &src, entry);
             (module, Some(layout))
         } else {
@@ -885,9 +883,8 @@ pub(crate) fn define_lines(defines: &[(&str, String)]) -> String {
         .collect()
 }
 
-/// A shader's full source: the device prelude, the source's own leading `enable`
-/// directives (which must come before any declaration), the defines, then the rest.
-pub(crate) fn shader_source(prelude: &str, header: &str, source: &str) -> String {
+/// A shader source's leading `enable` directives, and the rest.
+fn split_enables(source: &str) -> (&str, &str) {
     let body = source.trim_start();
     let split = body
         .lines()
@@ -895,7 +892,13 @@ pub(crate) fn shader_source(prelude: &str, header: &str, source: &str) -> String
         .map(|l| l.len() + 1)
         .sum::<usize>()
         .min(body.len());
-    let (enables, rest) = body.split_at(split);
+    body.split_at(split)
+}
+
+/// A shader's full source: the device prelude, the source's own leading `enable`
+/// directives (which must come before any declaration), the defines, then the rest.
+pub(crate) fn shader_source(prelude: &str, header: &str, source: &str) -> String {
+    let (enables, rest) = split_enables(source);
     format!("{prelude}{enables}{header}{rest}")
 }
 

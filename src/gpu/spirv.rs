@@ -167,8 +167,8 @@ pub fn publish_workgroup_memory(words: &mut Vec<u32>) -> Result<()> {
     let mut bound = words[3];
     let mut new_consts: Vec<u32> = Vec::new();
     let mut replaced = std::collections::HashMap::new();
-    // (offset, insert: the mask word to append at offset + n) for instructions that grow.
-    let mut grow: Vec<(usize, usize)> = Vec::new();
+    // Offsets of the accesses that get a memory-operand word (they had none).
+    let mut grow: Vec<usize> = Vec::new();
     for &(at, n) in &list {
         let op = words[at] & 0xffff;
         let (ptr_ix, mask_ix) = match op {
@@ -210,7 +210,7 @@ pub fn publish_workgroup_memory(words: &mut Vec<u32>) -> Result<()> {
         if n > mask_ix {
             words[at + mask_ix] |= MEM_NON_PRIVATE_POINTER;
         } else if n == mask_ix {
-            grow.push((at, n));
+            grow.push(at);
         } else {
             return Err(Error::msg(format!(
                 "SPIR-V: opcode {op} at word {at} has {n} words, fewer than its operands"
@@ -225,7 +225,7 @@ pub fn publish_workgroup_memory(words: &mut Vec<u32>) -> Result<()> {
         if at == first_fn {
             out.extend_from_slice(&new_consts);
         }
-        if g.peek().is_some_and(|&&(ga, _)| ga == at) {
+        if g.peek() == Some(&&at) {
             g.next();
             out.push(words[at] + (1 << 16));
             out.extend_from_slice(&words[at + 1..at + n]);
