@@ -4,13 +4,17 @@
 //! - Prefill: random token ids (seeded) run through the model in its normal chunks.
 //! - Decode at context L: the caches of positions `0..L` are either filled with seeded
 //!   random values ([`Fill::Synthetic`], so a 128K step needs no 128K prefill) or prefilled
-//!   with random tokens ([`Fill::Prefill`]); then single-token steps are timed end to end
-//!   (forward pass, logits readback, argmax), and one more step is profiled per kernel.
+//!   with random tokens ([`Fill::Prefill`]); then greedy tokens are generated as `sparsa run`
+//!   and `chat` generate them ([`crate::generate::generate`]: argmax on the GPU, the next step
+//!   queued before the token is read) and the time between tokens is taken. For comparison,
+//!   single steps are also timed synchronously (forward pass, 1 row of logits read back,
+//!   argmax on the host, GPU idle while the host works), and one more step is profiled per
+//!   kernel.
 //! - Dense: the same model and caches with attention over every cached position (no
 //!   indexer, no top-k), the baseline DSA is compared with.
 
 use crate::error::{Error, Result};
-use crate::generate::argmax;
+use crate::generate::{argmax, generate, Sampler, SamplingParams};
 use crate::gpu::{Gpu, KernelStat, Recorder};
 use crate::kernels::src;
 use crate::model::{Model, Session};
@@ -184,10 +188,14 @@ pub struct DecodeResult {
     pub attention: &'static str,
     pub fill: Fill,
     pub steps: usize,
+    /// Time between generated tokens (greedy, pipelined as in `run` and `chat`).
     pub ms_median: f64,
     pub ms_min: f64,
     pub ms_max: f64,
     pub tok_per_s: f64,
+    /// Median of single synchronous steps (logits read back and argmax on the host, the GPU
+    /// idle meanwhile): what the host adds when it does not run ahead.
+    pub ms_sync_median: f64,
     /// Per-kernel times of one more step, profiled.
     pub kernels: Vec<Kernel>,
 }
@@ -260,7 +268,7 @@ pub fn run(
     let need = opts
         .contexts
         .iter()
-        .map(|c| c + opts.decode + 2)
+        .map(|c| c + opts.decode + 4)
         .chain(opts.prompt_lens.iter().copied())
         .max()
         .unwrap_or(1);
@@ -319,23 +327,43 @@ pub fn run(
                 }
             }
             let mut tok = random_tokens(1, vocab, opts.seed)[0];
-            // Two warm-up steps, then the timed ones; each step starts at the same context.
-            let mut times = Vec::with_capacity(opts.decode);
+            // Synchronous single steps: two warm-up steps, then the timed ones; each starts
+            // at the same context.
+            let mut sync = Vec::with_capacity(opts.decode);
             for i in 0..opts.decode + 2 {
                 s.truncate(ctx);
                 let t = Instant::now();
                 let logits = s.forward(&[tok], false)?;
                 tok = argmax(logits.last());
                 if i >= 2 {
-                    times.push(t.elapsed().as_secs_f64() * 1e3);
+                    sync.push(t.elapsed().as_secs_f64() * 1e3);
                 }
             }
+            // Generation: one token of prompt at the context, then decode + 2 tokens; the
+            // first two intervals are warm-up.
             s.truncate(ctx);
-            let (_, kernels) = profiled(gpu, opts.profile, || s.forward(&[tok], false))?;
+            let mut sampler = Sampler::new(SamplingParams::default());
+            let mut stamps = Vec::with_capacity(opts.decode + 2);
+            generate(&mut s, &[tok], opts.decode + 2, &mut sampler, &[], |_| {
+                stamps.push(Instant::now());
+                true
+            })?;
+            let mut times: Vec<f64> = stamps
+                .windows(2)
+                .skip(1)
+                .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+                .collect();
+            s.truncate(ctx);
+            let (_, kernels) = profiled(gpu, opts.profile, || {
+                s.forward_greedy(&[tok], 0)?;
+                pollster::block_on(s.greedy_token(0))
+            })?;
             times.sort_by(f64::total_cmp);
+            sync.sort_by(f64::total_cmp);
             let med = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+            let sync_med = sync.get(sync.len() / 2).copied().unwrap_or(f64::NAN);
             log(&format!(
-                "decode at {ctx} ({attention}): {med:.3} ms/token median of {}",
+                "decode at {ctx} ({attention}): {med:.3} ms/token median of {} (single synchronous steps {sync_med:.3} ms)",
                 times.len()
             ));
             report.decode.push(DecodeResult {
@@ -347,6 +375,7 @@ pub fn run(
                 ms_min: times.first().copied().unwrap_or(f64::NAN),
                 ms_max: times.last().copied().unwrap_or(f64::NAN),
                 tok_per_s: 1e3 / med,
+                ms_sync_median: sync_med,
                 kernels,
             });
         }
@@ -392,8 +421,8 @@ pub fn format_report(r: &BenchReport) -> String {
     for d in &r.decode {
         let _ = writeln!(
             o,
-            "\ndecode at context {} ({}, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s",
-            d.context, d.attention, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s
+            "\ndecode at context {} ({}, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s; single synchronous steps {:.3} ms",
+            d.context, d.attention, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s, d.ms_sync_median
         );
         if !d.kernels.is_empty() {
             let total: f64 = d.kernels.iter().map(|k| k.ms).sum();
@@ -465,7 +494,7 @@ pub fn check_contexts(model: &Model, contexts: &[usize], decode: usize) -> Resul
         model.gpu.limits.max_buffer_size,
     );
     for &c in contexts {
-        if c + decode + 2 > max {
+        if c + decode + 4 > max {
             return Err(Error::msg(format!(
                 "--context {c}: this adapter holds at most {max} positions for this model"
             )));

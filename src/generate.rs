@@ -72,6 +72,13 @@ impl Sampler {
         self.sample(&l)
     }
 
+    /// Whether every token is the argmax of the raw logits (greedy, no repetition penalty),
+    /// which the GPU can choose by itself.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        (p.temperature <= 0.0 || p.top_k == 1) && (p.repeat_penalty == 1.0 || p.repeat_last_n == 0)
+    }
+
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         if p.temperature <= 0.0 || p.top_k == 1 {
@@ -244,6 +251,9 @@ pub async fn generate_with_async(
             session.max_ctx()
         )));
     }
+    if sampler.is_plain_greedy() {
+        return greedy_pipelined(session, prompt, max_tokens, eos, on_event).await;
+    }
     // The last `window` tokens of history + prompt + output, for the repetition penalty.
     let window = sampler.params.repeat_last_n;
     let mut recent: Vec<u32> = history[history.len().saturating_sub(window)..].to_vec();
@@ -270,23 +280,82 @@ pub async fn generate_with_async(
         if recent.len() > 2 * window.max(1) {
             recent.drain(..recent.len() - window);
         }
-        if !on_event(Event::Token(next)) {
-            return Ok((out, Stop::Callback));
-        }
-        if eos.contains(&next) {
-            return Ok((out, Stop::Eos));
-        }
-        if out.len() >= max_tokens {
-            return Ok((out, Stop::MaxTokens));
-        }
-        if session.pos >= session.max_ctx() {
-            return Ok((out, Stop::ContextFull));
+        let (pos, max_ctx) = (session.pos, session.max_ctx());
+        if let Some(stop) = stop_after(&out, &mut on_event, eos, max_tokens, pos, max_ctx) {
+            return Ok((out, stop));
         }
         let logits = session.forward_async(&[next], false).await?;
         next = sampler.sample_after(logits.last(), &recent);
     }
 }
 
+/// Whether generation stops after the token just pushed to `out` (the checks in order: the
+/// callback, eos, the token budget, a full context).
+fn stop_after(
+    out: &[u32],
+    on_event: &mut impl FnMut(Event) -> bool,
+    eos: &[u32],
+    max_tokens: usize,
+    pos: usize,
+    max_ctx: usize,
+) -> Option<Stop> {
+    let next = out[out.len() - 1];
+    if !on_event(Event::Token(next)) {
+        Some(Stop::Callback)
+    } else if eos.contains(&next) {
+        Some(Stop::Eos)
+    } else if out.len() >= max_tokens {
+        Some(Stop::MaxTokens)
+    } else if pos >= max_ctx {
+        Some(Stop::ContextFull)
+    } else {
+        None
+    }
+}
+
+/// Greedy generation with the argmax on the GPU, one step ahead of the host: step `n + 1`
+/// is queued (reading step `n`'s token where the GPU left it) before step `n`'s token is
+/// read back, so the GPU never waits for the host, and only 4 bytes come back per token.
+/// When generation stops at a token whose step was already queued, that step is rolled
+/// back, so the session ends as [`generate`] says. Same tokens as the host path.
+async fn greedy_pipelined(
+    session: &mut Session<'_>,
+    prompt: &[u32],
+    max_tokens: usize,
+    eos: &[u32],
+    mut on_event: impl FnMut(Event) -> bool,
+) -> Result<(Vec<u32>, Stop)> {
+    let mut out = Vec::new();
+    let mut done = 0;
+    for part in prompt.chunks(session.chunk.max(1)) {
+        session.forward_greedy(part, 0)?;
+        done += part.len();
+        if !on_event(Event::Prefill {
+            done,
+            total: prompt.len(),
+        }) {
+            return Ok((out, Stop::Callback));
+        }
+    }
+    let mut slot = 0;
+    loop {
+        // The step that consumes the token about to be read, queued first when it will be
+        // needed unless the token stops generation.
+        let ahead = out.len() + 1 < max_tokens && session.pos < session.max_ctx();
+        if ahead {
+            session.step_greedy(1 - slot)?;
+        }
+        out.push(session.greedy_token(slot).await?);
+        // The checks see the session as it was before the step queued ahead.
+        let pos = session.pos - usize::from(ahead);
+        if let Some(stop) = stop_after(&out, &mut on_event, eos, max_tokens, pos, session.max_ctx())
+        {
+            session.truncate(pos);
+            return Ok((out, stop));
+        }
+        slot = 1 - slot;
+    }
+}
 /// Cuts generated text at the first of a set of stop strings, holding back any tail that
 /// could still become one (so a stop string split across tokens is never shown).
 #[derive(Debug, Clone, Default)]

@@ -119,12 +119,8 @@ const MEASURED: usize = 33;
 
 #[test]
 fn decode_creates_no_buffers_or_bind_groups_after_warm_up() {
-    let (tok, template, model) = builtin_chat_model();
-    let gpu = model.gpu.clone();
-    let ctx = 512;
-    let mut session = model.session(ctx).unwrap();
-    let mut chat = Chat::new(ChatFormat::new(template), None);
-    let mut sampler = Sampler::new(SamplingParams {
+    // Sampling on the host (logits read back every token).
+    decode_allocates_nothing(SamplingParams {
         temperature: 0.8,
         top_p: 0.95,
         top_k: 40,
@@ -132,6 +128,21 @@ fn decode_creates_no_buffers_or_bind_groups_after_warm_up() {
         repeat_penalty: 1.1,
         repeat_last_n: 64,
     });
+}
+
+#[test]
+fn greedy_decode_on_the_gpu_creates_no_buffers_or_bind_groups_after_warm_up() {
+    // Greedy with the argmax on the GPU, one step queued ahead.
+    decode_allocates_nothing(SamplingParams::default());
+}
+
+fn decode_allocates_nothing(params: SamplingParams) {
+    let (tok, template, model) = builtin_chat_model();
+    let gpu = model.gpu.clone();
+    let ctx = 512;
+    let mut session = model.session(ctx).unwrap();
+    let mut chat = Chat::new(ChatFormat::new(template), None);
+    let mut sampler = Sampler::new(params);
     let opts = ReplyOptions {
         max_tokens: WARM_UP + MEASURED,
         // No eos: the reply runs to max_tokens.
@@ -156,7 +167,6 @@ fn decode_creates_no_buffers_or_bind_groups_after_warm_up() {
         .reply(&mut session, &tok, plan, &mut sampler, &opts, |e| {
             if let ChatEvent::Token(_) = e {
                 tokens += 1;
-                // The logits of this token were read back just now: the GPU is idle.
                 if tokens == WARM_UP {
                     before = Some(gpu.stats());
                 }
@@ -165,7 +175,6 @@ fn decode_creates_no_buffers_or_bind_groups_after_warm_up() {
         })
         .unwrap();
     assert_eq!(r.generated, WARM_UP + MEASURED);
-    // The last decode step's logits were read back and the GPU is idle again.
     gpu.sync().unwrap();
     let after = gpu.stats();
     let before = before.expect("snapshot after the warm-up");
@@ -228,4 +237,77 @@ fn prefills_of_new_lengths_leave_no_bind_groups_behind() {
         after.live_bind_groups
     );
     assert!(before.live_bind_groups > 0, "wgpu's counters are on");
+}
+
+/// Greedy generation with the argmax on the GPU and one step queued ahead gives the tokens of
+/// a plain host loop (forward, read the logits, argmax), and leaves the session where that
+/// loop would, whichever check stops it: the token budget, eos, the callback or a full
+/// context. The next forward pass from there continues the host loop's sequence exactly.
+#[test]
+fn greedy_on_the_gpu_matches_the_host_loop_and_stops_in_the_same_state() {
+    use sparsa::generate::{argmax, Event, Stop};
+    let (tok, _, model) = builtin_chat_model();
+    let prompt = tok
+        .encode("KING RICHARD:\nWhat say you, my lords?")
+        .unwrap();
+    let p = prompt.len();
+    let n = 10;
+    // The reference: n + 1 greedy tokens from the host loop.
+    let mut s = model.session(p + n + 1).unwrap();
+    let mut want = vec![argmax(s.forward(&prompt, false).unwrap().last())];
+    while want.len() < n + 1 {
+        let l = s.forward(&[want[want.len() - 1]], false).unwrap();
+        want.push(argmax(l.last()));
+    }
+    drop(s);
+    // `stop_at`: the callback stops at that token (1-based; 0 never).
+    let run = |ctx: usize, max_tokens: usize, eos: &[u32], stop_at: usize| {
+        let mut s = model.session(ctx).unwrap();
+        let mut sampler = Sampler::new(SamplingParams::default());
+        assert!(sampler.is_plain_greedy());
+        let mut seen = 0;
+        let (out, why) = generate_with(&mut s, &[], &prompt, max_tokens, &mut sampler, eos, |e| {
+            if let Event::Token(_) = e {
+                seen += 1;
+            }
+            stop_at == 0 || seen != stop_at
+        })
+        .unwrap();
+        // The session holds the prompt and every generated token but the last: running that
+        // one gives the reference's next token.
+        assert_eq!(s.pos, p + out.len() - 1, "{why:?}: session position");
+        let next = if s.pos < ctx {
+            Some(argmax(
+                s.forward(&out[out.len() - 1..], false).unwrap().last(),
+            ))
+        } else {
+            None
+        };
+        (out, why, next)
+    };
+    let (out, why, next) = run(p + n + 1, n, &[], 0);
+    assert_eq!(
+        (&out[..], why, next),
+        (&want[..n], Stop::MaxTokens, Some(want[n]))
+    );
+    // eos: a token of the reference that first occurs at position k > 0.
+    let k = (1..n)
+        .find(|&k| !want[..k].contains(&want[k]))
+        .expect("a new token among the first ten");
+    let (out, why, next) = run(p + n + 1, n, &[want[k]], 0);
+    assert_eq!(
+        (&out[..], why, next),
+        (&want[..=k], Stop::Eos, Some(want[k + 1]))
+    );
+    let (out, why, next) = run(p + n + 1, n, &[], 3);
+    assert_eq!(
+        (&out[..], why, next),
+        (&want[..3], Stop::Callback, Some(want[3]))
+    );
+    // A context of p + 4 holds the prompt and 4 tokens: the fifth is produced, not run.
+    let (out, why, next) = run(p + 4, n, &[], 0);
+    assert_eq!((&out[..], why, next), (&want[..5], Stop::ContextFull, None));
+    // Stops on the first token (no step was queued ahead for it).
+    let (out, why, _) = run(p + n + 1, 1, &[], 0);
+    assert_eq!((&out[..], why), (&want[..1], Stop::MaxTokens));
 }

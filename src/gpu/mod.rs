@@ -196,6 +196,8 @@ pub struct Gpu {
     /// The mappable buffer readbacks copy into, kept between reads and replaced only by a
     /// larger one (`None` while a read has it).
     staging: Mutex<Option<wgpu::Buffer>>,
+    /// The latest queue submission (see [`Gpu::last_submission`]).
+    last_submit: Mutex<Option<wgpu::SubmissionIndex>>,
     /// Buffers and bind groups created through [`Gpu::create_buffer`] and
     /// [`Gpu::create_bind_group`] (see [`Gpu::stats`]).
     buffers_created: AtomicU64,
@@ -363,6 +365,7 @@ impl Gpu {
         });
         Ok(Gpu {
             staging: Mutex::new(None),
+            last_submit: Mutex::new(None),
             // The param arena and the dummy above.
             buffers_created: AtomicU64::new(2),
             buffer_bytes_created: AtomicU64::new(PARAM_ARENA + 16),
@@ -420,7 +423,8 @@ impl Gpu {
 
     /// Submit command buffers to the queue (every submission goes through here).
     pub fn submit(&self, commands: impl IntoIterator<Item = wgpu::CommandBuffer>) {
-        self.queue.submit(commands);
+        let index = self.queue.submit(commands);
+        *lock(&self.last_submit) = Some(index);
         let n = self.submits.fetch_add(1, Ordering::Relaxed) + 1;
         if crate::fault::injected("DEVICE_LOST_AFTER") == Some(n) {
             log::warn!("SPARSA_FAULT_DEVICE_LOST_AFTER={n}: destroying the device");
@@ -602,11 +606,32 @@ impl Gpu {
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
         self.submit([enc.finish()]);
-        let slice = staging.slice(..size.max(4));
+        let data = self.read_mapped_async(&staging, bytes, None).await?;
+        let mut slot = lock(&self.staging);
+        if slot.as_ref().is_none_or(|b| b.size() < staging.size()) {
+            *slot = Some(staging);
+        }
+        Ok(data)
+    }
+
+    /// The first `bytes` bytes of the mappable buffer `buf`, once the submission `after` (or,
+    /// with `None`, every submission so far) has finished on the GPU; later submissions may
+    /// still run. The buffer is unmapped again before this returns.
+    pub async fn read_mapped_async(
+        &self,
+        buf: &wgpu::Buffer,
+        bytes: u64,
+        after: Option<wgpu::SubmissionIndex>,
+    ) -> Result<Vec<u8>> {
+        let slice = buf.slice(..bytes.div_ceil(4).max(1) * 4);
         let (tx, rx) = oneshot();
         slice.map_async(wgpu::MapMode::Read, move |r| tx.send(r));
         // In the browser this returns at once: the device is polled by the browser itself.
-        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
+        let wait = wgpu::PollType::Wait {
+            submission_index: after,
+            timeout: None,
+        };
+        if let Err(e) = self.device.poll(wait) {
             self.check()?;
             return Err(Error::msg(format!(
                 "GPU wait failed on {}: {e}",
@@ -622,12 +647,13 @@ impl Gpu {
             .get_mapped_range()
             .map_err(|e| Error::msg(format!("GPU readback failed: {e}")))?[..bytes as usize]
             .to_vec();
-        staging.unmap();
-        let mut slot = lock(&self.staging);
-        if slot.as_ref().is_none_or(|b| b.size() < staging.size()) {
-            *slot = Some(staging);
-        }
+        buf.unmap();
         Ok(data)
+    }
+
+    /// The latest queue submission, to wait for with [`Gpu::read_mapped_async`].
+    pub fn last_submission(&self) -> Option<wgpu::SubmissionIndex> {
+        lock(&self.last_submit).clone()
     }
 
     pub async fn read_f32_async(

@@ -13,6 +13,7 @@ pub mod matmul;
 pub mod norm;
 pub mod rope;
 pub mod router;
+pub mod sample;
 pub mod topk;
 
 #[cfg(test)]
@@ -53,6 +54,7 @@ pub mod src {
     pub const NORM: &str = include_str!("../../shaders/norm.wgsl");
     pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
     pub const ROUTER: &str = include_str!("../../shaders/router.wgsl");
+    pub const SAMPLE: &str = include_str!("../../shaders/sample.wgsl");
     pub const TOPK: &str = concat!(
         include_str!("../../shaders/select.wgsl"),
         include_str!("../../shaders/topk.wgsl")

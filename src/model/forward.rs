@@ -12,7 +12,7 @@ use crate::cache::Caches;
 use crate::error::{Error, Result};
 use crate::gpu::Recorder;
 use crate::kernels::{
-    attention, elementwise, embed, indexer, matmul, norm, rope, router, topk, View,
+    attention, elementwise, embed, indexer, matmul, norm, rope, router, sample, topk, View,
 };
 
 /// eps of `q_a_layernorm` / `kv_a_layernorm` (transformers builds them with the default 1e-6,
@@ -66,6 +66,19 @@ struct Scratch {
     mlp_gu: wgpu::Buffer,
     mlp_act: wgpu::Buffer,
     logits: wgpu::Buffer,
+    /// The greedy argmax's per-workgroup partials.
+    argmax_part: wgpu::Buffer,
+    /// Where greedy steps leave their token for the host (two, so one can be read while the
+    /// next step writes the other).
+    greedy_read: [wgpu::Buffer; 2],
+}
+
+/// The tokens a chunk runs: from the host, or the one token the previous greedy step left
+/// in `ids` on the GPU.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Host(&'a [u32]),
+    Previous,
 }
 
 /// One conversation: its caches, scratch and position.
@@ -83,6 +96,8 @@ pub struct Session<'m> {
     dense: bool,
     rope: RopeTable,
     s: Scratch,
+    /// The submission that writes each greedy slot's token, until it is read.
+    greedy_pending: [Option<wgpu::SubmissionIndex>; 2],
 }
 
 impl Drop for Session<'_> {
@@ -164,6 +179,15 @@ impl<'m> Session<'m> {
             mlp_gu: f(c * 2 * inter, "mlp gate_up")?,
             mlp_act: f(c * inter, "mlp act")?,
             logits: f(c * cfg.vocab_size, "logits")?,
+            argmax_part: f(sample::PART_WORDS as usize, "argmax partials")?,
+            greedy_read: [0, 1].map(|_| {
+                gpu.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("greedy token"),
+                    size: 4,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            }),
         };
         gpu.check()?;
         Ok(Session {
@@ -179,6 +203,7 @@ impl<'m> Session<'m> {
             dense,
             rope: RopeTable::new(cfg),
             s,
+            greedy_pending: [None, None],
         })
     }
 
@@ -284,7 +309,7 @@ impl<'m> Session<'m> {
             } else {
                 0
             };
-            self.chunk_forward(part, want)?;
+            self.chunk_forward(Input::Host(part), want, None)?;
             if want > 0 {
                 let gpu = &self.model.gpu;
                 data.extend(gpu.read_f32_async(&self.s.logits, 0, want * vocab).await?);
@@ -295,17 +320,88 @@ impl<'m> Session<'m> {
         Ok(Logits { rows, vocab, data })
     }
 
-    /// One chunk; leaves the logits of its last `want_logits` rows in `s.logits`.
-    fn chunk_forward(&mut self, tokens: &[u32], want_logits: usize) -> Result<()> {
+    /// Greedy decoding with the argmax on the GPU. Runs `tokens` like [`Session::forward`]
+    /// but keeps the logits on the GPU: the argmax of the last one becomes the input of the
+    /// next [`Session::step_greedy`] and is copied to `slot` (0 or 1) for
+    /// [`Session::greedy_token`]. Nothing waits for the GPU.
+    pub fn forward_greedy(&mut self, tokens: &[u32], slot: usize) -> Result<()> {
+        let cfg = &self.model.config;
+        if tokens.is_empty() {
+            return Err(Error::msg("empty prompt: at least one token is needed"));
+        }
+        if self.pos + tokens.len() > self.max_ctx() {
+            return Err(Error::msg(format!(
+                "context full: {} cached + {} new tokens exceed --ctx {}",
+                self.pos,
+                tokens.len(),
+                self.max_ctx()
+            )));
+        }
+        if let Some(t) = tokens.iter().find(|t| **t as usize >= cfg.vocab_size) {
+            return Err(Error::msg(format!(
+                "token id {t} is out of range (vocab_size {})",
+                cfg.vocab_size
+            )));
+        }
+        let n = tokens.len().div_ceil(self.chunk);
+        for (i, part) in tokens.chunks(self.chunk).enumerate() {
+            if i + 1 < n {
+                self.chunk_forward(Input::Host(part), 0, None)?;
+            } else {
+                self.chunk_forward(Input::Host(part), 1, Some(slot))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One greedy decode step on the token the previous greedy call left on the GPU (which
+    /// need not have finished): its argmax becomes the next input and goes to `slot`.
+    pub fn step_greedy(&mut self, slot: usize) -> Result<()> {
+        if self.pos >= self.max_ctx() {
+            return Err(Error::msg(format!(
+                "context full: {} cached tokens fill --ctx {}",
+                self.pos,
+                self.max_ctx()
+            )));
+        }
+        self.chunk_forward(Input::Previous, 1, Some(slot))
+    }
+
+    /// The token the last greedy call on `slot` chose (waits for that submission only).
+    pub async fn greedy_token(&mut self, slot: usize) -> Result<u32> {
+        let after = self.greedy_pending[slot]
+            .take()
+            .ok_or_else(|| Error::msg("no greedy step is waiting to be read"))?;
+        let gpu = &self.model.gpu;
+        let b = gpu
+            .read_mapped_async(&self.s.greedy_read[slot], 4, Some(after))
+            .await?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    /// One chunk; leaves the logits of its last `want_logits` rows in `s.logits`, and with
+    /// `greedy` the argmax of the last row in `ids[0]` and that greedy slot.
+    fn chunk_forward(
+        &mut self,
+        input: Input,
+        want_logits: usize,
+        greedy: Option<usize>,
+    ) -> Result<()> {
         let model = self.model;
         let cfg = &model.config;
         let gpu = &*model.gpu;
         let w = &model.weights;
         let s = &self.s;
-        let t = tokens.len() as u32;
+        let t = match input {
+            Input::Host(tokens) => {
+                gpu.write(&s.ids, 0, bytemuck::cast_slice(tokens));
+                tokens.len()
+            }
+            Input::Previous => 1,
+        };
         let pos0 = self.pos as u32;
-        gpu.write(&s.ids, 0, bytemuck::cast_slice(tokens));
-        let cs = self.rope.cos_sin(self.pos..self.pos + tokens.len());
+        let cs = self.rope.cos_sin(self.pos..self.pos + t);
+        let t = t as u32;
         gpu.write(&s.cos_sin, 0, bytemuck::cast_slice(&cs));
 
         let hd = cfg.hidden_size as u32;
@@ -315,7 +411,7 @@ impl<'m> Session<'m> {
         // passes, tile counts): cached, every new length added a few hundred entries that
         // stayed (host memory grew by steps in long chats), so they are made per chunk and
         // dropped with it (a few hundred, about a millisecond).
-        rec.cache_bind_groups(tokens.len() == 1);
+        rec.cache_bind_groups(t == 1);
         embed::embed(&mut rec, &w.embed, &s.ids, 0, t, View::rows(&s.h, hd));
         for (i, layer) in w.layers.iter().enumerate() {
             self.attention(&mut rec, i, layer, t, pos0);
@@ -398,12 +494,21 @@ impl<'m> Session<'m> {
                 View::rows(&s.logits, cfg.vocab_size as u32),
                 want_logits as u32,
             );
+            if let Some(slot) = greedy {
+                let vocab = cfg.vocab_size as u32;
+                let last = View::rows(&s.logits, vocab).row(want_logits as u32 - 1);
+                sample::argmax(&mut rec, last, vocab, &s.argmax_part, &s.ids, 0);
+                rec.copy(&s.ids, 0, &s.greedy_read[slot], 0, 4);
+            }
         }
         // Submitted without waiting: the logits readback (or the next chunk) is ordered
         // after it and waits; validation errors surface here or at that wait.
         drop(rec);
+        if let Some(slot) = greedy {
+            self.greedy_pending[slot] = gpu.last_submission();
+        }
         gpu.check()?;
-        self.pos += tokens.len();
+        self.pos += t as usize;
         Ok(())
     }
 
