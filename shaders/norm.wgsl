@@ -48,14 +48,31 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     let xb = P.x_off + row * P.x_stride;
     let yb = P.y_off + row * P.y_stride;
-    var ss = 0.0;
-    for (var c = lid; c < P.dim; c += WG) {
-        let v = x[xb + c];
-        ss += v * v;
+    // Four independent loads per step: at batch 1 one workgroup does the whole row, and a
+    // chain of dependent loads left it waiting on memory (13 µs for 6144 values on the H200).
+    var s4 = vec4<f32>(0.0);
+    var c = lid;
+    for (; c + 3u * WG < P.dim; c += 4u * WG) {
+        let v = vec4<f32>(x[xb + c], x[xb + c + WG], x[xb + c + 2u * WG], x[xb + c + 3u * WG]);
+        s4 += v * v;
     }
-    let total = wg_sum(ss, lid);
+    for (; c < P.dim; c += WG) {
+        let v = x[xb + c];
+        s4.x += v * v;
+    }
+    let total = wg_sum((s4.x + s4.y) + (s4.z + s4.w), lid);
     let scale = inverseSqrt(total / f32(P.dim) + P.eps);
-    for (var c = lid; c < P.dim; c += WG) {
+    c = lid;
+    for (; c + 3u * WG < P.dim; c += 4u * WG) {
+        let v = vec4<f32>(x[xb + c], x[xb + c + WG], x[xb + c + 2u * WG], x[xb + c + 3u * WG]);
+        let g = vec4<f32>(w[c], w[c + WG], w[c + 2u * WG], w[c + 3u * WG]);
+        let o = v * scale * g;
+        y[yb + c] = o.x;
+        y[yb + c + WG] = o.y;
+        y[yb + c + 2u * WG] = o.z;
+        y[yb + c + 3u * WG] = o.w;
+    }
+    for (; c < P.dim; c += WG) {
         y[yb + c] = x[xb + c] * scale * w[c];
     }
 }

@@ -57,12 +57,15 @@ struct Knobs {
     t: u32,
     tpr4: u32,
     rr: u32,
+    /// gemv_dot: 32-element blocks of x its workgroup memory holds.
+    maxb: u32,
 }
 
 const KNOBS: Knobs = Knobs {
     t: 1,
     tpr4: 64,
     rr: 1,
+    maxb: 1,
 };
 
 fn pipeline(
@@ -76,6 +79,8 @@ fn pipeline(
     // BENCHMARKS.md, "Tensor cores"), so routed experts keep the f32 tile.
     let (name, source) = if entry == "gemm" && rec.gpu().tensor_cores() {
         ("matmul_coop", super::src::MATMUL_COOP)
+    } else if entry.starts_with("gemv_dot") {
+        ("matmul_dot", super::src::MATMUL_DOT)
     } else {
         ("matmul", super::src::MATMUL)
     };
@@ -83,7 +88,7 @@ fn pipeline(
         .pipeline(name, source, entry, &defines(w.format, k))
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 7] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 8] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -92,6 +97,7 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 7] {
         ("TPR4", u(k.tpr4)),
         ("RR", u(k.rr)),
         ("EPV", u(f.per_word() as u32)),
+        ("MAXB", u(k.maxb)),
     ]
 }
 
@@ -104,6 +110,8 @@ enum Dense {
     Gemv4(u32, u32),
     /// 16-byte loads, one x row, quantized weights, 4 rows per lane: lanes per row.
     Gemv4Q(u32),
+    /// Gemv4Q on 8-bit integer dot products (q8 / q4): lanes per row, x blocks held.
+    GemvDot(u32, u32),
     /// Square tiles of this size.
     Gemm(u32),
 }
@@ -123,6 +131,11 @@ fn gemv4_ok(rows: u32, x: View, w: &GpuWeight) -> bool {
 /// reduction has a fixed cost: 4-bit rows are short), but fewer lanes per row also mean
 /// fewer workgroups, so lanes are added back while the dispatch would have under 256.
 fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32) -> (u32, u32) {
+    if x_rows == 1 && matches!(w.format, WFormat::Quant(QFormat::Q8 { .. })) {
+        // Measured on the H200 (examples/gemv_shapes.rs): 64 lanes per row were fastest or
+        // tied for every GLM-5 shape, and 3× faster than 32 on the 1 GB lm_head.
+        return (64, 2);
+    }
     let words = (w.format.row_bytes(w.cols) / 16) as u32;
     let min = x_rows.next_power_of_two().max(4);
     let mut tpr = 64u32;
@@ -135,6 +148,36 @@ fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32) -> (u32, u32) {
     (tpr, 2)
 }
 
+/// Bytes of workgroup memory `gemv4q`'s reduction takes (`red` in matmul.wgsl).
+const RED_BYTES: u32 = 512 * 16;
+
+/// For one x row over q4 weights: the x blocks gemv_dot's workgroup memory must hold, when
+/// it applies (whole 32-element blocks, scale blocks of whole x blocks, 16-byte rows, and
+/// room in the device's workgroup memory: 72 bytes per block). The kernel also takes q8,
+/// but on the H200 q8 decoded faster on the float GEMV (2.20 vs 2.58 ms per GLM-5 step),
+/// while q4 gained (2.23 → 2.05 ms), so only q4 is routed to it.
+fn dot_blocks(gpu: &crate::gpu::Gpu, x: View, w: &GpuWeight) -> Option<u32> {
+    if cfg!(target_arch = "wasm32") {
+        // Not every browser's WGSL has packed_4x8_integer_dot_product yet.
+        return None;
+    }
+    let block = match w.format {
+        WFormat::Quant(QFormat::Q4 { block }) => block,
+        _ => return None,
+    };
+    if !block.is_multiple_of(32) || !w.cols.is_multiple_of(32) || !gemv4_ok(1, x, w) {
+        return None;
+    }
+    let maxb = ((w.cols / 32) as u32).next_power_of_two().max(8);
+    (maxb * 72 + RED_BYTES <= gpu.limits.max_compute_workgroup_storage_size).then_some(maxb)
+}
+
+/// gemv_dot's lanes per row (its x quantization costs the same whatever the lanes, so it
+/// uses gemv4q's choice).
+fn dot_lanes(w: &GpuWeight, out_rows: u32) -> u32 {
+    gemv4_knobs(w, 1, out_rows / 2).0
+}
+
 /// Whether decode GEMVs over `w` take 4 rows per lane (gemv4q): for 4-bit weights, whose
 /// GEMV is bound by the x loads per element (H200: 20 % → 29 % of bandwidth). 8-bit
 /// weights measured slower that way (56 % → 49 %) and keep 2 rows per lane.
@@ -145,9 +188,12 @@ fn quad_rows(w: &GpuWeight) -> bool {
 impl Dense {
     /// The kernel for `rows` rows of x; `tensor_cores`: the device runs `gemm`'s tile on
     /// them, which then serves every GEMM size (gemm128 is the f32 tile's large variant).
-    fn pick(rows: u32, x: View, w: &GpuWeight, tensor_cores: bool) -> Dense {
+    /// `dot`: what [`dot_blocks`] says for this x and weight.
+    fn pick(rows: u32, x: View, w: &GpuWeight, tensor_cores: bool, dot: Option<u32>) -> Dense {
         if rows <= GEMV_MAX_ROWS {
-            if rows == 1 && quad_rows(w) && gemv4_ok(rows, x, w) {
+            if let Some(maxb) = dot.filter(|_| rows == 1) {
+                Dense::GemvDot(dot_lanes(w, w.rows as u32), maxb)
+            } else if rows == 1 && quad_rows(w) && gemv4_ok(rows, x, w) {
                 Dense::Gemv4Q(gemv4_knobs(w, 1, w.rows as u32 / 2).0)
             } else if gemv4_ok(rows, x, w) {
                 let (tpr, rr) = gemv4_knobs(w, rows, w.rows as u32);
@@ -170,19 +216,20 @@ impl Dense {
 /// One dispatch per weight chunk; picks GEMV or GEMM by `rows`. `x` and `y` must be
 /// different buffers.
 pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
-    let tc = rec.gpu().tensor_cores();
+    let gpu = rec.gpu();
+    let pick = |r: u32, xv: View| Dense::pick(r, xv, w, gpu.tensor_cores(), dot_blocks(gpu, xv, w));
     if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS {
         // A few GEMV passes beat a GEMM whose tiles are mostly empty.
         let mut t = 0;
         while t < rows {
             let r = (rows - t).min(GEMV_MAX_ROWS);
             let xv = x.row(t);
-            matmul_with(rec, xv, w, y.row(t), r, Dense::pick(r, xv, w, tc));
+            matmul_with(rec, xv, w, y.row(t), r, pick(r, xv));
             t += r;
         }
         return;
     }
-    matmul_with(rec, x, w, y, rows, Dense::pick(rows, x, w, tc));
+    matmul_with(rec, x, w, y, rows, pick(rows, x));
 }
 
 fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, kind: Dense) {
@@ -197,9 +244,29 @@ fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, k
                 tpr4 >= rows && 256 % tpr4 == 0 && (rr == 1 || rr == 2),
                 "gemv4 knobs {kind:?}"
             );
-            pipeline(rec, "gemv4", w, Knobs { t: rows, tpr4, rr })
+            pipeline(
+                rec,
+                "gemv4",
+                w,
+                Knobs {
+                    t: rows,
+                    tpr4,
+                    rr,
+                    ..KNOBS
+                },
+            )
         }
-        Dense::Gemv4Q(tpr4) => pipeline(rec, "gemv4q", w, Knobs { t: 1, tpr4, rr: 1 }),
+        Dense::Gemv4Q(tpr4) => pipeline(rec, "gemv4q", w, Knobs { tpr4, ..KNOBS }),
+        Dense::GemvDot(tpr4, maxb) => pipeline(
+            rec,
+            "gemv_dot",
+            w,
+            Knobs {
+                tpr4,
+                maxb,
+                ..KNOBS
+            },
+        ),
         Dense::Gemm(64) => pipeline(rec, "gemm", w, KNOBS),
         Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
     };
@@ -222,7 +289,7 @@ fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, k
         let groups = match kind {
             Dense::Gemv => n.div_ceil(GEMV_RPW),
             Dense::Gemv4(tpr4, rr) => n.div_ceil(256 / tpr4 * rr),
-            Dense::Gemv4Q(tpr4) => n.div_ceil(256 / tpr4 * 4),
+            Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
         };
         let grid = rec.gpu().grid(groups);
@@ -269,17 +336,40 @@ pub fn matmul_experts(
     let slots = rows * topk;
     let gemv = rows <= GEMV_MAX_ROWS;
     let gemv4 = gemv && gemv4_ok(2, x, w);
-    // 4-bit weights: 4 rows per lane (gemv4q_experts), else RR rows.
-    let quad = gemv4 && quad_rows(w);
+    // q8 / q4: integer dot products, 4 rows per lane (gemv_dot_experts); other 4-bit
+    // weights: 4 rows per lane (gemv4q_experts), else RR rows.
+    let dot = gemv4.then(|| dot_blocks(rec.gpu(), x, w)).flatten();
+    let quad = gemv4 && (dot.is_some() || quad_rows(w));
     let (tpr4, rr) = if quad {
         (gemv4_knobs(w, 1, rpe.saturating_mul(slots) / 2).0, 4)
     } else {
         gemv4_knobs(w, 1, rpe.saturating_mul(slots))
     };
-    let pipe = if quad {
-        pipeline(rec, "gemv4q_experts", w, Knobs { t: 1, tpr4, rr: 1 })
+    let pipe = if let Some(maxb) = dot {
+        pipeline(
+            rec,
+            "gemv_dot_experts",
+            w,
+            Knobs {
+                tpr4,
+                maxb,
+                ..KNOBS
+            },
+        )
+    } else if quad {
+        pipeline(rec, "gemv4q_experts", w, Knobs { tpr4, ..KNOBS })
     } else if gemv4 {
-        pipeline(rec, "gemv4_experts", w, Knobs { t: 1, tpr4, rr })
+        pipeline(
+            rec,
+            "gemv4_experts",
+            w,
+            Knobs {
+                t: 1,
+                tpr4,
+                rr,
+                ..KNOBS
+            },
+        )
     } else if gemv {
         pipeline(rec, "gemv_experts", w, KNOBS)
     } else {
@@ -335,8 +425,24 @@ pub fn matmul_experts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::kernels::testutil::{assert_close_plus, gpu, gpu_default_limits, Rng};
     use crate::weights::{quant, DType, QFormat, WFormat};
+
+    /// Whether the integer-dot GEMV may serve `rows` rows of x over `f` (q4, or q8 when a test
+    /// asks for it; one row).
+    fn int_dot(f: WFormat, rows: usize) -> bool {
+        rows == 1 && matches!(f, WFormat::Quant(QFormat::Q8 { .. } | QFormat::Q4 { .. }))
+    }
+
+    /// The most the integer-dot GEMV's x may add to |x · w|: each x value is held to within
+    /// its 32-block's max|x| / 64516 (matmul_dot.wgsl), so Σ over blocks of that times Σ|w|.
+    fn x_split_bound(x: &[f32], w: &[f32]) -> f32 {
+        let per_block = x.chunks(32).zip(w.chunks(32)).map(|(xb, wb)| {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            amax / 64516.0 * wb.iter().map(|v| v.abs()).sum::<f32>()
+        });
+        per_block.sum::<f32>() * 1.01
+    }
 
     const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
     const QUANT: [QFormat; 5] = [
@@ -458,15 +564,19 @@ mod tests {
         rec.finish().unwrap();
         let got = g.read_f32(&yb, 0, ylen).unwrap();
         let mut want = vec![SENTINEL; ylen];
+        let mut extra = vec![0.0; ylen];
         for t in 0..rows {
             let xr = &xs[x_off + t * x_stride..][..k];
             for j in 0..n {
                 want[y_off + t * y_stride + j] = dot(xr, &wr[j * k..][..k]);
+                if int_dot(dtype, rows) {
+                    extra[y_off + t * y_stride + j] = x_split_bound(xr, &wr[j * k..][..k]);
+                }
             }
         }
         let what =
             format!("matmul kind={kind:?} rows={rows} k={k} n={n} {dtype:?} chunk={chunk:?}");
-        assert_close(&got, &want, 1e-4, 1e-4, &what);
+        assert_close_plus(&got, &want, 1e-4, 1e-4, &extra, &what);
     }
 
     #[test]
@@ -503,19 +613,19 @@ mod tests {
         let w = GpuWeight::from_f32(g, &[0.0; 16 * 24], 16, 24, DType::BF16, None, "w").unwrap();
         let xb = g.buffer(4 * 1024, "x").unwrap();
         assert!(matches!(
-            Dense::pick(3, View::new(&xb, 4, 28), &w, false),
+            Dense::pick(3, View::new(&xb, 4, 28), &w, false, None),
             Dense::Gemv4(..)
         ));
         assert_eq!(
-            Dense::pick(3, View::new(&xb, 4, 26), &w, false),
+            Dense::pick(3, View::new(&xb, 4, 26), &w, false, None),
             Dense::Gemv
         );
         assert_eq!(
-            Dense::pick(3, View::new(&xb, 2, 28), &w, false),
+            Dense::pick(3, View::new(&xb, 2, 28), &w, false, None),
             Dense::Gemv
         );
         assert!(matches!(
-            Dense::pick(1, View::new(&xb, 4, 26), &w, false),
+            Dense::pick(1, View::new(&xb, 4, 26), &w, false, None),
             Dense::Gemv4(..)
         ));
         for (i, dtype) in DTYPES.into_iter().enumerate() {
@@ -576,15 +686,15 @@ mod tests {
             GpuWeight::from_f32(gpu(), &[0.0; 8 * 1280], 1280, 8, DType::F32, None, "w").unwrap();
         let xb = gpu().buffer(1024, "x").unwrap();
         assert_eq!(
-            Dense::pick(GEMV_MAX_ROWS + 1, View::rows(&xb, 8), &w, false),
+            Dense::pick(GEMV_MAX_ROWS + 1, View::rows(&xb, 8), &w, false, None),
             Dense::Gemm(64)
         );
         assert_eq!(
-            Dense::pick(1280, View::rows(&xb, 8), &w, false),
+            Dense::pick(1280, View::rows(&xb, 8), &w, false, None),
             Dense::Gemm(128)
         );
         assert_eq!(
-            Dense::pick(1280, View::rows(&xb, 8), &w, true),
+            Dense::pick(1280, View::rows(&xb, 8), &w, true, None),
             Dense::Gemm(64)
         );
         for (i, dtype) in DTYPES.into_iter().enumerate() {
@@ -685,18 +795,23 @@ mod tests {
         rec.finish().unwrap();
         let got = g.read_f32(&yb, 0, ylen).unwrap();
         let mut want = vec![SENTINEL; ylen];
+        let mut extra = vec![0.0; ylen];
         for s in 0..slots {
             let r = if x_per_slot { s } else { s / topk };
             let xrow = &xs[x_off + r * x_stride..][..k];
             let e = ex[s] as usize;
             for j in 0..rpe {
-                want[y_off + s * y_stride + j] = dot(xrow, &wr[(e * rpe + j) * k..][..k]);
+                let wrow = &wr[(e * rpe + j) * k..][..k];
+                want[y_off + s * y_stride + j] = dot(xrow, wrow);
+                if rows <= GEMV_MAX_ROWS as usize && int_dot(dtype, 1) {
+                    extra[y_off + s * y_stride + j] = x_split_bound(xrow, wrow);
+                }
             }
         }
         let what = format!(
             "matmul_experts rows={rows} topk={topk} experts={n_experts}×{rpe} k={k} {dtype:?} per_slot={x_per_slot} align={align_rows} chunk={chunk:?}"
         );
-        assert_close(&got, &want, 1e-4, 1e-4, &what);
+        assert_close_plus(&got, &want, 1e-4, 1e-4, &extra, &what);
     }
 
     #[test]
@@ -792,6 +907,56 @@ mod tests {
             check_experts(90 + i as u64, 2, 3, 4, 37, 65, dtype, false, 1, Some(10));
             check_experts(93 + i as u64, 20, 3, 4, 37, 65, dtype, true, 1, Some(10));
         }
+    }
+
+    #[test]
+    fn integer_dot_gemv_shapes_and_limits() {
+        let g = gpu();
+        let xb = g.buffer(4 * 8192, "x").unwrap();
+        let x = View::rows(&xb, 0);
+        for q in [
+            QFormat::Q8 { block: 32 },
+            QFormat::Q4 { block: 32 },
+            QFormat::Q4 { block: 64 },
+        ] {
+            let f = WFormat::Quant(q);
+            let w = |k: usize| make_weight(&vec![0.5; 3 * k], 3, k, f, 1, None).0;
+            if let QFormat::Q4 { .. } = q {
+                // One aligned x row over q4 takes it; workgroup memory bounds K.
+                assert!(matches!(
+                    Dense::pick(1, x, &w(64), false, dot_blocks(g, x, &w(64))),
+                    Dense::GemvDot(_, 8)
+                ));
+                assert_eq!(
+                    dot_blocks(g, x.col(2), &w(64)),
+                    None,
+                    "x off a 16-byte boundary"
+                );
+                assert_eq!(dot_blocks(gpu_default_limits(), x, &w(2048)), Some(64));
+                assert_eq!(
+                    dot_blocks(gpu_default_limits(), x, &w(4096)),
+                    None,
+                    "16 KiB"
+                );
+            } else {
+                // q8 keeps the float GEMV (faster on the H200); the kernel still serves it.
+                assert_eq!(dot_blocks(g, x, &w(64)), None);
+            }
+            for (i, (k, n, chunk)) in [(32, 5, None), (544, 37, Some(7)), (2080, 70, Some(33))]
+                .into_iter()
+                .enumerate()
+            {
+                let s = 1200 + 10 * i as u64 + q.bits() as u64;
+                run_matmul(s, 1, k, n, f, chunk, None, (8, k + 4));
+                for tpr in [4, 32] {
+                    let kind = Dense::GemvDot(tpr, (k as u32 / 32).next_power_of_two().max(8));
+                    run_matmul(s + tpr as u64, 1, k, n, f, chunk, Some(kind), (4, k));
+                }
+            }
+        }
+        // Other formats keep the float GEMVs.
+        let f8 = make_weight(&[0.5; 3 * 64], 3, 64, WFormat::Quant(QFormat::Fp8), 1, None).0;
+        assert_eq!(dot_blocks(g, x, &f8), None);
     }
 
     #[test]

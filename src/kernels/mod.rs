@@ -44,6 +44,15 @@ pub mod src {
         include_str!("../../shaders/matmul.wgsl"),
         include_str!("../../shaders/matmul_tile.wgsl")
     );
+    /// MATMUL with the GEMV on 8-bit integer dot products (its own module, so browsers
+    /// without WGSL's packed_4x8_integer_dot_product still compile the others).
+    pub const MATMUL_DOT: &str = concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
+        include_str!("../../shaders/matmul.wgsl"),
+        include_str!("../../shaders/matmul_tile.wgsl"),
+        include_str!("../../shaders/matmul_dot.wgsl")
+    );
     /// MATMUL with the GEMM tile on tensor cores (its `enable` lines first).
     pub const MATMUL_COOP: &str = concat!(
         include_str!("../../shaders/matmul_coop.wgsl"),

@@ -54,6 +54,19 @@ impl Rng {
 /// Assert |a - b| <= atol + rtol * |b| elementwise, with a helpful message.
 #[track_caller]
 pub fn assert_close(got: &[f32], want: &[f32], atol: f32, rtol: f32, what: &str) {
+    assert_close_plus(got, want, atol, rtol, &[], what);
+}
+
+/// [`assert_close`] with `extra[i]` (where given) added to element i's tolerance.
+#[track_caller]
+pub fn assert_close_plus(
+    got: &[f32],
+    want: &[f32],
+    atol: f32,
+    rtol: f32,
+    extra: &[f32],
+    what: &str,
+) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let mut worst = (0usize, 0f32);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -62,7 +75,8 @@ pub fn assert_close(got: &[f32], want: &[f32], atol: f32, rtol: f32, what: &str)
             g.is_finite() == w.is_finite(),
             "{what}[{i}]: got {g}, want {w}"
         );
-        if w.is_finite() && err > atol + rtol * w.abs() && err > worst.1 {
+        let tol = atol + rtol * w.abs() + extra.get(i).copied().unwrap_or(0.0);
+        if w.is_finite() && err > tol && err > worst.1 {
             worst = (i, err);
         }
     }

@@ -1,0 +1,131 @@
+//! Decode GEMVs of the GLM-5 shapes, one weight matrix at a time: GPU time per dispatch
+//! (timestamp queries) and the share of the measured copy bandwidth, per format. For tuning
+//! the GEMV kernels on a real GPU; `sparsa bench` reports them per model step.
+//!
+//!     cargo run --release --example gemv_shapes -- [q4,q8,bf16] [reps]
+use sparsa::gpu::Gpu;
+use sparsa::kernels::{matmul, View};
+use sparsa::weights::quant::QFormat;
+use sparsa::weights::{DType, GpuWeight};
+
+/// (name, rows, cols) of the matrices one GLM-5 decode step multiplies by.
+const SHAPES: &[(&str, usize, usize)] = &[
+    ("q_a", 2048, 6144),
+    ("q_b", 16384, 2048),
+    ("kv_a", 576, 6144),
+    ("indexer wq_b", 4096, 2048),
+    ("indexer wk", 128, 6144),
+    ("o", 6144, 16384),
+    ("dense gate_up", 24576, 6144),
+    ("dense down", 6144, 12288),
+    ("shared gate_up", 4096, 6144),
+    ("shared down", 6144, 2048),
+    ("lm_head", 154880, 6144),
+];
+
+/// Deterministic bytes (xorshift), so no host f32 copy of a large matrix is needed.
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn weight(gpu: &Gpu, fmt: &str, rows: usize, cols: usize) -> sparsa::Result<GpuWeight> {
+    let q = |f: QFormat| {
+        let w = bytes(rows * f.file_row_bytes(cols), 7);
+        // bf16 scales of about 0.01 (0x3c24), never NaN.
+        let s: Vec<u8> = (0..rows * cols.div_ceil(f.block()))
+            .flat_map(|_| [0x24u8, 0x3c])
+            .collect();
+        GpuWeight::upload_quant_raw(gpu, &w, &s, rows, cols, f, None, "w")
+    };
+    match fmt {
+        "q4" => q(QFormat::Q4 { block: 32 }),
+        "q8" => q(QFormat::Q8 { block: 32 }),
+        _ => {
+            // bf16 of small normal values: exponent byte 0x3c or 0x3d, any mantissa.
+            let mut b = bytes(rows * cols * 2, 9);
+            for (i, v) in b.iter_mut().enumerate() {
+                if i % 2 == 1 {
+                    *v = 0x3c | (*v & 0x81);
+                }
+            }
+            GpuWeight::upload_bytes(gpu, &[&b], rows, cols, DType::BF16, 1, None, "w")
+        }
+    }
+}
+
+fn main() -> sparsa::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let formats = args.next().unwrap_or_else(|| "q4,q8,bf16".into());
+    let reps: u32 = args.next().and_then(|r| r.parse().ok()).unwrap_or(20);
+    let gpu = Gpu::new(None)?;
+    let cal = sparsa::bench::calibrate(&gpu)?;
+    let bw = cal.copy_bytes_per_s;
+    println!("{}", gpu.adapter.line());
+    println!(
+        "copy bandwidth {:.1} GB/s; {reps} dispatches per shape",
+        bw / 1e9
+    );
+    let x = gpu.buffer_from(&vec![0.5f32; 154880], "x")?;
+    let y = gpu.buffer(4 * 154880, "y")?;
+    for fmt in formats.split(',') {
+        println!(
+            "\n{fmt}: {:<16} {:>7} {:>6} {:>9} {:>9} {:>5}",
+            "matrix", "rows", "cols", "MB", "us", "%bw"
+        );
+        let (mut all_b, mut all_t) = (0.0, 0.0);
+        for &(name, rows, cols) in SHAPES {
+            let w = weight(&gpu, fmt, rows, cols)?;
+            let run = |n: u32| -> sparsa::Result<()> {
+                let mut rec = gpu.recorder();
+                for _ in 0..n {
+                    matmul::matmul(
+                        &mut rec,
+                        View::rows(&x, cols as u32),
+                        &w,
+                        View::rows(&y, rows as u32),
+                        1,
+                    );
+                }
+                rec.finish()
+            };
+            // Keep the GPU busy for a while first: after the host work of making the weight
+            // it may have lowered its clocks.
+            let t = std::time::Instant::now();
+            while t.elapsed().as_secs_f64() < 0.3 {
+                run(reps)?;
+            }
+            gpu.set_profiling(true);
+            run(reps)?;
+            let k = gpu.take_profile();
+            gpu.set_profiling(false);
+            let secs: f64 = k.iter().map(|s| s.seconds).sum::<f64>() / reps as f64;
+            let b = k.iter().map(|s| s.bytes).sum::<u64>() as f64 / reps as f64;
+            all_b += b;
+            all_t += secs;
+            println!(
+                "{fmt}: {name:<16} {rows:>7} {cols:>6} {:>9.1} {:>9.1} {:>5.0}",
+                b / 1e6,
+                secs * 1e6,
+                100.0 * b / secs / bw
+            );
+        }
+        println!(
+            "{fmt}: {:<16} {:>7} {:>6} {:>9.1} {:>9.1} {:>5.0}",
+            "all",
+            "",
+            "",
+            all_b / 1e6,
+            all_t * 1e6,
+            100.0 * all_b / all_t / bw
+        );
+    }
+    Ok(())
+}
