@@ -1,7 +1,7 @@
 //! Token sampling, the generation loop and stop strings.
 
 use crate::error::Result;
-use crate::model::Session;
+use crate::model::{Pick, Session};
 
 #[derive(Debug, Clone)]
 pub struct SamplingParams {
@@ -72,59 +72,81 @@ impl Sampler {
         self.sample(&l)
     }
 
-    /// Whether every token is the argmax of the raw logits (greedy, no repetition penalty),
-    /// which the GPU can choose by itself.
-    pub fn is_plain_greedy(&self) -> bool {
+    /// Whether the GPU can pick the tokens by these rules (greedy, or a top-k of at most
+    /// [`crate::kernels::sample::MAX_TOP_K`]; any top-p and repetition penalty): then
+    /// generation runs a step ahead of the host. Sampling from the whole vocabulary
+    /// (top-k 0) stays on the host.
+    pub fn gpu_can_pick(&self) -> bool {
         let p = &self.params;
-        (p.temperature <= 0.0 || p.top_k == 1) && (p.repeat_penalty == 1.0 || p.repeat_last_n == 0)
+        p.temperature <= 0.0
+            || p.top_k == 1
+            || (1..=crate::kernels::sample::MAX_TOP_K as usize).contains(&p.top_k)
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let p = &self.params;
-        if p.temperature <= 0.0 || p.top_k == 1 {
-            return argmax(logits);
-        }
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.is_finite())
-            .map(|(i, l)| (i as u32, *l / p.temperature))
-            .collect();
-        if cand.is_empty() {
-            return argmax(logits);
-        }
-        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        if p.top_k > 0 && cand.len() > p.top_k {
-            cand.truncate(p.top_k);
-        }
-        let m = cand[0].1;
-        let mut probs: Vec<f64> = cand.iter().map(|(_, l)| ((l - m) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= total);
-        if p.top_p < 1.0 {
-            let mut acc = 0.0;
-            let mut keep = probs.len();
-            for (i, x) in probs.iter().enumerate() {
-                acc += x;
-                if acc >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            probs.truncate(keep);
-            cand.truncate(keep);
-            let t: f64 = probs.iter().sum();
-            probs.iter_mut().for_each(|x| *x /= t);
-        }
-        let mut r = self.uniform();
-        for (i, x) in probs.iter().enumerate() {
-            if r < *x {
-                return cand[i].0;
-            }
-            r -= x;
-        }
-        cand[cand.len() - 1].0
+        let params = self.params.clone();
+        sample_with(&params, logits, &mut || self.uniform())
     }
+
+    /// The next uniform draw in [0, 1) (what [`Sampler::sample`] would use for its next
+    /// sampled token).
+    pub fn draw(&mut self) -> f64 {
+        self.uniform()
+    }
+
+    /// Takes back the last draw: the next one repeats it (for a step that was queued ahead
+    /// and then not used).
+    pub fn undraw(&mut self) {
+        self.state = self.state.wrapping_sub(0x9E3779B97F4A7C15);
+    }
+}
+
+/// [`Sampler::sample`] with `draw` giving its uniform (called once, and only when a token is
+/// sampled rather than the argmax taken).
+pub fn sample_with(p: &SamplingParams, logits: &[f32], draw: &mut dyn FnMut() -> f64) -> u32 {
+    if p.temperature <= 0.0 || p.top_k == 1 {
+        return argmax(logits);
+    }
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, l)| (i as u32, *l / p.temperature))
+        .collect();
+    if cand.is_empty() {
+        return argmax(logits);
+    }
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if p.top_k > 0 && cand.len() > p.top_k {
+        cand.truncate(p.top_k);
+    }
+    let m = cand[0].1;
+    let mut probs: Vec<f64> = cand.iter().map(|(_, l)| ((l - m) as f64).exp()).collect();
+    let total: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|x| *x /= total);
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        let mut keep = probs.len();
+        for (i, x) in probs.iter().enumerate() {
+            acc += x;
+            if acc >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        probs.truncate(keep);
+        cand.truncate(keep);
+        let t: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= t);
+    }
+    let mut r = draw();
+    for (i, x) in probs.iter().enumerate() {
+        if r < *x {
+            return cand[i].0;
+        }
+        r -= x;
+    }
+    cand[cand.len() - 1].0
 }
 
 /// Divides the positive logits of the tokens in `seen` by `penalty` and multiplies the negative
@@ -251,8 +273,8 @@ pub async fn generate_with_async(
             session.max_ctx()
         )));
     }
-    if sampler.is_plain_greedy() {
-        return greedy_pipelined(session, prompt, max_tokens, eos, on_event).await;
+    if sampler.gpu_can_pick() {
+        return pipelined(session, history, prompt, max_tokens, sampler, eos, on_event).await;
     }
     // The last `window` tokens of history + prompt + output, for the repetition penalty.
     let window = sampler.params.repeat_last_n;
@@ -313,49 +335,121 @@ fn stop_after(
     }
 }
 
-/// Greedy generation with the argmax on the GPU, one step ahead of the host: step `n + 1`
+/// Generation with the token chosen on the GPU, one step ahead of the host: step `n + 1`
 /// is queued (reading step `n`'s token where the GPU left it) before step `n`'s token is
 /// read back, so the GPU never waits for the host, and only 4 bytes come back per token.
-/// When generation stops at a token whose step was already queued, that step is rolled
-/// back, so the session ends as [`generate`] says. Same tokens as the host path.
-async fn greedy_pipelined(
+/// The GPU applies the sampler's rules and the host's draws ([`Pick`]). When generation
+/// stops at a token whose step was already queued, that step is rolled back (and its draw
+/// returned to the sampler), so the session and the sampler end as on the host path.
+async fn pipelined(
     session: &mut Session<'_>,
+    history: &[u32],
     prompt: &[u32],
     max_tokens: usize,
+    sampler: &mut Sampler,
     eos: &[u32],
     mut on_event: impl FnMut(Event) -> bool,
 ) -> Result<(Vec<u32>, Stop)> {
+    let p = sampler.params.clone();
+    let penalty = p.repeat_penalty != 1.0 && p.repeat_last_n > 0;
+    let n = if penalty { p.repeat_last_n } else { 0 };
+    // The last `n` known tokens (history, prompt, then the output read so far).
+    let mut recent: Vec<u32> = history[history.len().saturating_sub(n)..].to_vec();
+    recent.extend_from_slice(&prompt[prompt.len().saturating_sub(n)..]);
     let mut out = Vec::new();
     let mut done = 0;
-    for part in prompt.chunks(session.chunk.max(1)) {
-        session.forward_greedy(part, 0)?;
+    let chunks = prompt.len().div_ceil(session.chunk.max(1));
+    let mut drew = false;
+    for (i, part) in prompt.chunks(session.chunk.max(1)).enumerate() {
+        if i + 1 == chunks {
+            let window = &recent[recent.len().saturating_sub(n)..];
+            let (how, d) = choose(sampler, &p, penalty, window, false);
+            drew = d;
+            session.forward_pick(part, Some((0, &how)))?;
+        } else {
+            session.forward_pick(part, None)?;
+        }
         done += part.len();
         if !on_event(Event::Prefill {
             done,
             total: prompt.len(),
         }) {
+            if drew {
+                sampler.undraw();
+            }
             return Ok((out, Stop::Callback));
         }
     }
     let mut slot = 0;
     loop {
         // The step that consumes the token about to be read, queued first when it will be
-        // needed unless the token stops generation.
+        // needed unless the token stops generation. Its window is the last n - 1 known
+        // tokens and that token.
         let ahead = out.len() + 1 < max_tokens && session.pos < session.max_ctx();
+        let mut drew = false;
         if ahead {
-            session.step_greedy(1 - slot)?;
+            let window = &recent[recent.len().saturating_sub(n.saturating_sub(1))..];
+            let (how, d) = choose(sampler, &p, penalty, window, true);
+            drew = d;
+            session.step_pick(1 - slot, &how)?;
         }
-        out.push(session.greedy_token(slot).await?);
+        let next = session.picked_token(slot).await?;
+        out.push(next);
+        if penalty {
+            recent.push(next);
+            if recent.len() > 2 * n {
+                recent.drain(..recent.len() - n);
+            }
+        }
         // The checks see the session as it was before the step queued ahead.
         let pos = session.pos - usize::from(ahead);
         if let Some(stop) = stop_after(&out, &mut on_event, eos, max_tokens, pos, session.max_ctx())
         {
             session.truncate(pos);
+            if drew {
+                sampler.undraw();
+            }
             return Ok((out, stop));
         }
         slot = 1 - slot;
     }
 }
+
+/// The GPU pick for `p` with the penalty window `window` (+ the previous pick when `prev`),
+/// drawing the sampler's next number when it samples; returns whether it drew.
+fn choose<'w>(
+    sampler: &mut Sampler,
+    p: &SamplingParams,
+    penalty: bool,
+    window: &'w [u32],
+    prev: bool,
+) -> (Pick<'w>, bool) {
+    let greedy = p.temperature <= 0.0 || p.top_k == 1;
+    match (greedy, penalty) {
+        (true, false) => (Pick::Argmax, false),
+        (true, true) => (
+            Pick::PenalizedArgmax {
+                penalty: p.repeat_penalty,
+                window,
+                prev,
+            },
+            false,
+        ),
+        (false, _) => {
+            // f32 below 1, as the host's f64 draw is.
+            let r = (sampler.draw() as f32).min(1.0 - f32::EPSILON / 2.0);
+            let s = crate::kernels::sample::Sampling {
+                temperature: p.temperature,
+                top_p: p.top_p,
+                top_k: p.top_k as u32,
+                penalty: if penalty { p.repeat_penalty } else { 1.0 },
+                r,
+            };
+            (Pick::Sample { s, window, prev }, true)
+        }
+    }
+}
+
 /// Cuts generated text at the first of a set of stop strings, holding back any tail that
 /// could still become one (so a stop string split across tokens is never shown).
 #[derive(Debug, Clone, Default)]

@@ -119,7 +119,21 @@ const MEASURED: usize = 33;
 
 #[test]
 fn decode_creates_no_buffers_or_bind_groups_after_warm_up() {
-    // Sampling on the host (logits read back every token).
+    // Sampling over the whole vocabulary stays on the host (logits read back every token).
+    decode_allocates_nothing(SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        top_k: 0,
+        seed: 7,
+        repeat_penalty: 1.1,
+        repeat_last_n: 64,
+    });
+}
+
+#[test]
+fn gpu_picking_creates_no_buffers_or_bind_groups_after_warm_up() {
+    // Greedy, and chat's default sampling, both picked on the GPU one step ahead.
+    decode_allocates_nothing(SamplingParams::default());
     decode_allocates_nothing(SamplingParams {
         temperature: 0.8,
         top_p: 0.95,
@@ -128,12 +142,6 @@ fn decode_creates_no_buffers_or_bind_groups_after_warm_up() {
         repeat_penalty: 1.1,
         repeat_last_n: 64,
     });
-}
-
-#[test]
-fn greedy_decode_on_the_gpu_creates_no_buffers_or_bind_groups_after_warm_up() {
-    // Greedy with the argmax on the GPU, one step queued ahead.
-    decode_allocates_nothing(SamplingParams::default());
 }
 
 fn decode_allocates_nothing(params: SamplingParams) {
@@ -239,32 +247,56 @@ fn prefills_of_new_lengths_leave_no_bind_groups_behind() {
     assert!(before.live_bind_groups > 0, "wgpu's counters are on");
 }
 
-/// Greedy generation with the argmax on the GPU and one step queued ahead gives the tokens of
-/// a plain host loop (forward, read the logits, argmax), and leaves the session where that
-/// loop would, whichever check stops it: the token budget, eos, the callback or a full
-/// context. The next forward pass from there continues the host loop's sequence exactly.
+/// Generation with the token picked on the GPU and one step queued ahead gives the tokens of
+/// a plain host loop (forward, read the logits, pick on the host), greedy and sampled with a
+/// repetition penalty, and leaves the session and the sampler where that loop would,
+/// whichever check stops it: the token budget, eos, the callback or a full context. From
+/// there the host loop's sequence continues exactly.
 #[test]
-fn greedy_on_the_gpu_matches_the_host_loop_and_stops_in_the_same_state() {
-    use sparsa::generate::{argmax, Event, Stop};
+fn gpu_picking_matches_the_host_loop_and_stops_in_the_same_state() {
+    let greedy = SamplingParams::default();
+    let penalized = SamplingParams {
+        repeat_penalty: 1.5,
+        repeat_last_n: 6,
+        ..Default::default()
+    };
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.9,
+        top_k: 40,
+        seed: 3,
+        repeat_penalty: 1.2,
+        repeat_last_n: 8,
+    };
     let (tok, _, model) = builtin_chat_model();
+    for params in [greedy, penalized, sampled] {
+        gpu_picking_case(&tok, &model, params);
+    }
+}
+
+fn gpu_picking_case(tok: &Tokenizer, model: &Model, params: SamplingParams) {
+    use sparsa::generate::{Event, Stop};
     let prompt = tok
         .encode("KING RICHARD:\nWhat say you, my lords?")
         .unwrap();
     let p = prompt.len();
     let n = 10;
-    // The reference: n + 1 greedy tokens from the host loop.
+    // The reference: n + 1 tokens from the host loop.
     let mut s = model.session(p + n + 1).unwrap();
-    let mut want = vec![argmax(s.forward(&prompt, false).unwrap().last())];
+    let mut host = Sampler::new(params.clone());
+    let mut recent = prompt.clone();
+    let mut want = vec![host.sample_after(s.forward(&prompt, false).unwrap().last(), &recent)];
     while want.len() < n + 1 {
+        recent.push(want[want.len() - 1]);
         let l = s.forward(&[want[want.len() - 1]], false).unwrap();
-        want.push(argmax(l.last()));
+        want.push(host.sample_after(l.last(), &recent));
     }
     drop(s);
+    assert!(Sampler::new(params.clone()).gpu_can_pick());
     // `stop_at`: the callback stops at that token (1-based; 0 never).
     let run = |ctx: usize, max_tokens: usize, eos: &[u32], stop_at: usize| {
         let mut s = model.session(ctx).unwrap();
-        let mut sampler = Sampler::new(SamplingParams::default());
-        assert!(sampler.is_plain_greedy());
+        let mut sampler = Sampler::new(params.clone());
         let mut seen = 0;
         let (out, why) = generate_with(&mut s, &[], &prompt, max_tokens, &mut sampler, eos, |e| {
             if let Event::Token(_) = e {
@@ -273,22 +305,26 @@ fn greedy_on_the_gpu_matches_the_host_loop_and_stops_in_the_same_state() {
             stop_at == 0 || seen != stop_at
         })
         .unwrap();
-        // The session holds the prompt and every generated token but the last: running that
-        // one gives the reference's next token.
+        // The session holds the prompt and every generated token but the last, and the
+        // sampler has drawn once per sampled token: running that last token and picking on
+        // the host gives the reference's next token.
         assert_eq!(s.pos, p + out.len() - 1, "{why:?}: session position");
         let next = if s.pos < ctx {
-            Some(argmax(
-                s.forward(&out[out.len() - 1..], false).unwrap().last(),
-            ))
+            let l = s.forward(&out[out.len() - 1..], false).unwrap();
+            let mut r = prompt.clone();
+            r.extend_from_slice(&out);
+            Some(sampler.sample_after(l.last(), &r))
         } else {
             None
         };
         (out, why, next)
     };
+    let what = format!("{params:?}");
     let (out, why, next) = run(p + n + 1, n, &[], 0);
     assert_eq!(
         (&out[..], why, next),
-        (&want[..n], Stop::MaxTokens, Some(want[n]))
+        (&want[..n], Stop::MaxTokens, Some(want[n])),
+        "{what}"
     );
     // eos: a token of the reference that first occurs at position k > 0.
     let k = (1..n)
@@ -297,17 +333,27 @@ fn greedy_on_the_gpu_matches_the_host_loop_and_stops_in_the_same_state() {
     let (out, why, next) = run(p + n + 1, n, &[want[k]], 0);
     assert_eq!(
         (&out[..], why, next),
-        (&want[..=k], Stop::Eos, Some(want[k + 1]))
+        (&want[..=k], Stop::Eos, Some(want[k + 1])),
+        "{what}"
     );
     let (out, why, next) = run(p + n + 1, n, &[], 3);
     assert_eq!(
         (&out[..], why, next),
-        (&want[..3], Stop::Callback, Some(want[3]))
+        (&want[..3], Stop::Callback, Some(want[3])),
+        "{what}"
     );
     // A context of p + 4 holds the prompt and 4 tokens: the fifth is produced, not run.
     let (out, why, next) = run(p + 4, n, &[], 0);
-    assert_eq!((&out[..], why, next), (&want[..5], Stop::ContextFull, None));
+    assert_eq!(
+        (&out[..], why, next),
+        (&want[..5], Stop::ContextFull, None),
+        "{what}"
+    );
     // Stops on the first token (no step was queued ahead for it).
-    let (out, why, _) = run(p + n + 1, 1, &[], 0);
-    assert_eq!((&out[..], why), (&want[..1], Stop::MaxTokens));
+    let (out, why, next) = run(p + n + 1, 1, &[], 0);
+    assert_eq!(
+        (&out[..], why, next),
+        (&want[..1], Stop::MaxTokens, Some(want[1])),
+        "{what}"
+    );
 }

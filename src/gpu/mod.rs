@@ -435,6 +435,12 @@ impl Gpu {
     /// Fails once the device is lost, and with the first GPU validation / out-of-memory
     /// error seen since the last check.
     pub fn check(&self) -> Result<()> {
+        if !lock(&self.errors).is_empty() {
+            // A lost device makes every later call fail validation, and its own callback runs
+            // only when the device is waited on: wait (this run is failing anyway), so that
+            // the loss, not its symptoms, is what gets reported.
+            let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        }
         if let Some(why) = lock(&self.lost).clone() {
             return Err(Error::msg(format!(
                 "GPU device lost on {} ({why}); the driver reset or the GPU went away, so this run cannot go on (start sparsa again)",
@@ -639,6 +645,11 @@ impl Gpu {
             )));
         }
         let mapped = rx.await;
+        if !matches!(mapped, Some(Ok(()))) {
+            // A device lost after the awaited submission fails the map; its callback runs
+            // when the device is waited on, so the loss is what gets reported.
+            let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        }
         self.check()?;
         mapped
             .ok_or_else(|| Error::msg("GPU readback was dropped"))?

@@ -1,6 +1,8 @@
-//! Token selection on the GPU (`shaders/sample.wgsl`): the greedy argmax of a logits row,
-//! written where the next decode step's embedding reads its token, so greedy decoding needs
-//! no logits readback and the host can queue step `n + 1` before step `n`'s token is known.
+//! Token selection on the GPU: the greedy argmax of a logits row (`shaders/sample.wgsl`) and
+//! top-k / top-p sampling with the repetition penalty (`shaders/sample_pick.wgsl`), both
+//! written where the next decode step's embedding reads its token, so generation needs no
+//! logits readback and the host can queue step `n + 1` before step `n`'s token is known.
+use super::topk::{self, TopkScratch};
 use super::{Recorder, View};
 
 #[repr(C)]
@@ -49,6 +51,169 @@ pub fn argmax(
     rec.cost(4 * n as u64, 0, "");
     rec.dispatch(&pipe("argmax_part"), &p, &[part, x.buf], [parts, 1, 1]);
     rec.dispatch(&pipe("argmax_final"), &p, &[part, out], [1, 1, 1]);
+}
+
+/// The largest top-k [`sample`] takes (the host samples wider ones).
+pub const MAX_TOP_K: u32 = 256;
+
+/// What [`sample`] does with a logits row: the host sampler's settings and its uniform draw
+/// for this token.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 1 ..= [`MAX_TOP_K`].
+    pub top_k: u32,
+    /// Repetition penalty (1: off).
+    pub penalty: f32,
+    /// The uniform draw in [0, 1).
+    pub r: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct PickParams {
+    n: u32,
+    x_off: u32,
+    win_len: u32,
+    use_prev: u32,
+    out_off: u32,
+    k: u32,
+    temperature: f32,
+    top_p: f32,
+    penalty: f32,
+    r: f32,
+    raw: u32,
+    _pad: u32,
+}
+
+/// Buffers [`sample`] works in: the penalized logits and the top-k's output.
+pub struct SampleScratch {
+    work: wgpu::Buffer,
+    cand: wgpu::Buffer,
+    cand_n: wgpu::Buffer,
+    topk: TopkScratch,
+}
+
+impl SampleScratch {
+    pub fn new(gpu: &crate::gpu::Gpu, vocab: u32) -> crate::Result<SampleScratch> {
+        Ok(SampleScratch {
+            work: gpu.buffer(4 * vocab as u64, "sample logits")?,
+            cand: gpu.buffer(4 * MAX_TOP_K as u64, "sample candidates")?,
+            cand_n: gpu.buffer(4, "sample candidate count")?,
+            topk: TopkScratch::new(gpu, 1)?,
+        })
+    }
+}
+
+/// Samples a token from the logits row `x` (`n` values) as [`crate::generate::Sampler`]
+/// does with draw `s.r`: the penalty on the tokens `window[0 .. win_len]` and, with
+/// `use_prev`, the token at `ids[out_off]` (each once); non-finite logits dropped; the top
+/// `s.top_k` by value (ties: lower id), softmax of value / temperature, the top-p nucleus;
+/// then the token goes to `ids[out_off]`. With no finite logit, the argmax of `x`.
+/// Probabilities are f32 (the host's are f64), so a draw within about 1e-6 of a boundary
+/// between two tokens may pick the other one.
+#[allow(clippy::too_many_arguments)]
+pub fn sample(
+    rec: &mut Recorder,
+    x: View,
+    n: u32,
+    s: &Sampling,
+    window: &wgpu::Buffer,
+    win_len: u32,
+    use_prev: bool,
+    ids: &wgpu::Buffer,
+    out_off: u32,
+    scratch: &SampleScratch,
+) {
+    assert!(n > 0, "sample: empty row");
+    assert!(
+        (1..=MAX_TOP_K).contains(&s.top_k) && s.temperature > 0.0,
+        "sample: top_k {} / temperature {}",
+        s.top_k,
+        s.temperature
+    );
+    let p = PickParams {
+        n,
+        x_off: x.offset,
+        win_len,
+        use_prev: use_prev as u32,
+        out_off,
+        k: s.top_k,
+        temperature: s.temperature,
+        top_p: s.top_p,
+        penalty: s.penalty,
+        r: s.r,
+        raw: 0,
+        _pad: 0,
+    };
+    let gpu = rec.gpu();
+    let pipe = |e| gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, e, &[]);
+    let sc = scratch;
+    rec.cost(8 * n as u64, 0, "");
+    rec.dispatch(
+        &pipe("prep"),
+        &p,
+        &[&sc.work, x.buf, ids, window],
+        gpu.grid(n.div_ceil(256)),
+    );
+    let work = View::rows(&sc.work, n);
+    topk::topk(
+        rec,
+        work,
+        1,
+        n,
+        n - 1,
+        s.top_k,
+        &sc.cand,
+        &sc.cand_n,
+        &sc.topk,
+    );
+    rec.dispatch(
+        &pipe("pick"),
+        &p,
+        &[&sc.work, x.buf, ids, &sc.cand, &sc.cand_n],
+        [1, 1, 1],
+    );
+}
+
+/// Greedy with the repetition penalty: `ids[out_off]` = the argmax (as [`argmax`]) of `x`
+/// after the penalty on the window (as in [`sample`]). `part` as for [`argmax`].
+#[allow(clippy::too_many_arguments)]
+pub fn argmax_penalized(
+    rec: &mut Recorder,
+    x: View,
+    n: u32,
+    penalty: f32,
+    window: &wgpu::Buffer,
+    win_len: u32,
+    use_prev: bool,
+    ids: &wgpu::Buffer,
+    out_off: u32,
+    scratch: &SampleScratch,
+    part: &wgpu::Buffer,
+) {
+    assert!(n > 0, "argmax of an empty row");
+    let p = PickParams {
+        n,
+        x_off: x.offset,
+        win_len,
+        use_prev: use_prev as u32,
+        out_off,
+        k: 1,
+        temperature: 1.0,
+        top_p: 1.0,
+        penalty,
+        r: 0.0,
+        raw: 1,
+        _pad: 0,
+    };
+    let gpu = rec.gpu();
+    let pipe = gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, "prep", &[]);
+    rec.cost(8 * n as u64, 0, "");
+    let grid = gpu.grid(n.div_ceil(256));
+    rec.dispatch(&pipe, &p, &[&scratch.work, x.buf, ids, window], grid);
+    argmax(rec, View::rows(&scratch.work, n), n, part, ids, out_off);
 }
 
 #[cfg(test)]
@@ -110,5 +275,107 @@ mod tests {
             z[n - 1] = 0.0;
             check(&z, 0, "-0 equals +0");
         }
+    }
+
+    /// GPU sampling against the host sampler with the same draw, on rows with ties, NaN
+    /// and infinities, every setting combination, and the window with duplicates, ids past
+    /// the vocabulary and the previous step's token.
+    #[test]
+    fn sampling_matches_the_host_sampler() {
+        use crate::generate::{apply_repeat_penalty, sample_with, SamplingParams};
+        let g = gpu();
+        let mut rng = Rng::new(11);
+        let (mut checked, mut exact) = (0, 0);
+        for (case, &n) in [300usize, 5000, 70_001].iter().enumerate() {
+            let scratch = SampleScratch::new(g, n as u32).unwrap();
+            for variant in 0..12 {
+                // Values on a coarse grid (many ties), a few NaN / ±inf.
+                let mut x: Vec<f32> = (0..n)
+                    .map(|_| (rng.uniform() * 12.0).round() / 2.0)
+                    .collect();
+                for _ in 0..3 {
+                    x[rng.below(n as u64) as usize] = f32::NAN;
+                }
+                x[rng.below(n as u64) as usize] = f32::INFINITY;
+                x[rng.below(n as u64) as usize] = f32::NEG_INFINITY;
+                if variant == 11 {
+                    // Nothing finite: the argmax rule (+inf wins, NaN skipped).
+                    x.iter_mut().for_each(|v| *v = f32::NAN);
+                    x[n / 3] = f32::INFINITY;
+                    x[n / 2] = f32::INFINITY;
+                }
+                let top = *x
+                    .iter()
+                    .filter(|v| v.is_finite())
+                    .fold(&0.0, |a, b| if b > a { b } else { a });
+                let mut window: Vec<u32> =
+                    (0..20).map(|_| rng.below(n as u64 + 40) as u32).collect();
+                window.push(window[3]);
+                // The largest logit in the window, so the penalty changes the outcome.
+                window.push(x.iter().position(|v| *v == top).unwrap_or(0) as u32);
+                let prev = rng.below(n as u64) as u32;
+                let use_prev = variant % 2 == 0;
+                let s = Sampling {
+                    temperature: [0.5, 1.0, 1.7][variant % 3],
+                    top_p: [1.0, 0.9, 0.3, 0.6][variant % 4],
+                    top_k: [1, 5, 40, 256][(variant + case) % 4],
+                    penalty: if variant % 5 == 4 { 1.0 } else { 1.3 },
+                    r: [0.0, 0.37, 0.81, 0.999][(variant / 3) % 4],
+                };
+                let xb = g
+                    .buffer_from(&[vec![9.0f32; 5], x.clone()].concat(), "x")
+                    .unwrap();
+                let wb = g.buffer_from(&window, "window").unwrap();
+                let ids = g.buffer_from(&[7u32, prev, 8], "ids").unwrap();
+                let mut rec = g.recorder();
+                let (xv, wl) = (View::new(&xb, 5, 0), window.len() as u32);
+                if s.top_k == 1 {
+                    let (p, part) = (s.penalty, g.buffer(4 * PART_WORDS, "part").unwrap());
+                    argmax_penalized(
+                        &mut rec, xv, n as u32, p, &wb, wl, use_prev, &ids, 1, &scratch, &part,
+                    );
+                } else {
+                    sample(
+                        &mut rec, xv, n as u32, &s, &wb, wl, use_prev, &ids, 1, &scratch,
+                    );
+                }
+                rec.finish().unwrap();
+                let got = g.read_u32(&ids, 0, 3).unwrap();
+                let mut seen = window.clone();
+                if use_prev {
+                    seen.push(prev);
+                }
+                let mut l = x.clone();
+                apply_repeat_penalty(&mut l, &seen, s.penalty);
+                let p = SamplingParams {
+                    temperature: s.temperature,
+                    top_p: s.top_p,
+                    top_k: s.top_k as usize,
+                    ..Default::default()
+                };
+                let want = sample_with(&p, &l, &mut || s.r as f64);
+                // The GPU's probabilities are f32: where the draw or the nucleus edge lies
+                // within 1e-5 of a boundary (ties make that common here), the neighbour that
+                // the host reaches with the draw or top_p moved by 1e-5 is also right.
+                let mut ok = vec![want];
+                for d in [-1e-5f32, 1e-5] {
+                    let r = (s.r + d).clamp(0.0, 0.999_999) as f64;
+                    ok.push(sample_with(&p, &l, &mut || r));
+                    let q = SamplingParams {
+                        top_p: (s.top_p + d).min(1.0),
+                        ..p.clone()
+                    };
+                    ok.push(sample_with(&q, &l, &mut || s.r as f64));
+                }
+                assert!(
+                    got[0] == 7 && got[2] == 8 && ok.contains(&got[1]),
+                    "n {n} variant {variant}: {s:?} use_prev {use_prev}: got {got:?}, want {want} (or {ok:?})"
+                );
+                exact += usize::from(got[1] == want);
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 36);
+        assert!(exact >= 30, "only {exact} of 36 exactly the host's token");
     }
 }

@@ -68,9 +68,31 @@ struct Scratch {
     logits: wgpu::Buffer,
     /// The greedy argmax's per-workgroup partials.
     argmax_part: wgpu::Buffer,
-    /// Where greedy steps leave their token for the host (two, so one can be read while the
-    /// next step writes the other).
-    greedy_read: [wgpu::Buffer; 2],
+    /// GPU sampling's penalized logits and top-k.
+    sample: sample::SampleScratch,
+    /// Where steps that pick their token on the GPU leave it for the host (two, so one can
+    /// be read while the next step writes the other).
+    picked: [wgpu::Buffer; 2],
+}
+
+/// How a step picks its token on the GPU (see [`Session::forward_pick`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Pick<'a> {
+    /// The argmax of the logits.
+    Argmax,
+    /// The argmax after the repetition penalty on the tokens of `window`, and on the token
+    /// the previous step picked when `prev` (each token once).
+    PenalizedArgmax {
+        penalty: f32,
+        window: &'a [u32],
+        prev: bool,
+    },
+    /// Top-k / top-p sampling with the draw `s.r`, after the penalty as above.
+    Sample {
+        s: sample::Sampling,
+        window: &'a [u32],
+        prev: bool,
+    },
 }
 
 /// The tokens a chunk runs: from the host, or the one token the previous greedy step left
@@ -96,8 +118,8 @@ pub struct Session<'m> {
     dense: bool,
     rope: RopeTable,
     s: Scratch,
-    /// The submission that writes each greedy slot's token, until it is read.
-    greedy_pending: [Option<wgpu::SubmissionIndex>; 2],
+    /// The submission that writes each pick slot's token, until it is read.
+    pending: [Option<wgpu::SubmissionIndex>; 2],
 }
 
 impl Drop for Session<'_> {
@@ -180,9 +202,10 @@ impl<'m> Session<'m> {
             mlp_act: f(c * inter, "mlp act")?,
             logits: f(c * cfg.vocab_size, "logits")?,
             argmax_part: f(sample::PART_WORDS as usize, "argmax partials")?,
-            greedy_read: [0, 1].map(|_| {
+            sample: sample::SampleScratch::new(gpu, cfg.vocab_size as u32)?,
+            picked: [0, 1].map(|_| {
                 gpu.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("greedy token"),
+                    label: Some("picked token"),
                     size: 4,
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
@@ -203,7 +226,7 @@ impl<'m> Session<'m> {
             dense,
             rope: RopeTable::new(cfg),
             s,
-            greedy_pending: [None, None],
+            pending: [None, None],
         })
     }
 
@@ -320,11 +343,11 @@ impl<'m> Session<'m> {
         Ok(Logits { rows, vocab, data })
     }
 
-    /// Greedy decoding with the argmax on the GPU. Runs `tokens` like [`Session::forward`]
-    /// but keeps the logits on the GPU: the argmax of the last one becomes the input of the
-    /// next [`Session::step_greedy`] and is copied to `slot` (0 or 1) for
-    /// [`Session::greedy_token`]. Nothing waits for the GPU.
-    pub fn forward_greedy(&mut self, tokens: &[u32], slot: usize) -> Result<()> {
+    /// Runs `tokens` like [`Session::forward`] but keeps the logits on the GPU. With a
+    /// `pick`, the last token's logits choose the next token there: it becomes the input of
+    /// the next [`Session::step_pick`] and is copied to `slot` (0 or 1) for
+    /// [`Session::picked_token`]. Nothing waits for the GPU.
+    pub fn forward_pick(&mut self, tokens: &[u32], pick: Option<(usize, &Pick)>) -> Result<()> {
         let cfg = &self.model.config;
         if tokens.is_empty() {
             return Err(Error::msg("empty prompt: at least one token is needed"));
@@ -345,18 +368,15 @@ impl<'m> Session<'m> {
         }
         let n = tokens.len().div_ceil(self.chunk);
         for (i, part) in tokens.chunks(self.chunk).enumerate() {
-            if i + 1 < n {
-                self.chunk_forward(Input::Host(part), 0, None)?;
-            } else {
-                self.chunk_forward(Input::Host(part), 1, Some(slot))?;
-            }
+            let last = pick.filter(|_| i + 1 == n);
+            self.chunk_forward(Input::Host(part), usize::from(last.is_some()), last)?;
         }
         Ok(())
     }
 
-    /// One greedy decode step on the token the previous greedy call left on the GPU (which
-    /// need not have finished): its argmax becomes the next input and goes to `slot`.
-    pub fn step_greedy(&mut self, slot: usize) -> Result<()> {
+    /// One decode step on the token the previous pick left on the GPU (which need not have
+    /// finished): `pick` chooses the next one, which goes to `slot`.
+    pub fn step_pick(&mut self, slot: usize, pick: &Pick) -> Result<()> {
         if self.pos >= self.max_ctx() {
             return Err(Error::msg(format!(
                 "context full: {} cached tokens fill --ctx {}",
@@ -364,28 +384,28 @@ impl<'m> Session<'m> {
                 self.max_ctx()
             )));
         }
-        self.chunk_forward(Input::Previous, 1, Some(slot))
+        self.chunk_forward(Input::Previous, 1, Some((slot, pick)))
     }
 
-    /// The token the last greedy call on `slot` chose (waits for that submission only).
-    pub async fn greedy_token(&mut self, slot: usize) -> Result<u32> {
-        let after = self.greedy_pending[slot]
+    /// The token the last pick on `slot` chose (waits for that submission only).
+    pub async fn picked_token(&mut self, slot: usize) -> Result<u32> {
+        let after = self.pending[slot]
             .take()
-            .ok_or_else(|| Error::msg("no greedy step is waiting to be read"))?;
+            .ok_or_else(|| Error::msg("no picked token is waiting to be read"))?;
         let gpu = &self.model.gpu;
         let b = gpu
-            .read_mapped_async(&self.s.greedy_read[slot], 4, Some(after))
+            .read_mapped_async(&self.s.picked[slot], 4, Some(after))
             .await?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
     /// One chunk; leaves the logits of its last `want_logits` rows in `s.logits`, and with
-    /// `greedy` the argmax of the last row in `ids[0]` and that greedy slot.
+    /// `pick` the token the last row's logits pick in `ids[0]` and that slot.
     fn chunk_forward(
         &mut self,
         input: Input,
         want_logits: usize,
-        greedy: Option<usize>,
+        pick: Option<(usize, &Pick)>,
     ) -> Result<()> {
         let model = self.model;
         let cfg = &model.config;
@@ -494,21 +514,69 @@ impl<'m> Session<'m> {
                 View::rows(&s.logits, cfg.vocab_size as u32),
                 want_logits as u32,
             );
-            if let Some(slot) = greedy {
+            if let Some((slot, pick)) = pick {
                 let vocab = cfg.vocab_size as u32;
                 let last = View::rows(&s.logits, vocab).row(want_logits as u32 - 1);
-                sample::argmax(&mut rec, last, vocab, &s.argmax_part, &s.ids, 0);
-                rec.copy(&s.ids, 0, &s.greedy_read[slot], 0, 4);
+                self.record_pick(&mut rec, last, pick)?;
+                rec.copy(&s.ids, 0, &s.picked[slot], 0, 4);
             }
         }
         // Submitted without waiting: the logits readback (or the next chunk) is ordered
         // after it and waits; validation errors surface here or at that wait.
         drop(rec);
-        if let Some(slot) = greedy {
-            self.greedy_pending[slot] = gpu.last_submission();
+        if let Some((slot, _)) = pick {
+            self.pending[slot] = gpu.last_submission();
         }
         gpu.check()?;
         self.pos += t as usize;
+        Ok(())
+    }
+
+    /// Records `pick` over the logits row `last`; the token goes to `ids[0]`.
+    fn record_pick(&self, rec: &mut Recorder, last: View, pick: &Pick) -> Result<()> {
+        let s = &self.s;
+        let gpu = &*self.model.gpu;
+        let vocab = self.model.config.vocab_size as u32;
+        // The penalty window, written ahead of the submission (queue order keeps the
+        // previous step's reads of it first).
+        let window = |w: &[u32]| -> Result<wgpu::Buffer> {
+            let buf = gpu.scratch("sample window", 4 * w.len().max(1) as u64)?;
+            gpu.write(&buf, 0, bytemuck::cast_slice(w));
+            Ok(buf)
+        };
+        match *pick {
+            Pick::Argmax => sample::argmax(rec, last, vocab, &s.argmax_part, &s.ids, 0),
+            Pick::PenalizedArgmax {
+                penalty,
+                window: w,
+                prev,
+            } => {
+                let wb = window(w)?;
+                let wl = w.len() as u32;
+                sample::argmax_penalized(
+                    rec,
+                    last,
+                    vocab,
+                    penalty,
+                    &wb,
+                    wl,
+                    prev,
+                    &s.ids,
+                    0,
+                    &s.sample,
+                    &s.argmax_part,
+                );
+            }
+            Pick::Sample {
+                s: smp,
+                window: w,
+                prev,
+            } => {
+                let wb = window(w)?;
+                let wl = w.len() as u32;
+                sample::sample(rec, last, vocab, &smp, &wb, wl, prev, &s.ids, 0, &s.sample);
+            }
+        }
         Ok(())
     }
 

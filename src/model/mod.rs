@@ -11,7 +11,7 @@ pub mod load;
 pub mod rope;
 pub mod source;
 
-pub use forward::{Logits, Session};
+pub use forward::{Logits, Pick, Session};
 pub use source::ModelSource;
 
 use crate::config::Config;
