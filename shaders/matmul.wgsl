@@ -416,21 +416,26 @@ fn dotq_x(wi: u32, x: X8) -> f32 {
     return s * q_scale((wi * EPV) / QB);
 }
 
-// The 4 rows' partial dots of this lane with the x row at vec4 offset `xb`; `wo` holds the
-// rows' word offsets, NONE for a row that does not exist (it reads a live row instead and
-// its sum is not used; all NONE: zeros).
-fn quad_partial(wo: vec4<u32>, xb: u32, lane: u32) -> vec4<f32> {
+// The 4 rows' word offsets `wo` with NONE (a row that does not exist) replaced by a live
+// row's, whose sum is then computed but not used; all NONE stays all NONE.
+fn live_rows(wo: vec4<u32>) -> vec4<u32> {
     var live = NONE;
     for (var j = 0u; j < 4u; j++) {
         if (live == NONE && wo[j] != NONE) {
             live = wo[j];
         }
     }
+    return select(vec4<u32>(live), wo, wo != vec4<u32>(NONE));
+}
+
+// The 4 rows' partial dots of this lane with the x row at vec4 offset `xb`; `wo` holds the
+// rows' word offsets, NONE for a row that does not exist (all NONE: zeros).
+fn quad_partial(wo: vec4<u32>, xb: u32, lane: u32) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
-    if (live == NONE) {
+    let w = live_rows(wo);
+    if (w.x == NONE) {
         return acc;
     }
-    let w = select(vec4<u32>(live), wo, wo != vec4<u32>(NONE));
     let kw = P.k / EPV;
     for (var q = lane; q < kw; q += TPR4) {
         let x = load_x8(xb + q * (EPV / 4u));

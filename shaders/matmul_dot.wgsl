@@ -97,17 +97,11 @@ fn dot_word_i8(wi: u32, q: u32) -> f32 {
 
 // quad_partial on integer dot products: the 4 rows' partial dots of this lane.
 fn quad_partial_i8(wo: vec4<u32>, lane: u32) -> vec4<f32> {
-    var live = NONE;
-    for (var j = 0u; j < 4u; j++) {
-        if (live == NONE && wo[j] != NONE) {
-            live = wo[j];
-        }
-    }
     var acc = vec4<f32>(0.0);
-    if (live == NONE) {
+    let w = live_rows(wo);
+    if (w.x == NONE) {
         return acc;
     }
-    let w = select(vec4<u32>(live), wo, wo != vec4<u32>(NONE));
     let kw = P.k / EPV;
     for (var q = lane; q < kw; q += TPR4) {
         acc += vec4<f32>(dot_word_i8(w.x + q, q), dot_word_i8(w.y + q, q), dot_word_i8(w.z + q, q), dot_word_i8(w.w + q, q));

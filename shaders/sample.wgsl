@@ -5,6 +5,7 @@
 // Two passes. `argmax_part`: workgroup g reduces its slice of the row to (key, index) in
 // part[2g], part[2g + 1]. `argmax_final` (one workgroup) reduces the P.parts pairs and writes
 // the winning index to io[P.out_off], where the next step's embedding reads its token.
+// order_key and wins come from sample_key.wgsl.
 // Bindings: 1 = part (u32 pairs), 2 = io: the row as f32 bits (argmax_part) or the output
 // ids (argmax_final). One binding for both keeps each pass's bind group to two buffers.
 
@@ -27,27 +28,6 @@ const WG: u32 = 256u;
 
 var<workgroup> wkey: array<u32, WG>;
 var<workgroup> widx: array<u32, WG>;
-
-// Order-preserving key of f32 bits (larger float, larger key; -0 == +0); NaN is 0, below
-// every number (-inf is 0x007fffff).
-fn order_key(bits: u32) -> u32 {
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        return 0u;
-    }
-    var b = bits;
-    if (b == 0x80000000u) {
-        b = 0u;
-    }
-    if ((b & 0x80000000u) != 0u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
-
-// Whether (ka, ia) wins over (kb, ib).
-fn wins(ka: u32, ia: u32, kb: u32, ib: u32) -> bool {
-    return ka > kb || (ka == kb && ia < ib);
-}
 
 // Tree reduction of this invocation's (k, i) over the workgroup; lane 0 gets the winner.
 fn reduce(lid: u32, k: u32, i: u32) {

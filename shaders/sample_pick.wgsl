@@ -12,6 +12,7 @@
 //   softmax of value / temperature, the top-p nucleus, and the host's uniform P.r walks
 //   the probabilities; the token goes to ids[P.out_off]. With no finite candidate it takes
 //   the argmax of the raw logits (lowest id among maxima, NaN skipped), as the host does.
+// order_key and wins come from sample_key.wgsl.
 // Bindings: 1 = work (f32), 2 = logits (f32 bits), 3 = ids (in/out); prep: 4 = window ids;
 // pick: 4 = the topk's ids, 5 = its count.
 
@@ -96,21 +97,6 @@ fn prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     work[i] = v;
 }
 
-// Order-preserving key of f32 bits; NaN is 0, below every number (as sample.wgsl).
-fn order_key(bits: u32) -> u32 {
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        return 0u;
-    }
-    var b = bits;
-    if (b == 0x80000000u) {
-        b = 0u;
-    }
-    if ((b & 0x80000000u) != 0u) {
-        return ~b;
-    }
-    return b | 0x80000000u;
-}
-
 @compute @workgroup_size(256)
 fn pick(@builtin(local_invocation_index) lid: u32) {
     let k = min(cand_n[0], min(P.k, MAX_K));
@@ -188,7 +174,7 @@ fn pick(@builtin(local_invocation_index) lid: u32) {
     var bi = 0xffffffffu;
     for (var i = lid; i < P.n; i += WG) {
         let key = order_key(logits[P.x_off + i]);
-        if (key > bk || (key == bk && i < bi)) {
+        if (wins(key, i, bk, bi)) {
             bk = key;
             bi = i;
         }
@@ -200,7 +186,7 @@ fn pick(@builtin(local_invocation_index) lid: u32) {
         if (lid < s) {
             let ok = rkey[lid + s];
             let oi = ridx[lid + s];
-            if (ok > rkey[lid] || (ok == rkey[lid] && oi < ridx[lid])) {
+            if (wins(ok, oi, rkey[lid], ridx[lid])) {
                 rkey[lid] = ok;
                 ridx[lid] = oi;
             }

@@ -63,8 +63,14 @@ pub mod src {
     pub const NORM: &str = include_str!("../../shaders/norm.wgsl");
     pub const ROPE: &str = include_str!("../../shaders/rope.wgsl");
     pub const ROUTER: &str = include_str!("../../shaders/router.wgsl");
-    pub const SAMPLE: &str = include_str!("../../shaders/sample.wgsl");
-    pub const SAMPLE_PICK: &str = include_str!("../../shaders/sample_pick.wgsl");
+    pub const SAMPLE: &str = concat!(
+        include_str!("../../shaders/sample_key.wgsl"),
+        include_str!("../../shaders/sample.wgsl")
+    );
+    pub const SAMPLE_PICK: &str = concat!(
+        include_str!("../../shaders/sample_key.wgsl"),
+        include_str!("../../shaders/sample_pick.wgsl")
+    );
     pub const TOPK: &str = concat!(
         include_str!("../../shaders/select.wgsl"),
         include_str!("../../shaders/topk.wgsl")

@@ -87,6 +87,34 @@ struct PickParams {
     _pad: u32,
 }
 
+impl PickParams {
+    /// `raw`: 1 keeps non-finite logits in prep (for the penalized argmax).
+    fn new(
+        x: View,
+        n: u32,
+        s: &Sampling,
+        win_len: u32,
+        prev: bool,
+        out_off: u32,
+        raw: u32,
+    ) -> Self {
+        PickParams {
+            n,
+            x_off: x.offset,
+            win_len,
+            use_prev: prev as u32,
+            out_off,
+            k: s.top_k,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            penalty: s.penalty,
+            r: s.r,
+            raw,
+            _pad: 0,
+        }
+    }
+}
+
 /// Buffers [`sample`] works in: the penalized logits and the top-k's output.
 pub struct SampleScratch {
     work: wgpu::Buffer,
@@ -133,20 +161,7 @@ pub fn sample(
         s.top_k,
         s.temperature
     );
-    let p = PickParams {
-        n,
-        x_off: x.offset,
-        win_len,
-        use_prev: use_prev as u32,
-        out_off,
-        k: s.top_k,
-        temperature: s.temperature,
-        top_p: s.top_p,
-        penalty: s.penalty,
-        r: s.r,
-        raw: 0,
-        _pad: 0,
-    };
+    let p = PickParams::new(x, n, s, win_len, use_prev, out_off, 0);
     let gpu = rec.gpu();
     let pipe = |e| gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, e, &[]);
     let sc = scratch;
@@ -194,20 +209,14 @@ pub fn argmax_penalized(
     part: &wgpu::Buffer,
 ) {
     assert!(n > 0, "argmax of an empty row");
-    let p = PickParams {
-        n,
-        x_off: x.offset,
-        win_len,
-        use_prev: use_prev as u32,
-        out_off,
-        k: 1,
+    let greedy = Sampling {
         temperature: 1.0,
         top_p: 1.0,
+        top_k: 1,
         penalty,
         r: 0.0,
-        raw: 1,
-        _pad: 0,
     };
+    let p = PickParams::new(x, n, &greedy, win_len, use_prev, out_off, 1);
     let gpu = rec.gpu();
     let pipe = gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, "prep", &[]);
     rec.cost(8 * n as u64, 0, "");

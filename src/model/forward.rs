@@ -299,23 +299,7 @@ impl<'m> Session<'m> {
     /// readback, so it awaits it (natively the future is ready at once).
     pub async fn forward_async(&mut self, tokens: &[u32], all_logits: bool) -> Result<Logits> {
         let cfg = &self.model.config;
-        if tokens.is_empty() {
-            return Err(Error::msg("empty prompt: at least one token is needed"));
-        }
-        if self.pos + tokens.len() > self.max_ctx() {
-            return Err(Error::msg(format!(
-                "context full: {} cached + {} new tokens exceed --ctx {}",
-                self.pos,
-                tokens.len(),
-                self.max_ctx()
-            )));
-        }
-        if let Some(t) = tokens.iter().find(|t| **t as usize >= cfg.vocab_size) {
-            return Err(Error::msg(format!(
-                "token id {t} is out of range (vocab_size {})",
-                cfg.vocab_size
-            )));
-        }
+        self.check_tokens(tokens)?;
         let vocab = cfg.vocab_size;
         let mut data = Vec::with_capacity(if all_logits {
             tokens.len() * vocab
@@ -343,11 +327,8 @@ impl<'m> Session<'m> {
         Ok(Logits { rows, vocab, data })
     }
 
-    /// Runs `tokens` like [`Session::forward`] but keeps the logits on the GPU. With a
-    /// `pick`, the last token's logits choose the next token there: it becomes the input of
-    /// the next [`Session::step_pick`] and is copied to `slot` (0 or 1) for
-    /// [`Session::picked_token`]. Nothing waits for the GPU.
-    pub fn forward_pick(&mut self, tokens: &[u32], pick: Option<(usize, &Pick)>) -> Result<()> {
+    /// Refuses an empty input, one that overflows the context, and ids past the vocabulary.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         let cfg = &self.model.config;
         if tokens.is_empty() {
             return Err(Error::msg("empty prompt: at least one token is needed"));
@@ -366,6 +347,15 @@ impl<'m> Session<'m> {
                 cfg.vocab_size
             )));
         }
+        Ok(())
+    }
+
+    /// Runs `tokens` like [`Session::forward`] but keeps the logits on the GPU. With a
+    /// `pick`, the last token's logits choose the next token there: it becomes the input of
+    /// the next [`Session::step_pick`] and is copied to `slot` (0 or 1) for
+    /// [`Session::picked_token`]. Nothing waits for the GPU.
+    pub fn forward_pick(&mut self, tokens: &[u32], pick: Option<(usize, &Pick)>) -> Result<()> {
+        self.check_tokens(tokens)?;
         let n = tokens.len().div_ceil(self.chunk);
         for (i, part) in tokens.chunks(self.chunk).enumerate() {
             let last = pick.filter(|_| i + 1 == n);
