@@ -11,6 +11,8 @@
 //   W_DTYPE: 0 = f32, 1 = bf16, 2 = f16 (weight element i in word i >> 1, low half even),
 //            3 = FP8, 4 = q8, 5 = q4 (quant.wgsl; QB elements per scale, S_BF16)
 //   TR: query rows per workgroup
+//   DS: absorb_q's slices of the dn axis per column (1, or 4 for one query row: each
+//       invocation then walks a quarter of dn, and the workgroup covers WG / 4 columns)
 
 const WG: u32 = 256u;
 const DCH: u32 = 64u;   // absorb_q: dn chunk staged in workgroup memory
@@ -54,8 +56,10 @@ fn wget(row: u32, col: u32) -> f32 {
 
 // ---------------------------------------------------------------------------------------
 // absorb_q: q_abs[t, h*kv_lora + c] = Σ_{d<dn} q[t, h*(dn+dr) + d] · W[h*(dn+dv) + d, c].
-// Workgroup: one head, 256 columns c, TR rows; q chunks staged, W read along rows
-// (consecutive c per invocation: coalesced), each W element used by TR rows.
+// Workgroup: one head, WG / DS columns c, TR rows; q chunks staged, W read along rows
+// (consecutive c per invocation: coalesced), each W element used by TR rows. With DS > 1
+// (decode) the DS invocations of a column split dn and sum through workgroup memory: a
+// quarter of the dependent loads per invocation and 4× the workgroups.
 
 var<workgroup> qs: array<f32, TR * DCH>;
 
@@ -74,7 +78,9 @@ fn absorb_q(
     let rest = g / P.tiles;
     let h = rest % P.heads;
     let r0 = (rest / P.heads) * TR;
-    let c = ct * WG + lid;
+    let cw = WG / DS;
+    let ds = lid / cw;
+    let c = ct * cw + lid % cw;
     let hq = P.dn + P.dr;
     let wrow0 = h * (P.dn + P.dv);
     var acc: array<f32, TR>;
@@ -95,7 +101,7 @@ fn absorb_q(
         workgroupBarrier();
         if (c < P.kv_lora) {
             let dend = min(DCH, P.dn - d0);
-            for (var dd = 0u; dd < dend; dd = dd + 1u) {
+            for (var dd = ds; dd < dend; dd = dd + DS) {
                 let wv = wget(wrow0 + d0 + dd, c);
                 for (var r = 0u; r < TR; r = r + 1u) {
                     acc[r] = acc[r] + qs[r * DCH + dd] * wv;
@@ -103,7 +109,17 @@ fn absorb_q(
             }
         }
     }
-    if (c < P.kv_lora) {
+    if (DS > 1u) {
+        // TR = 1 here: the slices' sums of each column.
+        red[lid] = acc[0];
+        workgroupBarrier();
+        if (ds == 0u) {
+            for (var j = 1u; j < DS; j = j + 1u) {
+                acc[0] = acc[0] + red[j * cw + lid];
+            }
+        }
+    }
+    if (c < P.kv_lora && ds == 0u) {
         for (var r = 0u; r < TR; r = r + 1u) {
             if (r0 + r < P.rows) {
                 out0[P.o_off + (r0 + r) * P.o_stride + h * P.kv_lora + c] = acc[r];

@@ -41,13 +41,24 @@ struct Params {
 }
 
 /// Every pipeline of attention.wgsl sets all its defines.
-fn defines(w: WFormat, tr: u32) -> [(&'static str, String); 4] {
+fn defines(w: WFormat, tr: u32) -> [(&'static str, String); 5] {
     [
         ("W_DTYPE", u(w.code())),
         ("QB", u(w.block().max(1) as u32)),
         ("S_BF16", u(w.scale_bf16() as u32)),
         ("TR", u(tr)),
+        ("DS", u(absorb_slices(tr))),
     ]
+}
+
+/// absorb_q's slices of dn per column: 4 for one query row (decode), where the product is
+/// too small to fill the GPU one column per invocation (H200: 32 µs per GLM-5 layer).
+fn absorb_slices(tr: u32) -> u32 {
+    if tr == 1 {
+        4
+    } else {
+        1
+    }
 }
 
 /// Query rows per workgroup for the two weight products.
@@ -97,7 +108,7 @@ pub fn absorb_q(
     if rows == 0 || heads == 0 {
         return;
     }
-    let tiles = (wkvb.cols as u32).div_ceil(WG);
+    let tiles = (wkvb.cols as u32).div_ceil(WG / absorb_slices(row_tile(rows)));
     kvb_product(
         rec,
         "absorb_q",
