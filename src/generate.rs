@@ -20,6 +20,13 @@ pub struct SamplingParams {
     pub repeat_last_n: usize,
 }
 
+impl SamplingParams {
+    /// Whether every token is the argmax (temperature 0 or below, or top-k 1).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+}
+
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {
@@ -78,9 +85,7 @@ impl Sampler {
     /// (top-k 0) stays on the host.
     pub fn gpu_can_pick(&self) -> bool {
         let p = &self.params;
-        p.temperature <= 0.0
-            || p.top_k == 1
-            || (1..=crate::kernels::sample::MAX_TOP_K as usize).contains(&p.top_k)
+        p.is_greedy() || (1..=crate::kernels::sample::MAX_TOP_K as usize).contains(&p.top_k)
     }
 
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
@@ -104,7 +109,7 @@ impl Sampler {
 /// [`Sampler::sample`] with `draw` giving its uniform (called once, and only when a token is
 /// sampled rather than the argmax taken).
 pub fn sample_with(p: &SamplingParams, logits: &[f32], draw: &mut dyn FnMut() -> f64) -> u32 {
-    if p.temperature <= 0.0 || p.top_k == 1 {
+    if p.is_greedy() {
         return argmax(logits);
     }
     let mut cand: Vec<(u32, f32)> = logits
@@ -424,8 +429,7 @@ fn choose<'w>(
     window: &'w [u32],
     prev: bool,
 ) -> (Pick<'w>, bool) {
-    let greedy = p.temperature <= 0.0 || p.top_k == 1;
-    match (greedy, penalty) {
+    match (p.is_greedy(), penalty) {
         (true, false) => (Pick::Argmax, false),
         (true, true) => (
             Pick::PenalizedArgmax {

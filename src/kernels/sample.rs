@@ -165,13 +165,7 @@ pub fn sample(
     let gpu = rec.gpu();
     let pipe = |e| gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, e, &[]);
     let sc = scratch;
-    rec.cost(8 * n as u64, 0, "");
-    rec.dispatch(
-        &pipe("prep"),
-        &p,
-        &[&sc.work, x.buf, ids, window],
-        gpu.grid(n.div_ceil(256)),
-    );
+    prep(rec, &p, x, window, ids, sc);
     let work = View::rows(&sc.work, n);
     topk::topk(
         rec,
@@ -217,12 +211,25 @@ pub fn argmax_penalized(
         r: 0.0,
     };
     let p = PickParams::new(x, n, &greedy, win_len, use_prev, out_off, 1);
+    prep(rec, &p, x, window, ids, scratch);
+    argmax(rec, View::rows(&scratch.work, n), n, part, ids, out_off);
+}
+
+/// sample_pick.wgsl's `prep`: the penalized (and, unless `p.raw`, sanitized) logits of `x`
+/// into `scratch.work`.
+fn prep(
+    rec: &mut Recorder,
+    p: &PickParams,
+    x: View,
+    window: &wgpu::Buffer,
+    ids: &wgpu::Buffer,
+    scratch: &SampleScratch,
+) {
     let gpu = rec.gpu();
     let pipe = gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, "prep", &[]);
-    rec.cost(8 * n as u64, 0, "");
-    let grid = gpu.grid(n.div_ceil(256));
-    rec.dispatch(&pipe, &p, &[&scratch.work, x.buf, ids, window], grid);
-    argmax(rec, View::rows(&scratch.work, n), n, part, ids, out_off);
+    rec.cost(8 * p.n as u64, 0, "");
+    let grid = gpu.grid(p.n.div_ceil(256));
+    rec.dispatch(&pipe, p, &[&scratch.work, x.buf, ids, window], grid);
 }
 
 #[cfg(test)]
