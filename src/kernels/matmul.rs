@@ -428,10 +428,13 @@ mod tests {
     use crate::kernels::testutil::{assert_close_plus, gpu, gpu_default_limits, Rng};
     use crate::weights::{quant, DType, QFormat, WFormat};
 
-    /// Whether the integer-dot GEMV may serve `rows` rows of x over `f` (q4, or q8 when a test
-    /// asks for it; one row).
-    fn int_dot(f: WFormat, rows: usize) -> bool {
-        rows == 1 && matches!(f, WFormat::Quant(QFormat::Q8 { .. } | QFormat::Q4 { .. }))
+    /// Whether `matmul` runs the integer-dot GEMV for this call (`kind` as given to
+    /// `run_matmul`: forced, or picked as `matmul` picks it).
+    fn int_dot(kind: Option<Dense>, rows: usize, x: View, w: &GpuWeight) -> bool {
+        match kind {
+            Some(k) => matches!(k, Dense::GemvDot(..)),
+            None => rows == 1 && dot_blocks(gpu(), x, w).is_some(),
+        }
     }
 
     /// The most the integer-dot GEMV's x may add to |x · w|: each x value is held to within
@@ -569,7 +572,7 @@ mod tests {
             let xr = &xs[x_off + t * x_stride..][..k];
             for j in 0..n {
                 want[y_off + t * y_stride + j] = dot(xr, &wr[j * k..][..k]);
-                if int_dot(dtype, rows) {
+                if int_dot(kind, rows, xv, &wgt) {
                     extra[y_off + t * y_stride + j] = x_split_bound(xr, &wr[j * k..][..k]);
                 }
             }
@@ -780,10 +783,15 @@ mod tests {
         let eb = g.buffer_from(&ex, "experts").unwrap();
         let ylen = y_off + slots * y_stride + 2;
         let yb = g.buffer_from(&vec![SENTINEL; ylen], "y").unwrap();
+        let xv = View::new(&xb, x_off as u32, x_stride as u32);
+        // As matmul_experts decides: GEMV rows, 16-byte x, and gemv_dot's own conditions.
+        let int_dot_experts = rows <= GEMV_MAX_ROWS as usize
+            && gemv4_ok(2, xv, &wgt)
+            && dot_blocks(g, xv, &wgt).is_some();
         let mut rec = g.recorder();
         matmul_experts(
             &mut rec,
-            View::new(&xb, x_off as u32, x_stride as u32),
+            xv,
             x_per_slot,
             &wgt,
             n_experts as u32,
@@ -803,7 +811,7 @@ mod tests {
             for j in 0..rpe {
                 let wrow = &wr[(e * rpe + j) * k..][..k];
                 want[y_off + s * y_stride + j] = dot(xrow, wrow);
-                if rows <= GEMV_MAX_ROWS as usize && int_dot(dtype, 1) {
+                if int_dot_experts {
                     extra[y_off + s * y_stride + j] = x_split_bound(xrow, wrow);
                 }
             }
