@@ -6,6 +6,7 @@
 //! - [`kernels`]: one WGSL kernel family per module, each with its CPU-reference tests.
 //! - [`model`]: weights on the GPU and the forward pass.
 //! - [`cache`]: latent MLA and indexer-key caches.
+//! - [`experts`]: `--gpu-memory` budgets and the routed-expert cache (offloading).
 //! - [`generate`]: sampling and the generation loop.
 //! - [`quantize`]: conversion to sparsa's q8 / q4 formats.
 //! - [`bench`]: `sparsa bench` (speed against the adapter's measured limits).
@@ -17,6 +18,7 @@ pub mod cache;
 pub mod chat;
 pub mod config;
 pub mod error;
+pub mod experts;
 pub mod fault;
 pub mod fuzzing;
 pub mod generate;

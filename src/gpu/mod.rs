@@ -413,6 +413,28 @@ impl Gpu {
         Ok(())
     }
 
+    /// Bytes of the adapter's largest device-local memory heap, where the backend tells
+    /// (Vulkan); `None` elsewhere (wgpu has no portable query).
+    pub fn memory_size(&self) -> Option<u64> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            // SAFETY: the HAL device is only read (one query of the physical device's memory
+            // properties); nothing is created or destroyed through it.
+            let dev = unsafe { self.device.as_hal::<wgpu::hal::api::Vulkan>() }?;
+            let inst = dev.shared_instance().raw_instance();
+            // SAFETY: the physical device handle belongs to this live instance.
+            let props =
+                unsafe { inst.get_physical_device_memory_properties(dev.raw_physical_device()) };
+            props.memory_heaps[..props.memory_heap_count as usize]
+                .iter()
+                .filter(|h| h.flags.contains(ash::vk::MemoryHeapFlags::DEVICE_LOCAL))
+                .map(|h| h.size)
+                .max()
+        }
+        #[cfg(target_arch = "wasm32")]
+        None
+    }
+
     /// Largest buffer we bind as one storage binding.
     pub fn max_binding(&self) -> u64 {
         self.limits

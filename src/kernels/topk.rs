@@ -60,6 +60,15 @@ impl TopkScratch {
         Self::with_groups(gpu, max_rows, groups)
     }
 
+    /// GPU bytes of the scratch for `max_rows` rows (at most: the workgroup target is the
+    /// larger of the GPU's and the CPU's).
+    pub fn bytes_for(max_rows: u32) -> u64 {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+        let groups = (WIDE_TARGET_GROUPS as u64).max(threads * WIDE_GROUPS_PER_CPU_THREAD as u64);
+        let rows = max_rows.max(1) as u64;
+        rows * (HIST_ROW + STATE_ROW) * 4 + (groups + rows) * 8
+    }
+
     /// Scratch whose wide kernel aims at `groups` workgroups.
     fn with_groups(gpu: &Gpu, max_rows: u32, groups: u32) -> Result<TopkScratch> {
         let rows = max_rows.max(1);

@@ -9,6 +9,7 @@ use super::load::{Layer, Mlp, SwiGlu};
 use super::rope::RopeTable;
 use super::Model;
 use crate::cache::Caches;
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::gpu::Recorder;
 use crate::kernels::{
@@ -60,6 +61,8 @@ struct Scratch {
     rlogits: wgpu::Buffer,
     ridx: wgpu::Buffer,
     rw: wgpu::Buffer,
+    /// The expert slot of each routed pair, for layers that stream their experts.
+    sidx: wgpu::Buffer,
     moe_gu: wgpu::Buffer,
     moe_act: wgpu::Buffer,
     moe_out: wgpu::Buffer,
@@ -143,65 +146,43 @@ impl<'m> Session<'m> {
             return Err(Error::msg("--ctx must be at least 1"));
         }
         let caches = Caches::new(gpu, cfg, max_ctx)?;
-        // Largest per-row footprints decide the chunk: scores are [chunk, ctx], logits
-        // [chunk, vocab], the absorbed queries [chunk, heads * kv_lora].
-        let lim = gpu.max_binding() as usize / 4;
-        let widest = [
-            max_ctx,
-            cfg.vocab_size,
-            cfg.num_attention_heads * cfg.kv_lora_rank,
-            cfg.num_experts_per_tok * 2 * cfg.moe_intermediate_size.max(1),
-            cfg.num_experts_per_tok * cfg.hidden_size,
-            2 * cfg.intermediate_size,
-        ]
-        .into_iter()
-        .fold(1, usize::max);
-        let chunk = (lim / widest).clamp(1, 128);
-        let c = chunk;
-        let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
-        let qk = cfg.qk_head_dim();
-        let k = cfg.num_experts_per_tok;
-        let inter = cfg
-            .intermediate_size
-            .max(cfg.moe_intermediate_size * cfg.n_shared_experts);
-        let f = |n: usize, name: &str| gpu.buffer((n * 4) as u64, name);
+        let c = Self::chunk_for(cfg, max_ctx, gpu.max_binding());
+        let sizes = Self::scratch_sizes(cfg, max_ctx, dense, c);
+        let f = |name: &'static str| {
+            let n = sizes.iter().find(|z| z.0 == name).map_or(0, |z| z.1);
+            gpu.buffer((n * 4) as u64, name)
+        };
         let s = Scratch {
-            ids: f(c, "ids")?,
-            cos_sin: f(c * cfg.qk_rope_head_dim, "cos_sin")?,
-            h: f(c * h, "h")?,
-            x: f(c * h, "x")?,
-            tmp_h: f(c * h, "tmp_h")?,
-            qa_raw: f(c * cfg.q_lora_rank, "qa_raw")?,
-            qa: f(c * cfg.q_lora_rank, "qa")?,
-            q: f(c * heads * qk, "q")?,
-            kva: f(c * (cfg.kv_lora_rank + cfg.qk_rope_head_dim), "kva")?,
-            q_abs: f(c * heads * cfg.kv_lora_rank, "q_abs")?,
-            o_lat: f(c * heads * cfg.kv_lora_rank, "o_lat")?,
-            attn: f(c * heads * cfg.v_head_dim, "attn")?,
-            iq: f(c * cfg.index_n_heads * cfg.index_head_dim, "iq")?,
-            ik: f(c * cfg.index_head_dim, "ik")?,
-            iw: f(c * cfg.index_n_heads, "iw")?,
-            scores: f(c * max_ctx, "scores")?,
-            sel_idx: f(
-                c * if dense {
-                    max_ctx
-                } else {
-                    cfg.index_topk.min(max_ctx)
-                },
-                "sel_idx",
-            )?,
-            sel_cnt: f(c, "sel_cnt")?,
+            ids: f("ids")?,
+            cos_sin: f("cos_sin")?,
+            h: f("h")?,
+            x: f("x")?,
+            tmp_h: f("tmp_h")?,
+            qa_raw: f("qa_raw")?,
+            qa: f("qa")?,
+            q: f("q")?,
+            kva: f("kva")?,
+            q_abs: f("q_abs")?,
+            o_lat: f("o_lat")?,
+            attn: f("attn")?,
+            iq: f("iq")?,
+            ik: f("ik")?,
+            iw: f("iw")?,
+            scores: f("scores")?,
+            sel_idx: f("sel_idx")?,
+            sel_cnt: f("sel_cnt")?,
             topk_scratch: topk::TopkScratch::new(gpu, c as u32)?,
-            rlogits: f(c * cfg.n_routed_experts.max(1), "router logits")?,
-            ridx: f(c * k, "router idx")?,
-            rw: f(c * k, "router weights")?,
-            moe_gu: f(c * k * 2 * cfg.moe_intermediate_size.max(1), "moe gate_up")?,
-            moe_act: f(c * k * cfg.moe_intermediate_size.max(1), "moe act")?,
-            moe_out: f(c * k * h, "moe out")?,
-            mlp_gu: f(c * 2 * inter, "mlp gate_up")?,
-            mlp_act: f(c * inter, "mlp act")?,
-            logits: f(c * cfg.vocab_size, "logits")?,
-            argmax_part: f(sample::PART_WORDS as usize, "argmax partials")?,
+            rlogits: f("router logits")?,
+            ridx: f("router idx")?,
+            rw: f("router weights")?,
+            sidx: f("expert slots")?,
+            moe_gu: f("moe gate_up")?,
+            moe_act: f("moe act")?,
+            moe_out: f("moe out")?,
+            mlp_gu: f("mlp gate_up")?,
+            mlp_act: f("mlp act")?,
+            logits: f("logits")?,
+            argmax_part: f("argmax partials")?,
             sample: sample::SampleScratch::new(gpu, cfg.vocab_size as u32)?,
             picked: [0, 1].map(|_| {
                 gpu.create_buffer(&wgpu::BufferDescriptor {
@@ -217,7 +198,7 @@ impl<'m> Session<'m> {
             model,
             caches,
             pos: 0,
-            chunk,
+            chunk: c,
             topk: if dense {
                 max_ctx
             } else {
@@ -228,6 +209,88 @@ impl<'m> Session<'m> {
             s,
             pending: [None, None],
         })
+    }
+
+    /// Rows per prefill chunk: the widest per-row scratch (scores are `[chunk, ctx]`, logits
+    /// `[chunk, vocab]`, the absorbed queries `[chunk, heads * kv_lora]`, …) fits one binding.
+    fn chunk_for(cfg: &Config, max_ctx: usize, max_binding: u64) -> usize {
+        let lim = max_binding as usize / 4;
+        let widest = [
+            max_ctx,
+            cfg.vocab_size,
+            cfg.num_attention_heads * cfg.kv_lora_rank,
+            cfg.num_experts_per_tok * 2 * cfg.moe_intermediate_size.max(1),
+            cfg.num_experts_per_tok * cfg.hidden_size,
+            2 * cfg.intermediate_size,
+        ]
+        .into_iter()
+        .fold(1, usize::max);
+        (lim / widest).clamp(1, 128)
+    }
+
+    /// The f32 scratch buffers of a session, by name: elements for chunks of `c` rows.
+    fn scratch_sizes(
+        cfg: &Config,
+        max_ctx: usize,
+        dense: bool,
+        c: usize,
+    ) -> Vec<(&'static str, usize)> {
+        let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
+        let k = cfg.num_experts_per_tok;
+        let mi = cfg.moe_intermediate_size.max(1);
+        let inter = cfg
+            .intermediate_size
+            .max(cfg.moe_intermediate_size * cfg.n_shared_experts);
+        let sel = if dense {
+            max_ctx
+        } else {
+            cfg.index_topk.min(max_ctx)
+        };
+        vec![
+            ("ids", c),
+            ("cos_sin", c * cfg.qk_rope_head_dim),
+            ("h", c * h),
+            ("x", c * h),
+            ("tmp_h", c * h),
+            ("qa_raw", c * cfg.q_lora_rank),
+            ("qa", c * cfg.q_lora_rank),
+            ("q", c * heads * cfg.qk_head_dim()),
+            ("kva", c * (cfg.kv_lora_rank + cfg.qk_rope_head_dim)),
+            ("q_abs", c * heads * cfg.kv_lora_rank),
+            ("o_lat", c * heads * cfg.kv_lora_rank),
+            ("attn", c * heads * cfg.v_head_dim),
+            ("iq", c * cfg.index_n_heads * cfg.index_head_dim),
+            ("ik", c * cfg.index_head_dim),
+            ("iw", c * cfg.index_n_heads),
+            ("scores", c * max_ctx),
+            ("sel_idx", c * sel),
+            ("sel_cnt", c),
+            ("router logits", c * cfg.n_routed_experts.max(1)),
+            ("router idx", c * k),
+            ("router weights", c * k),
+            ("expert slots", c * k),
+            ("moe gate_up", c * k * 2 * mi),
+            ("moe act", c * k * mi),
+            ("moe out", c * k * h),
+            ("mlp gate_up", c * 2 * inter),
+            ("mlp act", c * inter),
+            ("logits", c * cfg.vocab_size),
+            ("argmax partials", sample::PART_WORDS as usize),
+        ]
+    }
+
+    /// GPU bytes a session's scratch takes (the planner places them before the experts):
+    /// the buffers of [`Session::scratch_sizes`], the sampler's and the top-k's.
+    pub fn scratch_bytes(cfg: &Config, max_ctx: usize, max_binding: u64) -> u64 {
+        let c = Self::chunk_for(cfg, max_ctx, max_binding);
+        let f32s: usize = Self::scratch_sizes(cfg, max_ctx, false, c)
+            .iter()
+            .map(|z| z.1)
+            .sum();
+        // Sampling: a logits row, its candidates and a one-row top-k; the indexer's top-k.
+        (4 * (f32s + cfg.vocab_size + sample::MAX_TOP_K as usize + 1)) as u64
+            + topk::TopkScratch::bytes_for(1)
+            + topk::TopkScratch::bytes_for(c as u32)
     }
 
     pub fn max_ctx(&self) -> usize {
@@ -463,24 +526,26 @@ impl<'m> Session<'m> {
                         &s.rw,
                     );
                     let gu = View::rows(&s.moe_gu, 2 * mi);
-                    matmul::matmul_experts(
-                        &mut rec,
-                        View::rows(&s.x, hd),
-                        false,
-                        &m.gate_up,
-                        e,
-                        &s.ridx,
-                        k,
-                        gu,
-                        t,
-                    );
                     let act = View::rows(&s.moe_act, mi);
-                    elementwise::swiglu(&mut rec, gu, gu.col(mi), act, t * k, mi);
                     let out = View::rows(&s.moe_out, hd);
-                    matmul::matmul_experts(&mut rec, act, true, &m.down, e, &s.ridx, k, out, t);
+                    let x = View::rows(&s.x, hd);
+                    // The routed experts named by `idx` (expert ids, or slots of the cache).
+                    let experts = |rec: &mut Recorder, idx: &wgpu::Buffer, n: u32| {
+                        matmul::matmul_experts(rec, x, false, &m.gate_up, n, idx, k, gu, t);
+                        elementwise::swiglu(rec, gu, gu.col(mi), act, t * k, mi);
+                        matmul::matmul_experts(rec, act, true, &m.down, n, idx, k, out, t);
+                    };
+                    match (&m.source, &model.offload) {
+                        (Some(src), Some(off)) => {
+                            let n = (m.gate_up.rows / (2 * mi as usize)) as u32;
+                            self.stream_experts(&mut rec, off, i, src, m, t, n, experts)?;
+                        }
+                        _ => experts(&mut rec, &s.ridx, e),
+                    }
                     if let Some(sh) = &m.shared {
                         self.swiglu(&mut rec, sh, t);
                     }
+                    let out = View::rows(&s.moe_out, hd);
                     elementwise::moe_combine(&mut rec, out, &s.rw, k, View::rows(&s.h, hd), t, hd);
                 }
             }
@@ -518,8 +583,51 @@ impl<'m> Session<'m> {
             self.pending[slot] = gpu.last_submission();
         }
         gpu.check()?;
+        if let Some(off) = &model.offload {
+            off.check_files()?;
+        }
         self.pos += t as usize;
         Ok(())
+    }
+
+    /// Layer `i`'s routed experts from the expert cache: wait for the router's choices,
+    /// upload what is missing into the `n` slots, and run `experts` over the slot table, in as
+    /// many rounds as the cache needs (see [`crate::experts`]).
+    #[allow(clippy::too_many_arguments)]
+    fn stream_experts(
+        &self,
+        rec: &mut Recorder,
+        off: &crate::experts::Offload,
+        i: usize,
+        src: &crate::experts::ExpertSource,
+        m: &super::load::Moe,
+        t: u32,
+        n: u32,
+        experts: impl Fn(&mut Recorder, &wgpu::Buffer, u32),
+    ) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let gpu = &*self.model.gpu;
+            let k = self.model.config.num_experts_per_tok;
+            rec.flush();
+            let t0 = std::time::Instant::now();
+            let ids = gpu.read_u32(&self.s.ridx, 0, t as usize * k)?;
+            let first = off.first_layer() == Some(i);
+            off.count_sync(t as usize, t0.elapsed().as_secs_f64(), first);
+            off.serve(gpu, i, src, ids, t as usize, &m.gate_up, &m.down, |slots| {
+                gpu.write(&self.s.sidx, 0, bytemuck::cast_slice(slots));
+                experts(rec, &self.s.sidx, n);
+                rec.flush();
+                Ok(())
+            })
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (rec, off, i, src, m, t, n, experts);
+            Err(Error::msg(
+                "expert offloading needs to wait for the GPU mid-step, which the browser cannot",
+            ))
+        }
     }
 
     /// Records `pick` over the logits row `last`; the token goes to `ids[0]`.

@@ -14,9 +14,10 @@
 
 use crate::config::{Config, IndexerKind};
 use crate::error::{Error, Result};
+use crate::experts::ExpertSource;
 use crate::gpu::Gpu;
 use crate::weights::quant::stored_format;
-use crate::weights::{GpuWeight, QFormat, QuantPart, TensorRef, WeightFiles};
+use crate::weights::{GpuWeight, QFormat, QuantPart, RowSource, TensorRef, WFormat, WeightFiles};
 
 pub struct Indexer {
     pub wq_b: GpuWeight,
@@ -41,6 +42,9 @@ pub struct Moe {
     /// `[E * H, I]`.
     pub down: GpuWeight,
     pub shared: Option<SwiGlu>,
+    /// Set when the experts stay in the files and `gate_up` / `down` hold only the slots
+    /// of [`crate::experts`]'s cache (`[slots * 2I, H]`, `[slots * H, I]`).
+    pub source: Option<ExpertSource>,
 }
 
 pub enum Mlp {
@@ -83,8 +87,8 @@ struct Loader<'a, 'p> {
     progress: Progress<'p>,
 }
 
-impl Loader<'_, '_> {
-    fn tensor(&self, name: &str) -> Result<TensorRef<'_>> {
+impl<'a> Loader<'a, '_> {
+    fn tensor(&self, name: &str) -> Result<TensorRef<'a>> {
         self.files.get(name)
     }
 
@@ -130,21 +134,20 @@ impl Loader<'_, '_> {
         Ok(w)
     }
 
-    /// A matrix made of several tensors stacked by rows (each `[r_i, cols]`).
-    fn stacked(
-        &mut self,
+    /// Check that `names` (each `[r_i, cols]`) can stack into one matrix (one format, shapes,
+    /// scales present), without reading their values.
+    fn collect(
+        &self,
         names: &[String],
         rows_each: &[usize],
         cols: usize,
-        align: usize,
-        label: &str,
-    ) -> Result<GpuWeight> {
+    ) -> Result<(Option<QFormat>, Vec<RowSource<'a>>, u64)> {
+        let files = self.files;
         let mut parts = Vec::with_capacity(names.len());
-        let mut qparts = Vec::new();
         let mut fmt = None;
         let mut file_bytes = 0u64;
         for (i, (n, r)) in names.iter().zip(rows_each).enumerate() {
-            let t = self.files.get(n)?;
+            let t = files.get(n)?;
             let f = stored_format(&t, self.qconfig)?;
             if i > 0 && f != fmt {
                 return Err(Error::msg(format!(
@@ -159,11 +162,11 @@ impl Loader<'_, '_> {
             match f {
                 None => {
                     t.expect_shape(&[*r, cols])?;
-                    parts.push(t);
+                    parts.push(RowSource::Float(t));
                 }
                 Some(q) => {
                     let sname = format!("{n}{}", q.scale_suffix());
-                    let scale = self.files.get(&sname).map_err(|_| {
+                    let scale = files.get(&sname).map_err(|_| {
                         Error::msg(format!(
                             "tensor {n} in {}: {} weights need their scales in {sname}, which is missing",
                             t.file.display(),
@@ -178,13 +181,44 @@ impl Loader<'_, '_> {
                         )));
                     }
                     file_bytes += scale.bytes.len() as u64;
-                    qparts.push(QuantPart { weight: t, scale });
+                    parts.push(RowSource::Quant(QuantPart { weight: t, scale }));
                 }
             }
         }
+        Ok((fmt, parts, file_bytes))
+    }
+
+    /// A matrix made of several tensors stacked by rows (each `[r_i, cols]`).
+    fn stacked(
+        &mut self,
+        names: &[String],
+        rows_each: &[usize],
+        cols: usize,
+        align: usize,
+        label: &str,
+    ) -> Result<GpuWeight> {
+        let (fmt, parts, file_bytes) = self.collect(names, rows_each, cols)?;
         let w = match fmt {
-            None => GpuWeight::upload(self.gpu, &parts, cols, align, label)?,
-            Some(q) => GpuWeight::upload_quant(self.gpu, &qparts, q, cols, align, None, label)?,
+            None => {
+                let f: Vec<TensorRef> = parts
+                    .into_iter()
+                    .filter_map(|p| match p {
+                        RowSource::Float(t) => Some(t),
+                        RowSource::Quant(_) => None,
+                    })
+                    .collect();
+                GpuWeight::upload(self.gpu, &f, cols, align, label)?
+            }
+            Some(q) => {
+                let qp: Vec<QuantPart> = parts
+                    .into_iter()
+                    .filter_map(|p| match p {
+                        RowSource::Quant(q) => Some(q),
+                        RowSource::Float(_) => None,
+                    })
+                    .collect();
+                GpuWeight::upload_quant(self.gpu, &qp, q, cols, align, None, label)?
+            }
         };
         self.tick(file_bytes)?;
         Ok(w)
@@ -225,12 +259,20 @@ impl Loader<'_, '_> {
         })
     }
 
-    fn experts(&mut self, p: &str, cfg: &Config) -> Result<(GpuWeight, GpuWeight)> {
+    /// The routed experts of the MLP at `p`: all of them, or with `slots` < n_routed_experts
+    /// that many empty slots and where each expert's tensors are (checked, not read).
+    fn experts(
+        &mut self,
+        p: &str,
+        cfg: &Config,
+        slots: Option<usize>,
+    ) -> Result<(GpuWeight, GpuWeight, Option<ExpertSource>)> {
         let (e, h, i) = (
             cfg.n_routed_experts,
             cfg.hidden_size,
             cfg.moe_intermediate_size,
         );
+        let slots = slots.filter(|&s| s < e);
         let fused = format!("{p}.experts.gate_up_proj");
         if self.files.contains(&fused) {
             // transformers 5 layout: [E, 2I, H] and [E, H, I] (no `.weight` suffix).
@@ -241,15 +283,35 @@ impl Loader<'_, '_> {
                 )));
             }
             t.expect_shape(&[e, 2 * i, h])?;
+            let dn = format!("{p}.experts.down_proj");
+            let d = self.tensor(&dn)?;
+            d.expect_shape(&[e, h, i])?;
+            if let Some(n) = slots {
+                let f = WFormat::Float(t.dtype()?);
+                if d.dtype()? != t.dtype()? {
+                    return Err(Error::msg(format!(
+                        "tensor {dn}: dtype {:?} differs from {:?} of {fused}",
+                        d.dtype, t.dtype
+                    )));
+                }
+                let gu = GpuWeight::empty(self.gpu, n * 2 * i, h, f, 2 * i, &fused)?;
+                let dw = GpuWeight::empty(self.gpu, n * h, i, f, h, &dn)?;
+                self.tick((t.bytes.len() + d.bytes.len()) as u64)?;
+                return Ok((
+                    gu,
+                    dw,
+                    Some(ExpertSource::Fused {
+                        gate_up: fused,
+                        down: dn,
+                    }),
+                ));
+            }
             let gu = GpuWeight::upload(self.gpu, &[t], h, 2 * i, &fused)?;
             self.tick(gu.bytes())?;
             // (float only, so GPU bytes equal file bytes)
-            let dn = format!("{p}.experts.down_proj");
-            let t = self.tensor(&dn)?;
-            t.expect_shape(&[e, h, i])?;
-            let d = GpuWeight::upload(self.gpu, &[t], i, h, &dn)?;
-            self.tick(d.bytes())?;
-            return Ok((gu, d));
+            let dw = GpuWeight::upload(self.gpu, &[d], i, h, &dn)?;
+            self.tick(dw.bytes())?;
+            return Ok((gu, dw, None));
         }
         let mut gu_names = Vec::with_capacity(2 * e);
         let mut dn_names = Vec::with_capacity(e);
@@ -258,19 +320,56 @@ impl Loader<'_, '_> {
             gu_names.push(format!("{p}.experts.{x}.up_proj.weight"));
             dn_names.push(format!("{p}.experts.{x}.down_proj.weight"));
         }
-        let gu = self.stacked(
-            &gu_names,
-            &vec![i; 2 * e],
-            h,
-            2 * i,
-            &format!("{p}.experts.gate_up"),
-        )?;
-        let d = self.stacked(&dn_names, &vec![h; e], i, h, &format!("{p}.experts.down"))?;
-        Ok((gu, d))
+        let (gl, dl) = (format!("{p}.experts.gate_up"), format!("{p}.experts.down"));
+        if let Some(n) = slots {
+            let (gf, gparts, gb) = self.collect(&gu_names, &vec![i; 2 * e], h)?;
+            let (df, _, db) = self.collect(&dn_names, &vec![h; e], i)?;
+            let format = |f: Option<QFormat>| -> Result<WFormat> {
+                Ok(match f {
+                    Some(q) => WFormat::Quant(q),
+                    None => match &gparts[0] {
+                        RowSource::Float(t) => WFormat::Float(t.dtype()?),
+                        RowSource::Quant(q) => WFormat::Quant(
+                            stored_format(&q.weight, self.qconfig)?.unwrap_or(QFormat::Fp8),
+                        ),
+                    },
+                })
+            };
+            if gf != df {
+                return Err(Error::msg(format!(
+                    "{}: stored as {} but {} as {} (a layer's experts must share one format)",
+                    dn_names[0],
+                    df.map_or("float", |q| q.name()),
+                    gu_names[0],
+                    gf.map_or("float", |q| q.name()),
+                )));
+            }
+            let gu = GpuWeight::empty(self.gpu, n * 2 * i, h, format(gf)?, 2 * i, &gl)?;
+            let dw = GpuWeight::empty(self.gpu, n * h, i, format(df)?, h, &dl)?;
+            self.tick(gb + db)?;
+            return Ok((
+                gu,
+                dw,
+                Some(ExpertSource::PerExpert {
+                    prefix: format!("{p}.experts"),
+                }),
+            ));
+        }
+        let gu = self.stacked(&gu_names, &vec![i; 2 * e], h, 2 * i, &gl)?;
+        let d = self.stacked(&dn_names, &vec![h; e], i, h, &dl)?;
+        Ok((gu, d, None))
     }
 }
 
-pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) -> Result<Weights> {
+/// Upload `files` to the GPU; with `slots` (per layer, from [`crate::experts::plan`]) a MoE
+/// layer with fewer slots than experts gets empty slots and its experts stay in the files.
+pub fn load(
+    gpu: &Gpu,
+    cfg: &Config,
+    files: &WeightFiles,
+    progress: Progress,
+    slots: Option<&[usize]>,
+) -> Result<Weights> {
     let total = files.total_bytes();
     let mut l = Loader {
         gpu,
@@ -327,7 +426,7 @@ pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) ->
             } else {
                 gpu.buffer_from(&vec![0f32; cfg.n_routed_experts], &bname)?
             };
-            let (gate_up, down) = l.experts(&m, cfg)?;
+            let (gate_up, down, source) = l.experts(&m, cfg, slots.map(|s| s[i]))?;
             let shared = if cfg.n_shared_experts > 0 {
                 Some(l.swiglu(
                     &format!("{m}.shared_experts"),
@@ -343,6 +442,7 @@ pub fn load(gpu: &Gpu, cfg: &Config, files: &WeightFiles, progress: Progress) ->
                 gate_up,
                 down,
                 shared,
+                source,
             }))
         };
         layers.push(Layer {

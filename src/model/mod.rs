@@ -18,6 +18,16 @@ use crate::config::Config;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::Error;
 use crate::error::Result;
+use crate::experts::{GpuMemory, Offload, Policy};
+
+/// A GPU memory budget for loading: `memory` must hold the model's non-expert weights, the
+/// caches for `ctx` tokens and scratch; the rest caches routed experts under `policy`.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    pub memory: GpuMemory,
+    pub ctx: usize,
+    pub policy: Policy,
+}
 use crate::gpu::Gpu;
 use crate::weights::WeightFiles;
 #[cfg(not(target_arch = "wasm32"))]
@@ -28,6 +38,9 @@ pub struct Model {
     pub config: Config,
     pub gpu: Arc<Gpu>,
     pub weights: load::Weights,
+    /// The routed-expert cache when loaded under a `--gpu-memory` budget that streams
+    /// experts.
+    pub offload: Option<Offload>,
     /// How logs and errors name the model (its directory, or the built-in model's name).
     pub label: String,
 }
@@ -69,13 +82,61 @@ impl Model {
         label: String,
         progress: load::Progress,
     ) -> Result<Model> {
-        let weights = load::load(&gpu, &config, files, progress)?;
+        Self::from_parts_with(config, files, gpu, label, progress, None)
+    }
+
+    /// [`Model::from_source`] within a GPU memory budget: the routed experts that do not fit
+    /// stay in the files and stream through a cache (see [`crate::experts`]).
+    pub fn from_source_with(
+        src: &ModelSource,
+        gpu: Arc<Gpu>,
+        progress: load::Progress,
+        budget: Option<&Budget>,
+    ) -> Result<Model> {
+        Self::from_parts_with(
+            src.config.clone(),
+            &src.weights,
+            gpu,
+            src.label.clone(),
+            progress,
+            budget,
+        )
+    }
+
+    fn from_parts_with(
+        config: Config,
+        files: &WeightFiles,
+        gpu: Arc<Gpu>,
+        label: String,
+        progress: load::Progress,
+        budget: Option<&Budget>,
+    ) -> Result<Model> {
+        let plan = match budget {
+            Some(b) => {
+                let bytes = b.memory.bytes(gpu.memory_size())?;
+                let scratch = Session::scratch_bytes(&config, b.ctx, gpu.max_binding());
+                let p = crate::experts::plan(&config, files, bytes, b.ctx, scratch)?;
+                log::info!("{}", p.describe());
+                Some(p)
+            }
+            None => None,
+        };
+        let slots = plan
+            .as_ref()
+            .filter(|p| p.offloads())
+            .map(|p| p.slots.clone());
+        let weights = load::load(&gpu, &config, files, progress, slots.as_deref())?;
         gpu.sync()?;
         files.check_unchanged()?;
+        let offload = match (plan, budget) {
+            (Some(p), Some(b)) if p.offloads() => Some(Offload::new(p, b.policy, files.clone())),
+            _ => None,
+        };
         Ok(Model {
             config,
             gpu,
             weights,
+            offload,
             label,
         })
     }

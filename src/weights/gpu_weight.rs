@@ -33,6 +33,12 @@ impl GpuWeight {
     }
 }
 
+/// Rows to write into a matrix: floating point, or quantized with their scales.
+pub enum RowSource<'a> {
+    Float(TensorRef<'a>),
+    Quant(QuantPart<'a>),
+}
+
 pub struct QuantPart<'a> {
     pub weight: TensorRef<'a>,
     pub scale: TensorRef<'a>,
@@ -382,6 +388,166 @@ impl GpuWeight {
             cols,
             stride: format.stride(cols),
         })
+    }
+
+    /// An uninitialized `[rows, cols]` matrix of `format` (rows that
+    /// [`GpuWeight::write_rows`] fills later: the routed-expert slots), chunked like an
+    /// uploaded one with groups of `align_rows` rows never split.
+    pub fn empty(
+        gpu: &Gpu,
+        rows: usize,
+        cols: usize,
+        format: WFormat,
+        align_rows: usize,
+        label: &str,
+    ) -> Result<GpuWeight> {
+        let per = Self::chunk_rows(gpu, rows, cols, format, align_rows.max(1), label)?;
+        let (grb, srb) = (format.row_bytes(cols), format.scale_row_bytes(cols));
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        while row0 < rows {
+            let n = per.min(rows - row0);
+            let buf = gpu.buffer((n * grb) as u64, label)?;
+            let scale = match format {
+                WFormat::Quant(_) => Some(gpu.buffer(((n * srb).div_ceil(4) * 4) as u64, label)?),
+                WFormat::Float(_) => None,
+            };
+            chunks.push(WeightChunk {
+                buf,
+                scale,
+                row0,
+                rows: n,
+            });
+            row0 += n;
+        }
+        Ok(GpuWeight {
+            chunks,
+            format,
+            rows,
+            cols,
+            stride: format.stride(cols),
+        })
+    }
+
+    /// Overwrite rows `row0 ..` with `parts` (consecutive, one chunk, this matrix's format),
+    /// writing from the files' bytes straight into the API's staging memory where the GPU
+    /// layout is the file layout. `check` scans the values as the loader does (finite floats,
+    /// no FP8 NaN bytes). Returns the bytes written.
+    pub fn write_rows(
+        &self,
+        gpu: &Gpu,
+        row0: usize,
+        parts: &[RowSource],
+        check: bool,
+    ) -> Result<u64> {
+        let cols = self.cols;
+        let mut r = row0;
+        let mut written = 0u64;
+        for part in parts {
+            let c = self
+                .chunks
+                .iter()
+                .find(|c| r >= c.row0 && r < c.row0 + c.rows)
+                .ok_or_else(|| Error::msg(format!("row {r} is outside the matrix")))?;
+            let local = r - c.row0;
+            let fits = |n: usize| -> Result<()> {
+                if local + n > c.rows {
+                    return Err(Error::msg(format!(
+                        "rows {r}..{} straddle a chunk boundary",
+                        r + n
+                    )));
+                }
+                Ok(())
+            };
+            let aligned = |what: &str, off: usize, len: usize| -> Result<()> {
+                if !off.is_multiple_of(4) || !len.is_multiple_of(4) {
+                    return Err(Error::msg(format!(
+                        "{what}: rows of {cols} columns do not start on 4-byte boundaries in {} (expert offloading needs them to)",
+                        self.format.name()
+                    )));
+                }
+                Ok(())
+            };
+            let rows = match (part, self.format) {
+                (RowSource::Float(t), WFormat::Float(d)) => {
+                    if t.dtype()? != d || t.numel() % cols.max(1) != 0 {
+                        return Err(Error::msg(format!(
+                            "tensor {}: {:?} {:?}, expected rows of {cols} {}",
+                            t.name,
+                            t.dtype,
+                            t.shape,
+                            d.name()
+                        )));
+                    }
+                    if check {
+                        if let Some(i) = d.first_non_finite(t.bytes) {
+                            return Err(Error::msg(format!(
+                                "tensor {} in {}: element {i} is not finite (weights must be finite)",
+                                t.name,
+                                t.file.display()
+                            )));
+                        }
+                    }
+                    let rb = cols * d.size();
+                    fits(t.numel() / cols.max(1))?;
+                    aligned(&t.name, local * rb, t.bytes.len())?;
+                    gpu.write(&c.buf, (local * rb) as u64, t.bytes);
+                    written += t.bytes.len() as u64;
+                    t.numel() / cols.max(1)
+                }
+                (RowSource::Quant(q), WFormat::Quant(fmt)) => {
+                    let src = QuantSource::check(q, fmt, cols)?;
+                    let frb = fmt.file_row_bytes(cols);
+                    let grb = self.format.row_bytes(cols);
+                    let srb = self.format.scale_row_bytes(cols);
+                    let n = src.rows;
+                    if check && fmt == QFormat::Fp8 {
+                        if let Some(i) = src.w.iter().position(|&b| e4m3_is_nan(b)) {
+                            return Err(Error::msg(format!(
+                                "tensor {}: row {} holds an e4m3 NaN byte (0x7F or 0xFF); FP8 weights must be finite",
+                                src.name,
+                                i / frb
+                            )));
+                        }
+                    }
+                    fits(n)?;
+                    aligned(&src.name, local * grb, n * grb)?;
+                    if frb == grb {
+                        gpu.write(&c.buf, (local * grb) as u64, src.w);
+                    } else {
+                        let mut rows = vec![0u8; n * grb];
+                        for (d, s) in rows.chunks_mut(grb).zip(src.w.chunks(frb)) {
+                            d[..frb].copy_from_slice(s);
+                        }
+                        gpu.write(&c.buf, (local * grb) as u64, &rows);
+                    }
+                    let sbuf = c.scale.as_ref().ok_or_else(|| {
+                        Error::msg(format!("{}: quantized rows without scales", src.name))
+                    })?;
+                    aligned(&src.name, local * srb, n * srb)?;
+                    if fmt == QFormat::Fp8 {
+                        let mut sc = Vec::with_capacity(n * srb);
+                        for i in 0..n {
+                            let si = i / FP8_BLOCK;
+                            sc.extend_from_slice(&src.s[si * srb..(si + 1) * srb]);
+                        }
+                        gpu.write(sbuf, (local * srb) as u64, &sc);
+                    } else {
+                        gpu.write(sbuf, (local * srb) as u64, &src.s[..n * srb]);
+                    }
+                    written += (n * (grb + srb)) as u64;
+                    n
+                }
+                _ => {
+                    return Err(Error::msg(format!(
+                        "rows for a {} matrix stored in another format",
+                        self.format.name()
+                    )))
+                }
+            };
+            r += rows;
+        }
+        Ok(written)
     }
 
     /// Bytes on the GPU (weights and scales).

@@ -1,0 +1,413 @@
+//! Expert offloading: run models whose routed experts do not fit the GPU.
+//!
+//! With `--gpu-memory SIZE`, [`plan`] places everything but the routed experts (embeddings,
+//! attention and indexer, dense MLPs, shared experts, the caches for the context, scratch)
+//! and turns the rest of the budget into a fixed number of expert *slots* per MoE layer.
+//! A layer with fewer slots than experts keeps its experts in the memory-mapped files.
+//!
+//! Each forward chunk, such a layer's router runs on the GPU as usual; then the host reads
+//! the chosen expert ids (`rows × k` u32), asks the layer's [`SlotTable`] where each goes,
+//! uploads the missing experts' bytes from the mmap into their slots (through the API's
+//! staging memory, no other host copy), and runs the expert matmuls on a slot-index table
+//! instead of the expert ids. When a chunk needs more distinct experts than the layer has
+//! slots (a prefill chunk with one slot per layer), it runs in rounds, each serving the
+//! pairs whose expert it made resident. The kernels are the resident ones: a slot is an
+//! expert's rows, in the same layout, so outputs are bit-identical to the resident run.
+//!
+//! The host waits for the routing of every offloaded layer (one round trip per layer and
+//! chunk); uploads go into the one queue, so they run between the layer's router and its
+//! expert matmuls. [`ExpertStats`] counts what it costs.
+
+pub mod plan;
+pub mod policy;
+
+pub use plan::{plan, GpuMemory, Plan};
+pub use policy::{Policy, SlotTable, NONE};
+
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::weights::{GpuWeight, QuantPart, RowSource, WFormat, WeightFiles};
+use std::sync::Mutex;
+
+/// Seconds since an instant, natively (the browser never offloads: no clock needed there).
+struct Clock(#[cfg(not(target_arch = "wasm32"))] std::time::Instant);
+
+impl Clock {
+    fn now() -> Clock {
+        Clock(
+            #[cfg(not(target_arch = "wasm32"))]
+            std::time::Instant::now(),
+        )
+    }
+    fn secs(&self) -> f64 {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.0.elapsed().as_secs_f64();
+        #[cfg(target_arch = "wasm32")]
+        0.0
+    }
+}
+
+/// Where one MoE layer's routed experts are in the files.
+#[derive(Clone, Debug)]
+pub enum ExpertSource {
+    /// `{prefix}.{e}.{gate,up,down}_proj.weight` (+ scales), as the releases ship them.
+    PerExpert { prefix: String },
+    /// transformers 5's fused float `[E, 2I, H]` and `[E, H, I]`.
+    Fused { gate_up: String, down: String },
+}
+
+/// What offloading did since the counters were last taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ExpertStats {
+    /// Tokens run through the MoE layers (rows of the forward chunks).
+    pub tokens: u64,
+    /// Routed (token, expert) pairs on offloaded layers, and those whose expert was resident.
+    pub uses: u64,
+    pub hits: u64,
+    /// Experts uploaded and their bytes.
+    pub uploads: u64,
+    pub bytes: u64,
+    /// Host seconds spent copying expert bytes into the API's staging memory.
+    pub upload_s: f64,
+    /// Host seconds spent waiting for the routing of offloaded layers (the GPU finishing
+    /// the work queued before it).
+    pub wait_s: f64,
+    /// Routing readbacks, and rounds of expert matmuls (more than one per readback when a
+    /// chunk needs more experts than the layer has slots).
+    pub syncs: u64,
+    pub rounds: u64,
+}
+
+impl ExpertStats {
+    pub fn hit_rate(&self) -> f64 {
+        self.hits as f64 / self.uses.max(1) as f64
+    }
+
+    /// Bytes uploaded per token.
+    pub fn bytes_per_token(&self) -> f64 {
+        self.bytes as f64 / self.tokens.max(1) as f64
+    }
+
+    /// Host→staging bandwidth of the uploads (bytes per second of `upload_s`).
+    pub fn upload_bandwidth(&self) -> f64 {
+        self.bytes as f64 / self.upload_s.max(1e-9)
+    }
+
+    pub fn since(&self, before: &ExpertStats) -> ExpertStats {
+        ExpertStats {
+            tokens: self.tokens - before.tokens,
+            uses: self.uses - before.uses,
+            hits: self.hits - before.hits,
+            uploads: self.uploads - before.uploads,
+            bytes: self.bytes - before.bytes,
+            upload_s: self.upload_s - before.upload_s,
+            wait_s: self.wait_s - before.wait_s,
+            syncs: self.syncs - before.syncs,
+            rounds: self.rounds - before.rounds,
+        }
+    }
+
+    /// One line for `/stats` and `bench`.
+    pub fn line(&self) -> String {
+        format!(
+            "experts: hit rate {:.1} % ({} of {} uses), {} uploads, {:.1} MiB per token, staging {:.2} GB/s, {:.3} s staging + {:.3} s waiting for routing, {} readbacks, {} rounds",
+            100.0 * self.hit_rate(),
+            self.hits,
+            self.uses,
+            self.uploads,
+            self.bytes_per_token() / (1u64 << 20) as f64,
+            self.upload_bandwidth() / 1e9,
+            self.upload_s,
+            self.wait_s,
+            self.syncs,
+            self.rounds
+        )
+    }
+}
+
+/// A synthetic routing that replaces the router's choices (benchmarks: random weights route
+/// near-uniformly, real models do not). Per layer a fixed random order of the experts; each
+/// token draws k distinct ones with probability ∝ 1 / (rank + 1)^s (Zipf).
+pub struct Replay {
+    s: f64,
+    rng: u64,
+    order: Vec<Vec<u32>>,
+    cdf: Vec<f64>,
+}
+
+impl Replay {
+    pub fn zipf(s: f64, n_layers: usize, n_experts: usize, seed: u64) -> Replay {
+        let mut rng = seed ^ 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let order = (0..n_layers)
+            .map(|_| {
+                let mut o: Vec<u32> = (0..n_experts as u32).collect();
+                for i in (1..o.len()).rev() {
+                    o.swap(i, (next() % (i as u64 + 1)) as usize);
+                }
+                o
+            })
+            .collect();
+        let mut cdf = Vec::with_capacity(n_experts);
+        let mut acc = 0.0;
+        for r in 0..n_experts {
+            acc += 1.0 / ((r + 1) as f64).powf(s);
+            cdf.push(acc);
+        }
+        Replay {
+            s,
+            rng: next(),
+            order,
+            cdf,
+        }
+    }
+
+    pub fn exponent(&self) -> f64 {
+        self.s
+    }
+
+    fn draw(&mut self, layer: usize, k: usize) -> Vec<u32> {
+        let total = *self.cdf.last().unwrap_or(&1.0);
+        let mut out: Vec<u32> = Vec::with_capacity(k);
+        while out.len() < k.min(self.cdf.len()) {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            let u = (self.rng >> 11) as f64 / (1u64 << 53) as f64 * total;
+            let r = self
+                .cdf
+                .partition_point(|&c| c <= u)
+                .min(self.cdf.len() - 1);
+            let e = self.order[layer][r];
+            if !out.contains(&e) {
+                out.push(e);
+            }
+        }
+        out
+    }
+}
+
+struct LayerState {
+    table: SlotTable,
+    /// Experts whose bytes were checked on their first upload (finite values).
+    checked: Vec<bool>,
+}
+
+/// The routed-expert cache of a model loaded under a budget.
+pub struct Offload {
+    pub plan: Plan,
+    pub policy: Policy,
+    files: WeightFiles,
+    layers: Vec<Option<Mutex<LayerState>>>,
+    stats: Mutex<ExpertStats>,
+    replay: Mutex<Option<Replay>>,
+    /// Per layer, the routing of every chunk while recording (`rows × k` ids each).
+    trace: Mutex<Option<Vec<Vec<Vec<u32>>>>>,
+}
+
+/// One round of a layer's expert matmuls: the slot serving each routed pair (NONE: not in
+/// this round).
+pub struct RoundSlots(pub Vec<u32>);
+
+impl Offload {
+    pub fn new(plan: Plan, policy: Policy, files: WeightFiles) -> Offload {
+        let e = plan.n_experts;
+        let layers = plan
+            .slots
+            .iter()
+            .map(|&s| {
+                (s > 0 && s < e).then(|| {
+                    Mutex::new(LayerState {
+                        table: SlotTable::new(s, e, policy),
+                        checked: vec![false; e],
+                    })
+                })
+            })
+            .collect();
+        Offload {
+            plan,
+            policy,
+            files,
+            layers,
+            stats: Mutex::new(ExpertStats::default()),
+            replay: Mutex::new(None),
+            trace: Mutex::new(None),
+        }
+    }
+
+    /// Whether layer `i` streams its experts.
+    pub fn offloaded(&self, i: usize) -> bool {
+        self.layers.get(i).is_some_and(|l| l.is_some())
+    }
+
+    pub fn stats(&self) -> ExpertStats {
+        *crate::gpu::lock(&self.stats)
+    }
+
+    /// Replace the routers' choices by a synthetic routing (benchmarks only).
+    pub fn set_replay(&self, r: Option<Replay>) {
+        *crate::gpu::lock(&self.replay) = r;
+    }
+
+    /// Start (or stop, returning it) recording the routing of every offloaded layer.
+    pub fn record_trace(&self, on: bool) -> Option<Vec<Vec<Vec<u32>>>> {
+        let mut t = crate::gpu::lock(&self.trace);
+        let old = t.take();
+        if on {
+            *t = Some(vec![Vec::new(); self.layers.len()]);
+        }
+        old
+    }
+
+    /// Serve layer `i`'s routed pairs `experts` (`rows × k` ids from its router): uploads the
+    /// experts each round needs into the slots of `gate_up` / `down` and returns, per round,
+    /// the slot table for the expert matmuls. `run` records and submits one round's matmuls
+    /// (it is called once per round, after that round's uploads were queued).
+    #[allow(clippy::too_many_arguments)]
+    pub fn serve(
+        &self,
+        gpu: &Gpu,
+        i: usize,
+        source: &ExpertSource,
+        mut experts: Vec<u32>,
+        rows: usize,
+        gate_up: &GpuWeight,
+        down: &GpuWeight,
+        mut run: impl FnMut(&[u32]) -> Result<()>,
+    ) -> Result<()> {
+        let layer = self.layers[i]
+            .as_ref()
+            .ok_or_else(|| Error::msg(format!("layer {i} keeps all its experts on the GPU")))?;
+        let e = self.plan.n_experts;
+        if let Some(r) = crate::gpu::lock(&self.replay).as_mut() {
+            let k = experts.len() / rows.max(1);
+            experts = (0..rows).flat_map(|_| r.draw(i, k)).collect();
+        }
+        if let Some(&bad) = experts.iter().find(|&&x| x as usize >= e) {
+            return Err(Error::msg(format!(
+                "layer {i}: the router chose expert {bad} of {e}"
+            )));
+        }
+        if let Some(t) = crate::gpu::lock(&self.trace).as_mut() {
+            t[i].push(experts.clone());
+        }
+        let mut st = crate::gpu::lock(layer);
+        let rounds = st.table.place(&experts);
+        for _ in 0..rows {
+            st.table.tick();
+        }
+        let (rpe_gu, rpe_dn) = (
+            gate_up.rows / st.table.slots(),
+            down.rows / st.table.slots(),
+        );
+        for round in &rounds {
+            let t0 = Clock::now();
+            let mut bytes = 0;
+            for &(x, slot) in &round.uploads {
+                let check = !st.checked[x as usize];
+                bytes += self.upload(
+                    gpu,
+                    source,
+                    x,
+                    slot as usize,
+                    rpe_gu,
+                    rpe_dn,
+                    gate_up,
+                    down,
+                    check,
+                )?;
+                st.checked[x as usize] = true;
+            }
+            {
+                let mut s = crate::gpu::lock(&self.stats);
+                s.uses += round.served as u64;
+                s.hits += round.hits as u64;
+                s.uploads += round.uploads.len() as u64;
+                s.bytes += bytes;
+                s.upload_s += t0.secs();
+                s.rounds += 1;
+            }
+            if let Err(err) = run(&round.slots) {
+                // What the slots hold is unknown now.
+                st.table.clear();
+                return Err(err);
+            }
+        }
+        Ok(())
+    }
+
+    /// Count a chunk's rows and the wait for a routing readback.
+    pub fn count_sync(&self, rows: usize, wait_s: f64, first_layer: bool) {
+        let mut s = crate::gpu::lock(&self.stats);
+        s.syncs += 1;
+        s.wait_s += wait_s;
+        if first_layer {
+            s.tokens += rows as u64;
+        }
+    }
+
+    /// Index of the first offloaded layer (where a chunk's tokens are counted).
+    pub fn first_layer(&self) -> Option<usize> {
+        self.layers.iter().position(|l| l.is_some())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn upload(
+        &self,
+        gpu: &Gpu,
+        source: &ExpertSource,
+        x: u32,
+        slot: usize,
+        rpe_gu: usize,
+        rpe_dn: usize,
+        gate_up: &GpuWeight,
+        down: &GpuWeight,
+        check: bool,
+    ) -> Result<u64> {
+        let f = &self.files;
+        let part = |name: &str| -> Result<RowSource> {
+            let t = f.get(name)?;
+            Ok(match gate_up.format {
+                WFormat::Quant(q) => {
+                    let scale = f.get(&format!("{name}{}", q.scale_suffix()))?;
+                    RowSource::Quant(QuantPart { weight: t, scale })
+                }
+                WFormat::Float(_) => RowSource::Float(t),
+            })
+        };
+        let slice = |name: &str, rows: usize| -> Result<RowSource> {
+            let mut t = f.get(name)?;
+            let per = t.bytes.len() / self.plan.n_experts;
+            t.bytes = &t.bytes[x as usize * per..(x as usize + 1) * per];
+            t.shape = vec![rows, t.shape.last().copied().unwrap_or(0)];
+            t.name = format!("{name}[{x}]");
+            Ok(RowSource::Float(t))
+        };
+        let (gu, dn) = match source {
+            ExpertSource::PerExpert { prefix } => (
+                vec![
+                    part(&format!("{prefix}.{x}.gate_proj.weight"))?,
+                    part(&format!("{prefix}.{x}.up_proj.weight"))?,
+                ],
+                vec![part(&format!("{prefix}.{x}.down_proj.weight"))?],
+            ),
+            ExpertSource::Fused {
+                gate_up: g,
+                down: d,
+            } => (vec![slice(g, rpe_gu)?], vec![slice(d, rpe_dn)?]),
+        };
+        let b = gate_up.write_rows(gpu, slot * rpe_gu, &gu, check)?
+            + down.write_rows(gpu, slot * rpe_dn, &dn, check)?;
+        Ok(b)
+    }
+
+    /// Fails if a model file changed since it was mapped (experts are read from it all along).
+    pub fn check_files(&self) -> Result<()> {
+        self.files.check_unchanged()
+    }
+}

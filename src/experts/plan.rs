@@ -1,0 +1,267 @@
+//! `--gpu-memory`: what goes on the GPU, in order, and how many routed-expert slots the rest
+//! of the budget buys.
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::model::info;
+use crate::weights::WeightFiles;
+
+/// A GPU memory budget as the user gave it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GpuMemory {
+    Bytes(u64),
+    /// Percent of the adapter's device-local memory.
+    Percent(f64),
+}
+
+impl std::str::FromStr for GpuMemory {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<GpuMemory, String> {
+        let t = s.trim();
+        let bad = || {
+            format!(
+                "expected a size such as 24GiB, 1500MiB, 8e9 (bytes) or 80% of the adapter, got {s:?}"
+            )
+        };
+        if let Some(p) = t.strip_suffix('%') {
+            let v: f64 = p.trim().parse().map_err(|_| bad())?;
+            if !(v > 0.0 && v <= 100.0) {
+                return Err(format!("{s:?}: a percentage must be in (0, 100]"));
+            }
+            return Ok(GpuMemory::Percent(v));
+        }
+        let split = t
+            .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let v: f64 = num.trim().parse().map_err(|_| bad())?;
+        let mul: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1.0,
+            "k" | "kib" => 1024.0,
+            "m" | "mib" => 1024f64.powi(2),
+            "g" | "gib" => 1024f64.powi(3),
+            "t" | "tib" => 1024f64.powi(4),
+            "kb" => 1e3,
+            "mb" => 1e6,
+            "gb" => 1e9,
+            "tb" => 1e12,
+            _ => return Err(bad()),
+        };
+        let b = v * mul;
+        if !(b.is_finite() && b >= 1.0 && b < 2f64.powi(63)) {
+            return Err(format!("{s:?}: expected a positive size"));
+        }
+        Ok(GpuMemory::Bytes(b as u64))
+    }
+}
+
+impl GpuMemory {
+    /// Bytes, given the adapter's memory size where it reports one.
+    pub fn bytes(self, adapter_memory: Option<u64>) -> Result<u64> {
+        match self {
+            GpuMemory::Bytes(b) => Ok(b),
+            GpuMemory::Percent(p) => match adapter_memory {
+                Some(m) => Ok((m as f64 * p / 100.0) as u64),
+                None => Err(Error::msg(format!(
+                    "--gpu-memory {p}%: this adapter does not report its memory size; give a size (e.g. 20GiB)"
+                ))),
+            },
+        }
+    }
+}
+
+/// Bytes as GiB with two decimals.
+pub fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+/// Where a budget goes.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub budget: u64,
+    /// What is placed before the routed experts, in order: (what, bytes).
+    pub parts: Vec<(&'static str, u64)>,
+    /// GPU bytes of one routed expert (gate, up and down with their scales).
+    pub expert_bytes: u64,
+    /// Routed-expert slots per layer (0 on dense layers; `n_routed_experts` where the whole
+    /// layer fits).
+    pub slots: Vec<usize>,
+    pub n_experts: usize,
+}
+
+impl Plan {
+    /// Bytes placed before the routed experts.
+    pub fn fixed(&self) -> u64 {
+        self.parts.iter().map(|p| p.1).sum()
+    }
+
+    /// Whether some layer streams its experts.
+    pub fn offloads(&self) -> bool {
+        self.slots.iter().any(|&s| s > 0 && s < self.n_experts)
+    }
+
+    pub fn resident_experts(&self) -> usize {
+        self.slots.iter().sum()
+    }
+
+    pub fn moe_layers(&self) -> usize {
+        self.slots.iter().filter(|&&s| s > 0).count()
+    }
+
+    /// One paragraph for logs and `bench`.
+    pub fn describe(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|(n, b)| format!("{n} {}", gib(*b)))
+            .collect();
+        let total = self.moe_layers() * self.n_experts;
+        format!(
+            "GPU memory plan for {}: {}; routed experts {} of {} ({:.1} %) in {} slots of {:.1} MiB",
+            gib(self.budget),
+            parts.join(", "),
+            self.resident_experts(),
+            total,
+            100.0 * self.resident_experts() as f64 / total.max(1) as f64,
+            self.resident_experts(),
+            self.expert_bytes as f64 / (1u64 << 20) as f64
+        )
+    }
+}
+
+/// Place the model in `budget` bytes: embeddings and lm_head, attention and indexer, dense
+/// MLPs and routers, shared experts, caches for `ctx` tokens, `scratch` bytes; the rest becomes
+/// routed-expert slots, spread evenly over the MoE layers (at least one each).
+pub fn plan(
+    cfg: &Config,
+    files: &WeightFiles,
+    budget: u64,
+    ctx: usize,
+    scratch: u64,
+) -> Result<Plan> {
+    let s = info::summarize(cfg, files)?;
+    let c = |name: &str| {
+        let i = info::CLASSES
+            .iter()
+            .position(|c| *c == name)
+            .expect("a class of info::CLASSES");
+        s.classes[i].gpu_bytes
+    };
+    let parts = vec![
+        ("embeddings/lm_head", c("embeddings")),
+        ("attention + indexer", c("attention") + c("indexer")),
+        (
+            "dense MLPs, routers, norms",
+            c("dense MLP") + c("router") + c("norms/other"),
+        ),
+        ("shared experts", c("shared experts")),
+        (
+            "KV + indexer caches",
+            s.cache_bytes_per_token.saturating_mul(ctx as u64),
+        ),
+        ("scratch", scratch),
+    ];
+    let moe: Vec<bool> = (0..cfg.num_hidden_layers)
+        .map(|i| !cfg.is_dense_layer(i))
+        .collect();
+    let n_moe = moe.iter().filter(|&&m| m).count();
+    let e = cfg.n_routed_experts;
+    let routed = c("routed experts");
+    let expert_bytes = routed / (n_moe * e).max(1) as u64;
+    let mut p = Plan {
+        budget,
+        parts,
+        expert_bytes,
+        slots: vec![0; cfg.num_hidden_layers],
+        n_experts: e,
+    };
+    if n_moe == 0 || e == 0 {
+        return Ok(p);
+    }
+    let fixed = p.fixed();
+    let least = fixed + n_moe as u64 * expert_bytes;
+    if budget < least {
+        let parts: Vec<String> = p
+            .parts
+            .iter()
+            .map(|(n, b)| format!("{n} {}", gib(*b)))
+            .collect();
+        return Err(Error::msg(format!(
+            "--gpu-memory {}: too small; at --ctx {ctx} the model needs {} besides its routed experts ({}) and {} for one expert slot per MoE layer ({n_moe} × {:.1} MiB), {} in all; raise --gpu-memory or lower --ctx",
+            gib(budget),
+            gib(fixed),
+            parts.join(", "),
+            gib(n_moe as u64 * expert_bytes),
+            expert_bytes as f64 / (1u64 << 20) as f64,
+            gib(least),
+        )));
+    }
+    let fit = ((budget - fixed) / expert_bytes.max(1)) as usize;
+    let per = (fit / n_moe).min(e);
+    let mut extra = if per < e { fit - per * n_moe } else { 0 };
+    for (i, &m) in moe.iter().enumerate() {
+        if m {
+            p.slots[i] = per + usize::from(extra > 0);
+            extra = extra.saturating_sub(1);
+        }
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units_and_refuse_garbage() {
+        let b = |s: &str| s.parse::<GpuMemory>();
+        assert_eq!(b("1024"), Ok(GpuMemory::Bytes(1024)));
+        assert_eq!(b("2GiB"), Ok(GpuMemory::Bytes(2 << 30)));
+        assert_eq!(b("1.5 g"), Ok(GpuMemory::Bytes(3 << 29)));
+        assert_eq!(b("300MB"), Ok(GpuMemory::Bytes(300_000_000)));
+        assert_eq!(b("8e9"), Ok(GpuMemory::Bytes(8_000_000_000)));
+        assert_eq!(b("75%"), Ok(GpuMemory::Percent(75.0)));
+        for bad in [
+            "",
+            "abc",
+            "-1GiB",
+            "0",
+            "12 parsecs",
+            "150%",
+            "0%",
+            "nan",
+            "inf",
+        ] {
+            assert!(b(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(GpuMemory::Percent(50.0).bytes(None).is_err());
+        assert_eq!(GpuMemory::Percent(50.0).bytes(Some(1000)).unwrap(), 500);
+    }
+
+    #[test]
+    fn the_bard_model_plans_slots_and_says_what_does_not_fit() {
+        let src = crate::model::ModelSource::open(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m"),
+        )
+        .unwrap();
+        let cfg = &src.config;
+        let p = plan(cfg, &src.weights, 1 << 40, 256, 1 << 20).unwrap();
+        assert!(!p.offloads());
+        assert_eq!(p.slots[0], 0, "layer 0 is dense");
+        assert!(p.slots[1..].iter().all(|&s| s == cfg.n_routed_experts));
+        // Room for the fixed part and 1.5 experts per MoE layer: one slot each, the spare
+        // half-layers' worth going to the first layers.
+        let n_moe = p.moe_layers() as u64;
+        let budget = p.fixed() + n_moe * p.expert_bytes * 3 / 2;
+        let q = plan(cfg, &src.weights, budget, 256, 1 << 20).unwrap();
+        assert!(q.offloads());
+        assert_eq!(q.resident_experts() as u64, n_moe * 3 / 2);
+        assert!(q.slots[1..].iter().all(|&s| s == 1 || s == 2));
+        assert!(q.describe().contains("routed experts"));
+        let e = plan(cfg, &src.weights, p.fixed(), 256, 1 << 20).unwrap_err();
+        assert!(
+            e.0.contains("--gpu-memory") && e.0.contains("lower --ctx"),
+            "{e}"
+        );
+    }
+}

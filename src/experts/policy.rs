@@ -1,0 +1,356 @@
+//! Which routed experts of one layer sit in its GPU slots, and which one leaves on a miss.
+//!
+//! Host-only bookkeeping (no GPU here), so that the same code runs the real cache and
+//! replays routing traces offline ([`simulate`]) to compare policies.
+
+/// No expert / no slot.
+pub const NONE: u32 = u32::MAX;
+
+/// The replacement policy of the routed-expert cache (`--expert-policy`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// Least recently used slot leaves.
+    Lru,
+    /// Frequency-aware: the resident expert with the lowest decayed use count leaves (ties:
+    /// least recently used). Each use adds 1; every token multiplies all counts of the layer
+    /// by `decay`, so an expert hot long ago fades.
+    Lfu { decay: f32 },
+}
+
+/// The decay per token of [`Policy::Lfu`] that `--expert-policy lfu` uses (see
+/// BENCHMARKS.md "Expert offloading" for the traces it was chosen on).
+pub const LFU_DECAY: f32 = 0.95;
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Policy, String> {
+        match s {
+            "lru" => Ok(Policy::Lru),
+            "lfu" => Ok(Policy::Lfu { decay: LFU_DECAY }),
+            _ => match s.strip_prefix("lfu:").map(str::parse::<f32>) {
+                Some(Ok(d)) if d > 0.0 && d <= 1.0 => Ok(Policy::Lfu { decay: d }),
+                _ => Err(format!(
+                    "expected lru, lfu or lfu:DECAY with 0 < DECAY ≤ 1, got {s:?}"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            Policy::Lru => write!(f, "lru"),
+            Policy::Lfu { decay } => write!(f, "lfu:{decay}"),
+        }
+    }
+}
+
+/// The slots of one layer: which expert each holds, and the policy's state.
+pub struct SlotTable {
+    policy: Policy,
+    /// Expert in each slot (NONE: empty).
+    slot_expert: Vec<u32>,
+    /// Slot of each expert (NONE: not resident).
+    expert_slot: Vec<u32>,
+    /// Per slot: the clock of its last use.
+    last_use: Vec<u64>,
+    /// Per expert: decayed use count (Lfu), stored divided by `scale`.
+    freq: Vec<f64>,
+    /// All counts are `freq * scale`; decaying divides `1 / scale` instead of touching
+    /// every count (renormalized when it grows large).
+    scale: f64,
+    clock: u64,
+}
+
+/// What [`SlotTable::place`] did for one round.
+pub struct Round {
+    /// `(expert, slot)` pairs to upload before the round runs.
+    pub uploads: Vec<(u32, u32)>,
+    /// Per routed pair of the chunk: the slot that serves it in this round, or NONE.
+    pub slots: Vec<u32>,
+    /// Pairs served by a resident expert (hits) in this round.
+    pub hits: usize,
+    /// Pairs served in this round.
+    pub served: usize,
+}
+
+impl SlotTable {
+    pub fn new(slots: usize, n_experts: usize, policy: Policy) -> SlotTable {
+        SlotTable {
+            policy,
+            slot_expert: vec![NONE; slots],
+            expert_slot: vec![NONE; n_experts],
+            last_use: vec![0; slots],
+            freq: vec![0.0; n_experts],
+            scale: 1.0,
+            clock: 0,
+        }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.slot_expert.len()
+    }
+
+    pub fn slot_of(&self, expert: u32) -> Option<u32> {
+        self.expert_slot
+            .get(expert as usize)
+            .copied()
+            .filter(|&s| s != NONE)
+    }
+
+    /// Experts resident now, by slot.
+    pub fn residents(&self) -> &[u32] {
+        &self.slot_expert
+    }
+
+    /// One token's worth of time passed (decays the frequency counts).
+    pub fn tick(&mut self) {
+        if let Policy::Lfu { decay } = self.policy {
+            self.scale *= decay as f64;
+            if self.scale < 1e-200 {
+                for f in &mut self.freq {
+                    *f *= self.scale;
+                }
+                self.scale = 1.0;
+            }
+        }
+    }
+
+    fn count(&self, e: u32) -> f64 {
+        self.freq[e as usize] * self.scale
+    }
+
+    fn victim(&self, pinned: &[bool]) -> usize {
+        let mut best = usize::MAX;
+        for (s, &pin) in pinned.iter().enumerate() {
+            if pin {
+                continue;
+            }
+            if self.slot_expert[s] == NONE {
+                return s;
+            }
+            if best == usize::MAX {
+                best = s;
+                continue;
+            }
+            let better = match self.policy {
+                Policy::Lru => self.last_use[s] < self.last_use[best],
+                Policy::Lfu { .. } => {
+                    let (a, b) = (
+                        self.count(self.slot_expert[s]),
+                        self.count(self.slot_expert[best]),
+                    );
+                    a < b || (a == b && self.last_use[s] < self.last_use[best])
+                }
+            };
+            if better {
+                best = s;
+            }
+        }
+        best
+    }
+
+    /// Plan the rounds that serve `experts` (one chunk's routed choices, `rows × k`, every
+    /// id < n_experts): each round makes at most `slots` experts resident (hits stay where
+    /// they are, misses take the policy's victims) and serves the pairs of those experts.
+    /// One round when the chunk's distinct experts fit the slots (every decode step with
+    /// slots ≥ k).
+    pub fn place(&mut self, experts: &[u32]) -> Vec<Round> {
+        // Distinct experts in order of first use; residents first so hits are served before
+        // anything is evicted.
+        let mut distinct: Vec<u32> = Vec::new();
+        for &e in experts {
+            if !distinct.contains(&e) {
+                distinct.push(e);
+            }
+        }
+        for &e in experts {
+            self.freq[e as usize] += 1.0 / self.scale;
+        }
+        let (mut want, miss): (Vec<u32>, Vec<u32>) = distinct
+            .into_iter()
+            .partition(|&e| self.expert_slot[e as usize] != NONE);
+        want.extend(miss);
+        let mut rounds = Vec::new();
+        for group in want.chunks(self.slots()) {
+            let mut pinned = vec![false; self.slots()];
+            for &e in group {
+                let s = self.expert_slot[e as usize];
+                if s != NONE {
+                    pinned[s as usize] = true;
+                }
+            }
+            let mut round = Round {
+                uploads: Vec::new(),
+                slots: vec![NONE; experts.len()],
+                hits: 0,
+                served: 0,
+            };
+            for &e in group {
+                self.clock += 1;
+                let mut s = self.expert_slot[e as usize];
+                if s == NONE {
+                    let v = self.victim(&pinned);
+                    let old = self.slot_expert[v];
+                    if old != NONE {
+                        self.expert_slot[old as usize] = NONE;
+                    }
+                    self.slot_expert[v] = e;
+                    self.expert_slot[e as usize] = v as u32;
+                    pinned[v] = true;
+                    round.uploads.push((e, v as u32));
+                    s = v as u32;
+                }
+                self.last_use[s as usize] = self.clock;
+                let uploaded = round.uploads.last().is_some_and(|&(x, _)| x == e);
+                for (i, &x) in experts.iter().enumerate() {
+                    if x == e {
+                        round.slots[i] = s;
+                        round.served += 1;
+                        if !uploaded {
+                            round.hits += 1;
+                        }
+                    }
+                }
+            }
+            rounds.push(round);
+        }
+        rounds
+    }
+
+    /// Forget every resident (the slots' contents were lost or never written).
+    pub fn clear(&mut self) {
+        self.slot_expert.fill(NONE);
+        self.expert_slot.fill(NONE);
+    }
+}
+
+/// Hit rate of `policy` with `slots` slots on a routing trace of one layer: per token, the
+/// experts it chose. Counts expert uses (a token's k choices), like the live cache.
+pub fn simulate(trace: &[Vec<u32>], n_experts: usize, slots: usize, policy: Policy) -> f64 {
+    let mut t = SlotTable::new(slots, n_experts, policy);
+    let (mut hits, mut uses) = (0usize, 0usize);
+    for tok in trace {
+        for r in t.place(tok) {
+            hits += r.hits;
+            uses += r.served;
+        }
+        t.tick();
+    }
+    hits as f64 / uses.max(1) as f64
+}
+
+/// The best hit rate any policy can reach on `trace` with `slots` slots (Belady: on a miss,
+/// evict the resident whose next use is farthest away), one token at a time.
+pub fn belady(trace: &[Vec<u32>], n_experts: usize, slots: usize) -> f64 {
+    let mut resident: Vec<u32> = Vec::new();
+    let (mut hits, mut uses) = (0usize, 0usize);
+    let next_use = |e: u32, from: usize| -> usize {
+        (from..trace.len())
+            .find(|&j| trace[j].contains(&e))
+            .unwrap_or(usize::MAX)
+    };
+    let _ = n_experts;
+    for (i, tok) in trace.iter().enumerate() {
+        let mut seen: Vec<u32> = Vec::new();
+        for &e in tok {
+            uses += 1;
+            if resident.contains(&e) {
+                hits += 1;
+            } else if !seen.contains(&e) {
+                if resident.len() >= slots {
+                    // Never evict an expert this token still needs.
+                    let (j, _) = resident
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, r)| !tok.contains(r))
+                        .map(|(j, &r)| (j, next_use(r, i + 1)))
+                        .max_by_key(|&(_, n)| n)
+                        .unwrap_or((0, 0));
+                    resident.remove(j);
+                }
+                resident.push(e);
+            } else {
+                hits += 1;
+            }
+            seen.push(e);
+        }
+    }
+    hits as f64 / uses.max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lru_evicts_the_least_recent_and_keeps_hits_in_place() {
+        let mut t = SlotTable::new(2, 8, Policy::Lru);
+        let r = t.place(&[1, 2]);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].uploads, vec![(1, 0), (2, 1)]);
+        assert_eq!(r[0].hits, 0);
+        t.tick();
+        // 2 is used again (hit), 3 misses: 1 was used longest ago and leaves.
+        let r = t.place(&[2, 3]);
+        assert_eq!(r[0].uploads, vec![(3, 0)]);
+        assert_eq!(r[0].slots, vec![1, 0]);
+        assert_eq!((r[0].hits, r[0].served), (1, 2));
+        assert_eq!(t.slot_of(1), None);
+    }
+
+    #[test]
+    fn lfu_keeps_the_frequent_expert() {
+        let mut t = SlotTable::new(2, 8, Policy::Lfu { decay: 1.0 });
+        for _ in 0..5 {
+            t.place(&[1]);
+            t.tick();
+        }
+        t.place(&[2]);
+        t.tick();
+        // 3 misses: LRU would evict 1 (older), LFU evicts 2 (used once).
+        let r = t.place(&[3]);
+        assert_eq!(r[0].uploads, vec![(3, 1)]);
+        assert_eq!(t.slot_of(1), Some(0));
+    }
+
+    #[test]
+    fn more_distinct_experts_than_slots_take_several_rounds() {
+        let mut t = SlotTable::new(1, 8, Policy::Lru);
+        t.place(&[5]);
+        // Rows × k = 3 × 2: experts 5 (resident), 1, 6.
+        let routed = [1, 5, 6, 1, 5, 6];
+        let rounds = t.place(&routed);
+        assert_eq!(rounds.len(), 3);
+        // The resident expert is served first, with no upload.
+        assert!(rounds[0].uploads.is_empty());
+        assert_eq!(rounds[0].slots, vec![NONE, 0, NONE, NONE, 0, NONE]);
+        assert_eq!(rounds[1].uploads, vec![(1, 0)]);
+        assert_eq!(rounds[2].uploads, vec![(6, 0)]);
+        // Every pair is served exactly once.
+        for i in 0..routed.len() {
+            let n = rounds.iter().filter(|r| r.slots[i] != NONE).count();
+            assert_eq!(n, 1, "pair {i}");
+        }
+        assert_eq!(rounds.iter().map(|r| r.hits).sum::<usize>(), 2);
+    }
+
+    #[test]
+    fn belady_bounds_the_policies() {
+        // A cyclic trace over 3 experts with 2 slots: LRU misses every time, Belady half.
+        let trace: Vec<Vec<u32>> = (0..30).map(|i| vec![i % 3]).collect();
+        assert_eq!(simulate(&trace, 3, 2, Policy::Lru), 0.0);
+        let b = belady(&trace, 3, 2);
+        assert!(b > 0.4, "{b}");
+        assert!(simulate(&trace, 3, 2, Policy::Lfu { decay: 0.9 }) <= b);
+    }
+
+    #[test]
+    fn policy_flag_parses() {
+        assert_eq!("lru".parse::<Policy>(), Ok(Policy::Lru));
+        assert_eq!("lfu:0.5".parse::<Policy>(), Ok(Policy::Lfu { decay: 0.5 }));
+        assert!("lfu:0".parse::<Policy>().is_err());
+        assert!("fifo".parse::<Policy>().is_err());
+    }
+}
