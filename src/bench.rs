@@ -201,6 +201,102 @@ pub struct DecodeResult {
     pub ms_sampled_median: f64,
     /// Per-kernel times of one more step, profiled.
     pub kernels: Vec<Kernel>,
+    /// Expert offloading during the greedy generation (None when every expert is resident).
+    pub experts: Option<ExpertReport>,
+}
+
+/// What the routed-expert cache did during a decode measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExpertReport {
+    pub policy: String,
+    /// Exponent of the synthetic Zipf routing replayed instead of the routers' choices.
+    pub replay_zipf: Option<f64>,
+    pub stats: crate::experts::ExpertStats,
+    /// Host→GPU bandwidth measured in the same process (`write_buffer` from host memory,
+    /// submitted and waited for), bytes per second.
+    pub h2d_bytes_per_s: f64,
+    /// `copy_buffer_to_buffer` from a mapped host-visible buffer into GPU memory (the
+    /// PCIe transfer alone, no host copy), bytes per second.
+    pub dma_bytes_per_s: f64,
+    /// Time per token the uploads alone need at the DMA rate: a lower bound on the step.
+    pub ms_upload_bound: f64,
+    /// Hit rates other policies (and Belady's optimum) reach on the same routing, replayed
+    /// with the same slots: (policy, hit rate).
+    pub policies: Vec<(String, f64)>,
+}
+
+/// Host→GPU upload bandwidth: 256 MiB from host memory in 16 MiB pieces through the path
+/// expert uploads take ([`Gpu::write_large`]), submitted and waited for; best of three
+/// after a warm-up.
+pub fn h2d_bandwidth(gpu: &Gpu) -> Result<f64> {
+    let piece = 16usize << 20;
+    let total = (gpu.max_binding() as usize).min(256 << 20) / piece * piece;
+    let host: Vec<u8> = (0..piece).map(|i| (i * 31 % 251) as u8).collect();
+    let dst = gpu.buffer(total as u64, "h2d bandwidth")?;
+    let mut best = f64::MAX;
+    for run in 0..4 {
+        gpu.sync()?;
+        let t = Instant::now();
+        for off in (0..total).step_by(piece) {
+            gpu.write_large(&dst, off as u64, &host);
+        }
+        gpu.submit([]);
+        gpu.sync()?;
+        if run > 0 {
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(total as f64 / best)
+}
+
+/// Host→GPU DMA: `copy_buffer_to_buffer` of 256 MiB from a host-visible (mapped, filled)
+/// buffer into a GPU buffer, best of three after a warm-up.
+pub fn dma_bandwidth(gpu: &Gpu) -> Result<f64> {
+    let size = gpu.max_binding().min(256 << 20) & !((1 << 20) - 1);
+    let src = gpu.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("dma src"),
+        size,
+        usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: true,
+    });
+    match src.slice(..).get_mapped_range_mut() {
+        Ok(mut v) => v.slice(..).fill(7),
+        Err(e) => return Err(Error::msg(format!("DMA bandwidth: mapping failed: {e:?}"))),
+    }
+    src.unmap();
+    let dst = gpu.buffer(size, "dma dst")?;
+    let t = best_time(gpu, |rec| rec.copy(&src, 0, &dst, 0, size))?;
+    Ok(size as f64 / t)
+}
+
+/// Hit rates of LRU, LFU (a few decays) and Belady on the routing `trace` (per layer, the
+/// decode steps' choices) with each layer's slots.
+fn compare_policies(off: &crate::experts::Offload, trace: &[Vec<Vec<u32>>]) -> Vec<(String, f64)> {
+    use crate::experts::policy::{belady, simulate, Policy};
+    let e = off.plan.n_experts;
+    let mut out = Vec::new();
+    let policies = [
+        Policy::Lru,
+        Policy::Lfu { decay: 0.8 },
+        Policy::Lfu { decay: 0.95 },
+        Policy::Lfu { decay: 0.99 },
+        Policy::Lfu { decay: 1.0 },
+    ];
+    let per_layer = |f: &dyn Fn(&[Vec<u32>], usize) -> f64| -> f64 {
+        let (mut sum, mut n) = (0.0, 0);
+        for (i, t) in trace.iter().enumerate() {
+            if off.offloaded(i) && !t.is_empty() {
+                sum += f(t, off.plan.slots[i]);
+                n += 1;
+            }
+        }
+        sum / n.max(1) as f64
+    };
+    for p in policies {
+        out.push((p.to_string(), per_layer(&|t, s| simulate(t, e, s, p))));
+    }
+    out.push(("belady".into(), per_layer(&|t, s| belady(t, e, s))));
+    out
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -361,7 +457,31 @@ pub fn run(
                 t.sort_by(f64::total_cmp);
                 Ok(t)
             };
+            let off = model.offload.as_ref();
+            let before = off.map(|o| {
+                o.record_trace(true);
+                o.stats()
+            });
             let times = gen(SamplingParams::default())?;
+            let experts = match (off, before) {
+                (Some(o), Some(b)) => {
+                    let trace = o.record_trace(false).unwrap_or_default();
+                    let stats = o.stats().since(&b);
+                    let h2d = h2d_bandwidth(gpu)?;
+                    let dma = dma_bandwidth(gpu)?;
+                    let ms_upload_bound = stats.bytes_per_token() / dma * 1e3;
+                    Some(ExpertReport {
+                        policy: o.policy.to_string(),
+                        replay_zipf: o.replay_exponent(),
+                        stats,
+                        h2d_bytes_per_s: h2d,
+                        dma_bytes_per_s: dma,
+                        ms_upload_bound,
+                        policies: compare_policies(o, &trace),
+                    })
+                }
+                _ => None,
+            };
             let sampled = gen(SamplingParams {
                 temperature: 0.8,
                 top_p: 0.95,
@@ -394,6 +514,7 @@ pub fn run(
                 ms_sync_median: sync_med,
                 ms_sampled_median: smp_med,
                 kernels,
+                experts,
             });
         }
     }
@@ -441,6 +562,28 @@ pub fn format_report(r: &BenchReport) -> String {
             "\ndecode at context {} ({}, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s; sampled (chat defaults) {:.3} ms; single synchronous steps {:.3} ms",
             d.context, d.attention, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s, d.ms_sampled_median, d.ms_sync_median
         );
+        if let Some(x) = &d.experts {
+            let st = &x.stats;
+            let _ = writeln!(
+                o,
+                "  expert offloading ({}{}): {}\n  host→GPU DMA {:.1} GB/s (from host memory through the upload path: {:.1} GB/s): the uploads alone need {:.3} ms per token at the DMA rate, so tok/s is {:.0} % of that bound",
+                x.policy,
+                x.replay_zipf
+                    .map(|z| format!(", Zipf {z} routing replayed"))
+                    .unwrap_or_default(),
+                st.line(),
+                x.dma_bytes_per_s / 1e9,
+                x.h2d_bytes_per_s / 1e9,
+                x.ms_upload_bound,
+                100.0 * x.ms_upload_bound / d.ms_median,
+            );
+            let cmp: Vec<String> = x
+                .policies
+                .iter()
+                .map(|(p, h)| format!("{p} {:.1} %", 100.0 * h))
+                .collect();
+            let _ = writeln!(o, "  hit rates on the same routing: {}", cmp.join(", "));
+        }
         if !d.kernels.is_empty() {
             let total: f64 = d.kernels.iter().map(|k| k.ms).sum();
             let attn: f64 = d

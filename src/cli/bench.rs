@@ -34,6 +34,11 @@ pub struct BenchArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// With --gpu-memory: replace the routers' choices by a synthetic skewed routing, Zipf
+    /// with this exponent over a fixed random order of each layer's experts (`zipf:1.0`).
+    /// Random weights route near-uniformly; real models do not.
+    #[arg(long, requires = "gpu_memory")]
+    expert_routing: Option<String>,
     /// Seed of the random tokens and synthetic caches.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -41,7 +46,32 @@ pub struct BenchArgs {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let src = crate::open_source(&a.m)?;
-    let model = crate::open_model(&a.m, &src)?;
+    // Under --gpu-memory the caches are planned for the longest context measured.
+    let longest = a.context.iter().max().copied().unwrap_or(0);
+    let need = longest + a.decode.max(1) + 4;
+    let ctx = a.m.ctx.unwrap_or(need);
+    let model = crate::open_model(&a.m, &src, ctx)?;
+    if let Some(r) = &a.expert_routing {
+        let z = r
+            .strip_prefix("zipf:")
+            .and_then(|z| z.parse::<f64>().ok())
+            .filter(|z| z.is_finite() && *z >= 0.0)
+            .ok_or_else(|| {
+                Error::msg(format!(
+                    "--expert-routing {r}: expected zipf:S with S ≥ 0 (e.g. zipf:1.0)"
+                ))
+            })?;
+        let off = model.offload.as_ref().ok_or_else(|| {
+            Error::msg("--expert-routing: --gpu-memory holds every expert, so nothing streams")
+        })?;
+        let cfg = &model.config;
+        off.set_replay(Some(sparsa::experts::Replay::zipf(
+            z,
+            cfg.num_hidden_layers,
+            cfg.n_routed_experts,
+            a.seed,
+        )));
+    }
     let prompt_lens: Vec<usize> = a.prompt_len.iter().copied().filter(|n| *n > 0).collect();
     if a.context.is_empty() && prompt_lens.is_empty() {
         return Err(Error::msg(

@@ -248,7 +248,11 @@ fn load_template(src: &ModelSource) -> Result<Option<ChatTemplate>> {
 }
 
 /// Uploads the weights with a progress bar on stderr when it is a terminal.
-fn load_model(src: &ModelSource, gpu: Arc<Gpu>) -> Result<(Model, f64)> {
+fn load_model(
+    src: &ModelSource,
+    gpu: Arc<Gpu>,
+    budget: Option<&sparsa::model::Budget>,
+) -> Result<(Model, f64)> {
     let bar = std::io::stderr().is_terminal().then(|| {
         let style = indicatif::ProgressStyle::with_template(
             "loading {msg} [{bar:30}] {decimal_bytes}/{decimal_total_bytes} ({decimal_bytes_per_sec})",
@@ -261,12 +265,17 @@ fn load_model(src: &ModelSource, gpu: Arc<Gpu>) -> Result<(Model, f64)> {
     });
     let t0 = Instant::now();
     let _ctrl_c = interrupt::Loading::start(gpu.interrupt_flag());
-    let model = Model::from_source(src, gpu, &mut |done, total| {
-        if let Some(b) = &bar {
-            b.set_length(total);
-            b.set_position(done);
-        }
-    });
+    let model = Model::from_source_with(
+        src,
+        gpu,
+        &mut |done, total| {
+            if let Some(b) = &bar {
+                b.set_length(total);
+                b.set_position(done);
+            }
+        },
+        budget,
+    );
     if let Some(b) = bar {
         b.finish_and_clear();
     }
@@ -274,8 +283,7 @@ fn load_model(src: &ModelSource, gpu: Arc<Gpu>) -> Result<(Model, f64)> {
 }
 
 /// The context to allocate when --ctx is not given, and why.
-fn default_ctx(model: &Model, builtin: bool) -> (usize, &'static str) {
-    let cfg = &model.config;
+fn default_ctx(cfg: &sparsa::config::Config, gpu: &Gpu, builtin: bool) -> (usize, &'static str) {
     let mut ctx = (
         cfg.max_position_embeddings.max(1),
         "the model's max_position_embeddings",
@@ -283,11 +291,7 @@ fn default_ctx(model: &Model, builtin: bool) -> (usize, &'static str) {
     if builtin && BUILTIN_CTX < ctx.0 {
         ctx = (BUILTIN_CTX, "the built-in model's training length");
     }
-    let mem = Caches::max_ctx_for(
-        cfg,
-        model.gpu.max_binding(),
-        model.gpu.limits.max_buffer_size,
-    );
+    let mem = Caches::max_ctx_for(cfg, gpu.max_binding(), gpu.limits.max_buffer_size);
     if mem < ctx.0 {
         ctx = (mem.max(1), "what the adapter's buffer limits allow");
     }
@@ -403,13 +407,13 @@ pub fn run(a: ChatArgs) -> Result<()> {
     }
     let builtin = a.m.model.is_none();
     let gpu = Arc::new(Gpu::new(a.m.adapter.as_deref())?);
-    let (model, load_secs) = load_model(&src, gpu)?;
     let (ctx, why) = match a.m.ctx {
         Some(c) => (c, "--ctx"),
-        None => default_ctx(&model, builtin),
+        None => default_ctx(&src.config, &gpu, builtin),
     };
+    let (model, load_secs) = load_model(&src, gpu, super::budget(&a.m, ctx).as_ref())?;
     let (session, ctx) = open_session(&model, ctx, a.m.ctx.is_none())?;
-    let why = if ctx < default_ctx(&model, builtin).0 && a.m.ctx.is_none() {
+    let why = if ctx < default_ctx(&model.config, &model.gpu, builtin).0 && a.m.ctx.is_none() {
         "halved until the caches could be allocated"
     } else {
         why
@@ -542,6 +546,9 @@ impl Repl<'_> {
                     if turns == 1 { "" } else { "s" }
                 ));
                 say(&self.session.model.gpu.stats().line());
+                if let Some(off) = &self.session.model.offload {
+                    say(&off.stats().line());
+                }
                 if let Some(kib) = host_rss_kib() {
                     say(&format!("host RSS: {:.1} MiB", kib as f64 / 1024.0));
                 }

@@ -133,6 +133,17 @@ pub(crate) struct ModelArgs {
     /// adapter's buffer limits allow).
     #[arg(long)]
     ctx: Option<usize>,
+    /// GPU memory the model may use: bytes, a size (24GiB, 1500MiB, 8e9) or a percentage
+    /// of the adapter's memory (90%). Embeddings, attention, dense MLPs, shared experts,
+    /// the caches for --ctx and scratch are placed first; the rest holds routed experts, and
+    /// those that do not fit stream from the model files through a cache. Default: every
+    /// weight on the GPU.
+    #[arg(long)]
+    gpu_memory: Option<sparsa::experts::GpuMemory>,
+    /// Which routed expert leaves the GPU cache on a miss: lru, lfu (decayed use counts) or
+    /// lfu:DECAY (the per-token decay, 0 < DECAY ≤ 1). Only with --gpu-memory.
+    #[arg(long, default_value = "lfu", requires = "gpu_memory")]
+    expert_policy: sparsa::experts::Policy,
 }
 
 #[derive(Args)]
@@ -265,20 +276,31 @@ pub(crate) fn open_source(m: &ModelArgs) -> Result<ModelSource> {
     }
 }
 
-pub(crate) fn open_model(m: &ModelArgs, src: &ModelSource) -> Result<Model> {
+/// The `--gpu-memory` budget for caches of `ctx` tokens, when one was given.
+pub(crate) fn budget(m: &ModelArgs, ctx: usize) -> Option<sparsa::model::Budget> {
+    m.gpu_memory.map(|memory| sparsa::model::Budget {
+        memory,
+        ctx,
+        policy: m.expert_policy,
+    })
+}
+
+/// Load the model onto the adapter; `ctx` is the context the planner reserves caches for
+/// under `--gpu-memory`.
+pub(crate) fn open_model(m: &ModelArgs, src: &ModelSource, ctx: usize) -> Result<Model> {
     let gpu = Arc::new(Gpu::new(m.adapter.as_deref())?);
     log::info!("adapter: {}", gpu.adapter.line());
     let t0 = Instant::now();
     let _ctrl_c = interrupt::Loading::start(gpu.interrupt_flag());
-    let model = Model::from_source(src, gpu, &mut |_, _| {})?;
+    let model = Model::from_source_with(src, gpu, &mut |_, _| {}, budget(m, ctx).as_ref())?;
     log::info!("loaded {} in {:.2}s", src.label, t0.elapsed().as_secs_f64());
     Ok(model)
 }
 
-fn ctx_for(m: &ModelArgs, model: &Model, need: usize) -> Result<usize> {
+fn ctx_for(m: &ModelArgs, cfg: &sparsa::config::Config, need: usize) -> Result<usize> {
     let ctx = m
         .ctx
-        .unwrap_or(need.min(model.config.max_position_embeddings.max(1)));
+        .unwrap_or(need.min(cfg.max_position_embeddings.max(1)));
     if need > ctx {
         return Err(Error::msg(match m.ctx {
             Some(_) => format!("--ctx {ctx}: the request needs {need} positions"),
@@ -347,8 +369,8 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             "--prompt: the prompt is empty after tokenization",
         ));
     }
-    let model = open_model(&a.m, &src)?;
-    let ctx = ctx_for(&a.m, &model, prompt.len().saturating_add(a.max_tokens))?;
+    let ctx = ctx_for(&a.m, &src.config, prompt.len().saturating_add(a.max_tokens))?;
+    let model = open_model(&a.m, &src, ctx)?;
     let mut session = model.session(ctx)?;
     let mut sampler = Sampler::new(SamplingParams {
         temperature: a.temperature,
@@ -447,13 +469,16 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         out.len(),
         decode
     );
+    if let Some(off) = &model.offload {
+        log::info!("{}", off.stats().line());
+    }
     Ok(())
 }
 
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let src = open_source(&a.m)?;
-    let model = open_model(&a.m, &src)?;
-    let ctx = ctx_for(&a.m, &model, a.tokens.0.len())?;
+    let ctx = ctx_for(&a.m, &src.config, a.tokens.0.len())?;
+    let model = open_model(&a.m, &src, ctx)?;
     let mut session = model.session(ctx)?;
     let logits = session.forward(&a.tokens.0, true)?;
     write_f32_safetensors(&a.out, "logits", &[logits.rows, logits.vocab], &logits.data)?;

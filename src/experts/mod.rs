@@ -57,7 +57,7 @@ pub enum ExpertSource {
 }
 
 /// What offloading did since the counters were last taken.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct ExpertStats {
     /// Tokens run through the MoE layers (rows of the forward chunks).
     pub tokens: u64,
@@ -252,6 +252,13 @@ impl Offload {
     /// Replace the routers' choices by a synthetic routing (benchmarks only).
     pub fn set_replay(&self, r: Option<Replay>) {
         *crate::gpu::lock(&self.replay) = r;
+    }
+
+    /// The Zipf exponent of the replayed routing, if one replaces the routers'.
+    pub fn replay_exponent(&self) -> Option<f64> {
+        crate::gpu::lock(&self.replay)
+            .as_ref()
+            .map(|r| r.exponent())
     }
 
     /// Start (or stop, returning it) recording the routing of every offloaded layer.

@@ -70,9 +70,16 @@ impl GpuMemory {
     }
 }
 
-/// Bytes as GiB with two decimals.
+/// Bytes in GiB, MiB or KiB, whichever reads best.
 pub fn gib(b: u64) -> String {
-    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+    let f = b as f64;
+    if b >= 1 << 30 {
+        format!("{:.2} GiB", f / (1u64 << 30) as f64)
+    } else if b >= 1 << 20 {
+        format!("{:.1} MiB", f / (1u64 << 20) as f64)
+    } else {
+        format!("{:.1} KiB", f / 1024.0)
+    }
 }
 
 /// Where a budget goes.
@@ -117,14 +124,16 @@ impl Plan {
             .collect();
         let total = self.moe_layers() * self.n_experts;
         format!(
-            "GPU memory plan for {}: {}; routed experts {} of {} ({:.1} %) in {} slots of {:.1} MiB",
+            "GPU memory plan for {}: {}; routed experts {} of {} ({:.1} %) in {} slots of {} (exact: fixed {} B, expert {} B)",
             gib(self.budget),
             parts.join(", "),
             self.resident_experts(),
             total,
             100.0 * self.resident_experts() as f64 / total.max(1) as f64,
             self.resident_experts(),
-            self.expert_bytes as f64 / (1u64 << 20) as f64
+            gib(self.expert_bytes),
+            self.fixed(),
+            self.expert_bytes
         )
     }
 }
@@ -187,12 +196,12 @@ pub fn plan(
             .map(|(n, b)| format!("{n} {}", gib(*b)))
             .collect();
         return Err(Error::msg(format!(
-            "--gpu-memory {}: too small; at --ctx {ctx} the model needs {} besides its routed experts ({}) and {} for one expert slot per MoE layer ({n_moe} × {:.1} MiB), {} in all; raise --gpu-memory or lower --ctx",
+            "--gpu-memory {}: too small; at --ctx {ctx} the model needs {} besides its routed experts ({}) and {} for one expert slot per MoE layer ({n_moe} × {}), {} in all; raise --gpu-memory or lower --ctx",
             gib(budget),
             gib(fixed),
             parts.join(", "),
             gib(n_moe as u64 * expert_bytes),
-            expert_bytes as f64 / (1u64 << 20) as f64,
+            gib(expert_bytes),
             gib(least),
         )));
     }

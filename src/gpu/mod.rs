@@ -603,6 +603,50 @@ impl Gpu {
         }
     }
 
+    /// [`Gpu::write`] for large uploads (expert offloading): the bytes go straight into the
+    /// API's staging memory, copied by several threads (a single thread's copy out of a
+    /// memory-mapped file, page faults included, is slower than PCIe). `offset` and the
+    /// length must be multiples of 4.
+    pub fn write_large(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            const MIN: usize = 1 << 20;
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(8);
+            if bytes.len() >= MIN && threads > 1 && bytes.len().is_multiple_of(4) {
+                if let Some(mut view) = std::num::NonZeroU64::new(bytes.len() as u64)
+                    .and_then(|n| self.queue.write_buffer_with(buf, offset, n))
+                {
+                    let per = bytes.len().div_ceil(threads).div_ceil(4) * 4;
+                    let mut dst = view.slice(..);
+                    debug_assert_eq!(dst.len(), bytes.len());
+                    // As an address, so that the threads may share it.
+                    let base = dst.as_raw_element_ptr().as_ptr() as usize;
+                    std::thread::scope(|sc| {
+                        for (i, s) in bytes.chunks(per).enumerate() {
+                            sc.spawn(move || {
+                                // SAFETY: `dst` is a writable mapping of `bytes.len()` bytes,
+                                // borrowed exclusively until the scope ends; each thread writes
+                                // its own range `i * per ..` of it, which `s` (a chunk of
+                                // `bytes`, a different allocation) fits exactly.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(
+                                        s.as_ptr(),
+                                        (base + i * per) as *mut u8,
+                                        s.len(),
+                                    )
+                                }
+                            });
+                        }
+                    });
+                    return;
+                }
+            }
+        }
+        self.write(buf, offset, bytes);
+    }
+
     /// Copy `bytes` bytes from `offset` in `buf` back to the host (waits for the GPU).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {

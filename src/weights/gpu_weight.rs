@@ -491,7 +491,7 @@ impl GpuWeight {
                     let rb = cols * d.size();
                     fits(t.numel() / cols.max(1))?;
                     aligned(&t.name, local * rb, t.bytes.len())?;
-                    gpu.write(&c.buf, (local * rb) as u64, t.bytes);
+                    gpu.write_large(&c.buf, (local * rb) as u64, t.bytes);
                     written += t.bytes.len() as u64;
                     t.numel() / cols.max(1)
                 }
@@ -513,7 +513,7 @@ impl GpuWeight {
                     fits(n)?;
                     aligned(&src.name, local * grb, n * grb)?;
                     if frb == grb {
-                        gpu.write(&c.buf, (local * grb) as u64, src.w);
+                        gpu.write_large(&c.buf, (local * grb) as u64, src.w);
                     } else {
                         let mut rows = vec![0u8; n * grb];
                         for (d, s) in rows.chunks_mut(grb).zip(src.w.chunks(frb)) {
