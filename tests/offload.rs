@@ -4,6 +4,8 @@
 //! weight layout the loader takes: the built-in q8 model, bf16 fused experts (transformers 5
 //! layout), f16 and f32 per-expert tensors, FP8 block-scaled, q8 with padded rows.
 
+mod common;
+
 use sparsa::experts::{self, ExpertStats, GpuMemory, Policy};
 use sparsa::generate::{generate, Sampler, SamplingParams};
 use sparsa::gpu::Gpu;
@@ -211,15 +213,71 @@ fn scratch_estimate_covers_a_session() {
     }
 }
 
-/// Large uploads are copied into the staging memory by several threads: every byte lands
-/// where it belongs (lengths that do not split evenly, an offset).
+/// Batched uploads are copied into the staging memory by a team of threads: every byte
+/// lands where it belongs (large and small writes, lengths that do not split evenly,
+/// offsets, two buffers).
 #[test]
-fn large_writes_land_byte_for_byte() {
+fn batched_writes_land_byte_for_byte() {
+    use sparsa::gpu::Write;
+    use std::borrow::Cow;
     let g = gpu();
     let n = (9 << 20) + 12;
     let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4099) as u8).collect();
-    let buf = g.buffer((n + 64) as u64, "large write").unwrap();
-    g.write_large(&buf, 16, &data);
-    let back = g.read_bytes(&buf, 16, n as u64).unwrap();
-    assert!(back == data, "bytes differ after write_large");
+    let a = g.buffer((2 * n + 64) as u64, "batch a").unwrap();
+    let b = g.buffer(4096, "batch b").unwrap();
+    let w = |buf: &wgpu::Buffer, offset: u64, bytes: &[u8]| Write {
+        buf: buf.clone(),
+        offset,
+        bytes: Cow::Owned(bytes.to_vec()),
+    };
+    g.write_batch(&[
+        w(&a, 16, &data),
+        w(&b, 8, &data[5..1005]),
+        w(&a, 16 + n as u64 + 4, &data[..n / 2 / 4 * 4]),
+    ]);
+    let back = g.read_bytes(&a, 16, n as u64).unwrap();
+    assert!(back == data, "bytes differ after write_batch");
+    let back = g
+        .read_bytes(&a, 16 + n as u64 + 4, (n / 2 / 4 * 4) as u64)
+        .unwrap();
+    assert!(back == data[..n / 2 / 4 * 4], "second large write differs");
+    assert_eq!(g.read_bytes(&b, 8, 1000).unwrap(), &data[5..1005]);
+}
+
+/// A NaN in a streamed expert is found when the expert is first uploaded, and the error
+/// names the tensor (the resident loader would have refused it at load; offloaded experts
+/// are not read at load).
+#[test]
+fn a_nan_in_a_streamed_expert_is_an_error_naming_it() {
+    let dir = common::tmpdir("offload-nan");
+    common::copy_model(&common::data("glm52"), &dir);
+    let file = dir.join("model.safetensors");
+    let mut t = common::read_tensors(&file);
+    let e = source("glm52").config.n_routed_experts;
+    for x in 0..e {
+        let name = format!("model.layers.2.mlp.experts.{x}.up_proj.weight");
+        let w = t
+            .iter_mut()
+            .find(|w| w.name == name)
+            .expect("expert tensor");
+        w.data[6..8].copy_from_slice(&0x7E00u16.to_le_bytes()); // f16 NaN at element 3
+    }
+    std::fs::write(&file, common::write_tensors(&t)).unwrap();
+    let src = ModelSource::open(&dir).unwrap();
+    let g = gpu();
+    let b = budget(&src, &g, 32, 1, Policy::Lru);
+    let model = Model::from_source_with(&src, g, &mut |_, _| {}, Some(&b)).expect("loads");
+    let err = model
+        .session(32)
+        .unwrap()
+        .forward(&prompt(src.config.vocab_size, 8), false)
+        .err()
+        .expect("the NaN is found");
+    assert!(
+        err.0.contains("model.layers.2.mlp.experts.")
+            && err.0.contains("up_proj.weight")
+            && err.0.contains("not finite"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

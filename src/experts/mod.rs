@@ -25,7 +25,7 @@ pub use plan::{plan, GpuMemory, Plan};
 pub use policy::{Policy, SlotTable, NONE};
 
 use crate::error::{Error, Result};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, Write};
 use crate::weights::{GpuWeight, QuantPart, RowSource, WFormat, WeightFiles};
 use std::sync::Mutex;
 
@@ -315,21 +315,15 @@ impl Offload {
         for round in &rounds {
             let t0 = Clock::now();
             let mut bytes = 0;
+            let mut writes = Vec::new();
             for &(x, slot) in &round.uploads {
                 let check = !st.checked[x as usize];
-                bytes += self.upload(
-                    gpu,
-                    source,
-                    x,
-                    slot as usize,
-                    rpe_gu,
-                    rpe_dn,
-                    gate_up,
-                    down,
-                    check,
-                )?;
+                let sl = (slot as usize, rpe_gu, rpe_dn);
+                bytes += self.upload(&mut writes, source, x, sl, (gate_up, down), check)?;
                 st.checked[x as usize] = true;
             }
+            gpu.write_batch(&writes);
+            drop(writes);
             {
                 let mut s = crate::gpu::lock(&self.stats);
                 s.uses += round.served as u64;
@@ -363,17 +357,15 @@ impl Offload {
         self.layers.iter().position(|l| l.is_some())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn upload(
-        &self,
-        gpu: &Gpu,
+    /// The writes that put expert `x` into slot `slot.0` (`slot.1` / `slot.2`: rows per
+    /// expert of gate_up / down).
+    fn upload<'a>(
+        &'a self,
+        writes: &mut Vec<Write<'a>>,
         source: &ExpertSource,
         x: u32,
-        slot: usize,
-        rpe_gu: usize,
-        rpe_dn: usize,
-        gate_up: &GpuWeight,
-        down: &GpuWeight,
+        (slot, rpe_gu, rpe_dn): (usize, usize, usize),
+        (gate_up, down): (&GpuWeight, &GpuWeight),
         check: bool,
     ) -> Result<u64> {
         let f = &self.files;
@@ -408,8 +400,8 @@ impl Offload {
                 down: d,
             } => (vec![slice(g, rpe_gu)?], vec![slice(d, rpe_dn)?]),
         };
-        let b = gate_up.write_rows(gpu, slot * rpe_gu, &gu, check)?
-            + down.write_rows(gpu, slot * rpe_dn, &dn, check)?;
+        let b = gate_up.write_rows(writes, slot * rpe_gu, &gu, check)?
+            + down.write_rows(writes, slot * rpe_dn, &dn, check)?;
         Ok(b)
     }
 

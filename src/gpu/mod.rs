@@ -205,6 +205,13 @@ pub struct Gpu {
     bind_groups_created: AtomicU64,
 }
 
+/// One write of [`Gpu::write_batch`]: `bytes` to `buf` at `offset`.
+pub struct Write<'a> {
+    pub buf: wgpu::Buffer,
+    pub offset: u64,
+    pub bytes: std::borrow::Cow<'a, [u8]>,
+}
+
 /// Counts of GPU objects, for leak checks and `sparsa chat`'s `/stats` (see [`Gpu::stats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuStats {
@@ -294,6 +301,13 @@ impl Gpu {
         };
         // Only features the adapter offers are requested.
         let mut wanted = wgpu::Features::TIMESTAMP_QUERY;
+        // Host-memory staging buffers that the GPU copies from (expert uploads): mappable
+        // buffers with COPY_SRC and MAP_READ live in host memory, MAP_WRITE ones may live in
+        // GPU memory behind the PCIe BAR, where the host's writes are slower.
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+        }
         let tensor_cores = summary.tensor_cores && !tensor_cores_disabled();
         if tensor_cores {
             wanted |= TENSOR_CORE_FEATURES;
@@ -603,48 +617,75 @@ impl Gpu {
         }
     }
 
-    /// [`Gpu::write`] for large uploads (expert offloading): the bytes go straight into the
-    /// API's staging memory, copied by several threads (a single thread's copy out of a
-    /// memory-mapped file, page faults included, is slower than PCIe). `offset` and the
-    /// length must be multiples of 4.
-    pub fn write_large(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+    /// Many writes at once (expert offloading's uploads): large ones go straight into the
+    /// API's staging memory, all of them copied by one team of threads that share the bytes
+    /// evenly (a single thread's copy out of a memory-mapped file, page faults included, is
+    /// far slower than the PCIe link). Large writes need offsets and lengths that are
+    /// multiples of 4; small ones go through [`Gpu::write`].
+    pub fn write_batch(&self, writes: &[Write]) {
+        const LARGE: usize = 256 << 10;
         #[cfg(not(target_arch = "wasm32"))]
         {
-            const MIN: usize = 1 << 20;
-            let threads = std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(8);
-            if bytes.len() >= MIN && threads > 1 && bytes.len().is_multiple_of(4) {
-                if let Some(mut view) = std::num::NonZeroU64::new(bytes.len() as u64)
-                    .and_then(|n| self.queue.write_buffer_with(buf, offset, n))
-                {
-                    let per = bytes.len().div_ceil(threads).div_ceil(4) * 4;
-                    let mut dst = view.slice(..);
-                    debug_assert_eq!(dst.len(), bytes.len());
-                    // As an address, so that the threads may share it.
-                    let base = dst.as_raw_element_ptr().as_ptr() as usize;
-                    std::thread::scope(|sc| {
-                        for (i, s) in bytes.chunks(per).enumerate() {
-                            sc.spawn(move || {
-                                // SAFETY: `dst` is a writable mapping of `bytes.len()` bytes,
-                                // borrowed exclusively until the scope ends; each thread writes
-                                // its own range `i * per ..` of it, which `s` (a chunk of
-                                // `bytes`, a different allocation) fits exactly.
-                                unsafe {
-                                    std::ptr::copy_nonoverlapping(
-                                        s.as_ptr(),
-                                        (base + i * per) as *mut u8,
-                                        s.len(),
-                                    )
-                                }
-                            });
-                        }
-                    });
-                    return;
+            let mut views = Vec::new();
+            let mut jobs: Vec<(usize, &[u8])> = Vec::new();
+            for w in writes {
+                let b: &[u8] = &w.bytes;
+                let view = (b.len() >= LARGE && b.len().is_multiple_of(4))
+                    .then(|| std::num::NonZeroU64::new(b.len() as u64))
+                    .flatten()
+                    .and_then(|n| self.queue.write_buffer_with(&w.buf, w.offset, n));
+                match view {
+                    Some(mut v) => {
+                        let mut dst = v.slice(..);
+                        // As an address, so that the threads may share it.
+                        jobs.push((dst.as_raw_element_ptr().as_ptr() as usize, b));
+                        views.push(v);
+                    }
+                    None => self.write(&w.buf, w.offset, b),
                 }
             }
+            let total: usize = jobs.iter().map(|j| j.1.len()).sum();
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(16)
+                .min(total.div_ceil(LARGE))
+                .max(1);
+            // Cut every job into pieces of about total / (4 · threads) bytes; threads take
+            // pieces in turn.
+            let piece = total.div_ceil(4 * threads).max(4096).div_ceil(4) * 4;
+            let pieces: Vec<(usize, &[u8])> = jobs
+                .iter()
+                .flat_map(|&(dst, src)| {
+                    src.chunks(piece)
+                        .enumerate()
+                        .map(move |(i, c)| (dst + i * piece, c))
+                })
+                .collect();
+            let next = AtomicU64::new(0);
+            std::thread::scope(|sc| {
+                for _ in 0..threads {
+                    sc.spawn(|| loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                        let Some(&(dst, src)) = pieces.get(i) else {
+                            break;
+                        };
+                        // SAFETY: `dst` points into a writable staging mapping (one view per
+                        // job, alive in `views` until the scope ends) with room for the
+                        // whole job; pieces of one job are disjoint ranges of it, and each
+                        // piece is copied by exactly one thread from `src`, a range of the
+                        // caller's bytes (a different allocation).
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len())
+                        }
+                    });
+                }
+            });
+            drop(views);
         }
-        self.write(buf, offset, bytes);
+        #[cfg(target_arch = "wasm32")]
+        for w in writes {
+            self.write(&w.buf, w.offset, &w.bytes);
+        }
     }
 
     /// Copy `bytes` bytes from `offset` in `buf` back to the host (waits for the GPU).

@@ -3,7 +3,8 @@
 use super::quant::{e4m3_is_nan, QFormat, FP8_BLOCK};
 use super::{DType, TensorRef, WFormat};
 use crate::error::{Error, Result};
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, Write};
+use std::borrow::Cow;
 
 /// Rows `row0 .. row0 + rows` of a matrix, in one buffer (element 0 = row `row0`, column 0),
 /// and for quantized formats their scales (one per row and block, in a buffer of their own).
@@ -429,17 +430,25 @@ impl GpuWeight {
         })
     }
 
-    /// Overwrite rows `row0 ..` with `parts` (consecutive, one chunk, this matrix's format),
-    /// writing from the files' bytes straight into the API's staging memory where the GPU
-    /// layout is the file layout. `check` scans the values as the loader does (finite floats,
-    /// no FP8 NaN bytes). Returns the bytes written.
-    pub fn write_rows(
+    /// The writes that overwrite rows `row0 ..` with `parts` (consecutive, one chunk, this
+    /// matrix's format), added to `out` for [`Gpu::write_batch`]: the files' bytes as they
+    /// are where the GPU layout is the file layout, else rows padded / scales expanded on the
+    /// host. `check` scans the values as the loader does (finite floats, no FP8 NaN bytes).
+    /// Returns the bytes written.
+    pub fn write_rows<'a>(
         &self,
-        gpu: &Gpu,
+        out: &mut Vec<Write<'a>>,
         row0: usize,
-        parts: &[RowSource],
+        parts: &[RowSource<'a>],
         check: bool,
     ) -> Result<u64> {
+        let mut put = |buf: &wgpu::Buffer, off: usize, bytes: Cow<'a, [u8]>| {
+            out.push(Write {
+                buf: buf.clone(),
+                offset: off as u64,
+                bytes,
+            })
+        };
         let cols = self.cols;
         let mut r = row0;
         let mut written = 0u64;
@@ -491,12 +500,12 @@ impl GpuWeight {
                     let rb = cols * d.size();
                     fits(t.numel() / cols.max(1))?;
                     aligned(&t.name, local * rb, t.bytes.len())?;
-                    gpu.write_large(&c.buf, (local * rb) as u64, t.bytes);
+                    put(&c.buf, local * rb, Cow::Borrowed(t.bytes));
                     written += t.bytes.len() as u64;
                     t.numel() / cols.max(1)
                 }
                 (RowSource::Quant(q), WFormat::Quant(fmt)) => {
-                    let src = QuantSource::check(q, fmt, cols)?;
+                    let src = QuantSource::check_with(q, fmt, cols, check)?;
                     let frb = fmt.file_row_bytes(cols);
                     let grb = self.format.row_bytes(cols);
                     let srb = self.format.scale_row_bytes(cols);
@@ -513,13 +522,13 @@ impl GpuWeight {
                     fits(n)?;
                     aligned(&src.name, local * grb, n * grb)?;
                     if frb == grb {
-                        gpu.write_large(&c.buf, (local * grb) as u64, src.w);
+                        put(&c.buf, local * grb, Cow::Borrowed(src.w));
                     } else {
                         let mut rows = vec![0u8; n * grb];
                         for (d, s) in rows.chunks_mut(grb).zip(src.w.chunks(frb)) {
                             d[..frb].copy_from_slice(s);
                         }
-                        gpu.write(&c.buf, (local * grb) as u64, &rows);
+                        put(&c.buf, local * grb, Cow::Owned(rows));
                     }
                     let sbuf = c.scale.as_ref().ok_or_else(|| {
                         Error::msg(format!("{}: quantized rows without scales", src.name))
@@ -531,9 +540,9 @@ impl GpuWeight {
                             let si = i / FP8_BLOCK;
                             sc.extend_from_slice(&src.s[si * srb..(si + 1) * srb]);
                         }
-                        gpu.write(sbuf, (local * srb) as u64, &sc);
+                        put(sbuf, local * srb, Cow::Owned(sc));
                     } else {
-                        gpu.write(sbuf, (local * srb) as u64, &src.s[..n * srb]);
+                        put(sbuf, local * srb, Cow::Borrowed(&src.s[..n * srb]));
                     }
                     written += (n * (grb + srb)) as u64;
                     n
@@ -567,8 +576,18 @@ struct QuantSource<'a> {
 
 impl<'a> QuantSource<'a> {
     fn check(p: &QuantPart<'a>, fmt: QFormat, cols: usize) -> Result<QuantSource<'a>> {
+        Self::check_with(p, fmt, cols, true)
+    }
+
+    /// [`QuantSource::check`], scanning the scales' values only when `scan`.
+    fn check_with(
+        p: &QuantPart<'a>,
+        fmt: QFormat,
+        cols: usize,
+        scan: bool,
+    ) -> Result<QuantSource<'a>> {
         let (w, s) = (&p.weight, &p.scale);
-        let rows = super::quant::check_pair(w, s, fmt, cols)?;
+        let rows = super::quant::check_pair_with(w, s, fmt, cols, scan)?;
         Ok(QuantSource {
             name: w.name.clone(),
             w: w.bytes,

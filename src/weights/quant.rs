@@ -171,6 +171,18 @@ pub fn stored_format(t: &TensorRef, qconfig: Option<QFormat>) -> Result<Option<Q
 /// with the file's own size checks, bound every row and scale the upload slices) and finite
 /// scales. Returns the number of rows.
 pub fn check_pair(w: &TensorRef, s: &TensorRef, fmt: QFormat, cols: usize) -> Result<usize> {
+    check_pair_with(w, s, fmt, cols, true)
+}
+
+/// [`check_pair`], scanning the scales for NaN / ±inf only when `scan` (the shapes are
+/// always checked: they bound every slice taken from the tensors).
+pub fn check_pair_with(
+    w: &TensorRef,
+    s: &TensorRef,
+    fmt: QFormat,
+    cols: usize,
+    scan: bool,
+) -> Result<usize> {
     use safetensors::Dtype as D;
     let (want_w, want_s) = match fmt {
         QFormat::Fp8 => (D::F8_E4M3, D::F32),
@@ -222,17 +234,11 @@ pub fn check_pair(w: &TensorRef, s: &TensorRef, fmt: QFormat, cols: usize) -> Re
             w.name
         )));
     }
-    let finite = match fmt {
-        QFormat::Fp8 => s
-            .bytes
-            .chunks_exact(4)
-            .all(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]).is_finite()),
-        _ => s
-            .bytes
-            .chunks_exact(2)
-            .all(|c| half::bf16::from_le_bytes([c[0], c[1]]).is_finite()),
+    let dtype = match fmt {
+        QFormat::Fp8 => super::DType::F32,
+        _ => super::DType::BF16,
     };
-    if !finite {
+    if scan && dtype.first_non_finite(s.bytes).is_some() {
         return Err(Error::msg(format!(
             "tensor {} in {}: a scale is NaN or infinite",
             s.name,
