@@ -304,7 +304,7 @@ fn compare_policies(off: &crate::experts::Offload, trace: &[Vec<Vec<u32>>]) -> V
     for p in policies {
         out.push((p.to_string(), per_layer(&|t, s| simulate(t, e, s, p))));
     }
-    out.push(("belady".into(), per_layer(&|t, s| belady(t, e, s))));
+    out.push(("belady".into(), per_layer(&|t, s| belady(t, s))));
     out
 }
 

@@ -227,3 +227,49 @@ fn bench_rejects_a_context_the_adapter_cannot_hold() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--context 4000000000"), "{err}");
 }
+
+/// `--gpu-memory` with room for one routed expert per MoE layer: the experts stream through
+/// the cache and the greedy ids are still transformers'; a budget one byte smaller is a
+/// one-line error saying what is needed.
+#[test]
+fn generate_streaming_experts_is_greedy_reference() {
+    let prompt = reference_tokens("dsv32", "tokens_0");
+    let want = reference_tokens("dsv32", "greedy_0");
+    let src = sparsa::model::ModelSource::open(&data("dsv32")).unwrap();
+    let gpu = sparsa::gpu::Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).unwrap();
+    let ctx = prompt.len() + want.len();
+    let scratch = sparsa::model::Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
+    let p = sparsa::experts::plan(&src.config, &src.weights, 1 << 50, ctx, scratch).unwrap();
+    let one_slot = p.fixed() + p.moe_layers() as u64 * p.expert_bytes;
+    let run = |budget: u64| {
+        bin()
+            .args(["generate", "--model"])
+            .arg(data("dsv32"))
+            .args([
+                "--tokens",
+                &join(&prompt),
+                "--temperature",
+                "0",
+                "--print-ids",
+                "--expert-policy",
+                "lru",
+                "--gpu-memory",
+                &budget.to_string(),
+                "--max-tokens",
+            ])
+            .arg(want.len().to_string())
+            .output()
+            .unwrap()
+    };
+    let out = run(one_slot);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {err}");
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), join(&want));
+    let out = run(one_slot - 1);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("error: --gpu-memory") && err.contains("one expert slot per MoE layer"),
+        "stderr: {err}"
+    );
+}

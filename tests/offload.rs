@@ -37,6 +37,7 @@ fn budget(src: &ModelSource, gpu: &Gpu, ctx: usize, slots: u64, policy: Policy) 
         memory: GpuMemory::Bytes(p.fixed() + p.moe_layers() as u64 * p.expert_bytes * slots),
         ctx,
         policy,
+        prefetch: false,
     }
 }
 

@@ -435,6 +435,15 @@ pub fn run(a: ChatArgs) -> Result<()> {
         per_token as f64 / 1e3,
         format.template().origin(),
     ));
+    if let Some(off) = &model.offload {
+        let p = &off.plan;
+        note(&format!(
+            "expert offloading: {} of {} routed experts on the GPU ({}), the rest streamed from the files; /stats shows the cache",
+            p.resident_experts(),
+            p.moe_layers() * p.n_experts,
+            off.policy
+        ));
+    }
     let interactive = std::io::stdin().is_terminal();
     if format.is_plain() {
         note("note: the model has no chat template; using the plain fallback (\"User: ...\\n\\nAssistant:\")");

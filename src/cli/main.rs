@@ -144,6 +144,11 @@ pub(crate) struct ModelArgs {
     /// lfu:DECAY (the per-token decay, 0 < DECAY ≤ 1). Only with --gpu-memory.
     #[arg(long, default_value = "lfu", requires = "gpu_memory")]
     expert_policy: sparsa::experts::Policy,
+    /// While a layer's experts run, upload the experts the next layer will probably choose
+    /// (its router applied to this layer's input) into its cache. Decode steps only; with
+    /// --gpu-memory.
+    #[arg(long, requires = "gpu_memory")]
+    expert_prefetch: bool,
 }
 
 #[derive(Args)]
@@ -282,6 +287,7 @@ pub(crate) fn budget(m: &ModelArgs, ctx: usize) -> Option<sparsa::model::Budget>
         memory,
         ctx,
         policy: m.expert_policy,
+        prefetch: m.expert_prefetch,
     })
 }
 
@@ -777,6 +783,18 @@ fn cmd_info(m: ModelArgs) -> Result<()> {
                 "longest context one latent-cache binding allows: {} tokens",
                 gpu.max_binding() / row.max(1)
             );
+            if let Some(mem) = m.gpu_memory {
+                let bytes = mem.bytes(gpu.memory_size())?;
+                let scratch = sparsa::model::Session::scratch_bytes(c, ctx, gpu.max_binding());
+                let p = sparsa::experts::plan(c, &src.weights, bytes, ctx, scratch)?;
+                println!("{}", p.describe());
+            }
+            if let Some(b) = gpu.memory_size() {
+                println!(
+                    "adapter memory (largest device-local heap): {:.2} GiB",
+                    b as f64 / (1u64 << 30) as f64
+                );
+            }
         }
         Err(e) => println!("adapter: none ({e})"),
     }

@@ -76,6 +76,13 @@ pub struct ExpertStats {
     /// chunk needs more experts than the layer has slots).
     pub syncs: u64,
     pub rounds: u64,
+    /// Prefetch (`--expert-prefetch`): the next layer's experts predicted by applying its
+    /// router to this layer's input, how many of them the next layer then chose, the
+    /// predicted experts uploaded ahead (missing ones) and how many of those were used.
+    pub predicted: u64,
+    pub predicted_right: u64,
+    pub prefetched: u64,
+    pub prefetched_used: u64,
 }
 
 impl ExpertStats {
@@ -104,11 +111,28 @@ impl ExpertStats {
             wait_s: self.wait_s - before.wait_s,
             syncs: self.syncs - before.syncs,
             rounds: self.rounds - before.rounds,
+            predicted: self.predicted - before.predicted,
+            predicted_right: self.predicted_right - before.predicted_right,
+            prefetched: self.prefetched - before.prefetched,
+            prefetched_used: self.prefetched_used - before.prefetched_used,
         }
     }
 
     /// One line for `/stats` and `bench`.
     pub fn line(&self) -> String {
+        let mut l = self.cache_line();
+        if self.predicted > 0 {
+            l.push_str(&format!(
+                "; prefetch: {:.1} % of predictions right, {} experts uploaded ahead, {} of them used",
+                100.0 * self.predicted_right as f64 / self.predicted as f64,
+                self.prefetched,
+                self.prefetched_used
+            ));
+        }
+        l
+    }
+
+    fn cache_line(&self) -> String {
         format!(
             "experts: hit rate {:.1} % ({} of {} uses), {} uploads, {:.1} MiB per token, staging {:.2} GB/s, {:.3} s staging + {:.3} s waiting for routing, {} readbacks, {} rounds",
             100.0 * self.hit_rate(),
@@ -196,12 +220,18 @@ struct LayerState {
     table: SlotTable,
     /// Experts whose bytes were checked on their first upload (finite values).
     checked: Vec<bool>,
+    /// Experts uploaded by a prefetch and not used since.
+    prefetched: Vec<bool>,
+    /// The experts the previous layer predicted for this one's next chunk.
+    predicted: Vec<u32>,
 }
 
 /// The routed-expert cache of a model loaded under a budget.
 pub struct Offload {
     pub plan: Plan,
     pub policy: Policy,
+    /// Upload the next layer's predicted experts while this layer's run (decode steps).
+    pub prefetch: bool,
     files: WeightFiles,
     layers: Vec<Option<Mutex<LayerState>>>,
     stats: Mutex<ExpertStats>,
@@ -215,7 +245,7 @@ pub struct Offload {
 pub struct RoundSlots(pub Vec<u32>);
 
 impl Offload {
-    pub fn new(plan: Plan, policy: Policy, files: WeightFiles) -> Offload {
+    pub fn new(plan: Plan, policy: Policy, prefetch: bool, files: WeightFiles) -> Offload {
         let e = plan.n_experts;
         let layers = plan
             .slots
@@ -225,6 +255,8 @@ impl Offload {
                     Mutex::new(LayerState {
                         table: SlotTable::new(s, e, policy),
                         checked: vec![false; e],
+                        prefetched: vec![false; e],
+                        predicted: Vec::new(),
                     })
                 })
             })
@@ -232,6 +264,7 @@ impl Offload {
         Offload {
             plan,
             policy,
+            prefetch,
             files,
             layers,
             stats: Mutex::new(ExpertStats::default()),
@@ -304,6 +337,22 @@ impl Offload {
             t[i].push(experts.clone());
         }
         let mut st = crate::gpu::lock(layer);
+        let predicted = std::mem::take(&mut st.predicted);
+        let (mut used_ahead, mut right) = (0u64, 0u64);
+        for &x in &predicted {
+            right += u64::from(experts.contains(&x));
+        }
+        for &x in &experts {
+            if std::mem::take(&mut st.prefetched[x as usize]) {
+                used_ahead += 1;
+            }
+        }
+        {
+            let mut s = crate::gpu::lock(&self.stats);
+            s.predicted += predicted.len() as u64;
+            s.predicted_right += right;
+            s.prefetched_used += used_ahead;
+        }
         let rounds = st.table.place(&experts);
         for _ in 0..rows {
             st.table.tick();
@@ -317,6 +366,7 @@ impl Offload {
             let mut bytes = 0;
             let mut writes = Vec::new();
             for &(x, slot) in &round.uploads {
+                st.prefetched[x as usize] = false;
                 let check = !st.checked[x as usize];
                 let sl = (slot as usize, rpe_gu, rpe_dn);
                 bytes += self.upload(&mut writes, source, x, sl, (gate_up, down), check)?;
@@ -339,6 +389,52 @@ impl Offload {
                 return Err(err);
             }
         }
+        Ok(())
+    }
+
+    /// Prefetch for layer `i`: the experts `predicted` for its next chunk (its router applied
+    /// to the previous layer's input) are uploaded now, into slots the policy frees; the
+    /// writes go with the next submission. Prefetched experts that were already resident
+    /// cost nothing.
+    pub fn prefetch(
+        &self,
+        gpu: &Gpu,
+        i: usize,
+        source: &ExpertSource,
+        predicted: Vec<u32>,
+        gate_up: &GpuWeight,
+        down: &GpuWeight,
+    ) -> Result<()> {
+        let Some(layer) = self.layers.get(i).and_then(|l| l.as_ref()) else {
+            return Ok(());
+        };
+        let e = self.plan.n_experts;
+        if predicted.iter().any(|&x| x as usize >= e) {
+            return Err(Error::msg(format!(
+                "layer {i}: a prefetch prediction is out of range"
+            )));
+        }
+        let mut st = crate::gpu::lock(layer);
+        let t0 = Clock::now();
+        let uploads = st.table.prefetch(&predicted);
+        let n = st.table.slots();
+        let (rpe_gu, rpe_dn) = (gate_up.rows / n, down.rows / n);
+        let mut writes = Vec::new();
+        let mut bytes = 0;
+        for &(x, slot) in &uploads {
+            let check = !st.checked[x as usize];
+            let sl = (slot as usize, rpe_gu, rpe_dn);
+            bytes += self.upload(&mut writes, source, x, sl, (gate_up, down), check)?;
+            st.checked[x as usize] = true;
+            st.prefetched[x as usize] = true;
+        }
+        gpu.write_batch(&writes);
+        st.predicted = predicted;
+        let mut s = crate::gpu::lock(&self.stats);
+        s.prefetched += uploads.len() as u64;
+        s.uploads += uploads.len() as u64;
+        s.bytes += bytes;
+        s.upload_s += t0.secs();
         Ok(())
     }
 

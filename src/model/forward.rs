@@ -63,6 +63,9 @@ struct Scratch {
     rw: wgpu::Buffer,
     /// The expert slot of each routed pair, for layers that stream their experts.
     sidx: wgpu::Buffer,
+    /// The next layer's predicted experts and their weights (prefetch).
+    pidx: wgpu::Buffer,
+    pw: wgpu::Buffer,
     moe_gu: wgpu::Buffer,
     moe_act: wgpu::Buffer,
     moe_out: wgpu::Buffer,
@@ -176,6 +179,8 @@ impl<'m> Session<'m> {
             ridx: f("router idx")?,
             rw: f("router weights")?,
             sidx: f("expert slots")?,
+            pidx: f("prefetch idx")?,
+            pw: f("prefetch weights")?,
             moe_gu: f("moe gate_up")?,
             moe_act: f("moe act")?,
             moe_out: f("moe out")?,
@@ -269,6 +274,8 @@ impl<'m> Session<'m> {
             ("router idx", c * k),
             ("router weights", c * k),
             ("expert slots", c * k),
+            ("prefetch idx", c * k),
+            ("prefetch weights", c * k),
             ("moe gate_up", c * k * 2 * mi),
             ("moe act", c * k * mi),
             ("moe out", c * k * h),
@@ -538,7 +545,14 @@ impl<'m> Session<'m> {
                     match (&m.source, &model.offload) {
                         (Some(src), Some(off)) => {
                             let n = (m.gate_up.rows / (2 * mi as usize)) as u32;
-                            self.stream_experts(&mut rec, off, i, src, m, t, n, experts)?;
+                            // The next layer, when it streams its experts too: prefetch.
+                            let next = match w.layers.get(i + 1).map(|l| &l.mlp) {
+                                Some(Mlp::Moe(nm)) if off.prefetch && t == 1 => {
+                                    nm.source.as_ref().map(|ns| (&**nm, ns))
+                                }
+                                _ => None,
+                            };
+                            self.stream_experts(&mut rec, off, i, src, m, next, t, n, experts)?;
                         }
                         _ => experts(&mut rec, &s.ridx, e),
                     }
@@ -601,6 +615,7 @@ impl<'m> Session<'m> {
         i: usize,
         src: &crate::experts::ExpertSource,
         m: &super::load::Moe,
+        next: Option<(&super::load::Moe, &crate::experts::ExpertSource)>,
         t: u32,
         n: u32,
         experts: impl Fn(&mut Recorder, &wgpu::Buffer, u32),
@@ -608,22 +623,54 @@ impl<'m> Session<'m> {
         #[cfg(not(target_arch = "wasm32"))]
         {
             let gpu = &*self.model.gpu;
-            let k = self.model.config.num_experts_per_tok;
+            let cfg = &self.model.config;
+            let s = &self.s;
+            let k = cfg.num_experts_per_tok;
+            if let Some((nm, _)) = next {
+                // The next layer's router on this layer's input predicts its choices.
+                let (hd, e) = (cfg.hidden_size as u32, cfg.n_routed_experts as u32);
+                let logits = View::rows(&s.rlogits, e);
+                matmul::matmul(rec, View::rows(&s.x, hd), &nm.router, logits, t);
+                router::route(
+                    rec,
+                    logits,
+                    &nm.bias,
+                    t,
+                    e,
+                    cfg.n_group as u32,
+                    cfg.topk_group as u32,
+                    k as u32,
+                    cfg.norm_topk_prob,
+                    cfg.routed_scaling_factor,
+                    &s.pidx,
+                    &s.pw,
+                );
+            }
             rec.flush();
             let t0 = std::time::Instant::now();
-            let ids = gpu.read_u32(&self.s.ridx, 0, t as usize * k)?;
+            let ids = gpu.read_u32(&s.ridx, 0, t as usize * k)?;
+            // Read while the GPU is idle anyway (a read waits for everything queued).
+            let predicted = match next {
+                Some(_) => Some(gpu.read_u32(&s.pidx, 0, t as usize * k)?),
+                None => None,
+            };
             let first = off.first_layer() == Some(i);
             off.count_sync(t as usize, t0.elapsed().as_secs_f64(), first);
             off.serve(gpu, i, src, ids, t as usize, &m.gate_up, &m.down, |slots| {
-                gpu.write(&self.s.sidx, 0, bytemuck::cast_slice(slots));
-                experts(rec, &self.s.sidx, n);
+                gpu.write(&s.sidx, 0, bytemuck::cast_slice(slots));
+                experts(rec, &s.sidx, n);
                 rec.flush();
                 Ok(())
-            })
+            })?;
+            // Staged while the GPU runs this layer's experts and the next layer's attention.
+            if let (Some((nm, ns)), Some(p)) = (next, predicted) {
+                off.prefetch(gpu, i + 1, ns, p, &nm.gate_up, &nm.down)?;
+            }
+            Ok(())
         }
         #[cfg(target_arch = "wasm32")]
         {
-            let _ = (rec, off, i, src, m, t, n, experts);
+            let _ = (rec, off, i, src, m, next, t, n, experts);
             Err(Error::msg(
                 "expert offloading needs to wait for the GPU mid-step, which the browser cannot",
             ))

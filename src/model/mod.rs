@@ -27,6 +27,8 @@ pub struct Budget {
     pub memory: GpuMemory,
     pub ctx: usize,
     pub policy: Policy,
+    /// Upload the next layer's predicted experts ahead (see [`crate::experts`]).
+    pub prefetch: bool,
 }
 use crate::gpu::Gpu;
 use crate::weights::WeightFiles;
@@ -129,7 +131,9 @@ impl Model {
         gpu.sync()?;
         files.check_unchanged()?;
         let offload = match (plan, budget) {
-            (Some(p), Some(b)) if p.offloads() => Some(Offload::new(p, b.policy, files.clone())),
+            (Some(p), Some(b)) if p.offloads() => {
+                Some(Offload::new(p, b.policy, b.prefetch, files.clone()))
+            }
             _ => None,
         };
         Ok(Model {

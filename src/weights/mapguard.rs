@@ -7,11 +7,12 @@
 //! for a fault inside a registered mapping, prints one line naming the file and exits with
 //! status 1. Faults anywhere else keep the default action.
 //!
-//! Pages are only touched while the weights are uploaded (every weight is copied to the GPU
-//! at load), so after loading a file may change without effect. Contents that change without
-//! the size shrinking cannot fault; [`super::WeightFiles::check_unchanged`] compares each
-//! file's size and modification time after the upload and refuses a model whose files
-//! changed meanwhile.
+//! Pages are touched while the weights are uploaded: at load, and during generation for the
+//! routed experts that stream under `--gpu-memory` (see `crate::experts`; their mappings stay
+//! registered as long as the model lives). Contents that change without the size shrinking
+//! cannot fault; [`super::WeightFiles::check_unchanged`] compares each file's size and
+//! modification time after the upload (and, when experts stream, after every forward chunk)
+//! and refuses a model whose files changed meanwhile.
 
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
