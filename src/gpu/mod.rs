@@ -623,9 +623,9 @@ impl Gpu {
     /// far slower than the PCIe link). Large writes need offsets and lengths that are
     /// multiples of 4; small ones go through [`Gpu::write`].
     pub fn write_batch(&self, writes: &[Write]) {
-        const LARGE: usize = 256 << 10;
         #[cfg(not(target_arch = "wasm32"))]
         {
+            const LARGE: usize = 256 << 10;
             let mut views = Vec::new();
             let mut jobs: Vec<(usize, &[u8])> = Vec::new();
             for w in writes {

@@ -61,10 +61,14 @@ struct Scratch {
     rlogits: wgpu::Buffer,
     ridx: wgpu::Buffer,
     rw: wgpu::Buffer,
-    /// The expert slot of each routed pair, for layers that stream their experts.
+    /// The expert slot of each routed pair, for layers that stream their experts (natively;
+    /// the browser never streams).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     sidx: wgpu::Buffer,
     /// The next layer's predicted experts and their weights (prefetch).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pidx: wgpu::Buffer,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pw: wgpu::Buffer,
     moe_gu: wgpu::Buffer,
     moe_act: wgpu::Buffer,
