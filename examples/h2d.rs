@@ -40,68 +40,47 @@ fn main() -> sparsa::Result<()> {
         println!("{name:<58} {:6.1} GB/s", total as f64 / best / 1e9);
         Ok(())
     };
-    time(
+    println!(
+        "{:<58} {:6.1} GB/s",
         "write_batch (write_buffer_with, up to 16 threads)",
-        &mut || {
-            let writes: Vec<sparsa::gpu::Write> = (0..total)
-                .step_by(piece)
-                .map(|off| sparsa::gpu::Write {
-                    buf: dst.clone(),
-                    offset: off as u64,
-                    bytes: std::borrow::Cow::Borrowed(&host),
-                })
-                .collect();
-            gpu.write_batch(&writes);
-            gpu.submit([]);
-            Ok(())
-        },
-    )?;
+        sparsa::bench::h2d_bandwidth(&gpu)? / 1e9
+    );
     // From a memory-mapped file (pass its path; page-cache warm): first touch vs second.
     if let Some(path) = std::env::args().nth(1) {
         let f = std::fs::File::open(&path).expect("file");
         // SAFETY: a read-only map of a file nobody writes during the run.
         let map = unsafe { memmap2::Mmap::map(&f) }.expect("mmap");
         let _ = std::fs::read(&path); // into the page cache
-        for pass in ["first touch", "second touch"] {
-            let src = &map[..total.min(map.len()) / piece * piece];
+                                      // `src` in writes of `size` bytes, timed to the GPU's completion.
+        let timed = |src: &[u8], size: usize, what: &str| -> sparsa::Result<()> {
             let t = Instant::now();
             let writes: Vec<sparsa::gpu::Write> = src
-                .chunks(piece)
+                .chunks(size)
                 .enumerate()
                 .map(|(i, c)| sparsa::gpu::Write {
                     buf: dst.clone(),
-                    offset: (i * piece) as u64,
+                    offset: (i * size) as u64,
                     bytes: std::borrow::Cow::Borrowed(c),
                 })
                 .collect();
             gpu.write_batch(&writes);
             gpu.submit([]);
             gpu.sync()?;
-            println!(
-                "write_batch from an mmap, {pass:<13}                    {:6.1} GB/s",
-                src.len() as f64 / t.elapsed().as_secs_f64() / 1e9
-            );
-        }
-        // Many small writes (6 MiB, as one expert's tensors) instead of 16 MiB pieces.
+            let rate = src.len() as f64 / t.elapsed().as_secs_f64() / 1e9;
+            println!("write_batch from an mmap, {what:<32} {rate:6.1} GB/s");
+            Ok(())
+        };
+        let first = &map[..total.min(map.len()) / piece * piece];
+        timed(first, piece, "first touch")?;
+        timed(first, piece, "second touch")?;
+        // Writes of 6 MiB (one expert tensor) instead of 16 MiB pieces.
         let small = 6usize << 20;
-        let t = Instant::now();
-        let src = &map[total..total + total / small * small];
-        let writes: Vec<sparsa::gpu::Write> = src
-            .chunks(small)
-            .enumerate()
-            .map(|(i, c)| sparsa::gpu::Write {
-                buf: dst.clone(),
-                offset: (i * small) as u64,
-                bytes: std::borrow::Cow::Borrowed(c),
-            })
-            .collect();
-        gpu.write_batch(&writes);
-        gpu.submit([]);
-        gpu.sync()?;
-        println!(
-            "write_batch from an mmap, first touch, 6 MiB writes      {:6.1} GB/s",
-            src.len() as f64 / t.elapsed().as_secs_f64() / 1e9
-        );
+        let rest = &map[total.min(map.len())..];
+        timed(
+            &rest[..total.min(rest.len()) / small * small],
+            small,
+            "first touch, 6 MiB writes",
+        )?;
     }
     for (label, usage, ok) in [
         (

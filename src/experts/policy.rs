@@ -151,6 +151,19 @@ impl SlotTable {
         best
     }
 
+    /// Put expert `e` in the policy's victim slot (not a pinned one), which it pins.
+    fn install(&mut self, e: u32, pinned: &mut [bool]) -> u32 {
+        let v = self.victim(pinned);
+        let old = self.slot_expert[v];
+        if old != NONE {
+            self.expert_slot[old as usize] = NONE;
+        }
+        self.slot_expert[v] = e;
+        self.expert_slot[e as usize] = v as u32;
+        pinned[v] = true;
+        v as u32
+    }
+
     /// Plan the rounds that serve `experts` (one chunk's routed choices, `rows × k`, every
     /// id < n_experts): each round makes at most `slots` experts resident (hits stay where
     /// they are, misses take the policy's victims) and serves the pairs of those experts.
@@ -191,16 +204,8 @@ impl SlotTable {
                 self.clock += 1;
                 let mut s = self.expert_slot[e as usize];
                 if s == NONE {
-                    let v = self.victim(&pinned);
-                    let old = self.slot_expert[v];
-                    if old != NONE {
-                        self.expert_slot[old as usize] = NONE;
-                    }
-                    self.slot_expert[v] = e;
-                    self.expert_slot[e as usize] = v as u32;
-                    pinned[v] = true;
-                    round.uploads.push((e, v as u32));
-                    s = v as u32;
+                    s = self.install(e, &mut pinned);
+                    round.uploads.push((e, s));
                 }
                 self.last_use[s as usize] = self.clock;
                 let uploaded = round.uploads.last().is_some_and(|&(x, _)| x == e);
@@ -231,17 +236,10 @@ impl SlotTable {
                 pinned[s as usize] = true;
                 continue;
             }
-            let v = self.victim(&pinned);
-            let old = self.slot_expert[v];
-            if old != NONE {
-                self.expert_slot[old as usize] = NONE;
-            }
-            self.slot_expert[v] = e;
-            self.expert_slot[e as usize] = v as u32;
+            let v = self.install(e, &mut pinned);
             self.clock += 1;
-            self.last_use[v] = self.clock;
-            pinned[v] = true;
-            out.push((e, v as u32));
+            self.last_use[v as usize] = self.clock;
+            out.push((e, v));
         }
         out
     }
