@@ -298,8 +298,9 @@ impl<'m> Session<'m> {
             .iter()
             .map(|z| z.1)
             .sum();
-        // Sampling: a logits row, its candidates and a one-row top-k; the indexer's top-k.
-        (4 * (f32s + cfg.vocab_size + sample::MAX_TOP_K as usize + 1)) as u64
+        // Sampling: a logits row, its candidates and a one-row top-k, the two picked-token
+        // slots; the indexer's top-k.
+        (4 * (f32s + cfg.vocab_size + sample::MAX_TOP_K as usize + 1 + 2)) as u64
             + topk::TopkScratch::bytes_for(1)
             + topk::TopkScratch::bytes_for(c as u32)
     }
