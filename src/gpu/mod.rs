@@ -347,7 +347,7 @@ impl Gpu {
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             let msg = match &e {
                 wgpu::Error::OutOfMemory { .. } => format!(
-                    "out of GPU memory on {adapter_name} ({e}): use a smaller --ctx or model"
+                    "out of GPU memory on {adapter_name} ({e}): use a smaller --ctx or model, or --gpu-memory SIZE to stream routed experts from the files"
                 ),
                 _ => e.to_string(),
             };
@@ -537,7 +537,7 @@ impl Gpu {
         if crate::fault::injected("GPU_MEMORY").is_some_and(|limit| created > limit) {
             // What a driver reports when the memory is gone (see crate::fault).
             let msg = format!(
-                "out of GPU memory on {} (SPARSA_FAULT_GPU_MEMORY): use a smaller --ctx or model",
+                "out of GPU memory on {} (SPARSA_FAULT_GPU_MEMORY): use a smaller --ctx or model, or --gpu-memory SIZE to stream routed experts from the files",
                 self.adapter.name
             );
             return Err(Error::msg(format!("buffer {label} ({size} bytes): {msg}")));
