@@ -63,7 +63,14 @@ fn prompt(vocab: usize, n: usize) -> Vec<u32> {
 }
 
 fn check_model(name: &str) {
-    let src = source(name);
+    check_source(source(name), name);
+}
+
+fn check_dir(dir: &Path) {
+    check_source(ModelSource::open(dir).unwrap(), &dir.display().to_string());
+}
+
+fn check_source(src: ModelSource, name: &str) {
     let g = gpu();
     let ctx = 80;
     let p = prompt(src.config.vocab_size, 48);
@@ -132,6 +139,28 @@ fn f16_and_f32_experts_match_resident() {
 fn fp8_and_padded_q8_experts_match_resident() {
     check_model("dsv32-fp8");
     check_model("dsv32-q8");
+}
+
+/// gate/up in q4 and down kept in f32 (`sparsa quantize --keep down_proj`): each slot matrix
+/// takes its own tensors' format.
+#[test]
+fn experts_with_gate_up_and_down_in_different_formats_match_resident() {
+    let dir = common::tmpdir("offload-mixed");
+    let out = common::bin()
+        .args(["quantize", "--model"])
+        .arg(common::data("dsv32"))
+        .arg("--out")
+        .arg(&dir)
+        .args(["--format", "q4", "--keep", "down_proj"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    check_dir(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Generation through the GPU-picking loop (which queues the next step before reading the

@@ -465,9 +465,10 @@ impl Offload {
         check: bool,
     ) -> Result<u64> {
         let f = &self.files;
-        let part = |name: &str| -> Result<RowSource> {
+        // A tensor as rows of `w`'s format (gate_up and down may be stored differently).
+        let part = |name: &str, w: &GpuWeight| -> Result<RowSource> {
             let t = f.get(name)?;
-            Ok(match gate_up.format {
+            Ok(match w.format {
                 WFormat::Quant(q) => {
                     let scale = f.get(&format!("{name}{}", q.scale_suffix()))?;
                     RowSource::Quant(QuantPart { weight: t, scale })
@@ -486,10 +487,10 @@ impl Offload {
         let (gu, dn) = match source {
             ExpertSource::PerExpert { prefix } => (
                 vec![
-                    part(&format!("{prefix}.{x}.gate_proj.weight"))?,
-                    part(&format!("{prefix}.{x}.up_proj.weight"))?,
+                    part(&format!("{prefix}.{x}.gate_proj.weight"), gate_up)?,
+                    part(&format!("{prefix}.{x}.up_proj.weight"), gate_up)?,
                 ],
-                vec![part(&format!("{prefix}.{x}.down_proj.weight"))?],
+                vec![part(&format!("{prefix}.{x}.down_proj.weight"), down)?],
             ),
             ExpertSource::Fused {
                 gate_up: g,

@@ -323,29 +323,18 @@ impl<'a> Loader<'a, '_> {
         let (gl, dl) = (format!("{p}.experts.gate_up"), format!("{p}.experts.down"));
         if let Some(n) = slots {
             let (gf, gparts, gb) = self.collect(&gu_names, &vec![i; 2 * e], h)?;
-            let (df, _, db) = self.collect(&dn_names, &vec![h; e], i)?;
-            let format = |f: Option<QFormat>| -> Result<WFormat> {
-                Ok(match f {
-                    Some(q) => WFormat::Quant(q),
-                    None => match &gparts[0] {
-                        RowSource::Float(t) => WFormat::Float(t.dtype()?),
-                        RowSource::Quant(q) => WFormat::Quant(
-                            stored_format(&q.weight, self.qconfig)?.unwrap_or(QFormat::Fp8),
-                        ),
-                    },
-                })
+            let (df, dparts, db) = self.collect(&dn_names, &vec![h; e], i)?;
+            // Each slot matrix takes the format its tensors are stored in (as when resident).
+            let format = |f: Option<QFormat>, parts: &[RowSource]| -> Result<WFormat> {
+                match (f, parts.first()) {
+                    (Some(q), _) => Ok(WFormat::Quant(q)),
+                    (None, Some(RowSource::Float(t))) => Ok(WFormat::Float(t.dtype()?)),
+                    _ => Err(Error::msg(format!("{gl}: no expert tensors"))),
+                }
             };
-            if gf != df {
-                return Err(Error::msg(format!(
-                    "{}: stored as {} but {} as {} (a layer's experts must share one format)",
-                    dn_names[0],
-                    df.map_or("float", |q| q.name()),
-                    gu_names[0],
-                    gf.map_or("float", |q| q.name()),
-                )));
-            }
-            let gu = GpuWeight::empty(self.gpu, n * 2 * i, h, format(gf)?, 2 * i, &gl)?;
-            let dw = GpuWeight::empty(self.gpu, n * h, i, format(df)?, h, &dl)?;
+            let (gfmt, dfmt) = (format(gf, &gparts)?, format(df, &dparts)?);
+            let gu = GpuWeight::empty(self.gpu, n * 2 * i, h, gfmt, 2 * i, &gl)?;
+            let dw = GpuWeight::empty(self.gpu, n * h, i, dfmt, h, &dl)?;
             self.tick(gb + db)?;
             return Ok((
                 gu,
