@@ -311,3 +311,33 @@ fn a_nan_in_a_streamed_expert_is_an_error_naming_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Experts are read from the files during generation, so a model file rewritten after the
+/// load is noticed at the next chunk (size and modification time), not silently mixed in.
+#[test]
+fn a_model_file_rewritten_while_experts_stream_is_refused() {
+    use std::io::{Seek, Write};
+    let dir = common::tmpdir("offload-rewrite");
+    common::copy_model(&common::data("glm52"), &dir);
+    let src = ModelSource::open(&dir).unwrap();
+    let g = gpu();
+    let b = budget(&src, &g, 32, 1, Policy::Lru);
+    let model = Model::from_source_with(&src, g, &mut |_, _| {}, Some(&b)).expect("loads");
+    let mut s = model.session(32).unwrap();
+    let p = prompt(src.config.vocab_size, 4);
+    s.forward(&p, false).expect("runs before the change");
+    // Same bytes, same size, a new modification time.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let file = dir.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+    f.seek(std::io::SeekFrom::Start(0)).unwrap();
+    f.write_all(&bytes[..64]).unwrap();
+    drop(f);
+    let err = s.forward(&p, false).err().expect("the change is noticed");
+    assert!(
+        err.0.contains("changed while sparsa was reading it"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

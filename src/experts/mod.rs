@@ -134,7 +134,7 @@ impl ExpertStats {
 
     fn cache_line(&self) -> String {
         format!(
-            "experts: hit rate {:.1} % ({} of {} uses), {} uploads, {:.1} MiB per token, staging {:.2} GB/s, {:.3} s staging + {:.3} s waiting for routing, {} readbacks, {} rounds",
+            "experts: hit rate {:.1} % ({} of {} uses), {} uploads, {:.1} MiB per token, staging {:.2} GB/s, stalled {:.3} s on uploads (host copying, GPU idle) + {:.3} s waiting for routing, {} readbacks, {} rounds",
             100.0 * self.hit_rate(),
             self.hits,
             self.uses,
