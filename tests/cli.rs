@@ -19,24 +19,29 @@ fn join(ids: &[i32]) -> String {
         .join(",")
 }
 
-#[test]
-fn generate_print_ids_is_greedy_reference() {
-    let prompt = reference_tokens("dsv32", "tokens_0");
-    let want = reference_tokens("dsv32", "greedy_0");
-    let out = bin()
+/// `sparsa generate` on the dsv32 test model: `n` greedy ids after `prompt`, printed as ids.
+fn greedy_ids(prompt: &[i32], n: usize, extra: &[&str]) -> std::process::Output {
+    bin()
         .args(["generate", "--model"])
         .arg(data("dsv32"))
         .args([
             "--tokens",
-            &join(&prompt),
+            &join(prompt),
             "--temperature",
             "0",
             "--print-ids",
-            "--max-tokens",
         ])
-        .arg(want.len().to_string())
+        .args(extra)
+        .args(["--max-tokens", &n.to_string()])
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn generate_print_ids_is_greedy_reference() {
+    let prompt = reference_tokens("dsv32", "tokens_0");
+    let want = reference_tokens("dsv32", "greedy_0");
+    let out = greedy_ids(&prompt, want.len(), &[]);
     assert!(
         out.status.success(),
         "stderr: {}",
@@ -242,24 +247,12 @@ fn generate_streaming_experts_is_greedy_reference() {
     let p = sparsa::experts::plan(&src.config, &src.weights, 1 << 50, ctx, scratch).unwrap();
     let one_slot = p.fixed() + p.moe_layers() as u64 * p.expert_bytes;
     let run = |budget: u64| {
-        bin()
-            .args(["generate", "--model"])
-            .arg(data("dsv32"))
-            .args([
-                "--tokens",
-                &join(&prompt),
-                "--temperature",
-                "0",
-                "--print-ids",
-                "--expert-policy",
-                "lru",
-                "--gpu-memory",
-                &budget.to_string(),
-                "--max-tokens",
-            ])
-            .arg(want.len().to_string())
-            .output()
-            .unwrap()
+        let b = budget.to_string();
+        greedy_ids(
+            &prompt,
+            want.len(),
+            &["--expert-policy", "lru", "--gpu-memory", &b],
+        )
     };
     let out = run(one_slot);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -27,6 +27,7 @@ pub use policy::{Policy, SlotTable, NONE};
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Write};
 use crate::weights::{GpuWeight, QuantPart, RowSource, WFormat, WeightFiles};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// Seconds since an instant, natively (the browser never offloads: no clock needed there).
@@ -159,15 +160,18 @@ pub struct Replay {
     cdf: Vec<f64>,
 }
 
+/// One xorshift64 step.
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 impl Replay {
     pub fn zipf(s: f64, n_layers: usize, n_experts: usize, seed: u64) -> Replay {
         let mut rng = seed ^ 0x9E37_79B9_7F4A_7C15;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = || xorshift(&mut rng);
         let order = (0..n_layers)
             .map(|_| {
                 let mut o: Vec<u32> = (0..n_experts as u32).collect();
@@ -199,10 +203,7 @@ impl Replay {
         let total = *self.cdf.last().unwrap_or(&1.0);
         let mut out: Vec<u32> = Vec::with_capacity(k);
         while out.len() < k.min(self.cdf.len()) {
-            self.rng ^= self.rng << 13;
-            self.rng ^= self.rng >> 7;
-            self.rng ^= self.rng << 17;
-            let u = (self.rng >> 11) as f64 / (1u64 << 53) as f64 * total;
+            let u = (xorshift(&mut self.rng) >> 11) as f64 / (1u64 << 53) as f64 * total;
             let r = self
                 .cdf
                 .partition_point(|&c| c <= u)
@@ -238,11 +239,9 @@ pub struct Offload {
     replay: Mutex<Option<Replay>>,
     /// Per layer, the routing of every chunk while recording (`rows × k` ids each).
     trace: Mutex<Option<Vec<Vec<Vec<u32>>>>>,
+    /// Expert bytes were read from the files since the last [`Offload::check_files`].
+    files_read: AtomicBool,
 }
-
-/// One round of a layer's expert matmuls: the slot serving each routed pair (NONE: not in
-/// this round).
-pub struct RoundSlots(pub Vec<u32>);
 
 impl Offload {
     pub fn new(plan: Plan, policy: Policy, prefetch: bool, files: WeightFiles) -> Offload {
@@ -270,6 +269,7 @@ impl Offload {
             stats: Mutex::new(ExpertStats::default()),
             replay: Mutex::new(None),
             trace: Mutex::new(None),
+            files_read: AtomicBool::new(false),
         }
     }
 
@@ -357,30 +357,12 @@ impl Offload {
         for _ in 0..rows {
             st.table.tick();
         }
-        let (rpe_gu, rpe_dn) = (
-            gate_up.rows / st.table.slots(),
-            down.rows / st.table.slots(),
-        );
         for round in &rounds {
-            let t0 = Clock::now();
-            let mut bytes = 0;
-            let mut writes = Vec::new();
-            for &(x, slot) in &round.uploads {
-                st.prefetched[x as usize] = false;
-                let check = !st.checked[x as usize];
-                let sl = (slot as usize, rpe_gu, rpe_dn);
-                bytes += self.upload(&mut writes, source, x, sl, (gate_up, down), check)?;
-                st.checked[x as usize] = true;
-            }
-            gpu.write_batch(&writes);
-            drop(writes);
+            self.stage(gpu, &mut st, source, &round.uploads, (gate_up, down), false)?;
             {
                 let mut s = crate::gpu::lock(&self.stats);
                 s.uses += round.served as u64;
                 s.hits += round.hits as u64;
-                s.uploads += round.uploads.len() as u64;
-                s.bytes += bytes;
-                s.upload_s += t0.secs();
                 s.rounds += 1;
             }
             if let Err(err) = run(&round.slots) {
@@ -415,23 +397,40 @@ impl Offload {
             )));
         }
         let mut st = crate::gpu::lock(layer);
-        let t0 = Clock::now();
         let uploads = st.table.prefetch(&predicted);
+        self.stage(gpu, &mut st, source, &uploads, (gate_up, down), true)?;
+        st.predicted = predicted;
+        crate::gpu::lock(&self.stats).prefetched += uploads.len() as u64;
+        Ok(())
+    }
+
+    /// Queue the writes that put each `(expert, slot)` of `uploads` into the slots of
+    /// `gate_up` / `down` (the values checked on an expert's first upload), marking the
+    /// experts as prefetched or not, and count them.
+    fn stage(
+        &self,
+        gpu: &Gpu,
+        st: &mut LayerState,
+        source: &ExpertSource,
+        uploads: &[(u32, u32)],
+        (gate_up, down): (&GpuWeight, &GpuWeight),
+        prefetched: bool,
+    ) -> Result<()> {
+        let t0 = Clock::now();
         let n = st.table.slots();
         let (rpe_gu, rpe_dn) = (gate_up.rows / n, down.rows / n);
         let mut writes = Vec::new();
         let mut bytes = 0;
-        for &(x, slot) in &uploads {
+        for &(x, slot) in uploads {
             let check = !st.checked[x as usize];
             let sl = (slot as usize, rpe_gu, rpe_dn);
             bytes += self.upload(&mut writes, source, x, sl, (gate_up, down), check)?;
             st.checked[x as usize] = true;
-            st.prefetched[x as usize] = true;
+            st.prefetched[x as usize] = prefetched;
         }
         gpu.write_batch(&writes);
-        st.predicted = predicted;
+        self.files_read.store(true, Ordering::Relaxed);
         let mut s = crate::gpu::lock(&self.stats);
-        s.prefetched += uploads.len() as u64;
         s.uploads += uploads.len() as u64;
         s.bytes += bytes;
         s.upload_s += t0.secs();
@@ -502,8 +501,13 @@ impl Offload {
         Ok(b)
     }
 
-    /// Fails if a model file changed since it was mapped (experts are read from it all along).
+    /// Fails if a model file changed since it was mapped, when expert bytes were read from
+    /// the files since the last call (a chunk that uploaded nothing read nothing, and costs
+    /// no `stat` of every shard).
     pub fn check_files(&self) -> Result<()> {
-        self.files.check_unchanged()
+        if self.files_read.swap(false, Ordering::Relaxed) {
+            self.files.check_unchanged()?;
+        }
+        Ok(())
     }
 }

@@ -564,7 +564,6 @@ impl<'m> Session<'m> {
                     if let Some(sh) = &m.shared {
                         self.swiglu(&mut rec, sh, t);
                     }
-                    let out = View::rows(&s.moe_out, hd);
                     elementwise::moe_combine(&mut rec, out, &s.rw, k, View::rows(&s.h, hd), t, hd);
                 }
             }

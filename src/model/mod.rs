@@ -19,6 +19,11 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::error::Result;
 use crate::experts::{GpuMemory, Offload, Policy};
+use crate::gpu::Gpu;
+use crate::weights::WeightFiles;
+#[cfg(not(target_arch = "wasm32"))]
+use std::path::Path;
+use std::sync::Arc;
 
 /// A GPU memory budget for loading: `memory` must hold the model's non-expert weights, the
 /// caches for `ctx` tokens and scratch; the rest caches routed experts under `policy`.
@@ -30,11 +35,6 @@ pub struct Budget {
     /// Upload the next layer's predicted experts ahead (see [`crate::experts`]).
     pub prefetch: bool,
 }
-use crate::gpu::Gpu;
-use crate::weights::WeightFiles;
-#[cfg(not(target_arch = "wasm32"))]
-use std::path::Path;
-use std::sync::Arc;
 
 pub struct Model {
     pub config: Config,
@@ -68,13 +68,7 @@ impl Model {
         gpu: Arc<Gpu>,
         progress: load::Progress,
     ) -> Result<Model> {
-        Self::from_parts(
-            src.config.clone(),
-            &src.weights,
-            gpu,
-            src.label.clone(),
-            progress,
-        )
+        Self::from_source_with(src, gpu, progress, None)
     }
 
     pub fn from_parts(

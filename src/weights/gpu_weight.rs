@@ -26,8 +26,18 @@ pub struct GpuWeight {
     pub stride: usize,
 }
 
-/// One quantized tensor and its scale tensor, as stored in the files.
 impl GpuWeight {
+    /// A `[rows, cols]` matrix of `format` held in `chunks`.
+    fn from_chunks(chunks: Vec<WeightChunk>, format: WFormat, rows: usize, cols: usize) -> Self {
+        GpuWeight {
+            chunks,
+            format,
+            rows,
+            cols,
+            stride: format.stride(cols),
+        }
+    }
+
     /// GPU bytes of one row with its scales.
     pub fn row_bytes(&self) -> u64 {
         (self.format.row_bytes(self.cols) + self.format.scale_row_bytes(self.cols)) as u64
@@ -40,6 +50,7 @@ pub enum RowSource<'a> {
     Quant(QuantPart<'a>),
 }
 
+/// One quantized tensor and its scale tensor, as stored in the files.
 pub struct QuantPart<'a> {
     pub weight: TensorRef<'a>,
     pub scale: TensorRef<'a>,
@@ -157,17 +168,7 @@ impl GpuWeight {
                 )));
             }
             rows += n / cols;
-            // NaN or ±inf in a weight would turn every output it touches into garbage, so the
-            // bytes are checked on their way to the GPU (a few GB/s; see docs/ROBUSTNESS.md).
-            if let Some(i) = dtype.first_non_finite(p.bytes) {
-                let s = dtype.size();
-                return Err(Error::msg(format!(
-                    "tensor {} in {}: element {i} is {} (weights must be finite)",
-                    p.name,
-                    p.file.display(),
-                    dtype.to_f32(&p.bytes[i * s..(i + 1) * s])[0]
-                )));
-            }
+            check_finite(p, dtype)?;
         }
         let sources: Vec<&[u8]> = parts.iter().map(|p| p.bytes).collect();
         Self::upload_bytes(gpu, &sources, rows, cols, dtype, align_rows, None, label)
@@ -234,13 +235,7 @@ impl GpuWeight {
             });
             row0 += n;
         }
-        Ok(GpuWeight {
-            chunks,
-            format,
-            rows,
-            cols,
-            stride: cols,
-        })
+        Ok(Self::from_chunks(chunks, format, rows, cols))
     }
 
     /// A matrix from host f32 values, stored as `dtype` (tests and synthetic models).
@@ -329,15 +324,14 @@ impl GpuWeight {
         let frb = fmt.file_row_bytes(cols);
         let grb = format.row_bytes(cols);
         let srb = format.scale_row_bytes(cols);
-        // Scale bytes of one row in the file: FP8 rows share a row of 128×128 block scales.
-        let (s_group, s_bytes) = match fmt {
-            QFormat::Fp8 => (FP8_BLOCK, cols.div_ceil(FP8_BLOCK) * 4),
-            _ => (1, cols.div_ceil(fmt.block()) * 2),
-        };
-        debug_assert_eq!(s_bytes, srb);
         let mut per = Self::chunk_rows(gpu, rows, cols, format, align_rows.max(1), label)?;
         if let Some(m) = max_chunk_rows {
             per = per.min(m.max(1));
+        }
+        if fmt == QFormat::Fp8 {
+            for src in srcs {
+                src.check_fp8(frb)?;
+            }
         }
         let pad = vec![0u8; grb - frb];
         let mut ww = Writer::new(gpu);
@@ -358,17 +352,9 @@ impl GpuWeight {
                     r = 0;
                 }
                 let src = &srcs[part];
-                let wrow = &src.w[r * frb..(r + 1) * frb];
-                if fmt == QFormat::Fp8 && wrow.iter().any(|&b| e4m3_is_nan(b)) {
-                    return Err(Error::msg(format!(
-                        "tensor {}: row {r} holds an e4m3 NaN byte (0x7F or 0xFF); FP8 weights must be finite",
-                        src.name
-                    )));
-                }
-                ww.push(&buf, wrow)?;
+                ww.push(&buf, &src.w[r * frb..(r + 1) * frb])?;
                 ww.push(&buf, &pad)?;
-                let si = r / s_group;
-                sw.push(&sbuf, &src.s[si * s_bytes..(si + 1) * s_bytes])?;
+                sw.push(&sbuf, src.scales_of_row(r, fmt, srb))?;
                 r += 1;
             }
             sw.push(&sbuf, &[0u8; 3][..sbytes - n * srb])?;
@@ -382,13 +368,7 @@ impl GpuWeight {
             });
             row0 += n;
         }
-        Ok(GpuWeight {
-            chunks,
-            format,
-            rows,
-            cols,
-            stride: format.stride(cols),
-        })
+        Ok(Self::from_chunks(chunks, format, rows, cols))
     }
 
     /// An uninitialized `[rows, cols]` matrix of `format` (rows that
@@ -421,13 +401,7 @@ impl GpuWeight {
             });
             row0 += n;
         }
-        Ok(GpuWeight {
-            chunks,
-            format,
-            rows,
-            cols,
-            stride: format.stride(cols),
-        })
+        Ok(Self::from_chunks(chunks, format, rows, cols))
     }
 
     /// The writes that overwrite rows `row0 ..` with `parts` (consecutive, one chunk, this
@@ -489,13 +463,7 @@ impl GpuWeight {
                         )));
                     }
                     if check {
-                        if let Some(i) = d.first_non_finite(t.bytes) {
-                            return Err(Error::msg(format!(
-                                "tensor {} in {}: element {i} is not finite (weights must be finite)",
-                                t.name,
-                                t.file.display()
-                            )));
-                        }
+                        check_finite(t, d)?;
                     }
                     let rb = cols * d.size();
                     fits(t.numel() / cols.max(1))?;
@@ -511,13 +479,7 @@ impl GpuWeight {
                     let srb = self.format.scale_row_bytes(cols);
                     let n = src.rows;
                     if check && fmt == QFormat::Fp8 {
-                        if let Some(i) = src.w.iter().position(|&b| e4m3_is_nan(b)) {
-                            return Err(Error::msg(format!(
-                                "tensor {}: row {} holds an e4m3 NaN byte (0x7F or 0xFF); FP8 weights must be finite",
-                                src.name,
-                                i / frb
-                            )));
-                        }
+                        src.check_fp8(frb)?;
                     }
                     fits(n)?;
                     aligned(&src.name, local * grb, n * grb)?;
@@ -535,12 +497,8 @@ impl GpuWeight {
                     })?;
                     aligned(&src.name, local * srb, n * srb)?;
                     if fmt == QFormat::Fp8 {
-                        let mut sc = Vec::with_capacity(n * srb);
-                        for i in 0..n {
-                            let si = i / FP8_BLOCK;
-                            sc.extend_from_slice(&src.s[si * srb..(si + 1) * srb]);
-                        }
-                        put(sbuf, local * srb, Cow::Owned(sc));
+                        let sc = (0..n).flat_map(|i| src.scales_of_row(i, fmt, srb));
+                        put(sbuf, local * srb, Cow::Owned(sc.copied().collect()));
                     } else {
                         put(sbuf, local * srb, Cow::Borrowed(&src.s[..n * srb]));
                     }
@@ -574,7 +532,45 @@ struct QuantSource<'a> {
     rows: usize,
 }
 
+/// NaN or ±inf in a weight would turn every output it touches into garbage, so the bytes
+/// are checked on their way to the GPU (a few GB/s; see docs/ROBUSTNESS.md).
+fn check_finite(t: &TensorRef, dtype: DType) -> Result<()> {
+    if let Some(i) = dtype.first_non_finite(t.bytes) {
+        let s = dtype.size();
+        return Err(Error::msg(format!(
+            "tensor {} in {}: element {i} is {} (weights must be finite)",
+            t.name,
+            t.file.display(),
+            dtype.to_f32(&t.bytes[i * s..(i + 1) * s])[0]
+        )));
+    }
+    Ok(())
+}
+
 impl<'a> QuantSource<'a> {
+    /// Refuses FP8 weights holding an e4m3 NaN byte, naming the row (`frb` bytes a row).
+    fn check_fp8(&self, frb: usize) -> Result<()> {
+        match self.w.iter().position(|&b| e4m3_is_nan(b)) {
+            Some(i) => Err(Error::msg(format!(
+                "tensor {}: row {} holds an e4m3 NaN byte (0x7F or 0xFF); FP8 weights must be finite",
+                self.name,
+                i / frb.max(1)
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The scales of row `r` (`srb` bytes): q8 / q4 rows have their own, FP8 rows share a
+    /// row of 128×128 block scales.
+    fn scales_of_row(&self, r: usize, fmt: QFormat, srb: usize) -> &'a [u8] {
+        let si = if fmt == QFormat::Fp8 {
+            r / FP8_BLOCK
+        } else {
+            r
+        };
+        &self.s[si * srb..(si + 1) * srb]
+    }
+
     fn check(p: &QuantPart<'a>, fmt: QFormat, cols: usize) -> Result<QuantSource<'a>> {
         Self::check_with(p, fmt, cols, true)
     }
