@@ -11,8 +11,8 @@
 //! routed experts that stream under `--gpu-memory` (see `crate::experts`; their mappings stay
 //! registered as long as the model lives). Contents that change without the size shrinking
 //! cannot fault; [`super::WeightFiles::check_unchanged`] compares each file's size and
-//! modification time after the upload (and, when experts stream, after every forward chunk)
-//! and refuses a model whose files changed meanwhile.
+//! modification time after the upload (and, when experts stream, after every forward chunk
+//! that read expert bytes) and refuses a model whose files changed meanwhile.
 
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
