@@ -7,9 +7,9 @@
 //! `cargo run --release --example expert_policies [decode tokens (default 256)]`
 
 use sparsa::experts::policy::{belady, simulate, Policy};
-use sparsa::experts::{self, GpuMemory};
 use sparsa::generate::{generate, Sampler, SamplingParams};
 use sparsa::gpu::Gpu;
+use sparsa::model::{self, GpuMemory};
 use sparsa::model::{Budget, Model, ModelSource, Session};
 use std::sync::Arc;
 
@@ -31,17 +31,17 @@ fn main() -> sparsa::Result<()> {
     // One slot fewer than experts on every MoE layer: every layer streams, so every layer's
     // routing is read back and recorded (the trace does not depend on the cache).
     let scratch = Session::scratch_bytes(cfg, ctx, gpu.max_binding());
-    let p = experts::plan(cfg, &src.weights, 1 << 50, ctx, scratch)?;
+    let p = model::plan(cfg, &src.weights, 1 << 50, ctx, scratch)?;
     for prefetch in [false, true] {
         let budget = Budget {
             memory: GpuMemory::Bytes(
-                p.fixed() + p.moe_layers() as u64 * p.expert_bytes * (e as u64 - 1),
+                p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes * (e as u64 - 1),
             ),
             ctx,
             policy: Policy::Lru,
             prefetch,
         };
-        let model = Model::from_source_with(&src, gpu.clone(), &mut |_, _| {}, Some(&budget))?;
+        let model = Model::from_source_within(&src, gpu.clone(), &mut |_, _| {}, Some(&budget))?;
         let off = model.offload.as_ref().expect("offloaded");
         off.record_trace(true);
         let mut s = model.session(ctx)?;

@@ -49,7 +49,7 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let xb = P.x_off + row * P.x_stride;
     let yb = P.y_off + row * P.y_stride;
     // Four independent loads per step: at batch 1 one workgroup does the whole row, and a
-    // chain of dependent loads left it waiting on memory (13 µs for 6144 values on the H200).
+    // chain of dependent loads left it waiting on memory (BENCHMARKS.md, "Kernel choices").
     var s4 = vec4<f32>(0.0);
     var c = lid;
     for (; c + 3u * WG < P.dim; c += 4u * WG) {

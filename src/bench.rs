@@ -282,7 +282,7 @@ pub fn mappable_copy_bandwidth(gpu: &Gpu) -> Result<f64> {
 /// decode steps' choices) with each layer's slots.
 fn compare_policies(off: &crate::experts::Offload, trace: &[Vec<Vec<u32>>]) -> Vec<(String, f64)> {
     use crate::experts::policy::{belady, simulate, Policy};
-    let e = off.plan.n_experts;
+    let e = off.slots.n_experts;
     let mut out = Vec::new();
     let policies = [
         Policy::Lru,
@@ -295,7 +295,7 @@ fn compare_policies(off: &crate::experts::Offload, trace: &[Vec<Vec<u32>>]) -> V
         let (mut sum, mut n) = (0.0, 0);
         for (i, t) in trace.iter().enumerate() {
             if off.offloaded(i) && !t.is_empty() {
-                sum += f(t, off.plan.slots[i]);
+                sum += f(t, off.slots.per_layer[i]);
                 n += 1;
             }
         }

@@ -27,6 +27,7 @@ pub mod kernels;
 pub mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod quantize;
+pub mod sampling;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod synth;
 pub mod tokenizer;

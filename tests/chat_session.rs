@@ -4,7 +4,7 @@
 //! decoding creates no GPU buffer or bind group after a warm-up, and prefills leave none behind.
 
 use sparsa::chat::{Chat, ChatEvent, ChatFormat, ChatTemplate, Prepared, ReplyEnd, ReplyOptions};
-use sparsa::generate::{generate_with, Sampler, SamplingParams};
+use sparsa::generate::{generate_events, Sampler, SamplingParams};
 use sparsa::gpu::{Gpu, GpuStats};
 use sparsa::model::{Model, ModelSource};
 use sparsa::tokenizer::Tokenizer;
@@ -76,7 +76,7 @@ fn second_turn_reuses_the_cache_and_matches_a_fresh_prefill() {
     // The same conversation prefilled from scratch picks the same tokens (the repetition
     // penalty included, which looks back into the reused part).
     let mut fresh = model.session(ctx).unwrap();
-    let (want, _) = generate_with(
+    let (want, _) = generate_events(
         &mut fresh,
         &[],
         &full,
@@ -298,13 +298,14 @@ fn gpu_picking_case(tok: &Tokenizer, model: &Model, params: SamplingParams) {
         let mut s = model.session(ctx).unwrap();
         let mut sampler = Sampler::new(params.clone());
         let mut seen = 0;
-        let (out, why) = generate_with(&mut s, &[], &prompt, max_tokens, &mut sampler, eos, |e| {
-            if let Event::Token(_) = e {
-                seen += 1;
-            }
-            stop_at == 0 || seen != stop_at
-        })
-        .unwrap();
+        let (out, why) =
+            generate_events(&mut s, &[], &prompt, max_tokens, &mut sampler, eos, |e| {
+                if let Event::Token(_) = e {
+                    seen += 1;
+                }
+                stop_at == 0 || seen != stop_at
+            })
+            .unwrap();
         // The session holds the prompt and every generated token but the last, and the
         // sampler has drawn once per sampled token: running that last token and picking on
         // the host gives the reference's next token.

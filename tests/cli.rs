@@ -244,8 +244,8 @@ fn generate_streaming_experts_is_greedy_reference() {
     let gpu = sparsa::gpu::Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).unwrap();
     let ctx = prompt.len() + want.len();
     let scratch = sparsa::model::Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
-    let p = sparsa::experts::plan(&src.config, &src.weights, 1 << 50, ctx, scratch).unwrap();
-    let one_slot = p.fixed() + p.moe_layers() as u64 * p.expert_bytes;
+    let p = sparsa::model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch).unwrap();
+    let one_slot = p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes;
     let run = |budget: u64| {
         let b = budget.to_string();
         greedy_ids(

@@ -6,10 +6,10 @@
 
 mod common;
 
-use sparsa::experts::{self, ExpertStats, GpuMemory, Policy};
+use sparsa::experts::{ExpertStats, Policy};
 use sparsa::generate::{generate, Sampler, SamplingParams};
 use sparsa::gpu::Gpu;
-use sparsa::model::{Budget, Model, ModelSource, Session};
+use sparsa::model::{self, Budget, GpuMemory, Model, ModelSource, Session};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -32,9 +32,11 @@ fn source(name: &str) -> ModelSource {
 /// A budget that holds everything but the routed experts and `slots` experts per MoE layer.
 fn budget(src: &ModelSource, gpu: &Gpu, ctx: usize, slots: u64, policy: Policy) -> Budget {
     let scratch = Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
-    let p = experts::plan(&src.config, &src.weights, 1 << 50, ctx, scratch).unwrap();
+    let p = model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch).unwrap();
     Budget {
-        memory: GpuMemory::Bytes(p.fixed() + p.moe_layers() as u64 * p.expert_bytes * slots),
+        memory: GpuMemory::Bytes(
+            p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes * slots,
+        ),
         ctx,
         policy,
         prefetch: false,
@@ -85,11 +87,11 @@ fn check_source(src: ModelSource, name: &str) {
         (e - 1, Policy::Lru),
     ] {
         let b = budget(&src, &g, ctx, slots, policy);
-        let model = Model::from_source_with(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
+        let model = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
         let off = model.offload.as_ref().expect("the budget streams experts");
         assert!(off
-            .plan
             .slots
+            .per_layer
             .iter()
             .all(|&s| s == 0 || s == slots as usize));
         let got = run(&model, &p, 6, ctx);
@@ -98,7 +100,7 @@ fn check_source(src: ModelSource, name: &str) {
             "{name}, {slots} slots per layer ({policy}): logits differ from the resident model's"
         );
         let st: ExpertStats = off.stats();
-        let n_moe = off.plan.moe_layers() as u64;
+        let n_moe = off.slots.moe_layers() as u64;
         assert_eq!(st.tokens, 48 + 6, "{name}: {st:?}");
         assert_eq!(
             st.uses,
@@ -110,7 +112,7 @@ fn check_source(src: ModelSource, name: &str) {
             "{st:?}"
         );
         // Every upload is one whole expert.
-        assert_eq!(st.bytes, st.uploads * off.plan.expert_bytes, "{st:?}");
+        assert_eq!(st.bytes, st.uploads * off.slots.expert_bytes, "{st:?}");
         // A 48-token chunk routes to more experts than 1 or 2 slots hold: several rounds.
         if slots <= 2 {
             assert!(st.rounds > st.syncs, "{st:?}");
@@ -187,7 +189,7 @@ fn generation_matches_resident_with_one_slot_per_layer() {
     };
     let want = gen(&Model::from_source(&src, g.clone(), &mut |_, _| {}).unwrap());
     let b = budget(&src, &g, ctx, 1, Policy::Lru);
-    let m = Model::from_source_with(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
+    let m = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
     assert_eq!(gen(&m), want);
 }
 
@@ -199,7 +201,7 @@ fn a_budget_without_room_for_one_slot_per_layer_is_refused_with_what_it_needs() 
     if let GpuMemory::Bytes(x) = &mut b.memory {
         *x -= 1;
     }
-    let e = Model::from_source_with(&src, g, &mut |_, _| {}, Some(&b))
+    let e = Model::from_source_within(&src, g, &mut |_, _| {}, Some(&b))
         .err()
         .expect("refused");
     assert!(
@@ -220,7 +222,7 @@ fn a_budget_that_holds_every_expert_does_not_offload() {
         src.config.n_routed_experts as u64,
         Policy::Lru,
     );
-    let m = Model::from_source_with(&src, g, &mut |_, _| {}, Some(&b)).unwrap();
+    let m = Model::from_source_within(&src, g, &mut |_, _| {}, Some(&b)).unwrap();
     assert!(m.offload.is_none());
 }
 
@@ -296,7 +298,7 @@ fn a_nan_in_a_streamed_expert_is_an_error_naming_it() {
     let src = ModelSource::open(&dir).unwrap();
     let g = gpu();
     let b = budget(&src, &g, 32, 1, Policy::Lru);
-    let model = Model::from_source_with(&src, g, &mut |_, _| {}, Some(&b)).expect("loads");
+    let model = Model::from_source_within(&src, g, &mut |_, _| {}, Some(&b)).expect("loads");
     let err = model
         .session(32)
         .unwrap()
@@ -322,7 +324,7 @@ fn a_model_file_rewritten_while_experts_stream_is_refused() {
     let src = ModelSource::open(&dir).unwrap();
     let g = gpu();
     let b = budget(&src, &g, 32, 1, Policy::Lru);
-    let model = Model::from_source_with(&src, g, &mut |_, _| {}, Some(&b)).expect("loads");
+    let model = Model::from_source_within(&src, g, &mut |_, _| {}, Some(&b)).expect("loads");
     let mut s = model.session(32).unwrap();
     let p = prompt(src.config.vocab_size, 4);
     s.forward(&p, false).expect("runs before the change");

@@ -26,7 +26,7 @@
 
 use super::{ChatTemplate, Message};
 use crate::error::{Error, Result};
-use crate::generate::{generate_with_async, partial_suffix, Event, Sampler, Stop, StopStrings};
+use crate::generate::{generate_events_async, partial_suffix, Event, Sampler, Stop, StopStrings};
 use crate::model::Session;
 use crate::tokenizer::{TextStream, Tokenizer};
 use serde::{Deserialize, Serialize};
@@ -488,7 +488,7 @@ impl Chat {
     /// [`Chat::reply`] for every platform (the browser awaits each token's logits).
     pub async fn reply_async(
         &mut self,
-        session: &mut Session<'_>,
+        session: &mut Session,
         tok: &Tokenizer,
         plan: TurnPlan,
         sampler: &mut Sampler,
@@ -507,7 +507,7 @@ impl Chat {
         let mut interrupted = false;
         let mut decode_err = None;
         let eos = &opts.eos;
-        let result = generate_with_async(
+        let result = generate_events_async(
             session,
             &self.cached,
             &prompt[reused..],

@@ -265,7 +265,7 @@ fn load_model(
     });
     let t0 = Instant::now();
     let _ctrl_c = interrupt::Loading::start(gpu.interrupt_flag());
-    let model = Model::from_source_with(
+    let model = Model::from_source_within(
         src,
         gpu,
         &mut |done, total| {
@@ -299,7 +299,7 @@ fn default_ctx(cfg: &sparsa::config::Config, gpu: &Gpu, builtin: bool) -> (usize
 }
 
 /// A session for `ctx` tokens; a default context that cannot be allocated is halved.
-fn open_session(model: &Model, mut ctx: usize, shrink: bool) -> Result<(Session<'_>, usize)> {
+fn open_session(model: &Model, mut ctx: usize, shrink: bool) -> Result<(Session, usize)> {
     loop {
         match model.session(ctx) {
             Ok(s) => return Ok((s, ctx)),
@@ -364,11 +364,11 @@ impl Input {
     }
 }
 
-struct Repl<'m> {
+struct Repl {
     a: ChatArgs,
     tok: Tokenizer,
     chat: Chat,
-    session: Session<'m>,
+    session: Session,
     ctx: usize,
     sampler: Sampler,
     opts: ReplyOptions,
@@ -436,7 +436,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         format.template().origin(),
     ));
     if let Some(off) = &model.offload {
-        let p = &off.plan;
+        let p = &off.slots;
         note(&format!(
             "expert offloading: {} of {} routed experts on the GPU ({}), the rest streamed from the files; /stats shows the cache",
             p.resident_experts(),
@@ -520,7 +520,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     Ok(())
 }
 
-impl Repl<'_> {
+impl Repl {
     /// Runs an in-session command; false means leave.
     fn command(&mut self, cmd: &str) -> bool {
         let (name, arg) = match cmd.split_once(char::is_whitespace) {

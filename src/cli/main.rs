@@ -5,7 +5,7 @@ mod chat;
 mod interrupt;
 
 use clap::{Args, Parser, Subcommand};
-use sparsa::generate::{generate_with, Event, Sampler, SamplingParams, Stop};
+use sparsa::generate::{generate_events, Event, Sampler, SamplingParams, Stop};
 use sparsa::gpu::{list_adapters, Gpu};
 use sparsa::model::{Model, ModelSource};
 use sparsa::tokenizer::TextStream;
@@ -139,7 +139,7 @@ pub(crate) struct ModelArgs {
     /// those that do not fit stream from the model files through a cache. Default: every
     /// weight on the GPU.
     #[arg(long)]
-    gpu_memory: Option<sparsa::experts::GpuMemory>,
+    gpu_memory: Option<sparsa::model::GpuMemory>,
     /// Which routed expert leaves the GPU cache on a miss: lru, lfu (decayed use counts) or
     /// lfu:DECAY (the per-token decay, 0 < DECAY ≤ 1). Only with --gpu-memory.
     #[arg(long, default_value = "lfu", requires = "gpu_memory")]
@@ -298,7 +298,7 @@ pub(crate) fn open_model(m: &ModelArgs, src: &ModelSource, ctx: usize) -> Result
     log::info!("adapter: {}", gpu.adapter.line());
     let t0 = Instant::now();
     let _ctrl_c = interrupt::Loading::start(gpu.interrupt_flag());
-    let model = Model::from_source_with(src, gpu, &mut |_, _| {}, budget(m, ctx).as_ref())?;
+    let model = Model::from_source_within(src, gpu, &mut |_, _| {}, budget(m, ctx).as_ref())?;
     log::info!("loaded {} in {:.2}s", src.label, t0.elapsed().as_secs_f64());
     Ok(model)
 }
@@ -407,7 +407,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let mut first: Option<Instant> = None;
     let mut err: Option<Error> = None;
     let ctrl_c = interrupt::Polling::start();
-    let (out, stop) = generate_with(
+    let (out, stop) = generate_events(
         &mut session,
         &[],
         &prompt,
@@ -674,7 +674,7 @@ fn cmd_synth(a: SynthArgs) -> Result<()> {
 
 fn cmd_info(m: ModelArgs) -> Result<()> {
     use sparsa::config::IndexerKind;
-    use sparsa::model::info::{summarize, CLASSES};
+    use sparsa::model::info::{summarize, TensorClass};
     let src = open_source(&m)?;
     let c = &src.config;
     let s = summarize(c, &src.weights)?;
@@ -744,13 +744,14 @@ fn cmd_info(m: ModelArgs) -> Result<()> {
         "{:<16} {:>10} {:>12} {:>12}",
         "tensors", "params", "file", "GPU"
     );
-    for (name, cl) in CLASSES.iter().zip(s.classes.iter()) {
+    for class in TensorClass::ALL {
+        let cl = s.class(class);
         if cl.file_bytes == 0 {
             continue;
         }
         println!(
             "{:<16} {:>10} {:>12} {:>12}",
-            name,
+            class.name(),
             gp(cl.params),
             mb(cl.file_bytes),
             mb(cl.gpu_bytes)
@@ -786,7 +787,7 @@ fn cmd_info(m: ModelArgs) -> Result<()> {
             if let Some(mem) = m.gpu_memory {
                 let bytes = mem.bytes(gpu.memory_size())?;
                 let scratch = sparsa::model::Session::scratch_bytes(c, ctx, gpu.max_binding());
-                let p = sparsa::experts::plan(c, &src.weights, bytes, ctx, scratch)?;
+                let p = sparsa::model::plan(c, &src.weights, bytes, ctx, scratch)?;
                 println!("{}", p.describe());
             }
             if let Some(b) = gpu.memory_size() {

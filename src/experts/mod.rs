@@ -1,9 +1,10 @@
 //! Expert offloading: run models whose routed experts do not fit the GPU.
 //!
-//! With `--gpu-memory SIZE`, [`plan`] places everything but the routed experts (embeddings,
-//! attention and indexer, dense MLPs, shared experts, the caches for the context, scratch)
-//! and turns the rest of the budget into a fixed number of expert *slots* per MoE layer.
-//! A layer with fewer slots than experts keeps its experts in the memory-mapped files.
+//! With `--gpu-memory SIZE`, the loader's plan (`crate::model::plan`) places everything but
+//! the routed experts (embeddings, attention and indexer, dense MLPs, shared experts, the
+//! caches for the context, scratch) and turns the rest of the budget into a fixed number of
+//! expert *slots* per MoE layer ([`Slots`]). A layer with fewer slots than experts keeps its
+//! experts in the memory-mapped files; this module is the runtime cache that serves them.
 //!
 //! Each forward chunk, such a layer's router runs on the GPU as usual; then the host reads
 //! the chosen expert ids (`rows × k` u32), asks the layer's [`SlotTable`] where each goes,
@@ -18,10 +19,8 @@
 //! chunk); uploads go into the one queue, so they run between the layer's router and its
 //! expert matmuls. [`ExpertStats`] counts what it costs.
 
-pub mod plan;
 pub mod policy;
 
-pub use plan::{plan, GpuMemory, Plan};
 pub use policy::{Policy, SlotTable, NONE};
 
 use crate::error::{Error, Result};
@@ -45,6 +44,33 @@ impl Clock {
         return self.0.elapsed().as_secs_f64();
         #[cfg(target_arch = "wasm32")]
         0.0
+    }
+}
+
+/// How many routed experts of each layer the GPU holds: a layer with fewer slots than
+/// experts keeps the others in the files and streams them through its slots.
+#[derive(Clone, Debug)]
+pub struct Slots {
+    /// Per layer: 0 on dense layers, `n_experts` where the whole layer fits.
+    pub per_layer: Vec<usize>,
+    /// Routed experts per MoE layer.
+    pub n_experts: usize,
+    /// GPU bytes of one routed expert (gate, up and down with their scales).
+    pub expert_bytes: u64,
+}
+
+impl Slots {
+    /// Whether some layer streams its experts.
+    pub fn offloads(&self) -> bool {
+        self.per_layer.iter().any(|&s| s > 0 && s < self.n_experts)
+    }
+
+    pub fn resident_experts(&self) -> usize {
+        self.per_layer.iter().sum()
+    }
+
+    pub fn moe_layers(&self) -> usize {
+        self.per_layer.iter().filter(|&&s| s > 0).count()
     }
 }
 
@@ -229,7 +255,7 @@ struct LayerState {
 
 /// The routed-expert cache of a model loaded under a budget.
 pub struct Offload {
-    pub plan: Plan,
+    pub slots: Slots,
     pub policy: Policy,
     /// Upload the next layer's predicted experts while this layer's run (decode steps).
     pub prefetch: bool,
@@ -244,10 +270,10 @@ pub struct Offload {
 }
 
 impl Offload {
-    pub fn new(plan: Plan, policy: Policy, prefetch: bool, files: WeightFiles) -> Offload {
-        let e = plan.n_experts;
-        let layers = plan
-            .slots
+    pub fn new(slots: Slots, policy: Policy, prefetch: bool, files: WeightFiles) -> Offload {
+        let e = slots.n_experts;
+        let layers = slots
+            .per_layer
             .iter()
             .map(|&s| {
                 (s > 0 && s < e).then(|| {
@@ -261,7 +287,7 @@ impl Offload {
             })
             .collect();
         Offload {
-            plan,
+            slots,
             policy,
             prefetch,
             files,
@@ -323,7 +349,7 @@ impl Offload {
         let layer = self.layers[i]
             .as_ref()
             .ok_or_else(|| Error::msg(format!("layer {i} keeps all its experts on the GPU")))?;
-        let e = self.plan.n_experts;
+        let e = self.slots.n_experts;
         if let Some(r) = crate::gpu::lock(&self.replay).as_mut() {
             let k = experts.len() / rows.max(1);
             experts = (0..rows).flat_map(|_| r.draw(i, k)).collect();
@@ -390,7 +416,7 @@ impl Offload {
         let Some(layer) = self.layers.get(i).and_then(|l| l.as_ref()) else {
             return Ok(());
         };
-        let e = self.plan.n_experts;
+        let e = self.slots.n_experts;
         if predicted.iter().any(|&x| x as usize >= e) {
             return Err(Error::msg(format!(
                 "layer {i}: a prefetch prediction is out of range"
@@ -477,7 +503,7 @@ impl Offload {
         };
         let slice = |name: &str, rows: usize| -> Result<RowSource> {
             let mut t = f.get(name)?;
-            let per = t.bytes.len() / self.plan.n_experts;
+            let per = t.bytes.len() / self.slots.n_experts;
             t.bytes = &t.bytes[x as usize * per..(x as usize + 1) * per];
             t.shape = vec![rows, t.shape.last().copied().unwrap_or(0)];
             t.name = format!("{name}[{x}]");

@@ -7,7 +7,9 @@
 //!
 //! `wkvb` must be one chunk (it is small: 64·448·512 bf16 = 29 MiB for GLM-5) in F32, BF16
 //! or F16. Output buffers must not be any of the input buffers.
+use super::topk::Selection;
 use super::{src, Recorder, View};
+use crate::config::Config;
 use crate::gpu::u;
 use crate::weights::{GpuWeight, WFormat};
 use bytemuck::Zeroable;
@@ -52,7 +54,7 @@ fn defines(w: WFormat, tr: u32) -> [(&'static str, String); 5] {
 }
 
 /// absorb_q's slices of dn per column: 4 for one query row (decode), where the product is
-/// too small to fill the GPU one column per invocation (H200: 32 µs per GLM-5 layer).
+/// too small to fill the GPU one column per invocation (BENCHMARKS.md, "Kernel choices").
 fn absorb_slices(tr: u32) -> u32 {
     if tr == 1 {
         4
@@ -92,19 +94,54 @@ fn grid_count(what: &str, n: u64) -> u32 {
     n as u32
 }
 
+/// MLA's shapes, from the config once ([`MlaDims::of`]): each of `heads` query/key heads
+/// has `dn` dims without RoPE and `dr` with it, each value head `dv`; a latent cache row is
+/// `kv_lora` values of `c_kv` then `dr` of `k_pe`; `scale` is the softmax scale.
+#[derive(Clone, Copy, Debug)]
+pub struct MlaDims {
+    pub heads: u32,
+    pub dn: u32,
+    pub dr: u32,
+    pub dv: u32,
+    pub kv_lora: u32,
+    pub scale: f32,
+}
+
+impl MlaDims {
+    pub fn of(cfg: &Config) -> MlaDims {
+        MlaDims {
+            heads: cfg.num_attention_heads as u32,
+            dn: cfg.qk_nope_head_dim as u32,
+            dr: cfg.qk_rope_head_dim as u32,
+            dv: cfg.v_head_dim as u32,
+            kv_lora: cfg.kv_lora_rank as u32,
+            scale: cfg.softmax_scale(),
+        }
+    }
+}
+
+/// The queries of a chunk's `rows` rows as [`sparse_mla`] reads them: `absorbed`
+/// (`[rows, heads * kv_lora]`, from [`absorb_q`]) scores the latent `c_kv`, and the RoPE
+/// part of `q` (`q[t, h*(dn+dr)+dn ..]`) scores `k_pe`.
+#[derive(Clone, Copy)]
+pub struct MlaQueries<'a> {
+    pub absorbed: View<'a>,
+    pub q: View<'a>,
+    pub rows: u32,
+}
+
 /// `q_abs[t, h*kv_lora + c] = Σ_{d<dn} q[t, h*(dn+dr) + d] · wkvb[h*(dn+dv) + d, c]`.
-#[allow(clippy::too_many_arguments)]
 pub fn absorb_q(
     rec: &mut Recorder,
     q: View,
     wkvb: &GpuWeight,
     q_abs: View,
     rows: u32,
-    heads: u32,
-    dn: u32,
-    dr: u32,
-    dv: u32,
+    d: &MlaDims,
 ) {
+    let MlaDims {
+        heads, dn, dr, dv, ..
+    } = *d;
     if rows == 0 || heads == 0 {
         return;
     }
@@ -242,33 +279,39 @@ impl MlaShape {
     }
 }
 
-/// For each `t < rows`, `h < heads`, over the selected positions `s = idx[t*topk + j]`,
-/// `j < cnt[t]`: `logit_j = (q_abs[t,h,:] · cache[s, :kv_lora] + q_pe[t,h,:] · cache[s, kv_lora..kv_lora+dr]) · scale`,
+/// For each `t < rows`, `h < heads`, over the selected positions `s = idx[t*k + j]`,
+/// `j < cnt[t]` of `sel`:
+/// `logit_j = (q_abs[t,h,:] · cache[s, :kv_lora] + q_pe[t,h,:] · cache[s, kv_lora..kv_lora+dr]) · scale`,
 /// `o_lat[t, h*kv_lora + c] = Σ_j softmax(logit)_j · cache[s, c]` (online softmax, any count).
 ///
-/// `cnt[t]` is clamped to `topk`; a row with no selected position gets zeros. Only the
+/// `cnt[t]` is clamped to `k`; a row with no selected position gets zeros. Only the
 /// cache rows named by `idx` are read, each once per group of heads (`mla.wgsl`).
-/// `max_count` bounds `cnt` (e.g. `min(topk, keys cached)`): it sizes the split of the
+/// `max_count` bounds `cnt` (e.g. `min(k, keys cached)`): it sizes the split of the
 /// positions across workgroups, which a decode step needs to fill the GPU. Split partial
 /// results go to a scratch buffer that the device keeps between calls.
-#[allow(clippy::too_many_arguments)]
 pub fn sparse_mla(
     rec: &mut Recorder,
-    q_abs: View,
-    q: View,
+    qs: &MlaQueries,
     cache: View,
-    idx: &wgpu::Buffer,
-    cnt: &wgpu::Buffer,
-    topk: u32,
+    sel: &Selection,
     max_count: u32,
     o_lat: View,
-    rows: u32,
-    heads: u32,
-    dn: u32,
-    dr: u32,
-    kv_lora: u32,
-    scale: f32,
+    d: &MlaDims,
 ) {
+    let MlaQueries {
+        absorbed: q_abs,
+        q,
+        rows,
+    } = *qs;
+    let MlaDims {
+        heads,
+        dn,
+        dr,
+        kv_lora,
+        scale,
+        ..
+    } = *d;
+    let (idx, cnt, topk) = (sel.idx, sel.cnt, sel.k);
     if rows == 0 || heads == 0 {
         return;
     }
@@ -350,17 +393,8 @@ pub fn sparse_mla(
 }
 
 /// `o[t, h*dv + v] = Σ_c wkvb[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c]`.
-#[allow(clippy::too_many_arguments)]
-pub fn up_v(
-    rec: &mut Recorder,
-    o_lat: View,
-    wkvb: &GpuWeight,
-    o: View,
-    rows: u32,
-    heads: u32,
-    dn: u32,
-    dv: u32,
-) {
+pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u32, d: &MlaDims) {
+    let MlaDims { heads, dn, dv, .. } = *d;
     if rows == 0 || heads == 0 || dv == 0 {
         return;
     }
@@ -401,6 +435,20 @@ mod tests {
         dr: usize,
         dv: usize,
         kv: usize,
+    }
+
+    impl Dims {
+        /// The kernels' dims, with softmax scale `scale`.
+        fn mla(&self, scale: f32) -> MlaDims {
+            MlaDims {
+                heads: self.heads as u32,
+                dn: self.dn as u32,
+                dr: self.dr as u32,
+                dv: self.dv as u32,
+                kv_lora: self.kv as u32,
+                scale,
+            }
+        }
     }
 
     fn absorb_ref(q: &[f32], w: &[f32], rows: usize, d: &Dims) -> Vec<f32> {
@@ -552,10 +600,7 @@ mod tests {
                     &wg,
                     View::new(&ob, ooff as u32, os as u32),
                     rows as u32,
-                    d.heads as u32,
-                    d.dn as u32,
-                    d.dr as u32,
-                    d.dv as u32,
+                    &d.mla(1.0),
                 );
                 rec.finish().unwrap();
                 let all = g.read_f32(&ob, 0, ooff + rows * os).unwrap();
@@ -607,9 +652,7 @@ mod tests {
                     &wg,
                     View::new(&ob, ooff as u32, os as u32),
                     rows as u32,
-                    d.heads as u32,
-                    d.dn as u32,
-                    d.dv as u32,
+                    &d.mla(1.0),
                 );
                 rec.finish().unwrap();
                 let all = g.read_f32(&ob, 0, ooff + rows * os).unwrap();
@@ -695,20 +738,20 @@ mod tests {
         let mut rec = g.recorder();
         sparse_mla(
             &mut rec,
-            View::new(&ab, aoff as u32, as_ as u32),
-            View::rows(&qb, qc as u32),
+            &MlaQueries {
+                absorbed: View::new(&ab, aoff as u32, as_ as u32),
+                q: View::rows(&qb, qc as u32),
+                rows: rows as u32,
+            },
             View::new(&cb, coff as u32, cs as u32),
-            &ib,
-            &nb,
-            topk as u32,
+            &Selection {
+                idx: &ib,
+                cnt: &nb,
+                k: topk as u32,
+            },
             topk as u32,
             View::new(&ob, ooff as u32, os as u32),
-            rows as u32,
-            d.heads as u32,
-            d.dn as u32,
-            d.dr as u32,
-            d.kv as u32,
-            scale,
+            &d.mla(scale),
         );
         rec.finish().unwrap();
         let all = g.read_f32(&ob, 0, ooff + rows * os).unwrap();
@@ -844,20 +887,20 @@ mod tests {
         let mut rec = g.recorder();
         sparse_mla(
             &mut rec,
-            View::rows(&ab, (d.heads * d.kv) as u32),
-            View::rows(&qb, (d.heads * (d.dn + d.dr)) as u32),
+            &MlaQueries {
+                absorbed: View::rows(&ab, (d.heads * d.kv) as u32),
+                q: View::rows(&qb, (d.heads * (d.dn + d.dr)) as u32),
+                rows: 1,
+            },
             View::rows(&cb, w as u32),
-            &ib,
-            &nb,
-            100,
+            &Selection {
+                idx: &ib,
+                cnt: &nb,
+                k: 100,
+            },
             100,
             View::rows(&ob, (d.heads * d.kv) as u32),
-            1,
-            d.heads as u32,
-            d.dn as u32,
-            d.dr as u32,
-            d.kv as u32,
-            1.0,
+            &d.mla(1.0),
         );
         rec.finish().unwrap();
         let got = g.read_f32(&ob, 0, d.heads * d.kv).unwrap();
@@ -902,13 +945,7 @@ mod tests {
             .buffer((rows * d.heads * d.kv * 4) as u64, "o_lat")
             .unwrap();
         let ob = g.buffer((rows * d.heads * d.dv * 4) as u64, "o").unwrap();
-        let (h, dn, dr, dv, kv) = (
-            d.heads as u32,
-            d.dn as u32,
-            d.dr as u32,
-            d.dv as u32,
-            d.kv as u32,
-        );
+        let (h, dv, kv) = (d.heads as u32, d.dv as u32, d.kv as u32);
         let mut rec = g.recorder();
         absorb_q(
             &mut rec,
@@ -916,27 +953,24 @@ mod tests {
             &wg,
             View::rows(&qa, h * kv),
             rows as u32,
-            h,
-            dn,
-            dr,
-            dv,
+            &d.mla(1.0),
         );
         sparse_mla(
             &mut rec,
-            View::rows(&qa, h * kv),
-            View::rows(&qb, qc as u32),
+            &MlaQueries {
+                absorbed: View::rows(&qa, h * kv),
+                q: View::rows(&qb, qc as u32),
+                rows: rows as u32,
+            },
             View::rows(&cb, lw as u32),
-            &ib,
-            &nb,
-            topk as u32,
+            &Selection {
+                idx: &ib,
+                cnt: &nb,
+                k: topk as u32,
+            },
             topk as u32,
             View::rows(&ol, h * kv),
-            rows as u32,
-            h,
-            dn,
-            dr,
-            kv,
-            scale,
+            &d.mla(scale),
         );
         up_v(
             &mut rec,
@@ -944,9 +978,7 @@ mod tests {
             &wg,
             View::rows(&ob, h * dv),
             rows as u32,
-            h,
-            dn,
-            dv,
+            &d.mla(1.0),
         );
         rec.finish().unwrap();
         let got = g.read_f32(&ob, 0, rows * d.heads * d.dv).unwrap();

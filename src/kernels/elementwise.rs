@@ -82,7 +82,6 @@ pub fn swiglu(rec: &mut Recorder, g: View, u: View, out: View, rows: u32, dim: u
 }
 
 /// MoE combine into the residual: `y[t, c] += Σ_{j<topk} weights[t*topk + j] · e[t*topk + j, c]`.
-#[allow(clippy::too_many_arguments)]
 pub fn moe_combine(
     rec: &mut Recorder,
     e: View,

@@ -1,5 +1,6 @@
 //! Lightning-indexer scores in f32 (`shaders/indexer.wgsl`).
-use super::{src, Recorder, View};
+use super::{src, Causal, Recorder, View};
+use crate::config::Config;
 use crate::gpu::u;
 
 /// Keys per workgroup.
@@ -28,28 +29,53 @@ struct Params {
     scale: f32,
 }
 
-/// For query rows `t < rows` (absolute position `pos0 + t`) and keys `s < n_keys`:
+/// The indexer's shapes, from the config once ([`IndexerDims::of`]): `heads` query heads of
+/// `dim` values sharing one key per position; the head weights are scaled by `w_scale`
+/// (`heads^-1/2`) and the scores by `scale` (`dim^-1/2`).
+#[derive(Clone, Copy, Debug)]
+pub struct IndexerDims {
+    pub heads: u32,
+    pub dim: u32,
+    pub w_scale: f32,
+    pub scale: f32,
+}
+
+impl IndexerDims {
+    pub fn of(cfg: &Config) -> IndexerDims {
+        let (heads, dim) = (cfg.index_n_heads as u32, cfg.index_head_dim as u32);
+        IndexerDims {
+            heads,
+            dim,
+            w_scale: (heads as f32).powf(-0.5),
+            scale: (dim as f32).powf(-0.5),
+        }
+    }
+}
+
+/// For the chunk's query rows `t < rows` (absolute position `pos0 + t`) and keys
+/// `s < n_keys`:
 /// `out[t, s] = Σ_{h<heads} (w[t, h] · w_scale) · relu(q[t, h*dim .. h*dim+dim] · keys[s, :dim]) · scale`
 /// and `out[t, s] = -inf` where `s > pos0 + t` (causal mask before top-k).
 /// `q`: rows × heads·dim; `w`: rows × heads; `keys`: n_keys × dim.
 ///
 /// `out` must be a buffer of its own (the inputs may share one). One workgroup covers one
 /// query row and 64 keys, a tiled [heads × dim]·[dim × 64] product; blocks wholly in the causal future only write -inf.
-#[allow(clippy::too_many_arguments)]
 pub fn indexer_scores(
     rec: &mut Recorder,
     q: View,
     w: View,
     keys: View,
     out: View,
-    rows: u32,
-    heads: u32,
-    dim: u32,
-    n_keys: u32,
-    pos0: u32,
-    w_scale: f32,
-    scale: f32,
+    chunk: Causal,
+    d: &IndexerDims,
 ) {
+    let Causal { rows, n_keys, pos0 } = chunk;
+    let IndexerDims {
+        heads,
+        dim,
+        w_scale,
+        scale,
+    } = *d;
     if rows == 0 || n_keys == 0 {
         return;
     }
@@ -121,7 +147,7 @@ mod tests {
     use super::*;
     use crate::gpu::Gpu;
     use crate::kernels::testutil::{assert_close, gpu, gpu_default_limits, Rng};
-    use crate::kernels::topk::{topk, topk_ref, TopkScratch};
+    use crate::kernels::topk::{topk, topk_ref, Selection, TopkScratch};
 
     #[test]
     fn indexer_small_workgroup_memory() {
@@ -147,19 +173,15 @@ mod tests {
         );
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn cpu_scores(
         q: &[f32],
         w: &[f32],
         keys: &[f32],
-        rows: usize,
-        heads: usize,
-        dim: usize,
-        n_keys: usize,
-        pos0: usize,
+        c: &Case,
         w_scale: f32,
         scale: f32,
     ) -> Vec<f32> {
+        let (rows, heads, dim, n_keys, pos0) = (c.rows, c.heads, c.dim, c.n_keys, c.pos0);
         let mut out = vec![0f32; rows * n_keys];
         for t in 0..rows {
             for s in 0..n_keys {
@@ -190,6 +212,14 @@ mod tests {
     }
 
     impl Case {
+        fn causal(&self) -> Causal {
+            Causal {
+                rows: self.rows as u32,
+                n_keys: self.n_keys as u32,
+                pos0: self.pos0 as u32,
+            }
+        }
+
         /// Queries, head weights and keys drawn from `rng` (in that order), uniform in ±1.
         fn random_inputs(&self, rng: &mut Rng) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
             let q = rng.vec(self.rows * self.heads * self.dim, 1.0);
@@ -254,13 +284,13 @@ mod tests {
             View::new(&qwb, woff as u32, ws as u32),
             View::new(&kbuf, koff as u32, ks as u32),
             View::new(&obuf, ooff as u32, os as u32),
-            rows as u32,
-            heads as u32,
-            dim as u32,
-            n_keys as u32,
-            c.pos0 as u32,
-            w_scale,
-            scale,
+            c.causal(),
+            &IndexerDims {
+                heads: heads as u32,
+                dim: dim as u32,
+                w_scale,
+                scale,
+            },
         );
         rec.finish().unwrap();
         let all = g.read_f32(&obuf, 0, ooff + rows * os).unwrap();
@@ -278,7 +308,7 @@ mod tests {
             all[..ooff].iter().all(|&x| x == 7.5),
             "wrote before the offset"
         );
-        let want = cpu_scores(q, w, keys, rows, heads, dim, n_keys, c.pos0, w_scale, scale);
+        let want = cpu_scores(q, w, keys, c, w_scale, scale);
         (got, want)
     }
 
@@ -380,18 +410,14 @@ mod tests {
         let idx = g.buffer(c.rows as u64 * k as u64 * 4, "idx").unwrap();
         let cnt = g.buffer(c.rows as u64 * 4, "cnt").unwrap();
         let sc = TopkScratch::new(g, c.rows as u32).unwrap();
-        let mut rec = g.recorder();
-        topk(
-            &mut rec,
-            View::rows(&sbuf, c.n_keys as u32),
-            c.rows as u32,
-            c.n_keys as u32,
-            c.pos0 as u32,
+        let sel = Selection {
+            idx: &idx,
+            cnt: &cnt,
             k,
-            &idx,
-            &cnt,
-            &sc,
-        );
+        };
+        let mut rec = g.recorder();
+        let scores = View::rows(&sbuf, c.n_keys as u32);
+        topk(&mut rec, scores, c.causal(), &sel, &sc);
         rec.finish().unwrap();
         let gi = g.read_u32(&idx, 0, c.rows * k as usize).unwrap();
         for t in 0..c.rows {

@@ -1,7 +1,8 @@
 //! Matrix products over weights in their stored dtype (`shaders/matmul.wgsl`):
 //! a GEMV for decode (few rows) and a tiled GEMM for prefill, f32 accumulation.
 //!
-//! Kernel choice (`Dense::pick`, measured on an H200 through Vulkan):
+//! Kernel choice (`Dense::pick`; the measurements behind each threshold are in BENCHMARKS.md,
+//! "Kernel choices"):
 //! - rows ≤ 8: GEMV, all rows in one pass over the weights. `gemv4` (16-byte loads, two
 //!   weight rows per lane) when weight rows are whole 16-byte words and x rows start on 4-float
 //!   boundaries (every real model shape), else the scalar `gemv` (any layout, odd K).
@@ -24,7 +25,7 @@ pub const GEMV_MAX_ROWS: u32 = 8;
 /// reads the weights once); beyond, a tiled GEMM.
 pub const GEMV_PASSES_MAX_ROWS: u32 = 32;
 /// `matmul` uses 128×128 GEMM tiles for more than 128 rows when there are at least this many
-/// of them, else 64×64 (the smaller tiles keep more of the GPU busy; measured on an H200).
+/// of them, else 64×64 (the smaller tiles keep more of the GPU busy).
 const GEMM128_MIN_TILES: u32 = 100;
 /// The grouped expert GEMM's tile (`BM` = `BN` in the shader).
 const EXPERT_TILE: u32 = 64;
@@ -132,8 +133,8 @@ fn gemv4_ok(rows: u32, x: View, w: &GpuWeight) -> bool {
 /// fewer workgroups, so lanes are added back while the dispatch would have under 256.
 fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32) -> (u32, u32) {
     if x_rows == 1 && matches!(w.format, WFormat::Quant(QFormat::Q8 { .. })) {
-        // Measured on the H200 (examples/gemv_shapes.rs): 64 lanes per row were fastest or
-        // tied for every GLM-5 shape, and 3× faster than 32 on the 1 GB lm_head.
+        // 64 lanes per row: fastest or tied for every GLM-5 shape (examples/gemv_shapes.rs;
+        // BENCHMARKS.md, "Kernel choices").
         return (64, 2);
     }
     let words = (w.format.row_bytes(w.cols) / 16) as u32;
@@ -154,8 +155,8 @@ const RED_BYTES: u32 = 512 * 16;
 /// For one x row over q4 weights: the x blocks gemv_dot's workgroup memory must hold, when
 /// it applies (whole 32-element blocks, scale blocks of whole x blocks, 16-byte rows, and
 /// room in the device's workgroup memory: 72 bytes per block). The kernel also takes q8,
-/// but on the H200 q8 decoded faster on the float GEMV (2.20 vs 2.58 ms per GLM-5 step),
-/// while q4 gained (2.23 → 2.05 ms), so only q4 is routed to it.
+/// but q8 decoded faster on the float GEMV while q4 gained (BENCHMARKS.md, "Kernel
+/// choices"), so only q4 is routed to it.
 fn dot_blocks(gpu: &crate::gpu::Gpu, x: View, w: &GpuWeight) -> Option<u32> {
     if cfg!(target_arch = "wasm32") {
         // Not every browser's WGSL has packed_4x8_integer_dot_product yet.
@@ -179,8 +180,8 @@ fn dot_lanes(w: &GpuWeight, out_rows: u32) -> u32 {
 }
 
 /// Whether decode GEMVs over `w` take 4 rows per lane (gemv4q): for 4-bit weights, whose
-/// GEMV is bound by the x loads per element (H200: 20 % → 29 % of bandwidth). 8-bit
-/// weights measured slower that way (56 % → 49 %) and keep 2 rows per lane.
+/// GEMV is bound by the x loads per element. 8-bit weights measured slower that way and keep
+/// 2 rows per lane (BENCHMARKS.md, "Kernel choices").
 fn quad_rows(w: &GpuWeight) -> bool {
     matches!(w.format, WFormat::Quant(QFormat::Q4 { .. }))
 }
@@ -224,15 +225,16 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
         while t < rows {
             let r = (rows - t).min(GEMV_MAX_ROWS);
             let xv = x.row(t);
-            matmul_with(rec, xv, w, y.row(t), r, pick(r, xv));
+            matmul_as(rec, xv, w, y.row(t), r, pick(r, xv));
             t += r;
         }
         return;
     }
-    matmul_with(rec, x, w, y, rows, pick(rows, x));
+    matmul_as(rec, x, w, y, rows, pick(rows, x));
 }
 
-fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, kind: Dense) {
+/// [`matmul`] on the kernel `kind` (tests force each kernel through it).
+fn matmul_as(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, kind: Dense) {
     debug_assert!(x.buf != y.buf, "matmul: x and y must be different buffers");
     if rows == 0 || w.rows == 0 {
         return;
@@ -304,22 +306,34 @@ fn matmul_with(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, k
     }
 }
 
+/// Which expert each routed pair uses: `ids[t * topk + j]` (u32) for row `t`'s `j`-th pair,
+/// an expert of the `n_experts` stacked in the weight (expert ids, or the expert cache's
+/// slots).
+#[derive(Clone, Copy)]
+pub struct Routed<'a> {
+    pub ids: &'a wgpu::Buffer,
+    pub n_experts: u32,
+    pub topk: u32,
+}
+
 /// Routed-expert product. `w` stacks `n_experts` matrices of `w.rows / n_experts` rows
 /// (chunks split only between experts). For `t < rows`, `j < topk`, with
-/// `e = experts[t * topk + j]` (u32 buffer): `y[t * topk + j, n] = Σ_k x[r, k] · W_e[n, k]`
+/// `e = ids[t * topk + j]`: `y[t * topk + j, n] = Σ_k x[r, k] · W_e[n, k]`
 /// where `r = t * topk + j` if `x_per_slot`, else `r = t`.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_experts(
     rec: &mut Recorder,
     x: View,
     x_per_slot: bool,
     w: &GpuWeight,
-    n_experts: u32,
-    experts: &wgpu::Buffer,
-    topk: u32,
+    routed: &Routed,
     y: View,
     rows: u32,
 ) {
+    let Routed {
+        ids: experts,
+        n_experts,
+        topk,
+    } = *routed;
     debug_assert!(
         x.buf != y.buf && experts != y.buf,
         "matmul_experts: y must be a buffer of its own"
@@ -518,7 +532,7 @@ mod tests {
         run_matmul(seed, rows, k, n, dtype, chunk, None, (5, k + 3));
     }
 
-    fn check_matmul_with(
+    fn check_matmul_as(
         seed: u64,
         rows: usize,
         k: usize,
@@ -561,7 +575,7 @@ mod tests {
         let yv = View::new(&yb, y_off as u32, y_stride as u32);
         let mut rec = g.recorder();
         match kind {
-            Some(kind) => matmul_with(&mut rec, xv, &wgt, yv, rows as u32, kind),
+            Some(kind) => matmul_as(&mut rec, xv, &wgt, yv, rows as u32, kind),
             None => matmul(&mut rec, xv, &wgt, yv, rows as u32),
         }
         rec.finish().unwrap();
@@ -703,8 +717,8 @@ mod tests {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             for kind in GEMMS {
                 let s = 30 + i as u64 * 10 + if kind == GEMMS[0] { 0 } else { 5 };
-                check_matmul_with(s, 37, 577, 131, dtype, None, kind);
-                check_matmul_with(s + 1, GEMV_MAX_ROWS as usize + 1, 31, 70, dtype, None, kind);
+                check_matmul_as(s, 37, 577, 131, dtype, None, kind);
+                check_matmul_as(s + 1, GEMV_MAX_ROWS as usize + 1, 31, 70, dtype, None, kind);
             }
         }
     }
@@ -714,14 +728,14 @@ mod tests {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             for kind in GEMMS {
                 let s = 60 + i as u64 * 10 + if kind == GEMMS[0] { 0 } else { 5 };
-                check_matmul_with(s, 37, 577, 131, dtype, Some(37), kind);
-                check_matmul_with(s + 1, 130, 80, 259, dtype, Some(130), kind);
-                check_matmul_with(s + 2, 140, 17, 5, dtype, Some(3), kind);
+                check_matmul_as(s, 37, 577, 131, dtype, Some(37), kind);
+                check_matmul_as(s + 1, 130, 80, 259, dtype, Some(130), kind);
+                check_matmul_as(s + 2, 140, 17, 5, dtype, Some(3), kind);
             }
         }
         // Exact tile multiples.
-        check_matmul_with(99, 64, 64, 128, DType::BF16, None, Dense::Gemm(64));
-        check_matmul_with(98, 128, 64, 256, DType::F16, None, Dense::Gemm(128));
+        check_matmul_as(99, 64, 64, 128, DType::BF16, None, Dense::Gemm(64));
+        check_matmul_as(98, 128, 64, 256, DType::F16, None, Dense::Gemm(128));
     }
 
     #[test]
@@ -789,17 +803,13 @@ mod tests {
             && gemv4_ok(2, xv, &wgt)
             && dot_blocks(g, xv, &wgt).is_some();
         let mut rec = g.recorder();
-        matmul_experts(
-            &mut rec,
-            xv,
-            x_per_slot,
-            &wgt,
-            n_experts as u32,
-            &eb,
-            topk as u32,
-            View::new(&yb, y_off as u32, y_stride as u32),
-            rows as u32,
-        );
+        let routed = Routed {
+            ids: &eb,
+            n_experts: n_experts as u32,
+            topk: topk as u32,
+        };
+        let yv = View::new(&yb, y_off as u32, y_stride as u32);
+        matmul_experts(&mut rec, xv, x_per_slot, &wgt, &routed, yv, rows as u32);
         rec.finish().unwrap();
         let got = g.read_f32(&yb, 0, ylen).unwrap();
         let mut want = vec![SENTINEL; ylen];
@@ -947,7 +957,7 @@ mod tests {
                     "16 KiB"
                 );
             } else {
-                // q8 keeps the float GEMV (faster on the H200); the kernel still serves it.
+                // q8 keeps the float GEMV (see dot_blocks); the kernel still serves it.
                 assert_eq!(dot_blocks(g, x, &w(64)), None);
             }
             for (i, (k, n, chunk)) in [(32, 5, None), (544, 37, Some(7)), (2080, 70, Some(33))]
@@ -977,9 +987,9 @@ mod tests {
                 for rows in [1usize, 3, GEMV_MAX_ROWS as usize] {
                     run_matmul(s + rows as u64, rows, k, 37, f, None, None, (4, k + 4));
                 }
-                check_matmul_with(s + 1, 70, k, 130, f, Some(64), Dense::Gemm(64));
-                check_matmul_with(s + 2, 130, k, 131, f, None, Dense::Gemm(128));
-                check_matmul_with(s + 3, 5, k, 40, f, Some(16), Dense::Gemv);
+                check_matmul_as(s + 1, 70, k, 130, f, Some(64), Dense::Gemm(64));
+                check_matmul_as(s + 2, 130, k, 131, f, None, Dense::Gemm(128));
+                check_matmul_as(s + 3, 5, k, 40, f, Some(16), Dense::Gemv);
             }
             // The 16-byte GEMV on long rows, several chunks.
             run_matmul(s + 4, 2, 1024, 66, f, Some(32), None, (0, 1024));

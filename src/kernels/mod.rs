@@ -81,6 +81,16 @@ pub mod src {
     );
 }
 
+/// The query rows of a chunk over the positions scored for it: row `t < rows` is at
+/// position `pos0 + t` and sees the positions `s ≤ pos0 + t` of the `n_keys` scored
+/// (causal attention over the cache).
+#[derive(Clone, Copy, Debug)]
+pub struct Causal {
+    pub rows: u32,
+    pub n_keys: u32,
+    pub pos0: u32,
+}
+
 /// A row-major f32 matrix inside a buffer: element (r, c) at `offset + r * stride + c`.
 #[derive(Clone, Copy)]
 pub struct View<'a> {

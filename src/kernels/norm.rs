@@ -14,18 +14,31 @@ struct Params {
     _pad: u32,
 }
 
-/// One workgroup per row; `bufs` are x, w, y and (LayerNorm) b, in binding order.
-#[allow(clippy::too_many_arguments)]
-fn launch(
-    rec: &mut Recorder,
-    entry: &'static str,
-    x: View,
-    y: View,
+/// The rows of `x` normalized into the rows of `y` (`dim` columns each, `eps` added to
+/// the variance).
+struct Rows<'a> {
+    x: View<'a>,
+    y: View<'a>,
     rows: u32,
     dim: u32,
     eps: f32,
-    bufs: &[&wgpu::Buffer],
+}
+
+/// One workgroup per row; the weight `w` and (LayerNorm) the bias `b`.
+fn launch(
+    rec: &mut Recorder,
+    entry: &'static str,
+    r: Rows,
+    w: &wgpu::Buffer,
+    b: Option<&wgpu::Buffer>,
 ) {
+    let Rows {
+        x,
+        y,
+        rows,
+        dim,
+        eps,
+    } = r;
     debug_assert!(x.buf != y.buf, "norm: x and y must be different buffers");
     if rows == 0 || dim == 0 {
         return;
@@ -42,7 +55,10 @@ fn launch(
         eps,
         _pad: 0,
     };
-    rec.dispatch(&pipe, &p, bufs, grid);
+    match b {
+        None => rec.dispatch(&pipe, &p, &[x.buf, w, y.buf], grid),
+        Some(b) => rec.dispatch(&pipe, &p, &[x.buf, w, y.buf, b], grid),
+    }
 }
 
 /// `y[r, :dim] = x[r, :dim] * rsqrt(mean(x²) + eps) * w` for `r < rows`, in f32
@@ -56,31 +72,35 @@ pub fn rms_norm(
     dim: u32,
     eps: f32,
 ) {
-    launch(rec, "rms_norm", x, y, rows, dim, eps, &[x.buf, w, y.buf]);
-}
-
-/// LayerNorm with bias: `y = (x - mean) / sqrt(var + eps) * w + b` (biased variance), f32.
-#[allow(clippy::too_many_arguments)]
-pub fn layer_norm(
-    rec: &mut Recorder,
-    x: View,
-    w: &wgpu::Buffer,
-    b: &wgpu::Buffer,
-    y: View,
-    rows: u32,
-    dim: u32,
-    eps: f32,
-) {
-    launch(
-        rec,
-        "layer_norm",
+    let r = Rows {
         x,
         y,
         rows,
         dim,
         eps,
-        &[x.buf, w, y.buf, b],
-    );
+    };
+    launch(rec, "rms_norm", r, w, None);
+}
+
+/// LayerNorm with weight and bias `(w, b)`: `y = (x - mean) / sqrt(var + eps) * w + b`
+/// (biased variance), f32.
+pub fn layer_norm(
+    rec: &mut Recorder,
+    x: View,
+    (w, b): (&wgpu::Buffer, &wgpu::Buffer),
+    y: View,
+    rows: u32,
+    dim: u32,
+    eps: f32,
+) {
+    let r = Rows {
+        x,
+        y,
+        rows,
+        dim,
+        eps,
+    };
+    launch(rec, "layer_norm", r, w, Some(b));
 }
 
 #[cfg(test)]
@@ -135,7 +155,7 @@ mod tests {
         );
         let mut rec = g.recorder();
         if layer {
-            layer_norm(&mut rec, xv, &wb, &bb, yv, rows as u32, dim as u32, eps);
+            layer_norm(&mut rec, xv, (&wb, &bb), yv, rows as u32, dim as u32, eps);
         } else {
             rms_norm(&mut rec, xv, &wb, yv, rows as u32, dim as u32, eps);
         }

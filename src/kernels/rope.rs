@@ -17,27 +17,40 @@ struct Params {
     _pad: [u32; 2],
 }
 
-/// Rotate dims `[rot_off, rot_off + rot_dim)` of each of `heads` heads of each row `t < rows`.
-/// Head `h` of row `t` starts at `view.offset + t * stride + h * head_stride`.
-/// `cos_sin` (f32) holds, for row `t` and frequency `i < rot_dim / 2`, `cos` at
-/// `(t * rot_dim / 2 + i) * 2` and `sin` right after (the host computes them per position).
-/// Pairing: `interleave` rotates `(x[2i], x[2i+1])`; otherwise half-split
-/// `(x[i], x[i + rot_dim/2])` (NeoX). Rotation: `(a, b) -> (a cos - b sin, b cos + a sin)`.
+/// Which dims of which heads RoPE rotates, and how it pairs them: dims
+/// `[rot_off, rot_off + rot_dim)` of each of `heads` heads, head `h` of a row starting
+/// `h * head_stride` into it. `interleave` rotates `(x[2i], x[2i+1])`; otherwise the
+/// half-split pairs `(x[i], x[i + rot_dim/2])` (NeoX).
+#[derive(Clone, Copy, Debug)]
+pub struct RopeSlice {
+    pub heads: u32,
+    pub head_stride: u32,
+    pub rot_off: u32,
+    pub rot_dim: u32,
+    pub interleave: bool,
+}
+
+/// Rotate the dims `r` names in each row `t < rows`; row `t` of a view starts at
+/// `view.offset + t * stride`. `cos_sin` (f32) holds, for row `t` and frequency
+/// `i < rot_dim / 2`, `cos` at `(t * rot_dim / 2 + i) * 2` and `sin` right after (the host
+/// computes them per position). Rotation: `(a, b) -> (a cos - b sin, b cos + a sin)`.
 /// `src = None` rotates `dst` in place; otherwise reads `src`, writes `dst` (other buffer),
 /// copying nothing outside the rotated dims.
-#[allow(clippy::too_many_arguments)]
 pub fn rope(
     rec: &mut Recorder,
     src: Option<View>,
     dst: View,
     rows: u32,
-    heads: u32,
-    head_stride: u32,
-    rot_off: u32,
-    rot_dim: u32,
-    interleave: bool,
+    r: &RopeSlice,
     cos_sin: &wgpu::Buffer,
 ) {
+    let RopeSlice {
+        heads,
+        head_stride,
+        rot_off,
+        rot_dim,
+        interleave,
+    } = *r;
     debug_assert!(rot_dim.is_multiple_of(2), "rope: odd rot_dim {rot_dim}");
     debug_assert!(
         src.is_none_or(|s| s.buf != dst.buf),
@@ -140,18 +153,14 @@ mod tests {
         let sv = View::new(&sb, s_off as u32, s_stride as u32);
         let mut rec = g.recorder();
         let src = if in_place { None } else { Some(sv) };
-        rope(
-            &mut rec,
-            src,
-            dv,
-            k.rows as u32,
-            k.heads as u32,
-            k.head_stride as u32,
-            k.rot_off as u32,
-            k.rot_dim as u32,
+        let slice = RopeSlice {
+            heads: k.heads as u32,
+            head_stride: k.head_stride as u32,
+            rot_off: k.rot_off as u32,
+            rot_dim: k.rot_dim as u32,
             interleave,
-            &csb,
-        );
+        };
+        rope(&mut rec, src, dv, k.rows as u32, &slice, &csb);
         rec.finish().unwrap();
         let got = g.read_f32(&db, 0, dlen).unwrap();
         let mut want = d0.clone();

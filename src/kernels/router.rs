@@ -1,5 +1,6 @@
 //! MoE router (`shaders/router.wgsl`), DeepSeek-V3 "noaux_tc" rule.
 use super::{src, Recorder, View};
+use crate::config::Config;
 use crate::gpu::u;
 
 #[repr(C)]
@@ -17,6 +18,34 @@ struct Params {
     _pad: [u32; 3],
 }
 
+/// A MoE layer's routing rule, from the config once ([`Routing::of`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Routing {
+    pub n_experts: u32,
+    /// Groups of `n_experts / n_group` consecutive experts, of which `topk_group` are kept.
+    pub n_group: u32,
+    pub topk_group: u32,
+    /// Experts per token.
+    pub topk: u32,
+    /// Divide the picked weights by their sum.
+    pub norm_topk_prob: bool,
+    /// Multiplies the weights (`routed_scaling_factor`).
+    pub scaling: f32,
+}
+
+impl Routing {
+    pub fn of(cfg: &Config) -> Routing {
+        Routing {
+            n_experts: cfg.n_routed_experts as u32,
+            n_group: cfg.n_group as u32,
+            topk_group: cfg.topk_group as u32,
+            topk: cfg.num_experts_per_tok as u32,
+            norm_topk_prob: cfg.norm_topk_prob,
+            scaling: cfg.routed_scaling_factor,
+        }
+    }
+}
+
 /// For each row `t < rows` with router logits `logits[t, :n_experts]` (f32, from a matmul):
 /// `s = sigmoid(logit)`; choice scores `c = s + bias` (bias f32 buffer of n_experts);
 /// groups (`n_experts / n_group` consecutive experts): a group's score is the sum of its two
@@ -29,21 +58,23 @@ struct Params {
 /// Ties between group scores also go to the lower group index. When `topk` exceeds the
 /// experts of the kept groups, the remaining picks are masked experts in index order.
 /// One workgroup per row; limits: `n_experts ≤ 1024`, `n_group ≤ 64`, `topk ≤ 256`.
-#[allow(clippy::too_many_arguments)]
 pub fn route(
     rec: &mut Recorder,
     logits: View,
     bias: &wgpu::Buffer,
     rows: u32,
-    n_experts: u32,
-    n_group: u32,
-    topk_group: u32,
-    topk: u32,
-    norm_topk_prob: bool,
-    scaling: f32,
+    r: &Routing,
     idx: &wgpu::Buffer,
     weights: &wgpu::Buffer,
 ) {
+    let Routing {
+        n_experts,
+        n_group,
+        topk_group,
+        topk,
+        norm_topk_prob,
+        scaling,
+    } = *r;
     if rows == 0 {
         return;
     }
@@ -99,16 +130,10 @@ mod tests {
 
     /// transformers' DeepseekV3TopkRouter / GlmMoeDsa router for one row, with -inf group
     /// masking and ties to the lower index.
-    #[allow(clippy::too_many_arguments)]
-    fn route_ref(
-        logits: &[f32],
-        bias: &[f32],
-        n_group: usize,
-        topk_group: usize,
-        topk: usize,
-        norm: bool,
-        scaling: f32,
-    ) -> (Vec<u32>, Vec<f32>) {
+    fn route_ref(logits: &[f32], bias: &[f32], r: &Routing) -> (Vec<u32>, Vec<f32>) {
+        let (n_group, topk_group, topk) =
+            (r.n_group as usize, r.topk_group as usize, r.topk as usize);
+        let (norm, scaling) = (r.norm_topk_prob, r.scaling);
         let n = logits.len();
         let s: Vec<f32> = logits.iter().map(|&x| sigmoid(x)).collect();
         let mut c: Vec<f32> = s.iter().zip(bias).map(|(a, b)| a + b).collect();
@@ -154,18 +179,24 @@ mod tests {
         (idx, w)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Checks `route` on `rows` rows of `n_experts` logits against [`route_ref`]; `groups`
+    /// is (n_group, topk_group), `pick` (topk, norm_topk_prob, scaling).
     fn check(
         logits: &[f32],
         bias: &[f32],
         rows: usize,
         n_experts: usize,
-        n_group: usize,
-        topk_group: usize,
-        topk: usize,
-        norm: bool,
-        scaling: f32,
+        (n_group, topk_group): (usize, usize),
+        (topk, norm, scaling): (usize, bool, f32),
     ) {
+        let r = Routing {
+            n_experts: n_experts as u32,
+            n_group: n_group as u32,
+            topk_group: topk_group as u32,
+            topk: topk as u32,
+            norm_topk_prob: norm,
+            scaling,
+        };
         let g = gpu();
         // Logit rows padded to a larger stride at an offset.
         let (off, stride) = (3usize, n_experts + 5);
@@ -184,12 +215,7 @@ mod tests {
             View::new(&lbuf, off as u32, stride as u32),
             &bbuf,
             rows as u32,
-            n_experts as u32,
-            n_group as u32,
-            topk_group as u32,
-            topk as u32,
-            norm,
-            scaling,
+            &r,
             &ibuf,
             &wbuf,
         );
@@ -197,15 +223,7 @@ mod tests {
         let gi = g.read_u32(&ibuf, 0, rows * topk).unwrap();
         let gw = g.read_f32(&wbuf, 0, rows * topk).unwrap();
         for t in 0..rows {
-            let (wi, ww) = route_ref(
-                &logits[t * n_experts..(t + 1) * n_experts],
-                bias,
-                n_group,
-                topk_group,
-                topk,
-                norm,
-                scaling,
-            );
+            let (wi, ww) = route_ref(&logits[t * n_experts..(t + 1) * n_experts], bias, &r);
             assert_eq!(
                 &gi[t * topk..(t + 1) * topk],
                 wi.as_slice(),
@@ -227,8 +245,8 @@ mod tests {
         let (rows, n) = (5, 256);
         let logits = rng.vec(rows * n, 4.0);
         let bias = rng.vec(n, 0.5);
-        check(&logits, &bias, rows, n, 1, 1, 8, true, 2.5);
-        check(&logits, &bias, rows, n, 1, 1, 8, false, 1.0);
+        check(&logits, &bias, rows, n, (1, 1), (8, true, 2.5));
+        check(&logits, &bias, rows, n, (1, 1), (8, false, 1.0));
     }
 
     #[test]
@@ -237,9 +255,9 @@ mod tests {
         let (rows, n) = (4, 256);
         let logits = rng.vec(rows * n, 4.0);
         let bias = rng.vec(n, 0.5);
-        check(&logits, &bias, rows, n, 8, 4, 8, true, 2.5);
-        check(&logits, &bias, rows, n, 8, 4, 8, false, 2.5);
-        check(&logits, &bias, rows, n, 8, 1, 8, true, 1.0); // one group left
+        check(&logits, &bias, rows, n, (8, 4), (8, true, 2.5));
+        check(&logits, &bias, rows, n, (8, 4), (8, false, 2.5));
+        check(&logits, &bias, rows, n, (8, 1), (8, true, 1.0)); // one group left
     }
 
     #[test]
@@ -248,17 +266,17 @@ mod tests {
         // 1024 experts, 64 groups of 16, 64 picks.
         let logits = rng.vec(2 * 1024, 6.0);
         let bias = rng.vec(1024, 0.3);
-        check(&logits, &bias, 2, 1024, 64, 7, 64, true, 1.5);
+        check(&logits, &bias, 2, 1024, (64, 7), (64, true, 1.5));
         // Not a power of two; groups of one expert; topk_group = n_group (no masking).
         let logits = rng.vec(3 * 40, 3.0);
         let bias = rng.vec(40, 0.2);
-        check(&logits, &bias, 3, 40, 5, 2, 6, true, 2.0);
-        check(&logits, &bias, 3, 40, 40, 10, 5, false, 1.0);
-        check(&logits, &bias, 3, 40, 5, 5, 6, true, 1.0);
+        check(&logits, &bias, 3, 40, (5, 2), (6, true, 2.0));
+        check(&logits, &bias, 3, 40, (40, 10), (5, false, 1.0));
+        check(&logits, &bias, 3, 40, (5, 5), (6, true, 1.0));
         // topk larger than the kept groups hold: masked experts follow in index order.
-        check(&logits, &bias, 3, 40, 10, 1, 6, true, 1.0);
+        check(&logits, &bias, 3, 40, (10, 1), (6, true, 1.0));
         // One expert.
-        check(&logits[..1], &bias[..1], 1, 1, 1, 1, 1, true, 1.0);
+        check(&logits[..1], &bias[..1], 1, 1, (1, 1), (1, true, 1.0));
     }
 
     #[test]
@@ -269,14 +287,14 @@ mod tests {
         let vals = [-1.0f32, 0.0, 0.5, 2.0];
         let logits: Vec<f32> = (0..rows * n).map(|_| vals[rng.below(4) as usize]).collect();
         let zero = vec![0.0f32; n];
-        check(&logits, &zero, rows, n, 1, 1, 8, true, 2.5);
-        check(&logits, &zero, rows, n, 4, 2, 8, true, 2.5);
+        check(&logits, &zero, rows, n, (1, 1), (8, true, 2.5));
+        check(&logits, &zero, rows, n, (4, 2), (8, true, 2.5));
         // Identical groups: group ties go to the lower group index.
         let g0 = rng.vec(8, 2.0);
         let logits: Vec<f32> = (0..n).map(|e| g0[e % 8]).collect();
         let bias: Vec<f32> = (0..n).map(|e| 0.1 * (e % 8) as f32).collect();
-        check(&logits, &bias, 1, n, 8, 3, 8, true, 1.0);
-        check(&logits, &bias, 1, n, 8, 3, 5, false, 1.0);
+        check(&logits, &bias, 1, n, (8, 3), (8, true, 1.0));
+        check(&logits, &bias, 1, n, (8, 3), (5, false, 1.0));
     }
 
     #[test]
@@ -285,6 +303,6 @@ mod tests {
         let (rows, n) = (300, 64);
         let logits = rng.vec(rows * n, 3.0);
         let bias = rng.vec(n, 0.1);
-        check(&logits, &bias, rows, n, 8, 3, 6, true, 2.5);
+        check(&logits, &bias, rows, n, (8, 3), (6, true, 2.5));
     }
 }

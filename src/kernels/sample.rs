@@ -2,8 +2,8 @@
 //! top-k / top-p sampling with the repetition penalty (`shaders/sample_pick.wgsl`), both
 //! written where the next decode step's embedding reads its token, so generation needs no
 //! logits readback and the host can queue step `n + 1` before step `n`'s token is known.
-use super::topk::{self, TopkScratch};
-use super::{Recorder, View};
+use super::topk::{self, Selection, TopkScratch};
+use super::{Causal, Recorder, View};
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -22,19 +22,28 @@ pub const MAX_PARTS: u32 = 256;
 const PER_PART: u32 = 2048;
 
 /// u32 words of the scratch [`argmax`] needs (a (key, index) pair per first-pass workgroup).
-pub const PART_WORDS: u64 = 2 * MAX_PARTS as u64;
+const PART_WORDS: u64 = 2 * MAX_PARTS as u64;
 
-/// `out[out_off] = argmax(x[0..n])` of the row starting at `x`: the lowest index among equal
-/// maxima, NaN skipped (0 when all are NaN), as [`crate::generate::argmax`]. `part` holds at
-/// least [`PART_WORDS`] u32s; `out` is a u32 buffer (e.g. the token ids a chunk embeds).
-pub fn argmax(
-    rec: &mut Recorder,
-    x: View,
-    n: u32,
-    part: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    out_off: u32,
-) {
+/// Where a picked token goes: `ids[index]` of a u32 buffer (e.g. the token ids the next
+/// chunk embeds).
+#[derive(Clone, Copy)]
+pub struct TokenSlot<'a> {
+    pub ids: &'a wgpu::Buffer,
+    pub index: u32,
+}
+
+/// The repetition penalty's tokens: `buf[0 .. len]` and, with `prev`, the token already in
+/// the output [`TokenSlot`] (the previous step's pick); each token is penalized once.
+#[derive(Clone, Copy)]
+pub struct Window<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub len: u32,
+    pub prev: bool,
+}
+
+/// `out = argmax(x[0..n])` of the row starting at `x`: the lowest index among equal
+/// maxima, NaN skipped (0 when all are NaN), as [`crate::sampling::argmax`].
+pub fn argmax(rec: &mut Recorder, x: View, n: u32, out: TokenSlot, scratch: &SampleScratch) {
     assert!(n > 0, "argmax of an empty row");
     let per_part = PER_PART.max(n.div_ceil(MAX_PARTS)).next_multiple_of(256);
     let parts = n.div_ceil(per_part);
@@ -43,14 +52,15 @@ pub fn argmax(
         n,
         parts,
         per_part,
-        out_off,
+        out_off: out.index,
         _pad: [0; 3],
     };
     let gpu = rec.gpu();
     let pipe = |e| gpu.pipeline("sample", super::src::SAMPLE, e, &[]);
+    let part = &scratch.part;
     rec.cost(4 * n as u64, 0, "");
     rec.dispatch(&pipe("argmax_part"), &p, &[part, x.buf], [parts, 1, 1]);
-    rec.dispatch(&pipe("argmax_final"), &p, &[part, out], [1, 1, 1]);
+    rec.dispatch(&pipe("argmax_final"), &p, &[part, out.ids], [1, 1, 1]);
 }
 
 /// The largest top-k [`sample`] takes (the host samples wider ones).
@@ -89,21 +99,13 @@ struct PickParams {
 
 impl PickParams {
     /// `raw`: 1 keeps non-finite logits in prep (for the penalized argmax).
-    fn new(
-        x: View,
-        n: u32,
-        s: &Sampling,
-        win_len: u32,
-        prev: bool,
-        out_off: u32,
-        raw: u32,
-    ) -> Self {
+    fn new(x: View, n: u32, s: &Sampling, win: &Window, out: TokenSlot, raw: u32) -> Self {
         PickParams {
             n,
             x_off: x.offset,
-            win_len,
-            use_prev: prev as u32,
-            out_off,
+            win_len: win.len,
+            use_prev: win.prev as u32,
+            out_off: out.index,
             k: s.top_k,
             temperature: s.temperature,
             top_p: s.top_p,
@@ -115,43 +117,62 @@ impl PickParams {
     }
 }
 
-/// Buffers [`sample`] works in: the penalized logits and the top-k's output.
+/// Buffers the pickers work in for rows of up to `vocab` logits: the penalized logits, the
+/// top-k's output and the argmax's per-workgroup partials.
 pub struct SampleScratch {
     work: wgpu::Buffer,
     cand: wgpu::Buffer,
     cand_n: wgpu::Buffer,
+    part: wgpu::Buffer,
     topk: TopkScratch,
 }
 
 impl SampleScratch {
+    /// Label and bytes of each buffer but the top-k's, in field order.
+    fn sizes(vocab: u32) -> [(&'static str, u64); 4] {
+        [
+            ("sample logits", 4 * vocab as u64),
+            ("sample candidates", 4 * MAX_TOP_K as u64),
+            ("sample candidate count", 4),
+            ("argmax partials", 4 * PART_WORDS),
+        ]
+    }
+
     pub fn new(gpu: &crate::gpu::Gpu, vocab: u32) -> crate::Result<SampleScratch> {
+        let mut b = Vec::with_capacity(4);
+        for (label, bytes) in Self::sizes(vocab) {
+            b.push(gpu.buffer(bytes, label)?);
+        }
+        let [work, cand, cand_n, part] = <[wgpu::Buffer; 4]>::try_from(b)
+            .unwrap_or_else(|_| unreachable!("four sizes, four buffers"));
         Ok(SampleScratch {
-            work: gpu.buffer(4 * vocab as u64, "sample logits")?,
-            cand: gpu.buffer(4 * MAX_TOP_K as u64, "sample candidates")?,
-            cand_n: gpu.buffer(4, "sample candidate count")?,
+            work,
+            cand,
+            cand_n,
+            part,
             topk: TopkScratch::new(gpu, 1)?,
         })
     }
+
+    /// GPU bytes [`SampleScratch::new`] allocates.
+    pub fn bytes_for(vocab: u32) -> u64 {
+        Self::sizes(vocab).iter().map(|s| s.1).sum::<u64>() + TopkScratch::bytes_for(1)
+    }
 }
 
-/// Samples a token from the logits row `x` (`n` values) as [`crate::generate::Sampler`]
-/// does with draw `s.r`: the penalty on the tokens `window[0 .. win_len]` and, with
-/// `use_prev`, the token at `ids[out_off]` (each once); non-finite logits dropped; the top
-/// `s.top_k` by value (ties: lower id), softmax of value / temperature, the top-p nucleus;
-/// then the token goes to `ids[out_off]`. With no finite logit, the argmax of `x`.
+/// Samples a token from the logits row `x` (`n` values) as [`crate::sampling::Sampler`]
+/// does with draw `s.r`: the penalty on the tokens of `win`; non-finite logits dropped; the
+/// top `s.top_k` by value (ties: lower id), softmax of value / temperature, the top-p
+/// nucleus; then the token goes to `out`. With no finite logit, the argmax of `x`.
 /// Probabilities are f32 (the host's are f64), so a draw within about 1e-6 of a boundary
 /// between two tokens may pick the other one.
-#[allow(clippy::too_many_arguments)]
 pub fn sample(
     rec: &mut Recorder,
     x: View,
     n: u32,
     s: &Sampling,
-    window: &wgpu::Buffer,
-    win_len: u32,
-    use_prev: bool,
-    ids: &wgpu::Buffer,
-    out_off: u32,
+    win: &Window,
+    out: TokenSlot,
     scratch: &SampleScratch,
 ) {
     assert!(n > 0, "sample: empty row");
@@ -161,46 +182,41 @@ pub fn sample(
         s.top_k,
         s.temperature
     );
-    let p = PickParams::new(x, n, s, win_len, use_prev, out_off, 0);
+    let p = PickParams::new(x, n, s, win, out, 0);
     let gpu = rec.gpu();
     let pipe = |e| gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, e, &[]);
     let sc = scratch;
-    prep(rec, &p, x, window, ids, sc);
+    prep(rec, &p, x, win, out, sc);
     let work = View::rows(&sc.work, n);
-    topk::topk(
-        rec,
-        work,
-        1,
-        n,
-        n - 1,
-        s.top_k,
-        &sc.cand,
-        &sc.cand_n,
-        &sc.topk,
-    );
+    let chunk = Causal {
+        rows: 1,
+        n_keys: n,
+        pos0: n - 1,
+    };
+    let cand = Selection {
+        idx: &sc.cand,
+        cnt: &sc.cand_n,
+        k: s.top_k,
+    };
+    topk::topk(rec, work, chunk, &cand, &sc.topk);
     rec.dispatch(
         &pipe("pick"),
         &p,
-        &[&sc.work, x.buf, ids, &sc.cand, &sc.cand_n],
+        &[&sc.work, x.buf, out.ids, &sc.cand, &sc.cand_n],
         [1, 1, 1],
     );
 }
 
-/// Greedy with the repetition penalty: `ids[out_off]` = the argmax (as [`argmax`]) of `x`
-/// after the penalty on the window (as in [`sample`]). `part` as for [`argmax`].
-#[allow(clippy::too_many_arguments)]
+/// Greedy with the repetition penalty: `out` = the argmax (as [`argmax`]) of `x` after the
+/// penalty on the tokens of `win` (as in [`sample`]).
 pub fn argmax_penalized(
     rec: &mut Recorder,
     x: View,
     n: u32,
     penalty: f32,
-    window: &wgpu::Buffer,
-    win_len: u32,
-    use_prev: bool,
-    ids: &wgpu::Buffer,
-    out_off: u32,
+    win: &Window,
+    out: TokenSlot,
     scratch: &SampleScratch,
-    part: &wgpu::Buffer,
 ) {
     assert!(n > 0, "argmax of an empty row");
     let greedy = Sampling {
@@ -210,9 +226,9 @@ pub fn argmax_penalized(
         penalty,
         r: 0.0,
     };
-    let p = PickParams::new(x, n, &greedy, win_len, use_prev, out_off, 1);
-    prep(rec, &p, x, window, ids, scratch);
-    argmax(rec, View::rows(&scratch.work, n), n, part, ids, out_off);
+    let p = PickParams::new(x, n, &greedy, win, out, 1);
+    prep(rec, &p, x, win, out, scratch);
+    argmax(rec, View::rows(&scratch.work, n), n, out, scratch);
 }
 
 /// sample_pick.wgsl's `prep`: the penalized (and, unless `p.raw`, sanitized) logits of `x`
@@ -221,22 +237,22 @@ fn prep(
     rec: &mut Recorder,
     p: &PickParams,
     x: View,
-    window: &wgpu::Buffer,
-    ids: &wgpu::Buffer,
+    win: &Window,
+    out: TokenSlot,
     scratch: &SampleScratch,
 ) {
     let gpu = rec.gpu();
     let pipe = gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, "prep", &[]);
     rec.cost(8 * p.n as u64, 0, "");
     let grid = gpu.grid(p.n.div_ceil(256));
-    rec.dispatch(&pipe, p, &[&scratch.work, x.buf, ids, window], grid);
+    rec.dispatch(&pipe, p, &[&scratch.work, x.buf, out.ids, win.buf], grid);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::argmax as host_argmax;
     use crate::kernels::testutil::{gpu, Rng};
+    use crate::sampling::argmax as host_argmax;
 
     fn check(x: &[f32], x_off: usize, what: &str) {
         let g = gpu();
@@ -244,16 +260,19 @@ mod tests {
         buf.extend_from_slice(x);
         buf.extend_from_slice(&[1e30, f32::INFINITY]);
         let xb = g.buffer_from(&buf, "x").unwrap();
-        let part = g.buffer(4 * PART_WORDS, "part").unwrap();
+        let scratch = SampleScratch::new(g, x.len() as u32).unwrap();
         let out = g.buffer_from(&[11u32, 22, 33], "out").unwrap();
         let mut rec = g.recorder();
+        let slot = TokenSlot {
+            ids: &out,
+            index: 1,
+        };
         argmax(
             &mut rec,
             View::new(&xb, x_off as u32, 0),
             x.len() as u32,
-            &part,
-            &out,
-            1,
+            slot,
+            &scratch,
         );
         rec.finish().unwrap();
         let got = g.read_u32(&out, 0, 3).unwrap();
@@ -298,7 +317,7 @@ mod tests {
     /// the vocabulary and the previous step's token.
     #[test]
     fn sampling_matches_the_host_sampler() {
-        use crate::generate::{apply_repeat_penalty, sample_with, SamplingParams};
+        use crate::sampling::{apply_repeat_penalty, sample_logits, SamplingParams};
         let g = gpu();
         let mut rng = Rng::new(11);
         let (mut checked, mut exact) = (0, 0);
@@ -344,16 +363,20 @@ mod tests {
                 let wb = g.buffer_from(&window, "window").unwrap();
                 let ids = g.buffer_from(&[7u32, prev, 8], "ids").unwrap();
                 let mut rec = g.recorder();
-                let (xv, wl) = (View::new(&xb, 5, 0), window.len() as u32);
+                let xv = View::new(&xb, 5, 0);
+                let win = Window {
+                    buf: &wb,
+                    len: window.len() as u32,
+                    prev: use_prev,
+                };
+                let out = TokenSlot {
+                    ids: &ids,
+                    index: 1,
+                };
                 if s.top_k == 1 {
-                    let (p, part) = (s.penalty, g.buffer(4 * PART_WORDS, "part").unwrap());
-                    argmax_penalized(
-                        &mut rec, xv, n as u32, p, &wb, wl, use_prev, &ids, 1, &scratch, &part,
-                    );
+                    argmax_penalized(&mut rec, xv, n as u32, s.penalty, &win, out, &scratch);
                 } else {
-                    sample(
-                        &mut rec, xv, n as u32, &s, &wb, wl, use_prev, &ids, 1, &scratch,
-                    );
+                    sample(&mut rec, xv, n as u32, &s, &win, out, &scratch);
                 }
                 rec.finish().unwrap();
                 let got = g.read_u32(&ids, 0, 3).unwrap();
@@ -369,19 +392,19 @@ mod tests {
                     top_k: s.top_k as usize,
                     ..Default::default()
                 };
-                let want = sample_with(&p, &l, &mut || s.r as f64);
+                let want = sample_logits(&p, &l, &mut || s.r as f64);
                 // The GPU's probabilities are f32: where the draw or the nucleus edge lies
                 // within 1e-5 of a boundary (ties make that common here), the neighbour that
                 // the host reaches with the draw or top_p moved by 1e-5 is also right.
                 let mut ok = vec![want];
                 for d in [-1e-5f32, 1e-5] {
                     let r = (s.r + d).clamp(0.0, 0.999_999) as f64;
-                    ok.push(sample_with(&p, &l, &mut || r));
+                    ok.push(sample_logits(&p, &l, &mut || r));
                     let q = SamplingParams {
                         top_p: (s.top_p + d).min(1.0),
                         ..p.clone()
                     };
-                    ok.push(sample_with(&q, &l, &mut || s.r as f64));
+                    ok.push(sample_logits(&q, &l, &mut || s.r as f64));
                 }
                 assert!(
                     got[0] == 7 && got[2] == 8 && ok.contains(&got[1]),

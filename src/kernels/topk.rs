@@ -15,7 +15,7 @@
 //!   collection pass (5 dispatches, 5 reads of the row). One workgroup per row reads a
 //!   decode row of 128K keys five times on one compute unit; the wide kernel spreads the
 //!   same reads over the whole GPU. It needs a [`TopkScratch`].
-use super::{src, Recorder, View};
+use super::{src, Causal, Recorder, View};
 use crate::error::Result;
 use crate::gpu::Gpu;
 
@@ -110,83 +110,85 @@ struct Params {
     segs: u32,
 }
 
-/// For each row `t < rows`: `valid = min(pos0 + t + 1, n_keys)`, `k = min(topk, valid)`;
-/// writes the `k` positions `s < valid` with the largest `scores[t, s]` to
-/// `idx[t * topk .. t * topk + k]` (u32, ascending position order) and `k` to `cnt[t]`.
-/// Rows of `n_keys ≥ WIDE_MIN_KEYS` use the multi-workgroup kernel when `scratch` holds
-/// `rows` rows (else the one-workgroup-per-row kernel, same result).
-#[allow(clippy::too_many_arguments)]
+impl Params {
+    /// Scores `scores` of `chunk` into a selection of `k` per row, in `segs` segments of
+    /// `seg_len` positions (0, 0 for the one-workgroup kernels).
+    fn new(scores: View, chunk: Causal, k: u32, (seg_len, segs): (u32, u32)) -> Params {
+        Params {
+            s_off: scores.offset,
+            s_stride: scores.stride,
+            rows: chunk.rows,
+            n_keys: chunk.n_keys,
+            pos0: chunk.pos0,
+            topk: k,
+            seg_len,
+            segs,
+        }
+    }
+}
+
+/// Where a top-k selection goes, and where attention reads it: row `t`'s positions at
+/// `idx[t * k ..]` (u32, ascending position order), their number at `cnt[t]` (≤ `k`).
+#[derive(Clone, Copy)]
+pub struct Selection<'a> {
+    pub idx: &'a wgpu::Buffer,
+    pub cnt: &'a wgpu::Buffer,
+    /// Positions per row at most (the row stride of `idx`).
+    pub k: u32,
+}
+
+/// For each row `t < rows` of `chunk`: `valid = min(pos0 + t + 1, n_keys)`,
+/// `k = min(sel.k, valid)`; writes the `k` positions `s < valid` with the largest
+/// `scores[t, s]` to row `t` of `sel`. Rows of `n_keys ≥ WIDE_MIN_KEYS` use the
+/// multi-workgroup kernel when `scratch` holds `rows` rows (else the one-workgroup-per-row
+/// kernel, same result).
 pub fn topk(
     rec: &mut Recorder,
     scores: View,
-    rows: u32,
-    n_keys: u32,
-    pos0: u32,
-    topk: u32,
-    idx: &wgpu::Buffer,
-    cnt: &wgpu::Buffer,
+    chunk: Causal,
+    sel: &Selection,
     scratch: &TopkScratch,
 ) {
-    if rows == 0 {
+    if chunk.rows == 0 {
         return;
     }
-    assert!(topk > 0, "topk: topk must be at least 1");
-    if n_keys >= WIDE_MIN_KEYS && rows <= scratch.max_rows {
-        let (seg_len, segs) = wide_plan(rows, n_keys, scratch.groups);
-        topk_wide(
-            rec, scores, rows, n_keys, pos0, topk, idx, cnt, scratch, seg_len, segs,
-        );
+    assert!(sel.k > 0, "topk: topk must be at least 1");
+    if chunk.n_keys >= WIDE_MIN_KEYS && chunk.rows <= scratch.max_rows {
+        let plan = wide_plan(chunk.rows, chunk.n_keys, scratch.groups);
+        topk_wide(rec, scores, chunk, sel, scratch, plan);
         return;
     }
-    topk_one_wg(rec, scores, rows, n_keys, pos0, topk, idx, cnt);
+    topk_one_wg(rec, scores, chunk, sel);
 }
 
 /// The one-workgroup-per-row kernel (`topk.wgsl`).
-#[allow(clippy::too_many_arguments)]
-fn topk_one_wg(
-    rec: &mut Recorder,
-    scores: View,
-    rows: u32,
-    n_keys: u32,
-    pos0: u32,
-    topk: u32,
-    idx: &wgpu::Buffer,
-    cnt: &wgpu::Buffer,
-) {
+fn topk_one_wg(rec: &mut Recorder, scores: View, chunk: Causal, sel: &Selection) {
     let gpu = rec.gpu();
     let p = gpu.pipeline("topk", src::TOPK, "topk", &[]);
-    let params = Params {
-        s_off: scores.offset,
-        s_stride: scores.stride,
-        rows,
-        n_keys,
-        pos0,
-        topk,
-        seg_len: 0,
-        segs: 0,
-    };
+    let params = Params::new(scores, chunk, sel.k, (0, 0));
     // Five reads of the valid scores (at most n_keys per row), k indices written per row.
-    let reads = 5 * rows as u64 * n_keys as u64 * 4;
-    rec.cost(reads + rows as u64 * (topk as u64 + 1) * 4, 0, "");
-    rec.dispatch(&p, &params, &[idx, cnt, scores.buf], gpu.grid(rows));
+    let (rows, n_keys) = (chunk.rows as u64, chunk.n_keys as u64);
+    let reads = 5 * rows * n_keys * 4;
+    rec.cost(reads + rows * (sel.k as u64 + 1) * 4, 0, "");
+    rec.dispatch(
+        &p,
+        &params,
+        &[sel.idx, sel.cnt, scores.buf],
+        gpu.grid(chunk.rows),
+    );
 }
 
 /// The multi-workgroup kernel (`topk_wide.wgsl`) with `segs` segments of `seg_len`
 /// positions per row (`segs × seg_len ≥ n_keys`).
-#[allow(clippy::too_many_arguments)]
 fn topk_wide(
     rec: &mut Recorder,
     scores: View,
-    rows: u32,
-    n_keys: u32,
-    pos0: u32,
-    topk: u32,
-    idx: &wgpu::Buffer,
-    cnt: &wgpu::Buffer,
+    chunk: Causal,
+    sel: &Selection,
     sc: &TopkScratch,
-    seg_len: u32,
-    segs: u32,
+    (seg_len, segs): (u32, u32),
 ) {
+    let (rows, n_keys) = (chunk.rows, chunk.n_keys);
     assert!(
         rows <= sc.max_rows && rows as u64 * segs as u64 <= sc.max_segs as u64,
         "topk_wide: {rows} rows × {segs} segments exceed the scratch"
@@ -196,16 +198,7 @@ fn topk_wide(
         "topk_wide: segments do not cover the row"
     );
     let gpu = rec.gpu();
-    let params = Params {
-        s_off: scores.offset,
-        s_stride: scores.stride,
-        rows,
-        n_keys,
-        pos0,
-        topk,
-        seg_len,
-        segs,
-    };
+    let params = Params::new(scores, chunk, sel.k, (seg_len, segs));
     let grid = gpu.grid(rows * segs);
     let (r, n, g) = (rows as u64, n_keys as u64, rows as u64 * segs as u64);
     let row_bytes = r * n * 4;
@@ -232,50 +225,52 @@ fn topk_wide(
     );
     // collect: the scores, the earlier segments' counts, k indices out, histograms zeroed.
     rec.cost(
-        row_bytes + g * segs as u64 * 4 + r * (topk as u64 + HIST_ROW + 1) * 4,
+        row_bytes + g * segs as u64 * 4 + r * (sel.k as u64 + HIST_ROW + 1) * 4,
         0,
         "",
     );
     rec.dispatch(
         &pipe("collect"),
         &params,
-        &[scores.buf, &sc.hist, &sc.state, &sc.segcnt, idx, cnt],
+        &[
+            scores.buf, &sc.hist, &sc.state, &sc.segcnt, sel.idx, sel.cnt,
+        ],
         grid,
     );
 }
 
-/// The dense case (every row has `pos0 + t + 1 ≤ topk` valid keys): selects all of them,
-/// `idx[t * topk + j] = j` for `j ≤ pos0 + t`, `cnt[t] = pos0 + t + 1`. No scores needed.
-pub fn select_all(
-    rec: &mut Recorder,
-    rows: u32,
-    pos0: u32,
-    topk: u32,
-    idx: &wgpu::Buffer,
-    cnt: &wgpu::Buffer,
-) {
+/// The dense case (every row has `pos0 + t + 1 ≤ sel.k` valid keys): selects all of them,
+/// `idx[t * k + j] = j` for `j ≤ pos0 + t`, `cnt[t] = pos0 + t + 1`. No scores needed.
+pub fn select_all(rec: &mut Recorder, rows: u32, pos0: u32, sel: &Selection) {
     if rows == 0 {
         return;
     }
+    let k = sel.k;
     assert!(
-        pos0 + rows <= topk,
-        "select_all: pos0 {pos0} + rows {rows} exceeds topk {topk} (use topk())"
+        pos0 + rows <= k,
+        "select_all: pos0 {pos0} + rows {rows} exceeds topk {k} (use topk())"
     );
     let gpu = rec.gpu();
     let p = gpu.pipeline("topk", src::TOPK, "select_all", &[]);
+    // No scores: the view fields stay 0.
     let params = Params {
         s_off: 0,
         s_stride: 0,
         rows,
         n_keys: 0,
         pos0,
-        topk,
+        topk: k,
         seg_len: 0,
         segs: 0,
     };
-    let n = rows as u64 * topk as u64;
+    let n = rows as u64 * k as u64;
     rec.cost((n + rows as u64) * 4, 0, "");
-    rec.dispatch(&p, &params, &[idx, cnt], gpu.grid(n.div_ceil(256) as u32));
+    rec.dispatch(
+        &p,
+        &params,
+        &[sel.idx, sel.cnt],
+        gpu.grid(n.div_ceil(256) as u32),
+    );
 }
 
 /// CPU reference of [`topk`] for one row (also used by other modules' tests).
@@ -315,53 +310,43 @@ mod tests {
     /// every row against the CPU reference (set, order, count, untouched tail).
     fn check(scores: &[f32], offset: u32, stride: u32, rows: u32, n_keys: u32, pos0: u32, k: u32) {
         let sc = TopkScratch::new(gpu(), rows).unwrap();
-        check_with(
-            Mode::Auto,
-            &sc,
-            scores,
-            offset,
-            stride,
-            rows,
-            n_keys,
-            pos0,
-            k,
-        );
+        let chunk = causal(rows, n_keys, pos0);
+        check_mode(Mode::Auto, &sc, scores, (offset, stride), chunk, k);
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The chunk of `rows` rows at `pos0` over `n_keys` positions.
+    fn causal(rows: u32, n_keys: u32, pos0: u32) -> Causal {
+        Causal { rows, n_keys, pos0 }
+    }
+
     fn run(
         rec: &mut Recorder,
         mode: Mode,
         sc: &TopkScratch,
         scores: View,
-        rows: u32,
-        n_keys: u32,
-        pos0: u32,
-        k: u32,
-        idx: &wgpu::Buffer,
-        cnt: &wgpu::Buffer,
+        chunk: Causal,
+        sel: &Selection,
     ) {
         match mode {
-            Mode::Auto => topk(rec, scores, rows, n_keys, pos0, k, idx, cnt, sc),
+            Mode::Auto => topk(rec, scores, chunk, sel, sc),
             Mode::Wide(seg) => {
-                let segs = n_keys.div_ceil(seg);
-                topk_wide(rec, scores, rows, n_keys, pos0, k, idx, cnt, sc, seg, segs)
+                let segs = chunk.n_keys.div_ceil(seg);
+                topk_wide(rec, scores, chunk, sel, sc, (seg, segs))
             }
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn check_with(
+    /// [`check`] on the kernel `mode` picks, with the scratch `sc`; `at` is the scores'
+    /// (offset, stride).
+    fn check_mode(
         mode: Mode,
         sc: &TopkScratch,
         scores: &[f32],
-        offset: u32,
-        stride: u32,
-        rows: u32,
-        n_keys: u32,
-        pos0: u32,
+        at: (u32, u32),
+        chunk: Causal,
         k: u32,
     ) {
+        let ((offset, stride), rows) = (at, chunk.rows);
         let g = gpu();
         let sbuf = g.buffer_from(scores, "scores").unwrap();
         let idx = g
@@ -370,28 +355,28 @@ mod tests {
         let cnt = g.buffer_from(&vec![POISON; rows as usize], "cnt").unwrap();
         let mut rec = g.recorder();
         let view = View::new(&sbuf, offset, stride);
-        run(&mut rec, mode, sc, view, rows, n_keys, pos0, k, &idx, &cnt);
+        let sel = Selection {
+            idx: &idx,
+            cnt: &cnt,
+            k,
+        };
+        run(&mut rec, mode, sc, view, chunk, &sel);
         rec.finish().unwrap();
         let got_idx = g.read_u32(&idx, 0, (rows * k) as usize).unwrap();
         let got_cnt = g.read_u32(&cnt, 0, rows as usize).unwrap();
-        verify(
-            scores, offset, stride, rows, n_keys, pos0, k, &got_idx, &got_cnt,
-        );
+        verify(scores, at, chunk, k, &got_idx, &got_cnt);
     }
 
     /// Compares the kernel's `idx` / `cnt` with the CPU reference, row by row.
-    #[allow(clippy::too_many_arguments)]
     fn verify(
         scores: &[f32],
-        offset: u32,
-        stride: u32,
-        rows: u32,
-        n_keys: u32,
-        pos0: u32,
+        (offset, stride): (u32, u32),
+        chunk: Causal,
         k: u32,
         got_idx: &[u32],
         got_cnt: &[u32],
     ) {
+        let Causal { rows, n_keys, pos0 } = chunk;
         for t in 0..rows as usize {
             let valid = ((pos0 as usize) + t + 1).min(n_keys as usize);
             let base = offset as usize + t * stride as usize;
@@ -536,15 +521,16 @@ mod tests {
         // Short rows never use the scratch: one row's worth is enough.
         let sc = TopkScratch::new(g, 1).unwrap();
         let mut rec = g.recorder();
+        let sel = Selection {
+            idx: &idx,
+            cnt: &cnt,
+            k,
+        };
         topk(
             &mut rec,
             View::rows(&sbuf, n_keys),
-            rows,
-            n_keys,
-            0,
-            k,
-            &idx,
-            &cnt,
+            causal(rows, n_keys, 0),
+            &sel,
             &sc,
         );
         rec.finish().unwrap();
@@ -569,7 +555,12 @@ mod tests {
             .unwrap();
         let cnt = g.buffer_from(&vec![POISON; rows as usize], "cnt").unwrap();
         let mut rec = g.recorder();
-        select_all(&mut rec, rows, pos0, k, &idx, &cnt);
+        let sel = Selection {
+            idx: &idx,
+            cnt: &cnt,
+            k,
+        };
+        select_all(&mut rec, rows, pos0, &sel);
         rec.finish().unwrap();
         let c = g.read_u32(&cnt, 0, rows as usize).unwrap();
         let ix = g.read_u32(&idx, 0, (rows * k) as usize).unwrap();
@@ -618,26 +609,20 @@ mod tests {
         check(&s, 0, n as u32, 1, n as u32, n as u32 - 1, 2048);
         // Same scores with many segments (> 256: the offset sum loops) and small k.
         let sc = scratch(1);
-        check_with(
+        check_mode(
             Mode::Wide(97),
             &sc,
             &s,
-            0,
-            n as u32,
-            1,
-            n as u32,
-            n as u32 - 1,
+            (0, n as u32),
+            causal(1, n as u32, n as u32 - 1),
             5,
         );
-        check_with(
+        check_mode(
             Mode::Wide(300),
             &sc,
             &s,
-            0,
-            n as u32,
-            1,
-            n as u32,
-            n as u32 - 1,
+            (0, n as u32),
+            causal(1, n as u32, n as u32 - 1),
             2048,
         );
     }
@@ -668,26 +653,37 @@ mod tests {
             (Mode::Wide(333), 2048),
             (Mode::Wide(4096), 29_000),
         ] {
-            check_with(mode, &sc, &s, 0, n as u32, 1, n as u32, n as u32 - 1, k);
+            check_mode(
+                mode,
+                &sc,
+                &s,
+                (0, n as u32),
+                causal(1, n as u32, n as u32 - 1),
+                k,
+            );
         }
         // All equal: positions 0..k.
         let same = vec![-2.5f32; 20_000];
-        check_with(Mode::Auto, &sc, &same, 0, 20_000, 1, 20_000, 19_999, 2048);
+        check_mode(
+            Mode::Auto,
+            &sc,
+            &same,
+            (0, 20_000),
+            causal(1, 20_000, 19_999),
+            2048,
+        );
         // Few distinct values.
         let vals = [0.0f32, -0.0, 1.0, -1.0, 0.5];
         let few: Vec<f32> = (0..n)
             .map(|_| vals[rng.below(vals.len() as u64) as usize])
             .collect();
         for k in [1u32, 2048, 6001, 12_000] {
-            check_with(
+            check_mode(
                 Mode::Wide(1024),
                 &sc,
                 &few,
-                0,
-                n as u32,
-                1,
-                n as u32,
-                n as u32 - 1,
+                (0, n as u32),
+                causal(1, n as u32, n as u32 - 1),
                 k,
             );
         }
@@ -705,29 +701,23 @@ mod tests {
             .map(|_| f32::from_bits(base + rng.below(20_000) as u32))
             .collect();
         let sc = scratch(1);
-        check_with(
+        check_mode(
             Mode::Wide(1024),
             &sc,
             &s,
-            0,
-            n as u32,
-            1,
-            n as u32,
-            n as u32 - 1,
+            (0, n as u32),
+            causal(1, n as u32, n as u32 - 1),
             2048,
         );
         let s2: Vec<f32> = (0..n)
             .map(|_| f32::from_bits((base | 0x3ff) - rng.below(1024) as u32))
             .collect();
-        check_with(
+        check_mode(
             Mode::Wide(1500),
             &sc,
             &s2,
-            0,
-            n as u32,
-            1,
-            n as u32,
-            n as u32 - 1,
+            (0, n as u32),
+            causal(1, n as u32, n as u32 - 1),
             2048,
         );
     }
@@ -759,26 +749,20 @@ mod tests {
                     *x = f32::NEG_INFINITY;
                 }
             }
-            check_with(
+            check_mode(
                 Mode::Auto,
                 &sc,
                 &m,
-                offset,
-                stride,
-                rows,
-                n_keys,
-                pos0,
+                (offset, stride),
+                causal(rows, n_keys, pos0),
                 2048,
             );
-            check_with(
+            check_mode(
                 Mode::Wide(777),
                 &sc,
                 &m,
-                offset,
-                stride,
-                rows,
-                n_keys,
-                pos0,
+                (offset, stride),
+                causal(rows, n_keys, pos0),
                 2048,
             );
         }
@@ -794,28 +778,22 @@ mod tests {
             s[rng.below(n as u64) as usize] = rng.uniform();
         }
         let sc = scratch(1);
-        check_with(
+        check_mode(
             Mode::Auto,
             &sc,
             &s,
-            0,
-            n as u32,
-            1,
-            n as u32,
-            n as u32 - 1,
+            (0, n as u32),
+            causal(1, n as u32, n as u32 - 1),
             2048,
         );
         // Only -inf.
         let ninf = vec![f32::NEG_INFINITY; n];
-        check_with(
+        check_mode(
             Mode::Wide(1024),
             &sc,
             &ninf,
-            0,
-            n as u32,
-            1,
-            n as u32,
-            n as u32 - 1,
+            (0, n as u32),
+            causal(1, n as u32, n as u32 - 1),
             17,
         );
     }
@@ -848,14 +826,25 @@ mod tests {
                     Mode::Wide(500)
                 };
                 let view = View::rows(&sbuf, n);
-                run(&mut rec, mode, &sc, view, rows, n, n - rows, k, &idx, &cnt);
+                run(
+                    &mut rec,
+                    mode,
+                    &sc,
+                    view,
+                    causal(rows, n, n - rows),
+                    &Selection {
+                        idx: &idx,
+                        cnt: &cnt,
+                        k,
+                    },
+                );
                 outs.push((s, idx, cnt));
             }
             rec.finish().unwrap();
             for ((s, idx, cnt), &(rows, n, k)) in outs.iter().zip(&cases) {
                 let gi = g.read_u32(idx, 0, (rows * k) as usize).unwrap();
                 let gc = g.read_u32(cnt, 0, rows as usize).unwrap();
-                verify(s, 0, n, rows, n, n - rows, k, &gi, &gc);
+                verify(s, (0, n), causal(rows, n, n - rows), k, &gi, &gc);
             }
         }
         // The histograms are all zero again.

@@ -5,35 +5,66 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::weights::{DType, QFormat, WFormat, WeightFiles};
 
-/// Tensor classes, in display order.
-pub const CLASSES: [&str; 8] = [
-    "embeddings",
-    "attention",
-    "indexer",
-    "dense MLP",
-    "router",
-    "routed experts",
-    "shared experts",
-    "norms/other",
-];
+/// What a tensor is for: `sparsa info` prints bytes per class, and the `--gpu-memory` plan
+/// places the classes in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorClass {
+    Embeddings,
+    Attention,
+    Indexer,
+    DenseMlp,
+    Router,
+    RoutedExperts,
+    SharedExperts,
+    Other,
+}
 
-fn class_of(name: &str) -> usize {
-    if name.contains("embed_tokens") || name.starts_with("lm_head") {
-        0
-    } else if name.contains(".indexer.") {
-        2
-    } else if name.contains(".mlp.experts.") {
-        5
-    } else if name.contains(".mlp.shared_experts.") {
-        6
-    } else if name.contains(".mlp.gate.") {
-        4
-    } else if name.contains(".mlp.") {
-        3
-    } else if name.contains(".self_attn.") && !name.contains("layernorm") {
-        1
-    } else {
-        7
+impl TensorClass {
+    /// Every class, in display order.
+    pub const ALL: [TensorClass; 8] = [
+        TensorClass::Embeddings,
+        TensorClass::Attention,
+        TensorClass::Indexer,
+        TensorClass::DenseMlp,
+        TensorClass::Router,
+        TensorClass::RoutedExperts,
+        TensorClass::SharedExperts,
+        TensorClass::Other,
+    ];
+
+    /// How `sparsa info` names the class.
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorClass::Embeddings => "embeddings",
+            TensorClass::Attention => "attention",
+            TensorClass::Indexer => "indexer",
+            TensorClass::DenseMlp => "dense MLP",
+            TensorClass::Router => "router",
+            TensorClass::RoutedExperts => "routed experts",
+            TensorClass::SharedExperts => "shared experts",
+            TensorClass::Other => "norms/other",
+        }
+    }
+
+    /// The class of a Hugging Face tensor name.
+    pub fn of(name: &str) -> TensorClass {
+        if name.contains("embed_tokens") || name.starts_with("lm_head") {
+            TensorClass::Embeddings
+        } else if name.contains(".indexer.") {
+            TensorClass::Indexer
+        } else if name.contains(".mlp.experts.") {
+            TensorClass::RoutedExperts
+        } else if name.contains(".mlp.shared_experts.") {
+            TensorClass::SharedExperts
+        } else if name.contains(".mlp.gate.") {
+            TensorClass::Router
+        } else if name.contains(".mlp.") {
+            TensorClass::DenseMlp
+        } else if name.contains(".self_attn.") && !name.contains("layernorm") {
+            TensorClass::Attention
+        } else {
+            TensorClass::Other
+        }
     }
 }
 
@@ -45,6 +76,7 @@ pub struct ClassStats {
 }
 
 pub struct Summary {
+    /// Per class, in [`TensorClass::ALL`]'s order (see [`Summary::class`]).
     pub classes: [ClassStats; 8],
     pub params_total: u64,
     /// Parameters one token uses: routed experts count `num_experts_per_tok / n_routed_experts`.
@@ -77,7 +109,7 @@ pub fn summarize(cfg: &Config, files: &WeightFiles) -> Result<Summary> {
             continue;
         }
         let t = files.get(name)?;
-        let c = &mut classes[class_of(name)];
+        let c = &mut classes[TensorClass::of(name) as usize];
         c.file_bytes += t.bytes.len() as u64;
         let is_scale = (name.ends_with("_scale_inv") || name.ends_with("_scale"))
             && files.contains(name.trim_end_matches("_inv").trim_end_matches("_scale"));
@@ -124,7 +156,7 @@ pub fn summarize(cfg: &Config, files: &WeightFiles) -> Result<Summary> {
     }
     formats.sort();
     let total: u64 = classes.iter().map(|c| c.params).sum();
-    let routed = classes[5].params;
+    let routed = classes[TensorClass::RoutedExperts as usize].params;
     let active = total - routed
         + routed * cfg.num_experts_per_tok as u64 / cfg.n_routed_experts.max(1) as u64;
     let cache = crate::cache::Caches::bytes_per_token(cfg);
@@ -139,6 +171,10 @@ pub fn summarize(cfg: &Config, files: &WeightFiles) -> Result<Summary> {
 }
 
 impl Summary {
+    pub fn class(&self, c: TensorClass) -> ClassStats {
+        self.classes[c as usize]
+    }
+
     pub fn gpu_weight_bytes(&self) -> u64 {
         self.classes.iter().map(|c| c.gpu_bytes).sum()
     }

@@ -1,24 +1,34 @@
 //! DSA models: GLM-5 family (`glm_moe_dsa`) and DeepSeek-V3.2 (`deepseek_v32`).
 //!
-//! Both families share one forward pass (`forward.rs`); what differs is data in
+//! Both families share one forward pass (`forward.rs`: per layer `attention.rs`, then a dense
+//! MLP or the MoE of `moe.rs`); what differs is data in
 //! [`Config`]: the indexer RoPE pairing (GLM interleaved, V3.2 half-split), IndexShare
 //! (GLM-5.2: shared layers reuse the previous full layer's top-k), router groups
 //! (V3.2: n_group 8 / topk_group 4) and YaRN (V3.2's mscale in the softmax scale).
 
+mod attention;
+mod dims;
 mod forward;
 pub mod info;
 pub mod load;
+mod moe;
+mod pick;
+pub mod plan;
 pub mod rope;
+mod scratch;
+mod session;
 pub mod source;
 
-pub use forward::{Logits, Pick, Session};
+pub use pick::Pick;
+pub use plan::{plan, GpuMemory, Plan};
+pub use session::{Logits, Session};
 pub use source::ModelSource;
 
 use crate::config::Config;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::Error;
 use crate::error::Result;
-use crate::experts::{GpuMemory, Offload, Policy};
+use crate::experts::{Offload, Policy};
 use crate::gpu::Gpu;
 use crate::weights::WeightFiles;
 #[cfg(not(target_arch = "wasm32"))]
@@ -36,15 +46,30 @@ pub struct Budget {
     pub prefetch: bool,
 }
 
-pub struct Model {
+/// A model on the GPU. Cloning is cheap (the weights are shared): every [`Session`] holds a
+/// clone, so a session needs no borrow and lives as long as its owner wants (the browser
+/// keeps one between JavaScript calls).
+#[derive(Clone)]
+pub struct Model(Arc<Loaded>);
+
+/// What a [`Model`] holds (its fields are reached through the model: `model.config`).
+pub struct Loaded {
     pub config: Config,
     pub gpu: Arc<Gpu>,
     pub weights: load::Weights,
-    /// The routed-expert cache when loaded under a `--gpu-memory` budget that streams
-    /// experts.
+    /// Where the GPU memory went, when loaded under a `--gpu-memory` budget.
+    pub plan: Option<Plan>,
+    /// The routed-expert cache when that budget streams experts.
     pub offload: Option<Offload>,
     /// How logs and errors name the model (its directory, or the built-in model's name).
     pub label: String,
+}
+
+impl std::ops::Deref for Model {
+    type Target = Loaded;
+    fn deref(&self) -> &Loaded {
+        &self.0
+    }
 }
 
 impl Model {
@@ -68,7 +93,27 @@ impl Model {
         gpu: Arc<Gpu>,
         progress: load::Progress,
     ) -> Result<Model> {
-        Self::from_source_with(src, gpu, progress, None)
+        Self::from_source_within(src, gpu, progress, None)
+    }
+
+    /// [`Model::from_source`] within a GPU memory budget: the routed experts that do not fit
+    /// stay in the files and stream through a cache (see [`crate::experts`]). `None` loads
+    /// everything.
+    pub fn from_source_within(
+        src: &ModelSource,
+        gpu: Arc<Gpu>,
+        progress: load::Progress,
+        budget: Option<&Budget>,
+    ) -> Result<Model> {
+        let label = src.label.clone();
+        Self::from_parts_within(
+            src.config.clone(),
+            &src.weights,
+            gpu,
+            label,
+            progress,
+            budget,
+        )
     }
 
     pub fn from_parts(
@@ -78,28 +123,10 @@ impl Model {
         label: String,
         progress: load::Progress,
     ) -> Result<Model> {
-        Self::from_parts_with(config, files, gpu, label, progress, None)
+        Self::from_parts_within(config, files, gpu, label, progress, None)
     }
 
-    /// [`Model::from_source`] within a GPU memory budget: the routed experts that do not fit
-    /// stay in the files and stream through a cache (see [`crate::experts`]).
-    pub fn from_source_with(
-        src: &ModelSource,
-        gpu: Arc<Gpu>,
-        progress: load::Progress,
-        budget: Option<&Budget>,
-    ) -> Result<Model> {
-        Self::from_parts_with(
-            src.config.clone(),
-            &src.weights,
-            gpu,
-            src.label.clone(),
-            progress,
-            budget,
-        )
-    }
-
-    fn from_parts_with(
+    fn from_parts_within(
         config: Config,
         files: &WeightFiles,
         gpu: Arc<Gpu>,
@@ -111,36 +138,35 @@ impl Model {
             Some(b) => {
                 let bytes = b.memory.bytes(gpu.memory_size())?;
                 let scratch = Session::scratch_bytes(&config, b.ctx, gpu.max_binding());
-                let p = crate::experts::plan(&config, files, bytes, b.ctx, scratch)?;
+                let p = plan::plan(&config, files, bytes, b.ctx, scratch)?;
                 log::info!("{}", p.describe());
                 Some(p)
             }
             None => None,
         };
-        let slots = plan
-            .as_ref()
-            .filter(|p| p.offloads())
-            .map(|p| p.slots.clone());
-        let weights = load::load(&gpu, &config, files, progress, slots.as_deref())?;
+        let streamed = plan.as_ref().map(|p| &p.slots).filter(|s| s.offloads());
+        let slots = streamed.map(|s| s.per_layer.as_slice());
+        let weights = load::load(&gpu, &config, files, progress, slots)?;
         gpu.sync()?;
         files.check_unchanged()?;
-        let offload = match (plan, budget) {
-            (Some(p), Some(b)) if p.offloads() => {
-                Some(Offload::new(p, b.policy, b.prefetch, files.clone()))
+        let offload = match (streamed, budget) {
+            (Some(s), Some(b)) => {
+                Some(Offload::new(s.clone(), b.policy, b.prefetch, files.clone()))
             }
             _ => None,
         };
-        Ok(Model {
+        Ok(Model(Arc::new(Loaded {
             config,
             gpu,
             weights,
+            plan,
             offload,
             label,
-        })
+        })))
     }
 
     /// Start a conversation with caches for `max_ctx` tokens.
-    pub fn session(&self, max_ctx: usize) -> Result<Session<'_>> {
+    pub fn session(&self, max_ctx: usize) -> Result<Session> {
         Session::new(self, max_ctx)
     }
 }

@@ -13,7 +13,7 @@ use sparsa::chat::{
     reply_reserve, Chat, ChatEvent, ChatFormat, ChatTemplate, Part, Prepared, ReplyEnd,
     ReplyOptions,
 };
-use sparsa::generate::{generate_with_async, Event, Sampler, SamplingParams, Stop};
+use sparsa::generate::{generate_events_async, Event, Sampler, SamplingParams, Stop};
 use sparsa::gpu::{Gpu, LimitsRequest};
 use sparsa::model::{Model, ModelSource, Session};
 use sparsa::tokenizer::{TextStream, Tokenizer};
@@ -87,14 +87,13 @@ pub async fn open(default_limits: bool) -> Result<Engine, JsError> {
     })
 }
 
-/// What a loaded model needs between calls. The model is leaked to give the sessions a
-/// `'static` borrow; [`Engine::destroy`] frees its GPU memory.
+/// What a loaded model needs between calls ([`Engine::destroy`] frees its GPU memory).
 struct Loaded {
-    model: &'static Model,
+    model: Model,
     tokenizer: Rc<Tokenizer>,
     chat: Chat,
     /// The chat's session (its caches hold the conversation), created on the first message.
-    session: Option<Session<'static>>,
+    session: Option<Session>,
     /// Positions the chat session holds.
     chat_ctx: usize,
     busy: bool,
@@ -206,7 +205,6 @@ impl Engine {
         })
         .to_string();
         drop(src);
-        let model: &'static Model = Box::leak(Box::new(model));
         *self.state.borrow_mut() = Some(Loaded {
             model,
             tokenizer: Rc::new(tokenizer),
@@ -241,7 +239,7 @@ impl Engine {
         wasm_bindgen_futures::future_to_promise(async move {
             let opts = Options::from_js(&options)?;
             let (model, tokenizer) = claim(&state)?;
-            let r = complete(model, &tokenizer, &prompt, &opts, &on_event).await;
+            let r = complete(&model, &tokenizer, &prompt, &opts, &on_event).await;
             release(&state);
             r.map(JsValue::from).map_err(JsValue::from)
         })
@@ -269,7 +267,7 @@ impl Engine {
                 }
                 l.busy = true;
                 ChatTurn {
-                    model: l.model,
+                    model: l.model.clone(),
                     tokenizer: l.tokenizer.clone(),
                     chat: l.chat.clone(),
                     session: l.session.take(),
@@ -381,14 +379,14 @@ fn emit(f: &js_sys::Function, kind: &str, a: JsValue, b: JsValue) -> bool {
 
 /// Marks the model busy for one request and hands out what the request needs (the
 /// future cannot hold a `RefCell` borrow across its awaits).
-fn claim(state: &Rc<RefCell<Option<Loaded>>>) -> Result<(&'static Model, Rc<Tokenizer>), JsValue> {
+fn claim(state: &Rc<RefCell<Option<Loaded>>>) -> Result<(Model, Rc<Tokenizer>), JsValue> {
     let mut st = state.borrow_mut();
     let l = st.as_mut().ok_or_else(|| js_err("no model loaded"))?;
     if l.busy {
         return Err(js_err("the model is busy with another request").into());
     }
     l.busy = true;
-    Ok((l.model, l.tokenizer.clone()))
+    Ok((l.model.clone(), l.tokenizer.clone()))
 }
 
 fn release(state: &Rc<RefCell<Option<Loaded>>>) {
@@ -407,7 +405,7 @@ fn stop_name(s: Stop) -> &'static str {
 }
 
 async fn complete(
-    model: &'static Model,
+    model: &Model,
     tok: &Tokenizer,
     prompt: &str,
     opts: &Options,
@@ -431,7 +429,7 @@ async fn complete(
     let mut sampler = Sampler::new(opts.params.clone());
     let mut stream = TextStream::new(tok);
     let mut err = None;
-    let (out, stop) = generate_with_async(
+    let (out, stop) = generate_events_async(
         &mut session,
         &[],
         &ids,
@@ -477,10 +475,10 @@ async fn complete(
 }
 
 struct ChatTurn {
-    model: &'static Model,
+    model: Model,
     tokenizer: Rc<Tokenizer>,
     chat: Chat,
-    session: Option<Session<'static>>,
+    session: Option<Session>,
     ctx: usize,
 }
 

@@ -1,9 +1,10 @@
 //! `--gpu-memory`: what goes on the GPU, in order, and how many routed-expert slots the rest
-//! of the budget buys.
+//! of the budget buys (the [`Slots`] that [`crate::experts`]' cache then serves).
 
+use super::info::{self, TensorClass};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::model::info;
+use crate::experts::Slots;
 use crate::weights::WeightFiles;
 
 /// A GPU memory budget as the user gave it.
@@ -88,31 +89,14 @@ pub struct Plan {
     pub budget: u64,
     /// What is placed before the routed experts, in order: (what, bytes).
     pub parts: Vec<(&'static str, u64)>,
-    /// GPU bytes of one routed expert (gate, up and down with their scales).
-    pub expert_bytes: u64,
-    /// Routed-expert slots per layer (0 on dense layers; `n_routed_experts` where the whole
-    /// layer fits).
-    pub slots: Vec<usize>,
-    pub n_experts: usize,
+    /// The routed-expert slots the rest of the budget buys.
+    pub slots: Slots,
 }
 
 impl Plan {
     /// Bytes placed before the routed experts.
     pub fn fixed(&self) -> u64 {
         self.parts.iter().map(|p| p.1).sum()
-    }
-
-    /// Whether some layer streams its experts.
-    pub fn offloads(&self) -> bool {
-        self.slots.iter().any(|&s| s > 0 && s < self.n_experts)
-    }
-
-    pub fn resident_experts(&self) -> usize {
-        self.slots.iter().sum()
-    }
-
-    pub fn moe_layers(&self) -> usize {
-        self.slots.iter().filter(|&&s| s > 0).count()
     }
 
     /// One paragraph for logs and `bench`.
@@ -122,18 +106,19 @@ impl Plan {
             .iter()
             .map(|(n, b)| format!("{n} {}", gib(*b)))
             .collect();
-        let total = self.moe_layers() * self.n_experts;
+        let sl = &self.slots;
+        let total = sl.moe_layers() * sl.n_experts;
         format!(
             "GPU memory plan for {}: {}; routed experts {} of {} ({:.1} %) in {} slots of {} (exact: fixed {} B, expert {} B)",
             gib(self.budget),
             parts.join(", "),
-            self.resident_experts(),
+            sl.resident_experts(),
             total,
-            100.0 * self.resident_experts() as f64 / total.max(1) as f64,
-            self.resident_experts(),
-            gib(self.expert_bytes),
+            100.0 * sl.resident_experts() as f64 / total.max(1) as f64,
+            sl.resident_experts(),
+            gib(sl.expert_bytes),
             self.fixed(),
-            self.expert_bytes
+            sl.expert_bytes
         )
     }
 }
@@ -148,22 +133,17 @@ pub fn plan(
     ctx: usize,
     scratch: u64,
 ) -> Result<Plan> {
+    use TensorClass as T;
     let s = info::summarize(cfg, files)?;
-    let c = |name: &str| {
-        let i = info::CLASSES
-            .iter()
-            .position(|c| *c == name)
-            .expect("a class of info::CLASSES");
-        s.classes[i].gpu_bytes
-    };
+    let c = |class| s.class(class).gpu_bytes;
     let parts = vec![
-        ("embeddings/lm_head", c("embeddings")),
-        ("attention + indexer", c("attention") + c("indexer")),
+        ("embeddings/lm_head", c(T::Embeddings)),
+        ("attention + indexer", c(T::Attention) + c(T::Indexer)),
         (
             "dense MLPs, routers, norms",
-            c("dense MLP") + c("router") + c("norms/other"),
+            c(T::DenseMlp) + c(T::Router) + c(T::Other),
         ),
-        ("shared experts", c("shared experts")),
+        ("shared experts", c(T::SharedExperts)),
         (
             "KV + indexer caches",
             s.cache_bytes_per_token.saturating_mul(ctx as u64),
@@ -175,14 +155,16 @@ pub fn plan(
         .collect();
     let n_moe = moe.iter().filter(|&&m| m).count();
     let e = cfg.n_routed_experts;
-    let routed = c("routed experts");
+    let routed = c(T::RoutedExperts);
     let expert_bytes = routed / (n_moe * e).max(1) as u64;
     let mut p = Plan {
         budget,
         parts,
-        expert_bytes,
-        slots: vec![0; cfg.num_hidden_layers],
-        n_experts: e,
+        slots: Slots {
+            per_layer: vec![0; cfg.num_hidden_layers],
+            n_experts: e,
+            expert_bytes,
+        },
     };
     if n_moe == 0 || e == 0 {
         return Ok(p);
@@ -210,7 +192,7 @@ pub fn plan(
     let mut extra = if per < e { fit - per * n_moe } else { 0 };
     for (i, &m) in moe.iter().enumerate() {
         if m {
-            p.slots[i] = per + usize::from(extra > 0);
+            p.slots.per_layer[i] = per + usize::from(extra > 0);
             extra = extra.saturating_sub(1);
         }
     }
@@ -255,17 +237,19 @@ mod tests {
         .unwrap();
         let cfg = &src.config;
         let p = plan(cfg, &src.weights, 1 << 40, 256, 1 << 20).unwrap();
-        assert!(!p.offloads());
-        assert_eq!(p.slots[0], 0, "layer 0 is dense");
-        assert!(p.slots[1..].iter().all(|&s| s == cfg.n_routed_experts));
+        assert!(!p.slots.offloads());
+        assert_eq!(p.slots.per_layer[0], 0, "layer 0 is dense");
+        assert!(p.slots.per_layer[1..]
+            .iter()
+            .all(|&s| s == cfg.n_routed_experts));
         // Room for the fixed part and 1.5 experts per MoE layer: one slot each, the spare
         // half-layers' worth going to the first layers.
-        let n_moe = p.moe_layers() as u64;
-        let budget = p.fixed() + n_moe * p.expert_bytes * 3 / 2;
+        let n_moe = p.slots.moe_layers() as u64;
+        let budget = p.fixed() + n_moe * p.slots.expert_bytes * 3 / 2;
         let q = plan(cfg, &src.weights, budget, 256, 1 << 20).unwrap();
-        assert!(q.offloads());
-        assert_eq!(q.resident_experts() as u64, n_moe * 3 / 2);
-        assert!(q.slots[1..].iter().all(|&s| s == 1 || s == 2));
+        assert!(q.slots.offloads());
+        assert_eq!(q.slots.resident_experts() as u64, n_moe * 3 / 2);
+        assert!(q.slots.per_layer[1..].iter().all(|&s| s == 1 || s == 2));
         assert!(q.describe().contains("routed experts"));
         let e = plan(cfg, &src.weights, p.fixed(), 256, 1 << 20).unwrap_err();
         assert!(

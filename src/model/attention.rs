@@ -1,0 +1,139 @@
+//! One layer's attention: `h += o_proj(SparseMLA(RMSNorm(h)))`.
+//!
+//! MLA with q/kv LoRA: the queries go through `q_a` → RMSNorm → `q_b`, RoPE on each head's
+//! last `qk_rope_head_dim` dims; the key/value side is one latent row per token,
+//! `[RMSNorm(c_kv) | RoPE(k_pe)]`, written into the layer's cache. The positions each query
+//! attends are picked by the lightning indexer on full layers, or reused from the last full
+//! layer on IndexShare layers ([`Session::select`]); attention runs in absorbed form over
+//! those latent rows only.
+
+use super::load::{Indexer, Layer};
+use super::session::Session;
+use crate::gpu::Recorder;
+use crate::kernels::attention::{MlaDims, MlaQueries};
+use crate::kernels::topk::Selection;
+use crate::kernels::{attention, elementwise, indexer, matmul, norm, rope, topk, Causal, View};
+
+/// eps of `q_a_layernorm` / `kv_a_layernorm` (transformers builds them with the default 1e-6,
+/// not `rms_norm_eps`) and of the indexer's `k_norm` LayerNorm.
+const LATENT_NORM_EPS: f32 = 1e-6;
+const K_NORM_EPS: f32 = 1e-6;
+
+impl Session {
+    /// `h += o_proj(SparseMLA(RMSNorm(h)))` for layer `i` over the chunk's `t` rows at
+    /// positions `pos0 ..`.
+    pub(super) fn attention(&self, rec: &mut Recorder, i: usize, layer: &Layer, t: u32, pos0: u32) {
+        let cfg = &self.model.config;
+        let (s, d) = (&self.s, &self.dims);
+        let hd = cfg.hidden_size as u32;
+        let ql = cfg.q_lora_rank as u32;
+        let MlaDims {
+            heads,
+            dn,
+            dr,
+            dv,
+            kv_lora: kl,
+            ..
+        } = d.mla;
+        let row = kl + dr;
+        let latent = View::new(&self.caches.latent[i], pos0 * row, row);
+        let (h, x) = (View::rows(&s.h, hd), View::rows(&s.x, hd));
+        norm::rms_norm(rec, h, &layer.input_norm, x, t, hd, cfg.rms_norm_eps);
+
+        // Queries: q_resid = RMSNorm(x·W_qa), q = q_resid·W_qb, RoPE on the last dr dims per head.
+        let (qa_raw, qa) = (View::rows(&s.qa_raw, ql), View::rows(&s.qa, ql));
+        let q = View::rows(&s.q, heads * (dn + dr));
+        matmul::matmul(rec, x, &layer.q_a, qa_raw, t);
+        norm::rms_norm(rec, qa_raw, &layer.q_a_norm, qa, t, ql, LATENT_NORM_EPS);
+        matmul::matmul(rec, qa, &layer.q_b, q, t);
+        rope::rope(rec, None, q, t, &d.rope_q, &s.cos_sin);
+        // Latent cache rows: [RMSNorm(c_kv) | RoPE(k_pe)].
+        let kva = View::rows(&s.kva, row);
+        matmul::matmul(rec, x, &layer.kv_a, kva, t);
+        norm::rms_norm(rec, kva, &layer.kv_a_norm, latent, t, kl, LATENT_NORM_EPS);
+        rope::rope(
+            rec,
+            Some(kva.col(kl)),
+            latent.col(kl),
+            t,
+            &d.rope_k_pe,
+            &s.cos_sin,
+        );
+
+        // Which positions each row attends: this layer's indexer on a full layer; on an
+        // IndexShare layer s.sel_idx / s.sel_cnt keep the last full layer's selection.
+        let sel = Selection {
+            idx: &s.sel_idx,
+            cnt: &s.sel_cnt,
+            k: self.topk as u32,
+        };
+        if let Some(ix) = &layer.indexer {
+            self.select(rec, i, ix, t, pos0, &sel);
+        }
+
+        // Absorbed sparse MLA over the selected latent rows.
+        let q_abs = View::rows(&s.q_abs, heads * kl);
+        let o_lat = View::rows(&s.o_lat, heads * kl);
+        let attn = View::rows(&s.attn, heads * dv);
+        let out = View::rows(&s.tmp_h, hd);
+        attention::absorb_q(rec, q, &layer.kv_b, q_abs, t, &d.mla);
+        let queries = MlaQueries {
+            absorbed: q_abs,
+            q,
+            rows: t,
+        };
+        let cache = View::rows(&self.caches.latent[i], row);
+        let most = sel.k.min(pos0 + t);
+        attention::sparse_mla(rec, &queries, cache, &sel, most, o_lat, &d.mla);
+        attention::up_v(rec, o_lat, &layer.kv_b, attn, t, &d.mla);
+        matmul::matmul(rec, attn, &layer.o, out, t);
+        elementwise::add(rec, out, h, t, hd);
+    }
+
+    /// The lightning indexer of full layer `i`: writes the chunk's key rows into the layer's
+    /// key cache, scores every cached position for each row and keeps the top-k in `sel`
+    /// (every position, while there are no more than k).
+    fn select(
+        &self,
+        rec: &mut Recorder,
+        i: usize,
+        ix: &Indexer,
+        t: u32,
+        pos0: u32,
+        sel: &Selection,
+    ) {
+        let cfg = &self.model.config;
+        let (s, d) = (&self.s, &self.dims);
+        let hd = cfg.hidden_size as u32;
+        let ql = cfg.q_lora_rank as u32;
+        let (ih, id) = (d.indexer.heads, d.indexer.dim);
+        let (x, qa) = (View::rows(&s.x, hd), View::rows(&s.qa, ql));
+        let (iq, ik) = (View::rows(&s.iq, ih * id), View::rows(&s.ik, id));
+        let keys = self.caches.keys[i]
+            .as_ref()
+            .expect("full layer has a key cache");
+        let key_rows = View::new(keys, pos0 * id, id);
+        matmul::matmul(rec, qa, &ix.wq_b, iq, t);
+        rope::rope(rec, None, iq, t, &d.rope_index_q, &s.cos_sin);
+        matmul::matmul(rec, x, &ix.wk, ik, t);
+        let k_norm = (&ix.k_norm_w, &ix.k_norm_b);
+        norm::layer_norm(rec, ik, k_norm, key_rows, t, id, K_NORM_EPS);
+        rope::rope(rec, None, key_rows, t, &d.rope_index_k, &s.cos_sin);
+        let n_keys = pos0 + t;
+        if n_keys <= sel.k {
+            topk::select_all(rec, t, pos0, sel);
+        } else {
+            let iw = View::rows(&s.iw, ih);
+            matmul::matmul(rec, x, &ix.weights_proj, iw, t);
+            let scores = View::rows(&s.scores, n_keys);
+            let chunk = Causal {
+                rows: t,
+                n_keys,
+                pos0,
+            };
+            let all_keys = View::rows(keys, id);
+            indexer::indexer_scores(rec, iq, iw, all_keys, scores, chunk, &d.indexer);
+            topk::topk(rec, scores, chunk, sel, &s.topk);
+        }
+    }
+}

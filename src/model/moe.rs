@@ -1,0 +1,146 @@
+//! One layer's mixture of experts: `h += Σ_k w_k · expert_k(x) + shared(x)`.
+//!
+//! The router scores the experts of each row and picks k of them on the GPU (sigmoid
+//! scores plus the correction bias, router groups where the config has them). The routed
+//! experts then run as two expert matmuls around a SwiGLU, reading each row's expert ids
+//! from the router's output; the shared expert is a dense SwiGLU; `moe_combine` adds the
+//! weighted expert outputs to `h`.
+//!
+//! Where the layer's experts do not all fit the GPU (`--gpu-memory`), the host must know
+//! which experts the router picked before it can upload them: [`Session::stream_experts`]
+//! submits the work recorded so far, waits for the routing, uploads the missing experts into
+//! the layer's slots and runs the same expert matmuls on a slot table instead of the ids
+//! (see [`crate::experts`]).
+
+use super::load::Moe;
+use super::session::Session;
+use crate::error::Result;
+use crate::experts::{ExpertSource, Offload};
+use crate::gpu::Recorder;
+use crate::kernels::matmul::Routed;
+use crate::kernels::{elementwise, matmul, router, View};
+
+impl Session {
+    /// `h += Σ_k w_k · expert_k(x) + shared(x)` for MoE layer `i` (`x` already normalized).
+    pub(super) fn moe(&self, rec: &mut Recorder, i: usize, m: &Moe, t: u32) -> Result<()> {
+        let cfg = &self.model.config;
+        let s = &self.s;
+        let hd = cfg.hidden_size as u32;
+        let k = cfg.num_experts_per_tok as u32;
+        self.route(rec, m, t, &s.router_idx, &s.router_weights);
+        match (&m.source, &self.model.offload) {
+            (Some(src), Some(off)) => self.stream_experts(rec, off, i, src, m, t)?,
+            _ => self.experts(rec, m, &s.router_idx, cfg.n_routed_experts as u32, t),
+        }
+        if let Some(sh) = &m.shared {
+            self.swiglu(rec, sh, t);
+        }
+        let out = View::rows(&s.moe_out, hd);
+        let h = View::rows(&s.h, hd);
+        elementwise::moe_combine(rec, out, &s.router_weights, k, h, t, hd);
+        Ok(())
+    }
+
+    /// The router of `m` on `x`: each row's k experts into `idx` and their weights into
+    /// `weights`.
+    fn route(
+        &self,
+        rec: &mut Recorder,
+        m: &Moe,
+        t: u32,
+        idx: &wgpu::Buffer,
+        weights: &wgpu::Buffer,
+    ) {
+        let s = &self.s;
+        let r = &self.dims.routing;
+        let hd = self.model.config.hidden_size as u32;
+        let logits = View::rows(&s.router_logits, r.n_experts);
+        matmul::matmul(rec, View::rows(&s.x, hd), &m.router, logits, t);
+        router::route(rec, logits, &m.bias, t, r, idx, weights);
+    }
+
+    /// The routed experts named by `idx` (expert ids, or slots of the expert cache; `n` of
+    /// them in `m`'s matrices) on `x`, each routed pair's output into `s.moe_out`.
+    fn experts(&self, rec: &mut Recorder, m: &Moe, idx: &wgpu::Buffer, n: u32, t: u32) {
+        let cfg = &self.model.config;
+        let s = &self.s;
+        let hd = cfg.hidden_size as u32;
+        let k = cfg.num_experts_per_tok as u32;
+        let mi = cfg.moe_intermediate_size as u32;
+        let x = View::rows(&s.x, hd);
+        let gu = View::rows(&s.moe_gate_up, 2 * mi);
+        let act = View::rows(&s.moe_act, mi);
+        let out = View::rows(&s.moe_out, hd);
+        let routed = Routed {
+            ids: idx,
+            n_experts: n,
+            topk: k,
+        };
+        matmul::matmul_experts(rec, x, false, &m.gate_up, &routed, gu, t);
+        elementwise::swiglu(rec, gu, gu.col(mi), act, t * k, mi);
+        matmul::matmul_experts(rec, act, true, &m.down, &routed, out, t);
+    }
+
+    /// Layer `i`'s routed experts from the expert cache: submit, wait for the router's
+    /// choices, upload what is missing into the layer's slots and run the experts over the
+    /// slot table, in as many rounds as the cache needs (see [`crate::experts`]). With
+    /// `--expert-prefetch` at decode, the next layer's router also runs on this layer's
+    /// input, and the experts it predicts are uploaded while the GPU works on.
+    fn stream_experts(
+        &self,
+        rec: &mut Recorder,
+        off: &Offload,
+        i: usize,
+        src: &ExpertSource,
+        m: &Moe,
+        t: u32,
+    ) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let gpu = &*self.model.gpu;
+            let cfg = &self.model.config;
+            let s = &self.s;
+            let k = cfg.num_experts_per_tok;
+            let slots = (m.gate_up.rows / (2 * cfg.moe_intermediate_size)) as u32;
+            // The next layer, when it streams its experts too: prefetch.
+            let next = match self.model.weights.layers.get(i + 1).map(|l| &l.mlp) {
+                Some(super::load::Mlp::Moe(nm)) if off.prefetch && t == 1 => {
+                    nm.source.as_ref().map(|ns| (&**nm, ns))
+                }
+                _ => None,
+            };
+            if let Some((nm, _)) = next {
+                // The next layer's router on this layer's input predicts its choices.
+                self.route(rec, nm, t, &s.prefetch_idx, &s.prefetch_weights);
+            }
+            rec.flush();
+            let t0 = std::time::Instant::now();
+            let ids = gpu.read_u32(&s.router_idx, 0, t as usize * k)?;
+            // Read while the GPU is idle anyway (a read waits for everything queued).
+            let predicted = match next {
+                Some(_) => Some(gpu.read_u32(&s.prefetch_idx, 0, t as usize * k)?),
+                None => None,
+            };
+            let first = off.first_layer() == Some(i);
+            off.count_sync(t as usize, t0.elapsed().as_secs_f64(), first);
+            off.serve(gpu, i, src, ids, t as usize, &m.gate_up, &m.down, |table| {
+                gpu.write(&s.expert_slots, 0, bytemuck::cast_slice(table));
+                self.experts(rec, m, &s.expert_slots, slots, t);
+                rec.flush();
+                Ok(())
+            })?;
+            // Staged while the GPU runs this layer's experts and the next layer's attention.
+            if let (Some((nm, ns)), Some(p)) = (next, predicted) {
+                off.prefetch(gpu, i + 1, ns, p, &nm.gate_up, &nm.down)?;
+            }
+            Ok(())
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (rec, off, i, src, m, t);
+            Err(crate::error::Error::msg(
+                "expert offloading needs to wait for the GPU mid-step, which the browser cannot",
+            ))
+        }
+    }
+}

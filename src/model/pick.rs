@@ -1,0 +1,91 @@
+//! Picking the next token on the GPU, from the logits row the head left there: greedy, greedy
+//! with the repetition penalty, or top-k / top-p sampling with the host sampler's own draw
+//! (`crate::kernels::sample`). The token goes where the next step's embedding reads it, so
+//! a decode step can be queued before the previous one's token is read back.
+
+use super::session::Session;
+use crate::error::Result;
+use crate::gpu::Recorder;
+use crate::kernels::sample::{self, TokenSlot, Window};
+use crate::kernels::View;
+use crate::sampling::Sampler;
+
+/// How a step picks its token on the GPU (see [`Session::forward_pick`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Pick<'a> {
+    /// The argmax of the logits.
+    Argmax,
+    /// The argmax after the repetition penalty on the tokens of `window`, and on the token
+    /// the previous step picked when `prev` (each token once).
+    PenalizedArgmax {
+        penalty: f32,
+        window: &'a [u32],
+        prev: bool,
+    },
+    /// Top-k / top-p sampling with the draw `s.r`, after the penalty as above.
+    Sample {
+        s: sample::Sampling,
+        window: &'a [u32],
+        prev: bool,
+    },
+}
+
+impl Sampler {
+    /// Whether the GPU can pick the tokens by these rules (greedy, or a top-k of at most
+    /// [`sample::MAX_TOP_K`]; any top-p and repetition penalty): then generation runs a step
+    /// ahead of the host. Sampling from the whole vocabulary (top-k 0) stays on the host.
+    pub fn gpu_can_pick(&self) -> bool {
+        let p = &self.params;
+        p.is_greedy() || (1..=sample::MAX_TOP_K as usize).contains(&p.top_k)
+    }
+}
+
+impl Session {
+    /// Records `pick` over the logits row `last`; the token goes to `ids[0]`.
+    pub(super) fn record_pick(&self, rec: &mut Recorder, last: View, pick: &Pick) -> Result<()> {
+        let s = &self.s;
+        let gpu = &*self.model.gpu;
+        let vocab = self.model.config.vocab_size as u32;
+        let out = TokenSlot {
+            ids: &s.ids,
+            index: 0,
+        };
+        // The penalty window, written ahead of the submission (queue order keeps the
+        // previous step's reads of it first).
+        let window = |w: &[u32]| -> Result<wgpu::Buffer> {
+            let buf = gpu.scratch("sample window", 4 * w.len().max(1) as u64)?;
+            gpu.write(&buf, 0, bytemuck::cast_slice(w));
+            Ok(buf)
+        };
+        match *pick {
+            Pick::Argmax => sample::argmax(rec, last, vocab, out, &s.sample),
+            Pick::PenalizedArgmax {
+                penalty,
+                window: w,
+                prev,
+            } => {
+                let buf = window(w)?;
+                let win = Window {
+                    buf: &buf,
+                    len: w.len() as u32,
+                    prev,
+                };
+                sample::argmax_penalized(rec, last, vocab, penalty, &win, out, &s.sample);
+            }
+            Pick::Sample {
+                s: smp,
+                window: w,
+                prev,
+            } => {
+                let buf = window(w)?;
+                let win = Window {
+                    buf: &buf,
+                    len: w.len() as u32,
+                    prev,
+                };
+                sample::sample(rec, last, vocab, &smp, &win, out, &s.sample);
+            }
+        }
+        Ok(())
+    }
+}

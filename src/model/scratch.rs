@@ -1,0 +1,164 @@
+//! A session's GPU working memory, declared once.
+//!
+//! [`Scratch`] lists every buffer a forward chunk works in, each with its size for chunks of
+//! `c` rows. The one list gives the struct's fields, their allocation ([`Scratch::new`]) and
+//! the byte total the `--gpu-memory` planner reserves ([`Scratch::bytes`]), so the three
+//! cannot disagree. Activations are f32 (`ids` holds u32 token ids in f32-sized words).
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::gpu::Gpu;
+use crate::kernels::sample::SampleScratch;
+use crate::kernels::topk::TopkScratch;
+
+/// What the scratch sizes depend on.
+pub(super) struct Shape<'a> {
+    pub cfg: &'a Config,
+    /// Rows per chunk ([`Shape::chunk_rows`]).
+    pub c: usize,
+    /// Positions a query can score: the context.
+    pub ctx: usize,
+    /// Positions a query attends: `min(index_topk, ctx)`, or `ctx` when dense.
+    pub sel: usize,
+}
+
+impl<'a> Shape<'a> {
+    pub fn new(cfg: &'a Config, ctx: usize, dense: bool, max_binding: u64) -> Shape<'a> {
+        Shape {
+            cfg,
+            c: Self::chunk_rows(cfg, ctx, max_binding),
+            ctx,
+            sel: if dense { ctx } else { cfg.index_topk.min(ctx) },
+        }
+    }
+
+    /// Rows per prefill chunk: the widest per-row scratch (scores are `[chunk, ctx]`, logits
+    /// `[chunk, vocab]`, the absorbed queries `[chunk, heads * kv_lora]`, …) fits one binding.
+    fn chunk_rows(cfg: &Config, ctx: usize, max_binding: u64) -> usize {
+        let lim = max_binding as usize / 4;
+        let widest = [
+            ctx,
+            cfg.vocab_size,
+            cfg.num_attention_heads * cfg.kv_lora_rank,
+            cfg.num_experts_per_tok * 2 * cfg.moe_intermediate_size.max(1),
+            cfg.num_experts_per_tok * cfg.hidden_size,
+            2 * cfg.intermediate_size,
+        ]
+        .into_iter()
+        .fold(1, usize::max);
+        (lim / widest).clamp(1, 128)
+    }
+
+    /// Columns of the dense MLP buffers: the dense layers' or the shared experts' width.
+    fn mlp_inter(&self) -> usize {
+        let cfg = self.cfg;
+        cfg.intermediate_size
+            .max(cfg.moe_intermediate_size * cfg.n_shared_experts)
+    }
+}
+
+/// Declares the scratch struct from one list: f32 buffers by element count, then other
+/// parts by constructor and byte count.
+macro_rules! scratch {
+    (
+        $(#[$sm:meta])*
+        struct $name:ident for $z:ident, $gpu:ident;
+        f32 { $( $(#[$fm:meta])* $f:ident: $len:expr, )* }
+        other { $( $(#[$om:meta])* $o:ident: $ot:ty = $new:expr, bytes $bytes:expr; )* }
+    ) => {
+        $(#[$sm])*
+        pub(super) struct $name {
+            $( $(#[$fm])* pub $f: wgpu::Buffer, )*
+            $( $(#[$om])* pub $o: $ot, )*
+        }
+
+        impl $name {
+            pub fn new($gpu: &Gpu, $z: &Shape) -> Result<$name> {
+                Ok($name {
+                    $( $f: $gpu.buffer(4 * ($len) as u64, stringify!($f))?, )*
+                    $( $o: $new, )*
+                })
+            }
+
+            /// GPU bytes [`Self::new`] allocates (a buffer takes at least 4 bytes).
+            pub fn bytes($z: &Shape) -> u64 {
+                0 $( + 4 * (($len) as u64).max(1) )* $( + $bytes )*
+            }
+        }
+    };
+}
+
+scratch! {
+    /// Everything one forward chunk of up to `z.c` rows works in.
+    struct Scratch for z, gpu;
+    f32 {
+        /// Token ids of the chunk (u32); a token picked on the GPU lands in `ids[0]`.
+        ids: z.c,
+        /// RoPE's cos/sin for the chunk's positions.
+        cos_sin: z.c * z.cfg.qk_rope_head_dim,
+        /// The residual stream.
+        h: z.c * z.cfg.hidden_size,
+        /// The normalized input of the current block.
+        x: z.c * z.cfg.hidden_size,
+        /// A block's output before it is added to `h`.
+        tmp_h: z.c * z.cfg.hidden_size,
+        qa_raw: z.c * z.cfg.q_lora_rank,
+        qa: z.c * z.cfg.q_lora_rank,
+        q: z.c * z.cfg.num_attention_heads * z.cfg.qk_head_dim(),
+        kva: z.c * (z.cfg.kv_lora_rank + z.cfg.qk_rope_head_dim),
+        q_abs: z.c * z.cfg.num_attention_heads * z.cfg.kv_lora_rank,
+        o_lat: z.c * z.cfg.num_attention_heads * z.cfg.kv_lora_rank,
+        attn: z.c * z.cfg.num_attention_heads * z.cfg.v_head_dim,
+        /// Indexer queries, key and head weights.
+        iq: z.c * z.cfg.index_n_heads * z.cfg.index_head_dim,
+        ik: z.c * z.cfg.index_head_dim,
+        iw: z.c * z.cfg.index_n_heads,
+        /// Indexer scores, `[c, ctx]`.
+        scores: z.c * z.ctx,
+        /// The selected positions per query row (u32) and their count.
+        sel_idx: z.c * z.sel,
+        sel_cnt: z.c,
+        router_logits: z.c * z.cfg.n_routed_experts.max(1),
+        /// The routed experts of each row (u32) and their weights.
+        router_idx: z.c * z.cfg.num_experts_per_tok,
+        router_weights: z.c * z.cfg.num_experts_per_tok,
+        /// The expert slot of each routed pair, for layers that stream their experts
+        /// (natively; the browser never streams).
+        #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+        expert_slots: z.c * z.cfg.num_experts_per_tok,
+        /// The next layer's predicted experts and their weights (prefetch).
+        #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+        prefetch_idx: z.c * z.cfg.num_experts_per_tok,
+        #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+        prefetch_weights: z.c * z.cfg.num_experts_per_tok,
+        moe_gate_up: z.c * z.cfg.num_experts_per_tok * 2 * z.cfg.moe_intermediate_size.max(1),
+        moe_act: z.c * z.cfg.num_experts_per_tok * z.cfg.moe_intermediate_size.max(1),
+        /// Each routed pair's expert output, before the weighted sum.
+        moe_out: z.c * z.cfg.num_experts_per_tok * z.cfg.hidden_size,
+        mlp_gate_up: z.c * 2 * z.mlp_inter(),
+        mlp_act: z.c * z.mlp_inter(),
+        logits: z.c * z.cfg.vocab_size,
+    }
+    other {
+        /// The indexer's top-k over `[c, ctx]` scores.
+        topk: TopkScratch = TopkScratch::new(gpu, z.c as u32)?,
+            bytes TopkScratch::bytes_for(z.c as u32);
+        /// GPU picking: the penalized logits row, its candidates, the argmax partials.
+        sample: SampleScratch = SampleScratch::new(gpu, z.cfg.vocab_size as u32)?,
+            bytes SampleScratch::bytes_for(z.cfg.vocab_size as u32);
+        /// Where steps that pick their token on the GPU leave it for the host (two, so one
+        /// can be read while the next step writes the other).
+        picked: [wgpu::Buffer; 2] = [0, 1].map(|_| picked_slot(gpu)),
+            bytes 2 * 4;
+    }
+}
+
+/// A mappable 4-byte slot for one picked token.
+fn picked_slot(gpu: &Gpu) -> wgpu::Buffer {
+    gpu.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("picked token"),
+        size: 4,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    })
+}

@@ -1,0 +1,265 @@
+//! A conversation on the GPU: its caches, scratch and position, and the entry points that
+//! run tokens through the model (`forward.rs` holds the pass itself).
+//!
+//! - [`Session::forward`] / [`Session::forward_async`]: tokens in, logits back (prefill in
+//!   chunks; the logits of every token or of the last one).
+//! - [`Session::forward_pick`] / [`Session::step_pick`] / [`Session::picked_token`]: the
+//!   token is picked on the GPU (`pick.rs`) and becomes the next step's input there, so a
+//!   decode step can be queued before the previous one's token is read.
+
+use super::dims::Dims;
+use super::pick::Pick;
+use super::rope::RopeTable;
+use super::scratch::{Scratch, Shape};
+use super::Model;
+use crate::cache::Caches;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::kernels::{elementwise, View};
+
+/// Logits of the rows asked for, row-major `[rows, vocab]`.
+pub struct Logits {
+    pub rows: usize,
+    pub vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.vocab..(r + 1) * self.vocab]
+    }
+    pub fn last(&self) -> &[f32] {
+        self.row(self.rows - 1)
+    }
+}
+
+/// The tokens a chunk runs: from the host, or the one token the previous pick left in
+/// `ids` on the GPU.
+#[derive(Clone, Copy)]
+pub(super) enum Input<'a> {
+    Host(&'a [u32]),
+    Previous,
+}
+
+/// One conversation: its caches, scratch and position.
+pub struct Session {
+    pub model: Model,
+    pub caches: Caches,
+    /// Tokens already in the caches.
+    pub pos: usize,
+    /// Rows per prefill chunk.
+    pub chunk: usize,
+    /// Positions attended per query: `min(index_topk, max_ctx)`, or `max_ctx` when dense.
+    pub(super) topk: usize,
+    /// Attention over every cached position (no indexer): the baseline DSA is measured
+    /// against.
+    pub(super) dense: bool,
+    pub(super) rope: RopeTable,
+    pub(super) dims: Dims,
+    pub(super) s: Scratch,
+    /// The submission that writes each pick slot's token, until it is read.
+    pub(super) pending: [Option<wgpu::SubmissionIndex>; 2],
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // The cached bind groups hold this session's caches and scratch.
+        self.model.gpu.clear_bind_groups();
+    }
+}
+
+impl Session {
+    pub fn new(model: &Model, max_ctx: usize) -> Result<Session> {
+        Self::with_attention(model, max_ctx, false)
+    }
+
+    /// A session whose attention reads every cached position when `dense` (the indexer and
+    /// top-k are skipped), else the indexer's top-k.
+    pub fn with_attention(model: &Model, max_ctx: usize, dense: bool) -> Result<Session> {
+        let cfg = &model.config;
+        let gpu = &*model.gpu;
+        if max_ctx == 0 {
+            return Err(Error::msg("--ctx must be at least 1"));
+        }
+        let caches = Caches::new(gpu, cfg, max_ctx)?;
+        let shape = Shape::new(cfg, max_ctx, dense, gpu.max_binding());
+        let s = Scratch::new(gpu, &shape)?;
+        gpu.check()?;
+        Ok(Session {
+            model: model.clone(),
+            caches,
+            pos: 0,
+            chunk: shape.c,
+            topk: shape.sel,
+            dense,
+            rope: RopeTable::new(cfg),
+            dims: Dims::of(cfg),
+            s,
+            pending: [None, None],
+        })
+    }
+
+    /// GPU bytes a session's scratch takes (the planner places them before the experts).
+    pub fn scratch_bytes(cfg: &Config, max_ctx: usize, max_binding: u64) -> u64 {
+        Scratch::bytes(&Shape::new(cfg, max_ctx, false, max_binding))
+    }
+
+    pub fn max_ctx(&self) -> usize {
+        self.caches.max_ctx
+    }
+
+    /// Whether attention reads every cached position.
+    pub fn is_dense(&self) -> bool {
+        self.dense
+    }
+
+    /// Fill the caches of positions `0 .. len` with seeded pseudo-random unit-variance values
+    /// and continue from `len`, so a decode step at a long context can be measured without
+    /// prefilling it. The values are not what the model would compute; only for benchmarks.
+    pub fn fill_synthetic(&mut self, len: usize, seed: u32) -> Result<()> {
+        let cfg = &self.model.config;
+        if len > self.max_ctx() {
+            return Err(Error::msg(format!(
+                "synthetic fill of {len} positions exceeds --ctx {}",
+                self.max_ctx()
+            )));
+        }
+        let gpu = &*self.model.gpu;
+        let row = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as u32;
+        let id = cfg.index_head_dim as u32;
+        let mut rec = gpu.recorder();
+        for (i, latent) in self.caches.latent.iter().enumerate() {
+            let n = len as u32;
+            elementwise::fill_random(
+                &mut rec,
+                View::rows(latent, row),
+                n,
+                row,
+                seed ^ (2 * i as u32),
+            );
+            if let Some(keys) = &self.caches.keys[i] {
+                elementwise::fill_random(
+                    &mut rec,
+                    View::rows(keys, id),
+                    n,
+                    id,
+                    seed ^ (2 * i as u32 + 1),
+                );
+            }
+        }
+        rec.finish()?;
+        self.pos = len;
+        Ok(())
+    }
+
+    /// Forget the conversation (the caches are overwritten from position 0).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Roll back to `pos` tokens (e.g. to reuse a shared prefix).
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+
+    /// Run `tokens` through the model at positions `pos ..`, appending them to the caches.
+    /// Returns the logits of every token (`all_logits`) or of the last one.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn forward(&mut self, tokens: &[u32], all_logits: bool) -> Result<Logits> {
+        pollster::block_on(self.forward_async(tokens, all_logits))
+    }
+
+    /// [`Session::forward`] for every platform: the browser cannot block on the logits'
+    /// readback, so it awaits it (natively the future is ready at once).
+    pub async fn forward_async(&mut self, tokens: &[u32], all_logits: bool) -> Result<Logits> {
+        self.check_tokens(tokens)?;
+        let vocab = self.model.config.vocab_size;
+        let mut data = Vec::with_capacity(if all_logits {
+            tokens.len() * vocab
+        } else {
+            vocab
+        });
+        let mut rows = 0;
+        for part in tokens.chunks(self.chunk) {
+            let last = rows + part.len() == tokens.len();
+            let want = if all_logits {
+                part.len()
+            } else if last {
+                1
+            } else {
+                0
+            };
+            self.chunk_forward(Input::Host(part), want, None)?;
+            if want > 0 {
+                let gpu = &self.model.gpu;
+                data.extend(gpu.read_f32_async(&self.s.logits, 0, want * vocab).await?);
+            }
+            rows += part.len();
+        }
+        let rows = if all_logits { tokens.len() } else { 1 };
+        Ok(Logits { rows, vocab, data })
+    }
+
+    /// Refuses an empty input, one that overflows the context, and ids past the vocabulary.
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        let cfg = &self.model.config;
+        if tokens.is_empty() {
+            return Err(Error::msg("empty prompt: at least one token is needed"));
+        }
+        if self.pos + tokens.len() > self.max_ctx() {
+            return Err(Error::msg(format!(
+                "context full: {} cached + {} new tokens exceed --ctx {}",
+                self.pos,
+                tokens.len(),
+                self.max_ctx()
+            )));
+        }
+        if let Some(t) = tokens.iter().find(|t| **t as usize >= cfg.vocab_size) {
+            return Err(Error::msg(format!(
+                "token id {t} is out of range (vocab_size {})",
+                cfg.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` like [`Session::forward`] but keeps the logits on the GPU. With a
+    /// `pick`, the last token's logits choose the next token there: it becomes the input of
+    /// the next [`Session::step_pick`] and is copied to `slot` (0 or 1) for
+    /// [`Session::picked_token`]. Waits for the GPU only where an MoE layer streams its
+    /// experts (see `forward.rs`).
+    pub fn forward_pick(&mut self, tokens: &[u32], pick: Option<(usize, &Pick)>) -> Result<()> {
+        self.check_tokens(tokens)?;
+        let n = tokens.len().div_ceil(self.chunk);
+        for (i, part) in tokens.chunks(self.chunk).enumerate() {
+            let last = pick.filter(|_| i + 1 == n);
+            self.chunk_forward(Input::Host(part), usize::from(last.is_some()), last)?;
+        }
+        Ok(())
+    }
+
+    /// One decode step on the token the previous pick left on the GPU (which need not have
+    /// finished): `pick` chooses the next one, which goes to `slot`.
+    pub fn step_pick(&mut self, slot: usize, pick: &Pick) -> Result<()> {
+        if self.pos >= self.max_ctx() {
+            return Err(Error::msg(format!(
+                "context full: {} cached tokens fill --ctx {}",
+                self.pos,
+                self.max_ctx()
+            )));
+        }
+        self.chunk_forward(Input::Previous, 1, Some((slot, pick)))
+    }
+
+    /// The token the last pick on `slot` chose (waits for that submission only).
+    pub async fn picked_token(&mut self, slot: usize) -> Result<u32> {
+        let after = self.pending[slot]
+            .take()
+            .ok_or_else(|| Error::msg("no picked token is waiting to be read"))?;
+        let gpu = &self.model.gpu;
+        let b = gpu
+            .read_mapped_async(&self.s.picked[slot], 4, Some(after))
+            .await?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}

@@ -1,0 +1,175 @@
+//! The host's token sampler: temperature, top-k, top-p and the repetition penalty, with a
+//! seeded generator. It is the rule the GPU pickers (`crate::kernels::sample`) follow and
+//! are tested against, and what picks the tokens when the GPU does not.
+
+#[derive(Debug, Clone)]
+pub struct SamplingParams {
+    /// 0 (or below) is greedy.
+    pub temperature: f32,
+    /// Nucleus sampling mass; 1 keeps everything.
+    pub top_p: f32,
+    /// Keep only the `top_k` most likely tokens; 0 keeps all.
+    pub top_k: usize,
+    pub seed: u64,
+    /// Repetition penalty as in llama.cpp / Ollama (`repeat_penalty`): the logit of every token
+    /// seen in the last `repeat_last_n` tokens is divided by it when positive and multiplied by
+    /// it when negative, before greedy or sampled selection. 1 turns it off.
+    pub repeat_penalty: f32,
+    /// How many recent tokens (prompt included) the repetition penalty looks at.
+    pub repeat_last_n: usize,
+}
+
+impl SamplingParams {
+    /// Whether every token is the argmax (temperature 0 or below, or top-k 1).
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+        }
+    }
+}
+
+/// Picks the next token from logits. Greedy takes the first maximum (lowest id), as
+/// `torch.argmax` does.
+pub struct Sampler {
+    pub params: SamplingParams,
+    state: u64,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Sampler {
+        let state = params.seed.wrapping_mul(0x9E3779B97F4A7C15) ^ 0xD1B54A32D192ED03;
+        Sampler {
+            params,
+            state: state | 1,
+        }
+    }
+
+    fn uniform(&mut self) -> f64 {
+        // splitmix64
+        self.state = self.state.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// The next token after the tokens `recent` (the context so far, oldest first; only the
+    /// last `repeat_last_n` matter), with the repetition penalty applied to `logits`.
+    pub fn sample_after(&mut self, logits: &[f32], recent: &[u32]) -> u32 {
+        let p = &self.params;
+        if p.repeat_penalty == 1.0 || p.repeat_last_n == 0 || recent.is_empty() {
+            return self.sample(logits);
+        }
+        let mut l = logits.to_vec();
+        let window = &recent[recent.len().saturating_sub(p.repeat_last_n)..];
+        apply_repeat_penalty(&mut l, window, p.repeat_penalty);
+        self.sample(&l)
+    }
+
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let params = self.params.clone();
+        sample_logits(&params, logits, &mut || self.uniform())
+    }
+
+    /// The next uniform draw in [0, 1) (what [`Sampler::sample`] would use for its next
+    /// sampled token).
+    pub fn draw(&mut self) -> f64 {
+        self.uniform()
+    }
+
+    /// Takes back the last draw: the next one repeats it (for a step that was queued ahead
+    /// and then not used).
+    pub fn undraw(&mut self) {
+        self.state = self.state.wrapping_sub(0x9E3779B97F4A7C15);
+    }
+}
+
+/// [`Sampler::sample`] with `draw` giving its uniform (called once, and only when a token is
+/// sampled rather than the argmax taken).
+pub fn sample_logits(p: &SamplingParams, logits: &[f32], draw: &mut dyn FnMut() -> f64) -> u32 {
+    if p.is_greedy() {
+        return argmax(logits);
+    }
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, l)| (i as u32, *l / p.temperature))
+        .collect();
+    if cand.is_empty() {
+        return argmax(logits);
+    }
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if p.top_k > 0 && cand.len() > p.top_k {
+        cand.truncate(p.top_k);
+    }
+    let m = cand[0].1;
+    let mut probs: Vec<f64> = cand.iter().map(|(_, l)| ((l - m) as f64).exp()).collect();
+    let total: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|x| *x /= total);
+    if p.top_p < 1.0 {
+        let mut acc = 0.0;
+        let mut keep = probs.len();
+        for (i, x) in probs.iter().enumerate() {
+            acc += x;
+            if acc >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        probs.truncate(keep);
+        cand.truncate(keep);
+        let t: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= t);
+    }
+    let mut r = draw();
+    for (i, x) in probs.iter().enumerate() {
+        if r < *x {
+            return cand[i].0;
+        }
+        r -= x;
+    }
+    cand[cand.len() - 1].0
+}
+
+/// Divides the positive logits of the tokens in `seen` by `penalty` and multiplies the negative
+/// ones by it (each token once, however often it was seen), as llama.cpp and transformers'
+/// `RepetitionPenaltyLogitsProcessor` do. Ids outside the vocabulary are ignored.
+pub fn apply_repeat_penalty(logits: &mut [f32], seen: &[u32], penalty: f32) {
+    if penalty == 1.0 || penalty <= 0.0 {
+        return;
+    }
+    let mut done = std::collections::HashSet::with_capacity(seen.len());
+    for &t in seen {
+        if !done.insert(t) {
+            continue;
+        }
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+        }
+    }
+}
+
+/// The index of the largest value: the lowest among equal maxima, NaN skipped (0 when all
+/// are NaN), as `torch.argmax` picks.
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] || (v[best].is_nan() && !x.is_nan()) {
+            best = i;
+        }
+    }
+    best as u32
+}
