@@ -16,7 +16,7 @@ full evaluations):
     python3 tests/reference/make_quant_goldens.py --sparsa PATH       # another sparsa binary
 Reruns on one machine reproduce every file bit for bit (checked: two runs, identical sha256 of every file;
 other CPUs: see common.py).
-Recorded seeds: glm52-q4 7014 (searched from 7000), dsv32-q8 8034 (from 8000).
+Recorded seeds: glm52-q4 7012 (searched from 7000), dsv32-q8 8036 (from 8000).
 
 Families (configs, init, evaluation, margin checks, seed search and checkpoint <-> HF conversion are
 common.py's, as for make_goldens.py and make_fp8_goldens.py):
@@ -78,7 +78,7 @@ BLOCK = 32
 FAMILIES = {
     "glm52-q4": dict(
         cls=(GlmMoeDsaConfig, GlmMoeDsaForCausalLM),
-        search_from=7000, seed=7014,  # first passing seed (python3 make_quant_goldens.py --search)
+        search_from=7000, seed=7012,  # first passing seed (python3 make_quant_goldens.py --search)
         prompt_lens=(43, 66, 85),
         quantize_args=["--format", "q4", "--block", "32"],
         config=dict(
@@ -94,7 +94,7 @@ FAMILIES = {
     ),
     "dsv32-q8": dict(
         cls=(DeepseekV32Config, DeepseekV32ForCausalLM),
-        search_from=8000, seed=8034,  # first passing seed
+        search_from=8000, seed=8036,  # first passing seed
         prompt_lens=(41, 62, 83),
         quantize_args=["--format", "q8", "--block", "32", "--shard-gb", "0.0002"],
         config=dict(
