@@ -26,26 +26,18 @@ import argparse
 import json
 import math
 import os
-import sys
 
 import torch
 import transformers
-import safetensors
 
-PINNED = {"torch": "2.15.0", "transformers": "5.24.0", "safetensors": "0.8.0"}
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODEL = os.path.join(ROOT, "models", "sparsa-bard-12m")
-OUT = os.path.join(ROOT, "tests", "data", "bard")
+from common import DATA, PINNED, REPO, setup
+from sparsa_formats import load_dequantized
+
+PINS = {k: PINNED[k] for k in ("torch", "transformers", "safetensors")}  # (numpy: only for quantized weights)
+MODEL = os.path.join(REPO, "models", "sparsa-bard-12m")
+OUT = os.path.join(DATA, "bard")
 N_NEW = 64
 PASSAGE_TOKENS = 512  # tokens of the held-out passage (plus [gMASK]<sop>); > index_topk so attention is sparse
-
-
-def check_versions():
-    got = {"torch": torch.__version__.split("+")[0], "transformers": transformers.__version__,
-           "safetensors": safetensors.__version__}
-    bad = {k: v for k, v in got.items() if v != PINNED[k]}
-    if bad:
-        sys.exit(f"pinned versions {PINNED}, found {got}: pip install torch==2.15.0 transformers==5.24.0 safetensors==0.8.0")
 
 
 def load_model(topk=None):
@@ -54,9 +46,7 @@ def load_model(topk=None):
     q = getattr(cfg, "quantization_config", None)
     if topk is not None:
         cfg.index_topk = topk
-    if isinstance(q, dict) and q.get("quant_method") == "sparsa":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from sparsa_formats import load_dequantized  # noqa: E402  (sparsa's q8/q4 formats, in numpy)
+    if isinstance(q, dict) and q.get("quant_method") == "sparsa":  # sparsa's q8/q4 formats (sparsa_formats.py)
         del cfg.quantization_config
         model = GlmMoeDsaForCausalLM(cfg).float().eval()
         sd = load_dequantized(MODEL)
@@ -95,7 +85,7 @@ def nll(model, ids):
 
 
 def cut_passage(tok):
-    text = open(os.path.join(ROOT, "training", "work", "data", "heldout.txt")).read()
+    text = open(os.path.join(REPO, "training", "work", "data", "heldout.txt")).read()
     start = text.index("BRUTUS.\nBe patient till the last.")  # Julius Caesar III.2 (held out from training)
     chunk = text[start:start + 12000]
     ids = tok(chunk, add_special_tokens=False)["input_ids"][:PASSAGE_TOKENS]
@@ -110,10 +100,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--passage", action="store_true", help="re-cut tests/data/bard/heldout.txt")
     args = ap.parse_args()
-    check_versions()
+    setup(PINS, quiet=False)
     torch.manual_seed(0)
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
     tok = transformers.AutoTokenizer.from_pretrained(MODEL)
     if args.passage:
         cut_passage(tok)
@@ -121,7 +109,7 @@ def main():
     model = load_model()
     topk = model.config.index_topk
 
-    res = {"versions": PINNED, "model": "models/sparsa-bard-12m", "index_topk": topk, "greedy": []}
+    res = {"versions": PINS, "model": "models/sparsa-bard-12m", "index_topk": topk, "greedy": []}
     long_prompt = passage[:800]  # ~236 tokens
     for prompt in ["KING RICHARD:", long_prompt]:
         ids = tok(prompt)["input_ids"]

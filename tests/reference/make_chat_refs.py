@@ -24,16 +24,17 @@ Output: tests/data/chat/expected.json = {"transformers": version, "jinja2": vers
 For sparsa-bard-12m (whose tokenizer.json is the one used) a case also has "input_ids", from
 apply_chat_template(..., tokenize=True), which encodes the rendering without adding special tokens.
 """
+import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 
-PINNED = {"transformers": "5.24.0"}
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CHAT = os.path.join(ROOT, "tests", "data", "chat")
-TOKENIZER_JSON = os.path.join(ROOT, "models", "sparsa-bard-12m", "tokenizer.json")
+import common  # (its version check and paths work without torch)
+
+PINS = {"transformers": common.PINNED["transformers"]}
+CHAT = os.path.join(common.DATA, "chat")
+TOKENIZER_JSON = os.path.join(common.REPO, "models", "sparsa-bard-12m", "tokenizer.json")
 BARD_CONFIG = os.path.join(CHAT, "sparsa-bard-12m", "tokenizer_config.json")
 
 
@@ -118,14 +119,6 @@ FEATURES = {
 }
 
 
-def check_versions():
-    import transformers
-    got = {"transformers": transformers.__version__}
-    bad = {k: (v, PINNED[k]) for k, v in got.items() if v != PINNED[k]}
-    if bad:
-        sys.exit("make_chat_refs.py: version mismatch (got, wanted): %r; install the pinned versions" % bad)
-
-
 def render(fixture_dir, files, cases, fixture):
     from transformers import AutoTokenizer
     out = []
@@ -151,7 +144,8 @@ def render(fixture_dir, files, cases, fixture):
 
 
 def main():
-    check_versions()
+    argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0]).parse_args()  # (no flags; --help)
+    common.check_versions(PINS)
     import jinja2
     import transformers
     cases = []

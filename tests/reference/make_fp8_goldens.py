@@ -2,7 +2,7 @@
 """FP8 (block-quantized float8_e4m3fn) model directories in the official release layout, and transformers
 references computed from exactly those FP8 files.
 
-Pinned versions (exactly these; the script refuses to run with others), the same as make_goldens.py:
+Pinned versions (exactly these, common.py's PINNED as for make_goldens.py; the script refuses to run with others):
     torch==2.15.0  transformers==5.24.0  safetensors==0.8.0  numpy==2.4.6
 Fresh machine (Python 3.11, CPU is enough):
     pip install torch==2.15.0 transformers==5.24.0 safetensors==0.8.0 tokenizers numpy==2.4.6
@@ -12,10 +12,12 @@ two full evaluations):
     python3 tests/reference/make_fp8_goldens.py --only dsv32-fp8    # one family
     python3 tests/reference/make_fp8_goldens.py --search            # redo the seed search (~2-4 min)
     python3 tests/reference/check_notes.py glm52-fp8 dsv32-fp8      # independent f64 check (~70 s)
-Reruns reproduce every file bit for bit (checked: two runs, identical sha256 of every file).
+Reruns on one machine reproduce every file bit for bit (checked: two runs, identical sha256 of every file;
+other CPUs: see common.py).
 Recorded seeds: glm52-fp8 5004 (searched from 5000), dsv32-fp8 6064 (from 6000).
 
-Families (configs reuse make_goldens.py: COMMON, make_config, init_weights, evaluate, passes, pick_eos):
+Families (built, evaluated and checked by common.py, like make_goldens.py's: CONFIG_DEFAULTS, make_config,
+init_weights, evaluate, passes, pick_eos, find_seed):
     glm52-fp8  GlmMoeDsaForCausalLM, IndexShare (F S S F S S), scale = amax/448, one model.safetensors
     dsv32-fp8  DeepseekV32ForCausalLM, router groups + YaRN, UE8M0-style power-of-two scales (except
                o_proj, see below), 2 shards + model.safetensors.index.json
@@ -98,39 +100,39 @@ state equals the dequantized tensors). transformers 5.24's FP8 dequantization
 rows // scale_rows, cols // scale_cols: wrong for partial-block matrices unless the mixed-up blocks happen to
 have equal scales, and a ValueError when the division is not exact (see HF_NOTES.md section 12);
 reference.json records, per family, which stored tensors it gets right, silently wrong, or rejects.
-Robustness: the same checks and thresholds as make_goldens.py (indexer top-k boundary gaps, router expert /
-group gaps, greedy top-1 gaps, sparse != dense, cached greedy == cache-free argmax, -inf group mask matters),
-evaluated on the dequantized model, with a seed search (--search) whose first passing seed is recorded in
+Robustness: the same checks and thresholds as make_goldens.py (common.py: indexer top-k boundary gaps, router
+expert / group gaps, greedy top-1 gaps, sparse != dense, cached greedy == cache-free argmax, -inf group mask
+matters), evaluated on the dequantized model, with a seed search (--search) whose first passing seed is recorded in
 FAMILIES[...]["seed"]. reference.json also records max |logits(FP8 model) - logits(same weights before
 quantization)| per prompt (the bf16-kept tensors are bf16 in both), sparse and dense, the weight relative RMS
 error and the residual-stream relative error after each layer, to document the FP8 quality effect (large in
 these tiny random models: router / indexer choices flip, so unquantized references are no substitute).
 """
-import argparse
 import copy
-import hashlib
 import json
 import math
 import os
 import re
 import struct
-import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import make_goldens as mg  # noqa: E402  (pins, shared config builders, init, evaluation and checks)
-
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from safetensors import safe_open  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
-from transformers import (  # noqa: E402
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from transformers import (
+    DeepseekV32Config,
     DeepseekV32ForCausalLM,
-    GenerationConfig,
+    GlmMoeDsaConfig,
     GlmMoeDsaForCausalLM,
 )
-from transformers.integrations.finegrained_fp8 import Fp8Dequantize  # noqa: E402
+from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+from common import (
+    DATA, DSV32_ROPE, GLM52_INDEXER, arg_parser, check_reload, evaluate, final_references, find_seed, finish_dir,
+    fresh_dir, fuse_expert_tensors, hf_to_ckpt, make_config, new_model, ordered_names, pick_eos, print_files,
+    quality_effect, reference_info, save_configs, setup, write_json,
+)
+from sparsa_formats import weight_files
 
 BLOCK = 128
 E4M3_MAX = 448.0
@@ -149,8 +151,7 @@ DS_QCFG = dict(GLM_QCFG, scale_fmt="ue8m0")
 
 FAMILIES = {
     "glm52-fp8": dict(
-        cls=(mg.GlmMoeDsaConfig, GlmMoeDsaForCausalLM),
-        storage=None, shard=None, mtp=False,  # (fields make_goldens.evaluate / make_config look at)
+        cls=(GlmMoeDsaConfig, GlmMoeDsaForCausalLM),
         search_from=5000, seed=5004,  # first passing seed (python3 make_fp8_goldens.py --search)
         prompt_lens=(43, 66, 85),
         shards=1,
@@ -164,8 +165,7 @@ FAMILIES = {
             first_k_dense_replace=2, index_n_heads=16, index_head_dim=32,
             rms_norm_eps=1e-5, max_position_embeddings=2048,
             rope_parameters={"rope_type": "default", "rope_theta": 8.0e6},
-            index_topk_freq=3, index_skip_topk_offset=1,  # F S S F S S
-            indexer_rope_interleave=True,
+            **GLM52_INDEXER,  # F S S F S S
         ),
         # (tensor, row, col, byte): rows/cols index the [out, in] FP8 matrix
         specials=[
@@ -189,8 +189,7 @@ FAMILIES = {
         ],
     ),
     "dsv32-fp8": dict(
-        cls=(mg.DeepseekV32Config, DeepseekV32ForCausalLM),
-        storage=None, shard=None, mtp=False,
+        cls=(DeepseekV32Config, DeepseekV32ForCausalLM),
         search_from=6000, seed=6064,  # first passing seed
         prompt_lens=(41, 62, 83),
         shards=2,
@@ -203,11 +202,7 @@ FAMILIES = {
             n_routed_experts=12, num_experts_per_tok=3, n_group=4, topk_group=2,
             first_k_dense_replace=1, index_n_heads=16, index_head_dim=24,
             rms_norm_eps=1e-6, max_position_embeddings=3840,
-            rope_parameters={
-                "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
-                "original_max_position_embeddings": 96, "beta_fast": 32, "beta_slow": 1,
-                "mscale": 1.0, "mscale_all_dim": 0.8,
-            },
+            rope_parameters=DSV32_ROPE,
         ),
         specials=[
             ("model.layers.1.self_attn.kv_b_proj.weight", 175, 131, 0xFE),  # -448, last element
@@ -219,7 +214,6 @@ FAMILIES = {
         ],
     ),
 }
-mg.FAMILIES.update(FAMILIES)  # make_goldens' evaluate / make_config / prompts_for look families up there
 
 
 # ---------------------------------------------------------------- e4m3
@@ -278,42 +272,6 @@ def dequantize(w8, s):
     return w8.float() * S
 
 
-# ---------------------------------------------------------------- checkpoint <-> HF state
-def hf_to_ckpt(sd):
-    """HF state dict (fused experts) -> checkpoint names (per expert), f32 copies."""
-    out = {}
-    for name, t in sd.items():
-        t = t.detach().to(torch.float32).clone()
-        if name.endswith("mlp.experts.gate_up_proj"):
-            base = name[: -len("gate_up_proj")]
-            for e in range(t.shape[0]):
-                gate, up = t[e].chunk(2, dim=0)  # gate rows first (HF_NOTES section 1)
-                out[f"{base}{e}.gate_proj.weight"] = gate.contiguous()
-                out[f"{base}{e}.up_proj.weight"] = up.contiguous()
-        elif name.endswith("mlp.experts.down_proj"):
-            base = name[: -len("down_proj")]
-            for e in range(t.shape[0]):
-                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
-        else:
-            out[name] = t
-    return out
-
-
-def ckpt_to_hf(ck, model):
-    sd = {}
-    for name, p in model.state_dict().items():
-        if name.endswith("mlp.experts.gate_up_proj"):
-            base = name[: -len("gate_up_proj")]
-            sd[name] = torch.stack([torch.cat([ck[f"{base}{e}.gate_proj.weight"], ck[f"{base}{e}.up_proj.weight"]])
-                                    for e in range(p.shape[0])])
-        elif name.endswith("mlp.experts.down_proj"):
-            base = name[: -len("down_proj")]
-            sd[name] = torch.stack([ck[f"{base}{e}.down_proj.weight"] for e in range(p.shape[0])])
-        else:
-            sd[name] = ck[name]
-    return sd
-
-
 def kind(name):
     if FP8_RE.match(name):
         return "fp8"
@@ -361,57 +319,20 @@ def dequantize_stored(stored):
 def build(fam, seed):
     """(fp8 model, unquantized model, stored tensors). Both models f32; the bf16-kept tensors are bf16-rounded
     in both, so their difference is the FP8 quantization (incl. special bytes) alone."""
-    cfg = mg.make_config(fam)
-    orig = FAMILIES[fam]["cls"][1](cfg)
-    orig.eval()
-    mg.init_weights(orig, seed)
+    spec = FAMILIES[fam]
+    orig = new_model(spec, seed)
     ck = hf_to_ckpt(orig.state_dict())
     with torch.no_grad():
         for name, t in ck.items():
             if kind(name) == "bf16":
                 t.copy_(t.to(torch.bfloat16).float())
-        orig.load_state_dict(ckpt_to_hf(ck, orig), strict=True)
+        orig.load_state_dict(fuse_expert_tensors(ck), strict=True)
     stored = quantize_ckpt(fam, ck)
-    fp8 = FAMILIES[fam]["cls"][1](mg.make_config(fam))
-    fp8.eval()
-    with torch.no_grad():
-        fp8.load_state_dict(ckpt_to_hf(dequantize_stored(stored), fp8), strict=True)
+    fp8 = new_model(spec, state=fuse_expert_tensors(dequantize_stored(stored)))
     return fp8, orig, stored
 
 
-def run_family(fam, max_tries, search=False):
-    spec = FAMILIES[fam]
-    seed = spec["search_from"] if (search or spec["seed"] is None) else spec["seed"]
-    for attempt in range(max_tries):
-        s = seed + attempt
-        model, _, _ = build(fam, s)
-        _, stats = mg.evaluate(model, fam, early_exit=True)
-        why = mg.passes(stats)
-        if not why or attempt % 10 == 0 or stats["greedy_gap"]:
-            print(f"[{fam}] seed {s}: idx_rel {stats['indexer_min_rel_gap']:.2e} (rows {stats['indexer_rows_checked']}) "
-                  f"router e {stats['router_min_expert_gap']:.2e} g {stats['router_min_group_gap']} "
-                  f"greedy {min(stats['greedy_gap'] or [0]):.3f} sd {[round(x, 3) for x in stats['sparse_dense']]} "
-                  f"-> {'OK' if not why else why}", flush=True)
-        if not why:
-            return s
-        if not search and spec["seed"] is not None:
-            sys.exit(f"[{fam}] recorded seed {s} fails: {why} (run with --search)")
-    sys.exit(f"[{fam}] no seed passed in {max_tries} tries")
-
-
 # ---------------------------------------------------------------- files
-def ordered_names(stored):
-    """Release-like order: embed, layers in numeric order (each weight followed by its scale), norm, lm_head."""
-    def key(n):
-        m = re.match(r"^model\.layers\.(\d+)\.(.*)$", n)
-        if n.startswith("model.embed_tokens"):
-            return (0, 0, n)
-        if m:
-            return (1, int(m.group(1)), m.group(2))
-        return (2, 0, n)
-    return sorted(stored, key=key)
-
-
 def nbytes(t):
     return t.numel() * t.element_size()
 
@@ -447,10 +368,8 @@ def write_weights(fam, stored, path):
 
 
 def read_weights(path):
-    idx = os.path.join(path, "model.safetensors.index.json")
-    files = sorted(set(json.load(open(idx))["weight_map"].values())) if os.path.exists(idx) else ["model.safetensors"]
     out, dtypes = {}, {}
-    for f in files:
+    for f in weight_files(path):
         with safe_open(os.path.join(path, f), "pt") as sf:
             for k in sf.keys():
                 dtypes[k] = sf.get_slice(k).get_dtype()
@@ -474,22 +393,14 @@ def modules_to_not_convert(cfg):
 
 
 def write_config(fam, cfg, path, eos):
-    cfg = copy.deepcopy(cfg)
-    cfg.architectures = [FAMILIES[fam]["cls"][1].__name__]
-    cfg.eos_token_id = eos
-    cfg.dtype = torch.bfloat16
-    cfg.save_pretrained(path)
+    cfg = save_configs(FAMILIES[fam], cfg, path, eos)
     p = os.path.join(path, "config.json")
     d = json.load(open(p))
     q = dict(FAMILIES[fam]["qcfg"])
     if FAMILIES[fam]["modules_to_not_convert"]:
         q["modules_to_not_convert"] = modules_to_not_convert(cfg)
     d["quantization_config"] = q
-    with open(p, "w") as fh:
-        fh.write(json.dumps(d, indent=2, sort_keys=True) + "\n")
-    gen = GenerationConfig.from_model_config(cfg)
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = 0, eos, None
-    gen.save_pretrained(path)
+    write_json(p, d, sort_keys=True)
     return d
 
 
@@ -506,7 +417,7 @@ def load_reference_model(fam, stored, cfg):
             output_loading_info=True)
     assert not any(info.get(k) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     m.eval()
-    want = ckpt_to_hf(ck, m)
+    want = fuse_expert_tensors(ck)
     got = m.state_dict()
     assert want.keys() == got.keys()
     for k in want:
@@ -548,29 +459,13 @@ def hf_style_logit_delta(fam, stored, refs):
                 ck[name] = d._dequantize_one(t, stored[name + "_scale_inv"], output_dtype=torch.float32)
             except ValueError:
                 pass
-    m = FAMILIES[fam]["cls"][1](mg.make_config(fam))
-    m.eval()
+    m = new_model(FAMILIES[fam], state=fuse_expert_tensors(ck))
     worst = 0.0
     with torch.no_grad():
-        m.load_state_dict(ckpt_to_hf(ck, m), strict=True)
         for i in range(len(FAMILIES[fam]["prompt_lens"])):
             ids = refs[f"tokens_{i}"].long()
             worst = max(worst, (m(ids[None], use_cache=False).logits[0] - refs[f"logits_{i}"]).abs().max().item())
     return worst
-
-
-def layer_outputs(model, ids):
-    """Residual stream after each decoder layer (forward hooks), one prefill without cache."""
-    outs = []
-    hooks = [layer.register_forward_hook(lambda mod, inp, out: outs.append(out[0].detach().clone()))
-             for layer in model.model.layers]
-    try:
-        model(ids[None], use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
-    assert len(outs) == len(model.model.layers)
-    return outs
 
 
 def byte_classes(stored):
@@ -587,25 +482,16 @@ def byte_classes(stored):
     return n
 
 
-def sha(path):
-    return hashlib.sha256(open(path, "rb").read()).hexdigest()
-
-
 # ---------------------------------------------------------------- main per family
 def write_family(fam, seed, versions):
     spec = FAMILIES[fam]
-    path = os.path.join(mg.DATA, fam)
+    path = os.path.join(DATA, fam)
     model, orig, stored = build(fam, seed)
     ck0 = hf_to_ckpt(orig.state_dict())
-    refs0, _ = mg.evaluate(model, fam)
-    eos = mg.pick_eos(refs0, model.config.vocab_size)
-    cfg = mg.make_config(fam)
+    refs0, eos = pick_eos(model, fam, spec)
+    cfg = make_config(spec)
 
-    if os.path.isdir(path):
-        for f in os.listdir(path):
-            if f.endswith(".safetensors") or f.endswith(".json"):
-                os.remove(os.path.join(path, f))
-    os.makedirs(path, exist_ok=True)
+    fresh_dir(path)
     layout = write_weights(fam, stored, path)
     config_json = write_config(fam, cfg, path, eos)
 
@@ -620,67 +506,20 @@ def write_family(fam, seed, versions):
         assert back[name].view(torch.uint8)[r, c].item() == byte
 
     loaded = load_reference_model(fam, back, cfg)
-    ref_sd, mem_sd = loaded.state_dict(), model.state_dict()
-    for k in mem_sd:
-        assert torch.equal(ref_sd[k], mem_sd[k]), f"reload mismatch {k}"
-    loaded.config.eos_token_id = eos
-    loaded.generation_config.eos_token_id = eos
-    refs, stats = mg.evaluate(loaded, fam, capture=True)
-    for k in refs:
-        if k.startswith("greedy_"):
-            assert torch.equal(refs[k], refs0[k])
-    loaded.generation_config.eos_token_id = eos
-    for i in range(len(spec["prompt_lens"])):
-        ids = refs[f"tokens_{i}"].long()
-        out = loaded.generate(ids[None], attention_mask=torch.ones_like(ids)[None], do_sample=False,
-                              max_new_tokens=mg.N_NEW)[0, ids.numel():]
-        assert torch.equal(out.to(torch.int32), refs[f"greedy_{i}"]), "eos changed the continuation"
-    why = mg.passes(stats)
-    assert not why, why
+    check_reload(model, loaded)
+    refs, stats = final_references(loaded, fam, spec, refs0, eos, path)
 
     # FP8 vs the same weights before quantization
-    fp8_delta, fp8_delta_dense, greedy_agree, hidden_rel = [], [], [], []
     num = sum(((dequantize(stored[n], stored[n + "_scale_inv"]) - ck0[n]) ** 2).sum().item()
               for n in stored if stored[n].dtype == FP8)
     den = sum((ck0[n] ** 2).sum().item() for n in stored if stored[n].dtype == FP8)
-    with torch.no_grad():
-        orig.generation_config.eos_token_id = None
-        orig.generation_config.pad_token_id = None
-        for i in range(len(spec["prompt_lens"])):
-            ids = refs[f"tokens_{i}"].long()
-            lo = orig(ids[None], use_cache=False).logits[0]
-            fp8_delta.append((refs[f"logits_{i}"] - lo).abs().max().item())
-            mg.set_topk(orig, 10 ** 9)
-            lo = orig(ids[None], use_cache=False).logits[0]
-            mg.set_topk(orig, orig.config.index_topk)
-            fp8_delta_dense.append((refs[f"logits_dense_{i}"] - lo).abs().max().item())
-            mg.set_topk(orig, 10 ** 9)
-            mg.set_topk(loaded, 10 ** 9)
-            ha, hb = layer_outputs(loaded, ids), layer_outputs(orig, ids)
-            mg.set_topk(orig, orig.config.index_topk)
-            mg.set_topk(loaded, loaded.config.index_topk)
-            rel = [((a - b).norm() / b.norm()).item() for a, b in zip(ha, hb)]
-            hidden_rel = rel if not hidden_rel else [max(x, y) for x, y in zip(hidden_rel, rel)]
-            seq = orig.generate(ids[None], attention_mask=torch.ones_like(ids)[None], do_sample=False,
-                                max_new_tokens=mg.N_NEW)[0, ids.numel():]
-            same = (seq.to(torch.int32) == refs[f"greedy_{i}"]).tolist()
-            greedy_agree.append(same.index(False) if False in same else len(same))
+    effect = quality_effect(orig, loaded, refs, math.sqrt(num / den), (
+        "same seed, same bf16-kept tensors; the FP8 tensors at their f32 values before quantization. "
+        "Sparse: includes indexer top-k choices that FP8 noise flips; dense (index_topk = 1e9): the "
+        "weight rounding alone"))
 
-    refs = {k: v.contiguous() for k, v in sorted(refs.items())}
-    save_file(refs, os.path.join(path, "reference.safetensors"), metadata={"format": "pt"})
-
-    c = loaded.config
     fp8_names = [n for n in ordered_names(stored) if stored[n].dtype == FP8]
-    info = {
-        "family": fam,
-        "model_type": c.model_type,
-        "architecture": spec["cls"][1].__name__,
-        "versions": versions,
-        "weight_seed": seed,
-        "weight_seed_search": {"searched_upward_from": spec["search_from"], "seeds_rejected": seed - spec["search_from"]},
-        "prompt_seed": mg.PROMPT_SEED + sum(map(ord, fam)),
-        "prompt_lens": list(spec["prompt_lens"]),
-        "n_new_tokens": mg.N_NEW,
+    info = reference_info(fam, spec, seed, versions, loaded, stats, {
         "eos_token_id": eos,
         "quantization": {
             "quantization_config": config_json["quantization_config"],
@@ -700,64 +539,24 @@ def write_family(fam, seed, versions):
             "transformers_Fp8Dequantize_on_these_tensors": hf_fp8_dequant_report(stored),
             "max_abs_dlogit_if_dequantized_like_transformers": hf_style_logit_delta(fam, stored, refs),
         },
-        "fp8_vs_unquantized": {
-            "max_abs_dlogit_per_prompt": fp8_delta,
-            "max_abs_dlogit_dense_per_prompt": fp8_delta_dense,
-            "weight_relative_rms_error": math.sqrt(num / den),
-            "hidden_state_relative_error_after_each_layer_dense": hidden_rel,
-            "greedy_tokens_agreeing_before_first_difference": greedy_agree,
-            "note": ("same seed, same bf16-kept tensors; the FP8 tensors at their f32 values before quantization. "
-                     "Sparse: includes indexer top-k choices that FP8 noise flips; dense (index_topk = 1e9): the "
-                     "weight rounding alone"),
-        },
-        "dims": {k: getattr(c, k) for k in [
-            "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-            "v_head_dim", "n_routed_experts", "num_experts_per_tok", "n_shared_experts", "n_group", "topk_group",
-            "first_k_dense_replace", "index_n_heads", "index_head_dim", "index_topk", "rms_norm_eps",
-            "routed_scaling_factor", "norm_topk_prob", "max_position_embeddings", "rope_parameters"]},
-        "indexer_types": getattr(c, "indexer_types", ["full"] * c.num_hidden_layers),
-        "mlp_layer_types": c.mlp_layer_types,
-        "indexer_rope": "interleaved" if c.model_type == "glm_moe_dsa" else "half-split",
-        "mla_softmax_scale": loaded.model.layers[0].self_attn.scaling,
-        "rope_attention_factor": float(loaded.model.rotary_emb.attention_scaling),
-        "thresholds": {"indexer_rel": mg.MARGIN_INDEXER_REL, "router_abs": mg.MARGIN_ROUTER_ABS,
-                       "greedy_abs": mg.MARGIN_GREEDY_ABS, "sparse_dense_min": mg.MIN_SPARSE_DENSE},
-        "margins": {k: stats[k] for k in [
-            "indexer_min_rel_gap", "indexer_min_abs_gap", "indexer_rows_checked", "indexer_median_scale",
-            "router_min_expert_gap", "router_min_group_gap", "router_tokens_checked",
-            "router_zero_mask_changes", "indexer_min_gap_over_row_max"]},
-        "greedy_min_top1_gap_per_prompt": stats["greedy_gap"],
-        "sparse_vs_dense_max_abs_dlogit": stats["sparse_dense"],
-        "logit_abs_max": stats["logit_abs_max"],
-        "logit_std": stats["logit_std"],
-    }
-    with open(os.path.join(path, "reference.json"), "w") as fh:
-        json.dump(info, fh, indent=2)
-        fh.write("\n")
-    for f in os.listdir(path):
-        os.chmod(os.path.join(path, f), 0o644)
+        "fp8_vs_unquantized": effect,
+    })
+    finish_dir(path, info)
     print(json.dumps({"family": fam, "weight_seed": seed, "fp8_vs_unquantized": info["fp8_vs_unquantized"],
                       "margins": info["margins"], "greedy_gaps": stats["greedy_gap"],
                       "hf_fp8_dequant": {k: sum(v.values()) for k, v in
                                          info["quantization"]["transformers_Fp8Dequantize_on_these_tensors"].items()}}))
-    for f in sorted(os.listdir(path)):
-        print(f"  {f:40s} {os.path.getsize(os.path.join(path, f)):9d}  {sha(os.path.join(path, f))[:16]}")
+    print_files(path)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--only", action="append", choices=list(FAMILIES))
-    ap.add_argument("--max-tries", type=int, default=500)
-    ap.add_argument("--search", action="store_true", help="ignore the recorded seeds and search again")
-    args = ap.parse_args()
-    versions = mg.check_versions()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    transformers.logging.set_verbosity_error()
+    args = arg_parser(__doc__, FAMILIES, max_tries=500).parse_args()
+    versions = setup()
     check_e4m3()
     for fam in args.only or list(FAMILIES):
-        seed = run_family(fam, args.max_tries, search=args.search)
+        spec = FAMILIES[fam]
+        seed = find_seed(fam, spec, lambda s: evaluate(build(fam, s)[0], fam, spec, early_exit=True)[1],
+                         args.max_tries, search=args.search, print_every=10)
         write_family(fam, seed, versions)
 
 

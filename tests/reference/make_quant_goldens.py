@@ -2,7 +2,7 @@
 """sparsa's own quantized formats (q8 / q4, `sparsa quantize`): model directories as the sparsa binary writes
 them, and transformers references computed from exactly those quantized weights.
 
-Pinned versions (exactly these; the script refuses to run with others), the same as make_goldens.py:
+Pinned versions (exactly these, common.py's PINNED as for make_goldens.py; the script refuses to run with others):
     torch==2.15.0  transformers==5.24.0  safetensors==0.8.0  numpy==2.4.6
 Fresh machine (Python 3.11, CPU is enough):
     pip install torch==2.15.0 transformers==5.24.0 safetensors==0.8.0 tokenizers numpy==2.4.6
@@ -14,11 +14,12 @@ full evaluations):
     python3 tests/reference/make_quant_goldens.py --only dsv32-q8     # one family
     python3 tests/reference/make_quant_goldens.py --search            # redo the seed search (~1-3 min)
     python3 tests/reference/make_quant_goldens.py --sparsa PATH       # another sparsa binary
-Reruns reproduce every file bit for bit (checked: two runs, identical sha256 of every file).
-Recorded seeds: glm52-q4 7014 (searched from 7000), dsv32-q8 8034 (from 8000).
+Reruns on one machine reproduce every file bit for bit (checked: two runs, identical sha256 of every file;
+other CPUs: see common.py).
+Recorded seeds: glm52-q4 7012 (searched from 7000), dsv32-q8 8036 (from 8000).
 
-Families (configs, init, evaluation and margin checks are make_goldens.py's; checkpoint <-> HF conversion
-is make_fp8_goldens.py's):
+Families (configs, init, evaluation, margin checks, seed search and checkpoint <-> HF conversion are
+common.py's, as for make_goldens.py and make_fp8_goldens.py):
     glm52-q4  GlmMoeDsaForCausalLM, IndexShare (F S S F), `sparsa quantize --format q4 --block 32`,
               one model.safetensors
     dsv32-q8  DeepseekV32ForCausalLM, router groups + YaRN, `sparsa quantize --format q8 --block 32
@@ -46,13 +47,11 @@ transformers class in f32, eager attention, eager experts. Independently, every 
 re-quantized here from the bf16 source with a numpy transcription of quant.rs's quantize_rows (f32 block
 min/max, scale = amax/127 (q8) or -lo/8 | hi/7 (q4), bf16 rounding of the scale, x / scale rounded half away
 from zero, clamped) and must equal sparsa's bytes (weights and scales); this pins down the format from both
-sides. Robustness: the same checks and thresholds as make_goldens.py (indexer top-k boundary gaps, router
-expert / group gaps, greedy top-1 gaps, sparse != dense, cached greedy == cache-free argmax, -inf group mask
-matters), evaluated on the dequantized model, with a seed search (--search) whose first passing seed is
+sides. Robustness: the same checks and thresholds as make_goldens.py (common.py: indexer top-k boundary gaps,
+router expert / group gaps, greedy top-1 gaps, sparse != dense, cached greedy == cache-free argmax, -inf group
+mask matters), evaluated on the dequantized model, with a seed search (--search) whose first passing seed is
 recorded in FAMILIES[...]["seed"]. Each candidate seed is quantized by the sparsa binary itself.
 """
-import argparse
-import copy
 import json
 import math
 import os
@@ -62,26 +61,24 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import make_goldens as mg  # noqa: E402  (pins, config builders, init, evaluation and checks)
-import make_fp8_goldens as fg  # noqa: E402  (hf_to_ckpt, ckpt_to_hf, ordered_names, layer_outputs, sha)
-from sparsa_formats import load_dequantized, read_safetensors  # noqa: E402
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from transformers import DeepseekV32Config, DeepseekV32ForCausalLM, GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-from transformers import DeepseekV32ForCausalLM, GenerationConfig, GlmMoeDsaForCausalLM  # noqa: E402
+from common import (
+    DATA, DSV32_ROPE, GLM52_INDEXER, REPO, arg_parser, check_reload, evaluate, final_references, find_seed,
+    finish_dir, fresh_dir, fuse_expert_tensors, hf_to_ckpt, make_config, new_model, ordered_names, pick_eos, print_files,
+    quality_effect, reference_info, save_configs, setup, sha,
+)
+from sparsa_formats import load_dequantized, read_safetensors
 
-REPO = mg.REPO
 BLOCK = 32
 
 FAMILIES = {
     "glm52-q4": dict(
-        cls=(mg.GlmMoeDsaConfig, GlmMoeDsaForCausalLM),
-        storage=None, shard=None, mtp=False,  # (fields make_goldens.evaluate / make_config look at)
-        search_from=7000, seed=7014,  # first passing seed (python3 make_quant_goldens.py --search)
+        cls=(GlmMoeDsaConfig, GlmMoeDsaForCausalLM),
+        search_from=7000, seed=7012,  # first passing seed (python3 make_quant_goldens.py --search)
         prompt_lens=(43, 66, 85),
         quantize_args=["--format", "q4", "--block", "32"],
         config=dict(
@@ -92,14 +89,12 @@ FAMILIES = {
             first_k_dense_replace=1, index_n_heads=16, index_head_dim=24,
             rms_norm_eps=1e-5, max_position_embeddings=2048,
             rope_parameters={"rope_type": "default", "rope_theta": 8.0e6},
-            index_topk_freq=3, index_skip_topk_offset=1,  # F S S F
-            indexer_rope_interleave=True,
+            **GLM52_INDEXER,  # F S S F
         ),
     ),
     "dsv32-q8": dict(
-        cls=(mg.DeepseekV32Config, DeepseekV32ForCausalLM),
-        storage=None, shard=None, mtp=False,
-        search_from=8000, seed=8034,  # first passing seed
+        cls=(DeepseekV32Config, DeepseekV32ForCausalLM),
+        search_from=8000, seed=8036,  # first passing seed
         prompt_lens=(41, 62, 83),
         quantize_args=["--format", "q8", "--block", "32", "--shard-gb", "0.0002"],
         config=dict(
@@ -109,15 +104,10 @@ FAMILIES = {
             n_routed_experts=12, num_experts_per_tok=3, n_group=4, topk_group=2,
             first_k_dense_replace=1, index_n_heads=8, index_head_dim=24,
             rms_norm_eps=1e-6, max_position_embeddings=3840,
-            rope_parameters={
-                "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
-                "original_max_position_embeddings": 96, "beta_fast": 32, "beta_slow": 1,
-                "mscale": 1.0, "mscale_all_dim": 0.8,
-            },
+            rope_parameters=DSV32_ROPE,
         ),
     ),
 }
-mg.FAMILIES.update(FAMILIES)  # make_goldens' evaluate / make_config / prompts_for look families up there
 
 SPARSA = os.path.join(REPO, "target", "release", "sparsa")
 
@@ -168,15 +158,8 @@ def source_tensors(ck):
 
 def write_source(fam, cfg, src, path, eos):
     os.makedirs(path, exist_ok=True)
-    c = copy.deepcopy(cfg)
-    c.architectures = [FAMILIES[fam]["cls"][1].__name__]
-    c.eos_token_id = eos
-    c.dtype = torch.bfloat16
-    c.save_pretrained(path)
-    gen = GenerationConfig.from_model_config(c)
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = 0, eos, None
-    gen.save_pretrained(path)
-    save_file({n: src[n].contiguous() for n in fg.ordered_names(src)}, os.path.join(path, "model.safetensors"),
+    save_configs(FAMILIES[fam], cfg, path, eos)
+    save_file({n: src[n].contiguous() for n in ordered_names(src)}, os.path.join(path, "model.safetensors"),
               metadata={"format": "pt"})
 
 
@@ -189,11 +172,8 @@ def run_quantize(sparsa, fam, src_dir, out_dir):
 
 
 def load_quantized(fam, qdir):
-    m = FAMILIES[fam]["cls"][1](mg.make_config(fam))
-    m.eval()
     sd = load_dequantized(qdir)
-    with torch.no_grad():
-        m.load_state_dict(sd, strict=True)
+    m = new_model(FAMILIES[fam], state=sd)
     for k, v in m.state_dict().items():
         assert torch.equal(v, sd[k]), k
     return m
@@ -202,42 +182,16 @@ def load_quantized(fam, qdir):
 def build(fam, seed, tmp, sparsa, eos=1):
     """(dequantized model, bf16 model, bf16 source tensors, quantized dir) for one seed; the source is written
     to tmp/src and quantized by the sparsa binary into tmp/q."""
-    cfg = mg.make_config(fam)
-    orig = FAMILIES[fam]["cls"][1](cfg)
-    orig.eval()
-    mg.init_weights(orig, seed)
-    src = source_tensors(fg.hf_to_ckpt(orig.state_dict()))
+    spec = FAMILIES[fam]
+    orig = new_model(spec, seed)
+    src = source_tensors(hf_to_ckpt(orig.state_dict()))
     with torch.no_grad():
-        orig.load_state_dict(fg.ckpt_to_hf({n: t.float() for n, t in src.items()}, orig), strict=True)
+        orig.load_state_dict(fuse_expert_tensors({n: t.float() for n, t in src.items()}), strict=True)
     for d in ("src", "q"):
         shutil.rmtree(os.path.join(tmp, d), ignore_errors=True)
-    write_source(fam, cfg, src, os.path.join(tmp, "src"), eos)
+    write_source(fam, orig.config, src, os.path.join(tmp, "src"), eos)
     run_quantize(sparsa, fam, os.path.join(tmp, "src"), os.path.join(tmp, "q"))
     return load_quantized(fam, os.path.join(tmp, "q")), orig, src, os.path.join(tmp, "q")
-
-
-def run_family(fam, max_tries, sparsa, search=False):
-    spec = FAMILIES[fam]
-    seed = spec["search_from"] if (search or spec["seed"] is None) else spec["seed"]
-    with tempfile.TemporaryDirectory() as tmp:
-        for attempt in range(max_tries):
-            s = seed + attempt
-            model, _, _, _ = build(fam, s, tmp, sparsa)
-            try:
-                _, stats = mg.evaluate(model, fam, early_exit=True)
-            except ZeroDivisionError:  # make_goldens' indexer recorder: both boundary keys score exactly 0
-                print(f"[{fam}] seed {s}: indexer top-k boundary is a tie at score 0 -> rejected", flush=True)
-                continue
-            why = mg.passes(stats)
-            print(f"[{fam}] seed {s}: idx_rel {stats['indexer_min_rel_gap']:.2e} (rows {stats['indexer_rows_checked']}) "
-                  f"router e {stats['router_min_expert_gap']:.2e} g {stats['router_min_group_gap']} "
-                  f"greedy {min(stats['greedy_gap'] or [0]):.3f} sd {[round(x, 3) for x in stats['sparse_dense']]} "
-                  f"-> {'OK' if not why else why}", flush=True)
-            if not why:
-                return s
-            if not search and spec["seed"] is not None:
-                sys.exit(f"[{fam}] recorded seed {s} fails: {why} (run with --search)")
-    sys.exit(f"[{fam}] no seed passed in {max_tries} tries")
 
 
 def stored_files(path):
@@ -257,7 +211,7 @@ def check_requantization(fam, src, qdir):
             stored.update({k: v + (f,) for k, v in t.items()})
     quantized, kept = {}, {}
     n_sub = n_scales = 0
-    for name in fg.ordered_names(src):
+    for name in ordered_names(src):
         x = src[name].float().numpy()
         if name + "_scale" in stored:
             dt, shape, w, f = stored[name]
@@ -291,17 +245,14 @@ def compact(table):
 # ---------------------------------------------------------------- main per family
 def write_family(fam, seed, versions, sparsa):
     spec = FAMILIES[fam]
-    path = os.path.join(mg.DATA, fam)
+    path = os.path.join(DATA, fam)
     with tempfile.TemporaryDirectory() as tmp:
         model, orig, src, qdir0 = build(fam, seed, tmp, sparsa)
-        refs0, _ = mg.evaluate(model, fam)
-        eos = mg.pick_eos(refs0, model.config.vocab_size)
-        cfg = mg.make_config(fam)
-        first = {f: fg.sha(os.path.join(qdir0, f)) for f in stored_files(qdir0) if f.endswith("safetensors")}
+        refs0, eos = pick_eos(model, fam, spec)
+        cfg = make_config(spec)
+        first = {f: sha(os.path.join(qdir0, f)) for f in stored_files(qdir0) if f.endswith("safetensors")}
 
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        os.makedirs(path)
+        fresh_dir(path)
         sdir = os.path.join(path, "source")
         write_source(fam, cfg, src, sdir, eos)
         qdir = os.path.join(tmp, "final")
@@ -310,77 +261,32 @@ def write_family(fam, seed, versions, sparsa):
         for f in files:
             shutil.copyfile(os.path.join(qdir, f), os.path.join(path, f))
     for f in first:
-        assert fg.sha(os.path.join(path, f)) == first[f], f"{f}: quantize output changed between runs"
+        assert sha(os.path.join(path, f)) == first[f], f"{f}: quantize output changed between runs"
     quantized, kept, scale_stats = check_requantization(fam, src, path)
 
     loaded = load_quantized(fam, path)
-    ref_sd, mem_sd = loaded.state_dict(), model.state_dict()
-    for k in mem_sd:
-        assert torch.equal(ref_sd[k], mem_sd[k]), f"reload mismatch {k}"
-    loaded.config.eos_token_id = eos
-    loaded.generation_config.eos_token_id = eos
-    refs, stats = mg.evaluate(loaded, fam, capture=True)
-    for k in refs:
-        if k.startswith("greedy_"):
-            assert torch.equal(refs[k], refs0[k])
-    loaded.generation_config.eos_token_id = eos
-    for i in range(len(spec["prompt_lens"])):
-        ids = refs[f"tokens_{i}"].long()
-        out = loaded.generate(ids[None], attention_mask=torch.ones_like(ids)[None], do_sample=False,
-                              max_new_tokens=mg.N_NEW)[0, ids.numel():]
-        assert torch.equal(out.to(torch.int32), refs[f"greedy_{i}"]), "eos changed the continuation"
-    why = mg.passes(stats)
-    assert not why, why
+    check_reload(model, loaded)
+    refs, stats = final_references(loaded, fam, spec, refs0, eos, path)
 
     # quantized vs the bf16 source
     ck = load_dequantized(path, fuse_experts=False)
     num = sum(((ck[n] - src[n].float()) ** 2).sum().item() for n in quantized)
     den = sum((src[n].float() ** 2).sum().item() for n in quantized)
-    q_delta, q_delta_dense, greedy_agree, hidden_rel = [], [], [], []
-    with torch.no_grad():
-        orig.generation_config.eos_token_id = None
-        orig.generation_config.pad_token_id = None
-        for i in range(len(spec["prompt_lens"])):
-            ids = refs[f"tokens_{i}"].long()
-            q_delta.append((refs[f"logits_{i}"] - orig(ids[None], use_cache=False).logits[0]).abs().max().item())
-            mg.set_topk(orig, 10 ** 9)
-            mg.set_topk(loaded, 10 ** 9)
-            q_delta_dense.append((refs[f"logits_dense_{i}"] - orig(ids[None], use_cache=False).logits[0]).abs().max().item())
-            ha, hb = fg.layer_outputs(loaded, ids), fg.layer_outputs(orig, ids)
-            mg.set_topk(orig, orig.config.index_topk)
-            mg.set_topk(loaded, loaded.config.index_topk)
-            rel = [((a - b).norm() / b.norm()).item() for a, b in zip(ha, hb)]
-            hidden_rel = rel if not hidden_rel else [max(x, y) for x, y in zip(hidden_rel, rel)]
-            seq = orig.generate(ids[None], attention_mask=torch.ones_like(ids)[None], do_sample=False,
-                                max_new_tokens=mg.N_NEW)[0, ids.numel():]
-            same = (seq.to(torch.int32) == refs[f"greedy_{i}"]).tolist()
-            greedy_agree.append(same.index(False) if False in same else len(same))
+    effect = quality_effect(orig, loaded, refs, math.sqrt(num / den), (
+        "the same seed's bf16 source model (kept tensors identical); sparse includes flipped top-k choices"))
 
-    refs = {k: v.contiguous() for k, v in sorted(refs.items())}
-    save_file(refs, os.path.join(path, "reference.safetensors"), metadata={"format": "pt"})
-
-    c = loaded.config
     with open(os.path.join(path, "config.json")) as fh:
         qcfg = json.load(fh)["quantization_config"]
-    info = {
-        "family": fam,
-        "model_type": c.model_type,
-        "architecture": spec["cls"][1].__name__,
-        "versions": versions,
-        "weight_seed": seed,
-        "weight_seed_search": {"searched_upward_from": spec["search_from"], "seeds_rejected": seed - spec["search_from"]},
-        "prompt_seed": mg.PROMPT_SEED + sum(map(ord, fam)),
-        "prompt_lens": list(spec["prompt_lens"]),
-        "n_new_tokens": mg.N_NEW,
+    info = reference_info(fam, spec, seed, versions, loaded, stats, {
         "eos_token_id": eos,
         "quantization": {
             "quantization_config": qcfg,
             "quantize_args": ["quantize", "--model", "source", "--out", "<new dir>"] + spec["quantize_args"],
             "quantize_flags": spec["quantize_args"],
             "quantize_summary": summary.split(", ", 1)[0].split(": ", 1)[-1] if summary else "",
-            "source_sha256": {f"source/{f}": fg.sha(os.path.join(path, "source", f))
+            "source_sha256": {f"source/{f}": sha(os.path.join(path, "source", f))
                               for f in stored_files(os.path.join(path, "source"))},
-            "quantized_sha256": {f: fg.sha(os.path.join(path, f)) for f in files},
+            "quantized_sha256": {f: sha(os.path.join(path, f)) for f in files},
             "dequantize": ("q8: W[i,j] = i8[i,j] * f16 scale[i, j//B]; q4: W[i,j] = (nibble[i,j] - 8) * scale[i, j//B], "
                            "element 2m in the low nibble of byte m (src/weights/quant.rs; tests/reference/sparsa_formats.py)"),
             "requantized_by_python_identical": True,
@@ -388,69 +294,29 @@ def write_family(fam, seed, versions, sparsa):
             "quantized_tensors": compact(quantized),
             "kept_tensors": compact(kept),
         },
-        "quant_vs_bf16_source": {
-            "max_abs_dlogit_per_prompt": q_delta,
-            "max_abs_dlogit_dense_per_prompt": q_delta_dense,
-            "weight_relative_rms_error": math.sqrt(num / den),
-            "hidden_state_relative_error_after_each_layer_dense": hidden_rel,
-            "greedy_tokens_agreeing_before_first_difference": greedy_agree,
-            "note": "the same seed's bf16 source model (kept tensors identical); sparse includes flipped top-k choices",
-        },
-        "dims": {k: getattr(c, k) for k in [
-            "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-            "v_head_dim", "n_routed_experts", "num_experts_per_tok", "n_shared_experts", "n_group", "topk_group",
-            "first_k_dense_replace", "index_n_heads", "index_head_dim", "index_topk", "rms_norm_eps",
-            "routed_scaling_factor", "norm_topk_prob", "max_position_embeddings", "rope_parameters"]},
-        "indexer_types": getattr(c, "indexer_types", ["full"] * c.num_hidden_layers),
-        "mlp_layer_types": c.mlp_layer_types,
-        "indexer_rope": "interleaved" if c.model_type == "glm_moe_dsa" else "half-split",
-        "mla_softmax_scale": loaded.model.layers[0].self_attn.scaling,
-        "rope_attention_factor": float(loaded.model.rotary_emb.attention_scaling),
-        "thresholds": {"indexer_rel": mg.MARGIN_INDEXER_REL, "router_abs": mg.MARGIN_ROUTER_ABS,
-                       "greedy_abs": mg.MARGIN_GREEDY_ABS, "sparse_dense_min": mg.MIN_SPARSE_DENSE},
-        "margins": {k: stats[k] for k in [
-            "indexer_min_rel_gap", "indexer_min_abs_gap", "indexer_rows_checked", "indexer_median_scale",
-            "router_min_expert_gap", "router_min_group_gap", "router_tokens_checked",
-            "router_zero_mask_changes", "indexer_min_gap_over_row_max"]},
-        "greedy_min_top1_gap_per_prompt": stats["greedy_gap"],
-        "sparse_vs_dense_max_abs_dlogit": stats["sparse_dense"],
-        "logit_abs_max": stats["logit_abs_max"],
-        "logit_std": stats["logit_std"],
-    }
-    with open(os.path.join(path, "reference.json"), "w") as fh:
-        json.dump(info, fh, indent=2)
-        fh.write("\n")
-    for root, _, fs in os.walk(path):
-        for f in fs:
-            os.chmod(os.path.join(root, f), 0o644)
+        "quant_vs_bf16_source": effect,
+    })
+    finish_dir(path, info)
     print(json.dumps({"family": fam, "weight_seed": seed, "quant_vs_bf16_source": info["quant_vs_bf16_source"],
                       "margins": info["margins"], "greedy_gaps": stats["greedy_gap"], "scale_stats": scale_stats}))
-    total = 0
-    for root, _, fs in sorted(os.walk(path)):
-        for f in sorted(fs):
-            p = os.path.join(root, f)
-            total += os.path.getsize(p)
-            print(f"  {os.path.relpath(p, path):40s} {os.path.getsize(p):9d}  {fg.sha(p)[:16]}")
-    print(f"  {'total':40s} {total:9d}")
+    print_files(path)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--only", action="append", choices=list(FAMILIES))
-    ap.add_argument("--max-tries", type=int, default=500)
-    ap.add_argument("--search", action="store_true", help="ignore the recorded seeds and search again")
+    ap = arg_parser(__doc__, FAMILIES, max_tries=500)
     ap.add_argument("--sparsa", default=SPARSA, help="the sparsa binary (default target/release/sparsa)")
     args = ap.parse_args()
     if not os.access(args.sparsa, os.X_OK):
         sys.exit(f"{args.sparsa}: not an executable (cargo build --release, or pass --sparsa)")
-    versions = mg.check_versions()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    transformers.logging.set_verbosity_error()
+    sparsa = os.path.abspath(args.sparsa)
+    versions = setup()
     for fam in args.only or list(FAMILIES):
-        seed = run_family(fam, args.max_tries, os.path.abspath(args.sparsa), search=args.search)
-        write_family(fam, seed, versions, os.path.abspath(args.sparsa))
+        spec = FAMILIES[fam]
+        with tempfile.TemporaryDirectory() as tmp:
+            def stats_of(s):  # each candidate seed is quantized by the sparsa binary itself
+                return evaluate(build(fam, s, tmp, sparsa)[0], fam, spec, early_exit=True)[1]
+            seed = find_seed(fam, spec, stats_of, args.max_tries, search=args.search)
+        write_family(fam, seed, versions, sparsa)
 
 
 if __name__ == "__main__":

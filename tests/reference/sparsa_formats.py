@@ -24,7 +24,7 @@ expects), or from an `in_features` mapping / callable passed by the caller.
 Fused experts: transformers 5.24's GlmMoeDsa / DeepseekV32 modules hold one `mlp.experts.gate_up_proj`
 [E, 2I, H] (each expert's gate_proj rows first, then up_proj) and `mlp.experts.down_proj` [E, H, I]; their
 from_pretrained converts per-expert checkpoint names, load_state_dict does not, so load_dequantized fuses
-them (as make_fp8_goldens.py's ckpt_to_hf does).
+them with fuse_expert_tensors (which the golden scripts use too; common.py's hf_to_ckpt is the inverse).
 """
 import json
 import os
