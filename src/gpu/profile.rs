@@ -5,9 +5,15 @@
 //! so the time is the GPU's own; elsewhere each dispatch is submitted alone and waited for
 //! (wall time, which includes the submit and wait overhead). Kernel wrappers state what a
 //! dispatch must move and compute ([`super::Recorder::cost`]), so a report can divide by the
-//! measured bandwidth and FMA rate.
+//! measured bandwidth and FMA rate. [`Gpu::set_profiling`] switches it on and
+//! [`Gpu::take_profile`] returns the totals.
 
+use super::{lock, Gpu};
+#[cfg(target_arch = "wasm32")]
+use crate::error::Error;
+use crate::error::Result;
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 /// How kernel times were taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,5 +88,77 @@ impl Profiler {
         let mut v: Vec<KernelStat> = self.stats.drain().map(|(_, s)| s).collect();
         v.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         v
+    }
+}
+
+/// The profiler while profiling is on, and how it can measure on this device.
+pub(super) struct Profiling {
+    /// Per-kernel totals while profiling (see [`Gpu::set_profiling`]).
+    pub(super) profiler: Mutex<Option<Profiler>>,
+    /// Whether the device was opened with timestamp queries.
+    timestamps: bool,
+}
+
+impl Profiling {
+    pub(super) fn new(timestamps: bool) -> Profiling {
+        Profiling {
+            profiler: Mutex::new(None),
+            timestamps,
+        }
+    }
+}
+
+impl Gpu {
+    /// Per-kernel profiling: while on, every dispatch runs in a compute pass of its own and
+    /// its time (GPU timestamps where the adapter has them, else the wall time of the
+    /// dispatch submitted alone), count and stated bytes/FLOPs are added to its kernel's
+    /// totals. Slower than normal running; `take_profile` returns and clears the totals.
+    pub fn set_profiling(&self, on: bool) {
+        let clock = if self.profile.timestamps {
+            ProfileClock::Timestamps
+        } else {
+            ProfileClock::Wall
+        };
+        *lock(&self.profile.profiler) = on.then(|| Profiler::new(clock));
+    }
+
+    /// How `set_profiling` measures on this device.
+    pub fn profile_clock(&self) -> ProfileClock {
+        if self.profile.timestamps {
+            ProfileClock::Timestamps
+        } else {
+            ProfileClock::Wall
+        }
+    }
+
+    /// Per-kernel totals since profiling was switched on, largest time first.
+    pub fn take_profile(&self) -> Vec<KernelStat> {
+        lock(&self.profile.profiler)
+            .as_mut()
+            .map(|p| p.take())
+            .unwrap_or_default()
+    }
+
+    /// The resolved timestamps of a profiled submission (native only: the browser cannot
+    /// wait inside a recorder's flush, so profiling is not offered there).
+    pub(crate) fn read_timestamps(&self, buf: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.read_bytes(buf, 0, bytes);
+        #[cfg(target_arch = "wasm32")]
+        {
+            let _ = (buf, bytes);
+            Err(Error::msg(
+                "per-kernel profiling is not available in the browser",
+            ))
+        }
+    }
+
+    /// A timestamp query set of `n` queries (profiling only).
+    pub(crate) fn query_set(&self, n: u32) -> wgpu::QuerySet {
+        self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: n.max(2),
+        })
     }
 }

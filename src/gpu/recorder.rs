@@ -4,8 +4,9 @@
 //! the arena is written once right before the submit. When it fills up the recorder
 //! submits what it has and goes on (queue order keeps the earlier reads first).
 
+use super::pools::{BindGroupCache, PARAM_ARENA};
 use super::profile::{Cost, ProfileClock};
-use super::{Gpu, PARAM_ARENA};
+use super::Gpu;
 use crate::error::Result;
 use std::sync::{Arc, MutexGuard};
 
@@ -49,7 +50,7 @@ impl Gpu {
             ops: Vec::new(),
             cost: Cost::default(),
             cache: false,
-            _arena: super::lock(&self.arena_lock),
+            _arena: super::lock(&self.params.lock),
         }
     }
 }
@@ -98,24 +99,17 @@ impl<'g> Recorder<'g> {
         self.params.extend_from_slice(bytes);
         self.params.resize((offset + PARAM_STRIDE) as usize, 0);
         let size = (bytes.len() as u64).div_ceil(16) * 16;
-        let key = self.cache.then(|| {
-            (
-                Arc::as_ptr(pipeline) as usize,
-                offset,
-                size,
-                buffers.iter().map(|b| (*b).clone()).collect::<Vec<_>>(),
-            )
-        });
-        let cached = key
-            .as_ref()
-            .and_then(|k| super::lock(&self.gpu.bind_groups).get(k).cloned());
+        let key = self
+            .cache
+            .then(|| BindGroupCache::key(pipeline, offset, size, buffers));
+        let cached = key.as_ref().and_then(|k| self.gpu.bind_groups.get(k));
         let group = match cached {
             Some(g) => g,
             None => {
                 let mut entries = vec![wgpu::BindGroupEntry {
                     binding: 0,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &self.gpu.param_arena,
+                        buffer: &self.gpu.params.buffer,
                         offset,
                         size: std::num::NonZeroU64::new(size),
                     }),
@@ -132,11 +126,7 @@ impl<'g> Recorder<'g> {
                     entries: &entries,
                 });
                 if let Some(k) = key {
-                    let mut m = super::lock(&self.gpu.bind_groups);
-                    if m.len() >= super::BIND_CACHE_MAX {
-                        m.clear();
-                    }
-                    m.insert(k, g.clone());
+                    self.gpu.bind_groups.insert(k, g.clone());
                 }
                 g
             }
@@ -148,7 +138,9 @@ impl<'g> Recorder<'g> {
             wg,
             cost,
         });
-        let clock = super::lock(&self.gpu.profile).as_ref().map(|p| p.clock);
+        let clock = super::lock(&self.gpu.profile.profiler)
+            .as_ref()
+            .map(|p| p.clock);
         match clock {
             Some(ProfileClock::Timestamps) if self.ops.len() >= PROFILE_BATCH => self.flush(),
             None | Some(ProfileClock::Timestamps) => {}
@@ -159,7 +151,7 @@ impl<'g> Recorder<'g> {
                 let _ = self.gpu.sync();
                 let dt = t.elapsed().as_secs_f64();
                 let label = self.gpu.label_of(pipeline);
-                if let Some(p) = super::lock(&self.gpu.profile).as_mut() {
+                if let Some(p) = super::lock(&self.gpu.profile.profiler).as_mut() {
                     p.add(&label, dt, cost);
                 }
             }
@@ -196,10 +188,10 @@ impl<'g> Recorder<'g> {
         if !self.params.is_empty() {
             self.gpu
                 .queue
-                .write_buffer(&self.gpu.param_arena, 0, &self.params);
+                .write_buffer(&self.gpu.params.buffer, 0, &self.params);
         }
         let ops = std::mem::take(&mut self.ops);
-        let timed = super::lock(&self.gpu.profile)
+        let timed = super::lock(&self.gpu.profile.profiler)
             .as_ref()
             .is_some_and(|p| p.clock == ProfileClock::Timestamps);
         let queries = timed.then(|| self.gpu.query_set(2 * ops.len() as u32));
@@ -269,7 +261,7 @@ impl<'g> Recorder<'g> {
                 let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&raw);
                 let period = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
                 let mut j = 0;
-                let mut prof = super::lock(&self.gpu.profile);
+                let mut prof = super::lock(&self.gpu.profile.profiler);
                 for op in &ops {
                     if let Op::Dispatch { pipeline, cost, .. } = op {
                         let dt = ticks[2 * j + 1].saturating_sub(ticks[2 * j]) as f64 * period;

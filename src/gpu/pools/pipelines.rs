@@ -1,0 +1,226 @@
+//! The pipeline cache: a shader's source is assembled (the device prelude, the shader's own
+//! `enable` lines, the defines, then the rest), compiled once per (shader name, entry point,
+//! defines) and kept, with the `name::entry` label the profiler reports it under. Shaders
+//! with cooperative matrices go through sparsa's own SPIR-V path ([`spirv::compile`]); the
+//! others are compiled by wgpu with the runtime checks stated in [`Gpu::shader_module`].
+
+#[cfg(not(target_arch = "wasm32"))]
+use crate::gpu::spirv;
+use crate::gpu::{lock, Gpu};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+type PipelineKey = (&'static str, &'static str, String);
+
+/// Compiled pipelines and their labels.
+pub(in crate::gpu) struct PipelineCache {
+    /// Lines put before every shader's source: the `enable` directives this device needs
+    /// (see [`shader_prelude`]).
+    prelude: String,
+    compiled: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    /// `name::entry` of each pipeline (by address), for the profiler.
+    labels: Mutex<HashMap<usize, String>>,
+}
+
+impl PipelineCache {
+    pub(in crate::gpu) fn new(prelude: String) -> PipelineCache {
+        PipelineCache {
+            prelude,
+            compiled: Mutex::default(),
+            labels: Mutex::default(),
+        }
+    }
+}
+
+impl Gpu {
+    /// The pipeline for `entry` of shader `name`, compiled with `defines` once and cached.
+    /// `defines` are `(NAME, WGSL literal)` pairs, e.g. `("WG", "256u")`.
+    pub fn pipeline(
+        &self,
+        name: &'static str,
+        source: &'static str,
+        entry: &'static str,
+        defines: &[(&str, String)],
+    ) -> Arc<wgpu::ComputePipeline> {
+        let header = define_lines(defines);
+        let key = (name, entry, header.clone());
+        if let Some(p) = lock(&self.pipelines.compiled).get(&key) {
+            return p.clone();
+        }
+        let prelude = if source.contains("subgroup") {
+            self.pipelines.prelude.as_str()
+        } else {
+            ""
+        };
+        let src = shader_source(prelude, &header, source);
+        let (module, layout) = if split_enables(source).0.contains("wgpu_cooperative_matrix") {
+            let (module, layout) = self.coop_module(name, &src, entry);
+            (module, Some(layout))
+        } else {
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(name),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            };
+            (self.shader_module(desc), None)
+        };
+        let p = Arc::new(
+            self.device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&format!("{name}::{entry}")),
+                    layout: layout.as_ref(),
+                    module: &module,
+                    entry_point: Some(entry),
+                    compilation_options: Default::default(),
+                    cache: None,
+                }),
+        );
+        lock(&self.pipelines.labels).insert(Arc::as_ptr(&p) as usize, format!("{name}::{entry}"));
+        lock(&self.pipelines.compiled).insert(key, p.clone());
+        p
+    }
+
+    /// A shader with cooperative matrices: SPIR-V from naga with workgroup memory ordered
+    /// under the Vulkan memory model ([`spirv::compile`]), as a passthrough module, and its
+    /// pipeline layout. The sources are sparsa's own and validated by naga on every run
+    /// (tests included), so a failure here is a bug: it panics with naga's message.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn coop_module(
+        &self,
+        name: &str,
+        src: &str,
+        entry: &str,
+    ) -> (wgpu::ShaderModule, wgpu::PipelineLayout) {
+        let (words, entries) = match spirv::compile(src, entry) {
+            Ok(x) => x,
+            Err(e) => panic!("shader {name}: {e}"),
+        };
+        let desc = wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some(name),
+            entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
+                name: entry.to_string().into(),
+                workgroup_size: (256, 1, 1),
+            }]),
+            spirv: Some(std::borrow::Cow::Owned(words)),
+            ..Default::default()
+        };
+        // SAFETY: the words are naga's SPIR-V for a module naga validated, changed only by
+        // `spirv::publish_workgroup_memory` (memory-operand and barrier-semantics bits that
+        // the Vulkan memory model the module already declares defines; covered by its unit
+        // test), with buffer and index bounds checks compiled in. The bind group layout
+        // passed with it is naga's reflection of the same module.
+        let module = unsafe { self.device.create_shader_module_passthrough(desc) };
+        let bgl = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(name),
+                entries: &entries,
+            });
+        let layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(name),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            });
+        (module, layout)
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn coop_module(
+        &self,
+        name: &str,
+        _src: &str,
+        _entry: &str,
+    ) -> (wgpu::ShaderModule, wgpu::PipelineLayout) {
+        unreachable!("shader {name}: cooperative matrices are native only")
+    }
+
+    /// Compile a shader module. Natively without wgpu's loop bounding and integer-division
+    /// checks (see the SAFETY comment); in the browser the WebGPU implementation applies its
+    /// own checks and the plain call is used.
+    fn shader_module(&self, desc: wgpu::ShaderModuleDescriptor) -> wgpu::ShaderModule {
+        if cfg!(target_arch = "wasm32") {
+            return self.device.create_shader_module(desc);
+        }
+        let checks = wgpu::ShaderRuntimeChecks {
+            bounds_checks: shader_bounds_checks(),
+            force_loop_bounding: false,
+            int_div_checks: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        };
+        // SAFETY: two checks are off by default. Loop bounding stops infinite loops from being
+        // undefined behaviour: every loop in sparsa's shaders runs a counter over a finite
+        // range (their own source, never user input), so none is infinite. Integer-division
+        // checks guard against dividing by zero (or i32::MIN by -1): every divisor in the
+        // shaders is a nonzero define or a Params field the wrappers compute as nonzero
+        // (tile counts, strides, head counts; the wrappers return early on empty shapes),
+        // and no signed division by -1 occurs. Buffer bounds checks stay on unless
+        // SPARSA_SHADER_BOUNDS_CHECKS=0 asks otherwise (a measurement aid; the kernels'
+        // index arithmetic is tested against CPU references).
+        unsafe { self.device.create_shader_module_trusted(desc, checks) }
+    }
+
+    pub(crate) fn label_of(&self, p: &Arc<wgpu::ComputePipeline>) -> String {
+        lock(&self.pipelines.labels)
+            .get(&(Arc::as_ptr(p) as usize))
+            .cloned()
+            .unwrap_or_else(|| "?".into())
+    }
+}
+
+/// `const NAME = value;` lines for `defines`.
+pub(crate) fn define_lines(defines: &[(&str, String)]) -> String {
+    defines
+        .iter()
+        .map(|(k, v)| format!("const {k} = {v};\n"))
+        .collect()
+}
+
+/// A shader source's leading `enable` directives, and the rest.
+fn split_enables(source: &str) -> (&str, &str) {
+    let body = source.trim_start();
+    let split = body
+        .lines()
+        .take_while(|l| l.starts_with("enable "))
+        .map(|l| l.len() + 1)
+        .sum::<usize>()
+        .min(body.len());
+    body.split_at(split)
+}
+
+/// A shader's full source: the device prelude, the source's own leading `enable`
+/// directives (which must come before any declaration), the defines, then the rest.
+pub(crate) fn shader_source(prelude: &str, header: &str, source: &str) -> String {
+    let (enables, rest) = split_enables(source);
+    format!("{prelude}{enables}{header}{rest}")
+}
+
+/// The `enable` directives put before a shader's source on a device with `features`.
+/// Browsers require `enable subgroups;` before subgroup builtins, which native wgpu (naga)
+/// rejects, so the line is generated for the web build only; the `.wgsl` files stay one
+/// source for both.
+pub fn shader_prelude(features: wgpu::Features, web: bool) -> String {
+    let mut p = String::new();
+    if web && features.contains(wgpu::Features::SUBGROUP) {
+        p.push_str("enable subgroups;\n");
+    }
+    p
+}
+
+/// Whether shaders get wgpu's buffer bounds checks (on unless SPARSA_SHADER_BOUNDS_CHECKS=0).
+fn shader_bounds_checks() -> bool {
+    std::env::var("SPARSA_SHADER_BOUNDS_CHECKS").map_or(true, |v| v != "0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prelude_enables_subgroups_only_in_the_browser() {
+        let sg = wgpu::Features::SUBGROUP;
+        assert_eq!(shader_prelude(sg, true), "enable subgroups;\n");
+        assert_eq!(shader_prelude(sg, false), "", "naga rejects the directive");
+        assert_eq!(shader_prelude(wgpu::Features::empty(), true), "");
+    }
+}

@@ -1,0 +1,130 @@
+//! Reading GPU buffers back to the host: a copy into a mappable staging buffer (kept between
+//! reads and replaced only by a larger one), mapped once the GPU has finished the submission
+//! it waits for. Natively the reads block on the GPU; in the browser they are futures that
+//! resolve when the buffer is mapped.
+
+use super::oneshot::oneshot;
+use super::{lock, Gpu};
+use crate::error::{Error, Result};
+use std::sync::Mutex;
+
+/// The staging buffer and the latest submission, which readbacks wait for.
+#[derive(Default)]
+pub(super) struct Readback {
+    /// The mappable buffer readbacks copy into, kept between reads and replaced only by a
+    /// larger one (`None` while a read has it).
+    staging: Mutex<Option<wgpu::Buffer>>,
+    /// The latest queue submission (see [`Gpu::last_submission`]).
+    pub(super) last_submit: Mutex<Option<wgpu::SubmissionIndex>>,
+}
+
+impl Gpu {
+    /// Copy `bytes` bytes from `offset` in `buf` back to the host (waits for the GPU).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_bytes(&self, buf: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+        pollster::block_on(self.read_bytes_async(buf, offset, bytes))
+    }
+
+    /// [`Gpu::read_bytes`] for every platform: natively the GPU is waited for before the
+    /// first await (so the future is ready at once); in the browser the future resolves
+    /// when the buffer is mapped.
+    pub async fn read_bytes_async(
+        &self,
+        buf: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<Vec<u8>> {
+        let size = bytes.div_ceil(4) * 4;
+        // The staging buffer is taken out of its slot for the read (a read that overlaps
+        // another, only possible in the browser, makes its own) and put back after it.
+        let kept = lock(&self.readback.staging).take();
+        let staging = match kept {
+            Some(b) if b.size() >= size.max(4) => b,
+            old => self.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: size.max(4).max(old.map_or(0, |b| b.size())),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+        };
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
+        self.submit([enc.finish()]);
+        let data = self.read_mapped_async(&staging, bytes, None).await?;
+        let mut slot = lock(&self.readback.staging);
+        if slot.as_ref().is_none_or(|b| b.size() < staging.size()) {
+            *slot = Some(staging);
+        }
+        Ok(data)
+    }
+
+    /// The first `bytes` bytes of the mappable buffer `buf`, once the submission `after` (or,
+    /// with `None`, every submission so far) has finished on the GPU; later submissions may
+    /// still run. The buffer is unmapped again before this returns.
+    pub async fn read_mapped_async(
+        &self,
+        buf: &wgpu::Buffer,
+        bytes: u64,
+        after: Option<wgpu::SubmissionIndex>,
+    ) -> Result<Vec<u8>> {
+        let slice = buf.slice(..bytes.div_ceil(4).max(1) * 4);
+        let (tx, rx) = oneshot();
+        slice.map_async(wgpu::MapMode::Read, move |r| tx.send(r));
+        // In the browser this returns at once: the device is polled by the browser itself.
+        let wait = wgpu::PollType::Wait {
+            submission_index: after,
+            timeout: None,
+        };
+        if let Err(e) = self.device.poll(wait) {
+            self.check()?;
+            return Err(Error::msg(format!(
+                "GPU wait failed on {}: {e}",
+                self.adapter.name
+            )));
+        }
+        let mapped = rx.await;
+        if !matches!(mapped, Some(Ok(()))) {
+            // A device lost after the awaited submission fails the map; its callback runs
+            // when the device is waited on, so the loss is what gets reported.
+            let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+        }
+        self.check()?;
+        mapped
+            .ok_or_else(|| Error::msg("GPU readback was dropped"))?
+            .map_err(|e| Error::msg(format!("GPU readback failed: {e}")))?;
+        let data = slice
+            .get_mapped_range()
+            .map_err(|e| Error::msg(format!("GPU readback failed: {e}")))?[..bytes as usize]
+            .to_vec();
+        buf.unmap();
+        Ok(data)
+    }
+
+    /// The latest queue submission, to wait for with [`Gpu::read_mapped_async`].
+    pub fn last_submission(&self) -> Option<wgpu::SubmissionIndex> {
+        lock(&self.readback.last_submit).clone()
+    }
+
+    pub async fn read_f32_async(
+        &self,
+        buf: &wgpu::Buffer,
+        offset_elems: u64,
+        n: usize,
+    ) -> Result<Vec<f32>> {
+        let b = self
+            .read_bytes_async(buf, offset_elems * 4, n as u64 * 4)
+            .await?;
+        Ok(bytemuck::pod_collect_to_vec(&b))
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_f32(&self, buf: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<f32>> {
+        pollster::block_on(self.read_f32_async(buf, offset_elems, n))
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_u32(&self, buf: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<u32>> {
+        let b = self.read_bytes(buf, offset_elems * 4, n as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&b))
+    }
+}
