@@ -19,28 +19,7 @@ const DCH: u32 = 64u;   // absorb_q: dn chunk staged in workgroup memory
 const KCH: u32 = 128u;  // up_v: kv_lora chunk staged in workgroup memory
 const VT: u32 = 16u;    // up_v: outputs per workgroup (16 invocations each)
 
-struct Params {
-    a_off: u32,
-    a_stride: u32,
-    b_off: u32,
-    b_stride: u32,
-    c_off: u32,
-    c_stride: u32,
-    o_off: u32,
-    o_stride: u32,
-    rows: u32,
-    heads: u32,
-    dn: u32,
-    dr: u32,
-    dv: u32,
-    kv_lora: u32,
-    topk: u32,
-    tiles: u32,
-    scale: f32,
-    w_stride: u32,  // elements per kv_b row on the GPU (kv_lora, or padded to the block)
-    _pad1: u32,
-    _pad2: u32,
-}
+// Params (binding 0): declared once, in src/kernels/attention.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> in0: array<f32>;

@@ -4,12 +4,7 @@
 //        chains (64 FLOP per round per invocation) in registers, then stores one value so nothing is dead code.
 //        The multiplier and addend come from the uniform, so the compiler cannot fold them.
 
-struct Params {
-    a: f32,
-    b: f32,
-    iters: u32,
-    _pad: u32,
-}
+// Params (binding 0): declared once, in src/bench.rs (`CalibrateParams`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;

@@ -7,20 +7,7 @@
 //   fill_random  o[r, c] = uniform in [-√3, √3) (unit variance) from a hash of (seed, r, c);
 //                the seed travels in `topk`. For synthetic caches in `sparsa bench`.
 
-struct Params {
-    a_off: u32,
-    a_stride: u32,
-    b_off: u32,
-    b_stride: u32,
-    o_off: u32,
-    o_stride: u32,
-    rows: u32,
-    dim: u32,
-    topk: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
+// Params (binding 0): declared once, in src/kernels/elementwise.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> o: array<f32>;

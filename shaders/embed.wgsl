@@ -4,20 +4,7 @@
 // One workgroup per token: rows whose id lies in this chunk are copied; ids >= vocab are
 // zeroed by the dispatch of the last chunk; other rows are left alone.
 
-struct Params {
-    ids_off: u32,
-    n: u32,
-    dim: u32,
-    row0: u32,
-    crow: u32,
-    vocab: u32,
-    out_off: u32,
-    out_stride: u32,
-    last: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
+// Params (binding 0): declared once, in src/kernels/embed.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;

@@ -19,24 +19,7 @@
 const KT: u32 = 64u;   // keys per workgroup
 const NG: u32 = 8u;    // head groups (256 invocations = NG × KT/2 key pairs)
 
-struct Params {
-    q_off: u32,
-    q_stride: u32,
-    w_off: u32,
-    w_stride: u32,
-    k_off: u32,
-    k_stride: u32,
-    o_off: u32,
-    o_stride: u32,
-    rows: u32,
-    dim: u32,
-    n_keys: u32,
-    pos0: u32,
-    key_blocks: u32,
-    _pad: u32,
-    w_scale: f32,
-    scale: f32,
-}
+// Params (binding 0): declared once, in src/kernels/indexer.rs (`Params`), and put before this source.
 
 const NEG_INF_BITS: u32 = 0xff800000u;
 

@@ -19,24 +19,7 @@
 //   gemm_experts  one (expert, 64-column tile) per workgroup; gathers the slots routed to
 //                 that expert into 64-row tiles (a grouped GEMM).
 
-struct Params {
-    k: u32,         // columns of W = length of the dot products
-    n: u32,         // dense: rows of this chunk; experts: rows per expert
-    rows: u32,      // dense: rows of x / y; experts: slots (= tokens * topk)
-    topk: u32,      // experts only
-    x_off: u32,
-    x_stride: u32,
-    y_off: u32,     // dense: includes the chunk's first row as a column offset
-    y_stride: u32,
-    row0: u32,      // experts: first stacked row held by this chunk
-    crow: u32,      // experts: rows held by this chunk
-    x_per_slot: u32,
-    e0: u32,        // experts GEMM: first expert (partly) in this chunk
-    n_experts: u32,
-    ws: u32,        // elements per weight row in the chunk (k, or k padded to the block)
-    _p1: u32,
-    _p2: u32,
-}
+// Params (binding 0): declared once, in src/kernels/matmul.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;

@@ -29,28 +29,7 @@ const PT: u32 = WG / LANES; // tile positions
 const TPH: u32 = WG / HG;   // invocations per head in the softmax phase
 const NEG_BIG: f32 = -3.0e38;
 
-struct Params {
-    qa_off: u32,     // q_abs view
-    qa_stride: u32,
-    q_off: u32,      // q view (q_pe = columns h*(dn+dr)+dn ..)
-    q_stride: u32,
-    c_off: u32,      // cache view
-    c_stride: u32,
-    o_off: u32,      // o_lat view
-    o_stride: u32,
-    rows: u32,
-    heads: u32,
-    dn: u32,
-    dr: u32,
-    kv_lora: u32,
-    topk: u32,       // idx row stride (capacity)
-    splits: u32,
-    split_len: u32,  // positions per split (a multiple of PT)
-    scale: f32,
-    hgroups: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+// Params (binding 0): declared once, in src/kernels/attention.rs (`MlaParams`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;

@@ -3,16 +3,7 @@
 //   rms_norm    y = x * rsqrt(mean(x²) + eps) * w
 //   layer_norm  y = (x - mean) * rsqrt(var + eps) * w + b   (biased variance, two passes)
 
-struct Params {
-    x_off: u32,
-    x_stride: u32,
-    y_off: u32,
-    y_stride: u32,
-    rows: u32,
-    dim: u32,
-    eps: f32,
-    _pad: u32,
-}
+// Params (binding 0): declared once, in src/kernels/norm.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;

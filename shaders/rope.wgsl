@@ -3,20 +3,7 @@
 //   rope_inplace  reads and writes dst
 //   rope_copy     reads src, writes only the rotated dims of dst
 
-struct Params {
-    rows: u32,
-    heads: u32,
-    head_stride: u32,
-    rot_off: u32,
-    half: u32,
-    interleave: u32,
-    src_off: u32,
-    src_stride: u32,
-    dst_off: u32,
-    dst_stride: u32,
-    _p0: u32,
-    _p1: u32,
-}
+// Params (binding 0): declared once, in src/kernels/rope.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> dst: array<f32>;

@@ -12,20 +12,7 @@
 const WG: u32 = 256u;
 const MAX_GROUPS: u32 = 64u;
 
-struct Params {
-    l_off: u32,
-    l_stride: u32,
-    rows: u32,
-    n_experts: u32,
-    n_group: u32,
-    topk_group: u32,
-    topk: u32,
-    norm: u32,
-    scaling: f32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// Params (binding 0): declared once, in src/kernels/router.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;

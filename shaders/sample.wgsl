@@ -9,16 +9,7 @@
 // Bindings: 1 = part (u32 pairs), 2 = io: the row as f32 bits (argmax_part) or the output
 // ids (argmax_final). One binding for both keeps each pass's bind group to two buffers.
 
-struct Params {
-    x_off: u32,
-    n: u32,
-    parts: u32,
-    per_part: u32,
-    out_off: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
+// Params (binding 0): declared once, in src/kernels/sample.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> part: array<u32>;

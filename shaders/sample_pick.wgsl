@@ -16,20 +16,7 @@
 // Bindings: 1 = work (f32), 2 = logits (f32 bits), 3 = ids (in/out); prep: 4 = window ids;
 // pick: 4 = the topk's ids, 5 = its count.
 
-struct Params {
-    n: u32,
-    x_off: u32,
-    win_len: u32,
-    use_prev: u32,
-    out_off: u32,
-    k: u32,
-    temperature: f32,
-    top_p: f32,
-    penalty: f32,
-    r: f32,
-    raw: u32,    // prep: 1 keeps non-finite values (for the penalized argmax)
-    _p1: u32,
-}
+// Params (binding 0): declared once, in src/kernels/sample.rs (`PickParams`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> work: array<f32>;

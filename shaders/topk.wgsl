@@ -13,16 +13,7 @@
 
 const WG: u32 = 256u;
 
-struct Params {
-    s_off: u32,
-    s_stride: u32,
-    rows: u32,
-    n_keys: u32,
-    pos0: u32,
-    topk: u32,
-    seg_len: u32, // unused here (topk_wide.wgsl)
-    segs: u32,
-}
+// Params (binding 0): declared once, in src/kernels/topk.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> idx: array<u32>;

@@ -36,16 +36,7 @@ const HROW: u32 = 5120u;
 // u32 per row in `state`: (prefix, remaining) after digits 0, 1, 2; the last pair is (T, need).
 const SROW: u32 = 8u;
 
-struct Params {
-    s_off: u32,
-    s_stride: u32,
-    rows: u32,
-    n_keys: u32,
-    pos0: u32,
-    topk: u32,
-    seg_len: u32,
-    segs: u32,
-}
+// Params (binding 0): declared once, in src/kernels/topk.rs (`Params`), and put before this source.
 
 // Every entry point uses a prefix of these bindings (hist0: 1-2, hist1/hist2: 1-3,
 // count: 1-4, collect: all).

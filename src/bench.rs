@@ -15,8 +15,7 @@
 
 use crate::error::{Error, Result};
 use crate::generate::{argmax, generate, Sampler, SamplingParams};
-use crate::gpu::{Gpu, KernelStat, Recorder};
-use crate::kernels::src;
+use crate::gpu::{kernel_params, Gpu, KernelStat, Recorder, Shader};
 use crate::model::{Model, Session};
 use serde::Serialize;
 use std::time::Instant;
@@ -53,14 +52,17 @@ fn best_time(gpu: &Gpu, mut record: impl FnMut(&mut Recorder)) -> Result<f64> {
     Ok(best)
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct CalibrateParams {
-    a: f32,
-    b: f32,
-    iters: u32,
-    pad: u32,
+kernel_params! {
+    struct CalibrateParams {
+        a: f32,
+        b: f32,
+        iters: u32,
+        pad: u32,
+    }
 }
+
+const CALIBRATE: Shader<CalibrateParams> =
+    Shader::new("calibrate", include_str!("../shaders/calibrate.wgsl"));
 
 /// Copy bandwidth and FMA rate, each the best of a few timed runs after a warm-up.
 pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
@@ -83,7 +85,7 @@ pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
     })?;
     let transfer_copy_bytes_per_s = 2.0 * size as f64 * copies as f64 / best;
     // The same bytes copied by a kernel.
-    let cp = gpu.pipeline("calibrate", src::CALIBRATE, "copy", &[]);
+    let cp = gpu.pipeline(&CALIBRATE, "copy", &[]);
     let pc = CalibrateParams {
         a: 0.0,
         b: 0.0,
@@ -103,7 +105,7 @@ pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
     // FMA: grow the grid until one dispatch takes ≥ 100 ms (GPUs raise their clocks under
     // sustained load), then the best of three at that size.
     let out = gpu.buffer(16, "calibrate out")?;
-    let pipe = gpu.pipeline("calibrate", src::CALIBRATE, "fma_rate", &[]);
+    let pipe = gpu.pipeline(&CALIBRATE, "fma_rate", &[]);
     let iters = 512u32;
     let p = CalibrateParams {
         a: 0.999,

@@ -1,8 +1,9 @@
 //! The wgpu device, buffers, the pipeline cache and the command recorder.
 //!
 //! Conventions every kernel follows:
-//! - `@group(0) @binding(0)` is a uniform `Params` struct (the wrapper's `#[repr(C)]` twin);
-//!   storage buffers follow at bindings 1, 2, … in the order the wrapper passes them.
+//! - `@group(0) @binding(0)` is a uniform `Params` struct, declared once in the wrapper
+//!   with [`kernel_params!`] (its WGSL twin is generated; see `params`); storage buffers
+//!   follow at bindings 1, 2, … in the order the wrapper passes them.
 //! - Buffers are always bound whole (offset 0); element offsets travel in `Params`.
 //! - Defines are prepended to the WGSL source as `const NAME = VALUE;` lines, and a pipeline
 //!   is cached by (shader name, entry point, defines).
@@ -17,6 +18,7 @@
 mod adapter;
 mod device;
 mod oneshot;
+mod params;
 mod pools;
 mod profile;
 mod readback;
@@ -28,6 +30,8 @@ mod stats;
 #[cfg(not(target_arch = "wasm32"))]
 pub use adapter::list_adapters;
 pub use adapter::{AdapterSummary, LimitsRequest};
+pub(crate) use params::kernel_params;
+pub use params::{Kernel, KernelParams, Shader, WgslScalar};
 pub use pools::buffers::Write;
 pub use pools::pipelines::shader_prelude;
 /// For the kernel tests that assemble a shader's source as the pipeline cache does.

@@ -6,7 +6,7 @@
 
 use super::pools::{BindGroupCache, PARAM_ARENA};
 use super::profile::{Cost, ProfileClock};
-use super::Gpu;
+use super::{Gpu, Kernel, KernelParams};
 use crate::error::Result;
 use std::sync::{Arc, MutexGuard};
 
@@ -75,15 +75,16 @@ impl<'g> Recorder<'g> {
         self.cost = Cost { bytes, flops, tag };
     }
 
-    /// Dispatch `pipeline` with `params` at binding 0 and `buffers` at bindings 1.. .
+    /// Dispatch `kernel` with `params` at binding 0 and `buffers` at bindings 1.. .
     /// `wg` is the workgroup grid; a zero anywhere skips the dispatch.
-    pub fn dispatch<P: bytemuck::Pod>(
+    pub fn dispatch<P: KernelParams>(
         &mut self,
-        pipeline: &Arc<wgpu::ComputePipeline>,
+        kernel: &Kernel<P>,
         params: &P,
         buffers: &[&wgpu::Buffer],
         wg: [u32; 3],
     ) {
+        let pipeline = &kernel.pipeline;
         if wg.contains(&0) {
             return;
         }

@@ -8,9 +8,9 @@
 //! `wkvb` must be one chunk (it is small: 64·448·512 bf16 = 29 MiB for GLM-5) in F32, BF16
 //! or F16. Output buffers must not be any of the input buffers.
 use super::topk::Selection;
-use super::{src, Recorder, View};
+use super::{Recorder, View};
 use crate::config::Config;
-use crate::gpu::u;
+use crate::gpu::{kernel_params, u, Shader};
 use crate::weights::{GpuWeight, WFormat};
 use bytemuck::Zeroable;
 
@@ -18,28 +18,30 @@ const WG: u32 = 256;
 /// up_v: outputs per workgroup.
 const VT: u32 = 16;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    a_off: u32,
-    a_stride: u32,
-    b_off: u32,
-    b_stride: u32,
-    c_off: u32,
-    c_stride: u32,
-    o_off: u32,
-    o_stride: u32,
-    rows: u32,
-    heads: u32,
-    dn: u32,
-    dr: u32,
-    dv: u32,
-    kv_lora: u32,
-    topk: u32,
-    tiles: u32,
-    scale: f32,
-    w_stride: u32,
-    _pad: [u32; 2],
+kernel_params! {
+    struct Params {
+        a_off: u32,
+        a_stride: u32,
+        b_off: u32,
+        b_stride: u32,
+        c_off: u32,
+        c_stride: u32,
+        o_off: u32,
+        o_stride: u32,
+        rows: u32,
+        heads: u32,
+        dn: u32,
+        dr: u32,
+        dv: u32,
+        kv_lora: u32,
+        topk: u32,
+        tiles: u32,
+        scale: f32,
+        /// Elements per kv_b row on the GPU (kv_lora, or padded to the block)
+        w_stride: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
 }
 
 /// Every pipeline of attention.wgsl sets all its defines.
@@ -173,12 +175,7 @@ fn kvb_product(
     let kv_lora = wkvb.cols as u32;
     let tr = row_tile(rows);
     let gpu = rec.gpu();
-    let p = gpu.pipeline(
-        "attention",
-        src::ATTENTION,
-        entry,
-        &defines(wkvb.format, tr),
-    );
+    let p = gpu.pipeline(&ATTENTION, entry, &defines(wkvb.format, tr));
     let params = Params {
         a_off: a.offset,
         a_stride: a.stride,
@@ -211,29 +208,46 @@ fn kvb_product(
     );
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct MlaParams {
-    qa_off: u32,
-    qa_stride: u32,
-    q_off: u32,
-    q_stride: u32,
-    c_off: u32,
-    c_stride: u32,
-    o_off: u32,
-    o_stride: u32,
-    rows: u32,
-    heads: u32,
-    dn: u32,
-    dr: u32,
-    kv_lora: u32,
-    topk: u32,
-    splits: u32,
-    split_len: u32,
-    scale: f32,
-    hgroups: u32,
-    _pad: [u32; 2],
+kernel_params! {
+    struct MlaParams {
+        /// Q_abs view.
+        qa_off: u32,
+        qa_stride: u32,
+        /// Q view (q_pe = columns h*(dn+dr)+dn ..)
+        q_off: u32,
+        q_stride: u32,
+        /// Cache view.
+        c_off: u32,
+        c_stride: u32,
+        /// O_lat view.
+        o_off: u32,
+        o_stride: u32,
+        rows: u32,
+        heads: u32,
+        dn: u32,
+        dr: u32,
+        kv_lora: u32,
+        /// Idx row stride (capacity)
+        topk: u32,
+        splits: u32,
+        /// Positions per split (a multiple of PT)
+        split_len: u32,
+        scale: f32,
+        hgroups: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
 }
+
+const ATTENTION: Shader<Params> = Shader::new(
+    "attention",
+    concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
+        include_str!("../../shaders/attention.wgsl")
+    ),
+);
+const MLA: Shader<MlaParams> = Shader::new("mla", include_str!("../../shaders/mla.wgsl"));
 
 /// Workgroups `sparse_mla` aims for before it splits the selected positions.
 const MLA_TARGET_GROUPS: u32 = 1024;
@@ -333,7 +347,7 @@ pub fn sparse_mla(
         (n_max.div_ceil(len), len)
     };
     let defines = sh.defines();
-    let p = gpu.pipeline("mla", src::MLA, "mla", &defines);
+    let p = gpu.pipeline(&MLA, "mla", &defines);
     let params = MlaParams {
         qa_off: q_abs.offset,
         qa_stride: q_abs.stride,
@@ -353,7 +367,8 @@ pub fn sparse_mla(
         split_len,
         scale,
         hgroups,
-        _pad: [0; 2],
+        _pad0: 0,
+        _pad1: 0,
     };
     let row_bytes = 4 * (kv_lora + dr) as u64;
     let flops = 2 * rows as u64 * heads as u64 * n_max as u64 * (2 * kv_lora + dr) as u64;
@@ -382,7 +397,7 @@ pub fn sparse_mla(
         &[&part, q_abs.buf, q.buf, cache.buf, idx, cnt],
         gpu.grid(n),
     );
-    let pc = gpu.pipeline("mla", src::MLA, "mla_combine", &defines);
+    let pc = gpu.pipeline(&MLA, "mla_combine", &defines);
     rec.cost(part_bytes, 0, "");
     rec.dispatch(
         &pc,
@@ -405,28 +420,12 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::kernels::testutil::{assert_close, gpu, Placed, Rng};
     use crate::weights::DType;
 
     /// The weight as the GPU sees it (rounded to `dtype`).
     fn rounded(w: &[f32], dtype: DType) -> Vec<f32> {
         dtype.to_f32(&dtype.from_f32(w))
-    }
-
-    /// A matrix of `rows × cols` placed at `off` with row stride `stride` (padding NaN).
-    fn padded(data: &[f32], rows: usize, cols: usize, off: usize, stride: usize) -> Vec<f32> {
-        let mut v = vec![f32::NAN; off + rows * stride];
-        for r in 0..rows {
-            v[off + r * stride..off + r * stride + cols]
-                .copy_from_slice(&data[r * cols..(r + 1) * cols]);
-        }
-        v
-    }
-
-    fn unpad(all: &[f32], rows: usize, cols: usize, off: usize, stride: usize) -> Vec<f32> {
-        (0..rows)
-            .flat_map(|r| all[off + r * stride..off + r * stride + cols].to_vec())
-            .collect()
     }
 
     struct Dims {
@@ -587,30 +586,20 @@ mod tests {
             for rows in [1usize, 3, 11] {
                 let qc = d.heads * (d.dn + d.dr);
                 let q = rng.vec(rows * qc, 1.0);
-                let (qoff, qs) = (2, qc + 3);
-                let (ooff, os) = (5, d.heads * d.kv + 7);
-                let qb = g.buffer_from(&padded(&q, rows, qc, qoff, qs), "q").unwrap();
-                let ob = g
-                    .buffer_from(&vec![9.0f32; ooff + rows * os], "q_abs")
-                    .unwrap();
+                let qb = Placed::new(g, &q, qc, (2, qc + 3), f32::NAN);
+                let hk = d.heads * d.kv;
+                let ob = Placed::filled(g, rows, hk, (5, hk + 7), 9.0);
                 let mut rec = g.recorder();
                 absorb_q(
                     &mut rec,
-                    View::new(&qb, qoff as u32, qs as u32),
+                    qb.view(),
                     &wg,
-                    View::new(&ob, ooff as u32, os as u32),
+                    ob.view(),
                     rows as u32,
                     &d.mla(1.0),
                 );
                 rec.finish().unwrap();
-                let all = g.read_f32(&ob, 0, ooff + rows * os).unwrap();
-                let got = unpad(&all, rows, d.heads * d.kv, ooff, os);
-                assert!(all[..ooff].iter().all(|&x| x == 9.0));
-                for r in 0..rows {
-                    assert!(all[ooff + r * os + d.heads * d.kv..ooff + (r + 1) * os]
-                        .iter()
-                        .all(|&x| x == 9.0));
-                }
+                let got = ob.read(g, "absorb_q");
                 assert_close(
                     &got,
                     &absorb_ref(&q, &wr, rows, &d),
@@ -639,29 +628,20 @@ mod tests {
             for rows in [1usize, 4, 10] {
                 let ic = d.heads * d.kv;
                 let ol = rng.vec(rows * ic, 1.0);
-                let (ioff, is) = (1, ic + 2);
-                let (ooff, os) = (3, d.heads * d.dv + 1);
-                let ib = g
-                    .buffer_from(&padded(&ol, rows, ic, ioff, is), "o_lat")
-                    .unwrap();
-                let ob = g.buffer_from(&vec![9.0f32; ooff + rows * os], "o").unwrap();
+                let ib = Placed::new(g, &ol, ic, (1, ic + 2), f32::NAN);
+                let hv = d.heads * d.dv;
+                let ob = Placed::filled(g, rows, hv, (3, hv + 1), 9.0);
                 let mut rec = g.recorder();
                 up_v(
                     &mut rec,
-                    View::new(&ib, ioff as u32, is as u32),
+                    ib.view(),
                     &wg,
-                    View::new(&ob, ooff as u32, os as u32),
+                    ob.view(),
                     rows as u32,
                     &d.mla(1.0),
                 );
                 rec.finish().unwrap();
-                let all = g.read_f32(&ob, 0, ooff + rows * os).unwrap();
-                let got = unpad(&all, rows, d.heads * d.dv, ooff, os);
-                for r in 0..rows {
-                    assert!(all[ooff + r * os + d.heads * d.dv..ooff + (r + 1) * os]
-                        .iter()
-                        .all(|&x| x == 9.0));
-                }
+                let got = ob.read(g, "up_v");
                 assert_close(
                     &got,
                     &up_v_ref(&ol, &wr, rows, &d),
@@ -720,49 +700,33 @@ mod tests {
             idx[t * topk..t * topk + sel[t].len()].copy_from_slice(&sel[t]);
             cnt[t] = sel[t].len() as u32;
         }
-        let (coff, cs) = (4, w + 3);
-        let cb = g
-            .buffer_from(&padded(&cache, n_keys, w, coff, cs), "cache")
-            .unwrap();
-        let (aoff, as_) = (1, d.heads * d.kv + 2);
-        let ab = g
-            .buffer_from(&padded(&qa, rows, d.heads * d.kv, aoff, as_), "q_abs")
-            .unwrap();
+        let hk = d.heads * d.kv;
+        let cb = Placed::new(g, &cache, w, (4, w + 3), f32::NAN);
+        let ab = Placed::new(g, &qa, hk, (1, hk + 2), f32::NAN);
         let qb = g.buffer_from(&q, "q").unwrap();
         let ib = g.buffer_from(&idx, "idx").unwrap();
         let nb = g.buffer_from(&cnt, "cnt").unwrap();
-        let (ooff, os) = (2, d.heads * d.kv + 1);
-        let ob = g
-            .buffer_from(&vec![9.0f32; ooff + rows * os], "o_lat")
-            .unwrap();
+        let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
         let mut rec = g.recorder();
         sparse_mla(
             &mut rec,
             &MlaQueries {
-                absorbed: View::new(&ab, aoff as u32, as_ as u32),
+                absorbed: ab.view(),
                 q: View::rows(&qb, qc as u32),
                 rows: rows as u32,
             },
-            View::new(&cb, coff as u32, cs as u32),
+            cb.view(),
             &Selection {
                 idx: &ib,
                 cnt: &nb,
                 k: topk as u32,
             },
             topk as u32,
-            View::new(&ob, ooff as u32, os as u32),
+            ob.view(),
             &d.mla(scale),
         );
         rec.finish().unwrap();
-        let all = g.read_f32(&ob, 0, ooff + rows * os).unwrap();
-        for r in 0..rows {
-            assert_eq!(
-                all[ooff + r * os + d.heads * d.kv],
-                9.0,
-                "row {r}: wrote past the row"
-            );
-        }
-        let got = unpad(&all, rows, d.heads * d.kv, ooff, os);
+        let got = ob.read(g, "sparse_mla");
         (got, sparse_ref(&qa, &q, &cache, sel, rows, d, scale))
     }
 

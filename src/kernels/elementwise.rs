@@ -1,20 +1,28 @@
 //! Small elementwise kernels (`shaders/elementwise.wgsl`).
 use super::{Recorder, View};
+use crate::gpu::{kernel_params, Shader};
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    a_off: u32,
-    a_stride: u32,
-    b_off: u32,
-    b_stride: u32,
-    o_off: u32,
-    o_stride: u32,
-    rows: u32,
-    dim: u32,
-    topk: u32,
-    _pad: [u32; 3],
+kernel_params! {
+    struct Params {
+        a_off: u32,
+        a_stride: u32,
+        b_off: u32,
+        b_stride: u32,
+        o_off: u32,
+        o_stride: u32,
+        rows: u32,
+        dim: u32,
+        topk: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
+
+const ELEMENTWISE: Shader<Params> = Shader::new(
+    "elementwise",
+    include_str!("../../shaders/elementwise.wgsl"),
+);
 
 impl Params {
     fn new(a: View, b: Option<View>, o: View, rows: u32, dim: u32, topk: u32) -> Params {
@@ -29,7 +37,9 @@ impl Params {
             rows,
             dim,
             topk,
-            _pad: [0; 3],
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
         }
     }
 }
@@ -42,7 +52,7 @@ fn run(rec: &mut Recorder, entry: &'static str, p: &Params, buffers: &[&wgpu::Bu
     }
     assert!(n <= u32::MAX as u64, "{entry}: {n} elements exceed u32");
     let gpu = rec.gpu();
-    let pipe = gpu.pipeline("elementwise", super::src::ELEMENTWISE, entry, &[]);
+    let pipe = gpu.pipeline(&ELEMENTWISE, entry, &[]);
     let grid = gpu.grid((n as u32).div_ceil(256));
     rec.dispatch(&pipe, p, buffers, grid);
 }

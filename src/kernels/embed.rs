@@ -1,22 +1,32 @@
 //! Embedding gather (`shaders/embed.wgsl`).
 use super::{Recorder, View};
-use crate::gpu::u;
+use crate::gpu::{kernel_params, u, Shader};
 use crate::weights::GpuWeight;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    ids_off: u32,
-    n: u32,
-    dim: u32,
-    row0: u32,
-    crow: u32,
-    vocab: u32,
-    out_off: u32,
-    out_stride: u32,
-    last: u32,
-    _pad: [u32; 3],
+kernel_params! {
+    struct Params {
+        ids_off: u32,
+        n: u32,
+        dim: u32,
+        row0: u32,
+        crow: u32,
+        vocab: u32,
+        out_off: u32,
+        out_stride: u32,
+        last: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
+
+const EMBED: Shader<Params> = Shader::new(
+    "embed",
+    concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/embed.wgsl")
+    ),
+);
 
 /// `out[t, :] = table[ids[ids_off + t], :]` as f32, for `t < n`. `table` is `[vocab, dim]`
 /// in any [`crate::weights::DType`] and may be split into chunks (one dispatch per chunk;
@@ -37,12 +47,7 @@ pub fn embed(
         return;
     }
     let gpu = rec.gpu();
-    let pipe = gpu.pipeline(
-        "embed",
-        super::src::EMBED,
-        "embed",
-        &[("W_DTYPE", u(table.format.code()))],
-    );
+    let pipe = gpu.pipeline(&EMBED, "embed", &[("W_DTYPE", u(table.format.code()))]);
     let grid = gpu.grid(n);
     let last = table.chunks.len().saturating_sub(1);
     for (i, c) in table.chunks.iter().enumerate() {
@@ -56,7 +61,9 @@ pub fn embed(
             out_off: out.offset,
             out_stride: out.stride,
             last: (i == last) as u32,
-            _pad: [0; 3],
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
         };
         rec.dispatch(&pipe, &p, &[&c.buf, ids, out.buf], grid);
     }

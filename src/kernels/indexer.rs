@@ -1,33 +1,35 @@
 //! Lightning-indexer scores in f32 (`shaders/indexer.wgsl`).
-use super::{src, Causal, Recorder, View};
+use super::{Causal, Recorder, View};
 use crate::config::Config;
-use crate::gpu::u;
+use crate::gpu::{kernel_params, u, Shader};
 
 /// Keys per workgroup.
 const KT: u32 = 64;
 /// Head groups of the kernel (each invocation takes ceil(heads / NG) heads).
 const NG: u32 = 8;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    q_off: u32,
-    q_stride: u32,
-    w_off: u32,
-    w_stride: u32,
-    k_off: u32,
-    k_stride: u32,
-    o_off: u32,
-    o_stride: u32,
-    rows: u32,
-    dim: u32,
-    n_keys: u32,
-    pos0: u32,
-    key_blocks: u32,
-    _pad: u32,
-    w_scale: f32,
-    scale: f32,
+kernel_params! {
+    struct Params {
+        q_off: u32,
+        q_stride: u32,
+        w_off: u32,
+        w_stride: u32,
+        k_off: u32,
+        k_stride: u32,
+        o_off: u32,
+        o_stride: u32,
+        rows: u32,
+        dim: u32,
+        n_keys: u32,
+        pos0: u32,
+        key_blocks: u32,
+        _pad: u32,
+        w_scale: f32,
+        scale: f32,
+    }
 }
+
+const INDEXER: Shader<Params> = Shader::new("indexer", include_str!("../../shaders/indexer.wgsl"));
 
 /// The indexer's shapes, from the config once ([`IndexerDims::of`]): `heads` query heads of
 /// `dim` values sharing one key per position; the head weights are scaled by `w_scale`
@@ -94,8 +96,7 @@ pub fn indexer_scores(
         16
     };
     let p = gpu.pipeline(
-        "indexer",
-        src::INDEXER,
+        &INDEXER,
         "scores",
         &[("HEADS", u(heads)), ("HPT", u(hpt)), ("DC", u(dc))],
     );
@@ -146,7 +147,7 @@ pub fn indexer_scores(
 mod tests {
     use super::*;
     use crate::gpu::Gpu;
-    use crate::kernels::testutil::{assert_close, gpu, gpu_default_limits, Rng};
+    use crate::kernels::testutil::{assert_close, gpu, gpu_default_limits, Placed, Rng};
     use crate::kernels::topk::{topk, topk_ref, Selection, TopkScratch};
 
     #[test]
@@ -264,26 +265,16 @@ mod tests {
             qw[woff + t * ws..woff + t * ws + heads]
                 .copy_from_slice(&w[t * heads..(t + 1) * heads]);
         }
-        let ks = dim + 2;
-        let koff = 1;
-        let mut kb = vec![f32::NAN; koff + n_keys * ks];
-        for s in 0..n_keys {
-            kb[koff + s * ks..koff + s * ks + dim].copy_from_slice(&keys[s * dim..(s + 1) * dim]);
-        }
-        let os = n_keys + 4;
-        let ooff = 3;
+        let kb = Placed::new(g, keys, dim, (1, dim + 2), f32::NAN);
+        let ob = Placed::filled(g, rows, n_keys, (3, n_keys + 4), 7.5);
         let qwb = g.buffer_from(&qw, "qw").unwrap();
-        let kbuf = g.buffer_from(&kb, "keys").unwrap();
-        let obuf = g
-            .buffer_from(&vec![7.5f32; ooff + rows * os], "out")
-            .unwrap();
         let mut rec = g.recorder();
         indexer_scores(
             &mut rec,
             View::new(&qwb, qoff as u32, qs as u32),
             View::new(&qwb, woff as u32, ws as u32),
-            View::new(&kbuf, koff as u32, ks as u32),
-            View::new(&obuf, ooff as u32, os as u32),
+            kb.view(),
+            ob.view(),
             c.causal(),
             &IndexerDims {
                 heads: heads as u32,
@@ -293,21 +284,7 @@ mod tests {
             },
         );
         rec.finish().unwrap();
-        let all = g.read_f32(&obuf, 0, ooff + rows * os).unwrap();
-        let mut got = Vec::new();
-        for t in 0..rows {
-            got.extend_from_slice(&all[ooff + t * os..ooff + t * os + n_keys]);
-            assert!(
-                all[ooff + t * os + n_keys..ooff + (t + 1) * os]
-                    .iter()
-                    .all(|&x| x == 7.5),
-                "row {t}: wrote past n_keys"
-            );
-        }
-        assert!(
-            all[..ooff].iter().all(|&x| x == 7.5),
-            "wrote before the offset"
-        );
+        let got = ob.read(g, "indexer_scores");
         let want = cpu_scores(q, w, keys, c, w_scale, scale);
         (got, want)
     }

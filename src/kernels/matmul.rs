@@ -14,7 +14,7 @@
 //! grouped GEMM beyond: one workgroup per (expert, 64 columns) gathers the slots routed to its
 //! expert into 64-row tiles.
 use super::{Recorder, View};
-use crate::gpu::u;
+use crate::gpu::{kernel_params, u, Kernel, Shader};
 use crate::weights::{GpuWeight, QFormat, WFormat};
 use bytemuck::Zeroable;
 
@@ -32,25 +32,67 @@ const EXPERT_TILE: u32 = 64;
 /// Weight rows per GEMV workgroup (`RPW` in the shader).
 const GEMV_RPW: u32 = 4;
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    k: u32,
-    n: u32,
-    rows: u32,
-    topk: u32,
-    x_off: u32,
-    x_stride: u32,
-    y_off: u32,
-    y_stride: u32,
-    row0: u32,
-    crow: u32,
-    x_per_slot: u32,
-    e0: u32,
-    n_experts: u32,
-    ws: u32,
-    _pad: [u32; 2],
+kernel_params! {
+    struct Params {
+        /// Columns of W = length of the dot products.
+        k: u32,
+        /// Dense: rows of this chunk; experts: rows per expert.
+        n: u32,
+        /// Dense: rows of x / y; experts: slots (= tokens * topk)
+        rows: u32,
+        /// Experts only.
+        topk: u32,
+        x_off: u32,
+        x_stride: u32,
+        /// Dense: includes the chunk's first row as a column offset.
+        y_off: u32,
+        y_stride: u32,
+        /// Experts: first stacked row held by this chunk.
+        row0: u32,
+        /// Experts: rows held by this chunk.
+        crow: u32,
+        x_per_slot: u32,
+        /// Experts GEMM: first expert (partly) in this chunk.
+        e0: u32,
+        n_experts: u32,
+        /// Elements per weight row in the chunk (k, or k padded to the block)
+        ws: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
 }
+
+const MATMUL: Shader<Params> = Shader::new(
+    "matmul",
+    concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
+        include_str!("../../shaders/matmul.wgsl"),
+        include_str!("../../shaders/matmul_tile.wgsl")
+    ),
+);
+/// MATMUL with the GEMV on 8-bit integer dot products (its own module, so browsers
+/// without WGSL's packed_4x8_integer_dot_product still compile the others).
+const MATMUL_DOT: Shader<Params> = Shader::new(
+    "matmul_dot",
+    concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
+        include_str!("../../shaders/matmul.wgsl"),
+        include_str!("../../shaders/matmul_tile.wgsl"),
+        include_str!("../../shaders/matmul_dot.wgsl")
+    ),
+);
+/// MATMUL with the GEMM tile on tensor cores (its `enable` lines first).
+const MATMUL_COOP: Shader<Params> = Shader::new(
+    "matmul_coop",
+    concat!(
+        include_str!("../../shaders/matmul_coop.wgsl"),
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
+        include_str!("../../shaders/matmul.wgsl")
+    ),
+);
 
 /// Kernel variant knobs that become defines (all are always defined: one shader module).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -69,24 +111,18 @@ const KNOBS: Knobs = Knobs {
     maxb: 1,
 };
 
-fn pipeline(
-    rec: &Recorder,
-    entry: &'static str,
-    w: &GpuWeight,
-    k: Knobs,
-) -> std::sync::Arc<wgpu::ComputePipeline> {
+fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Kernel<Params> {
     // Only the dense GEMM takes the tensor-core tile: in `gemm_experts` (whose tile follows
     // a slot gather through workgroup atomics) it gave wrong rows on the H200 (see
     // BENCHMARKS.md, "Tensor cores"), so routed experts keep the f32 tile.
-    let (name, source) = if entry == "gemm" && rec.gpu().tensor_cores() {
-        ("matmul_coop", super::src::MATMUL_COOP)
+    let shader = if entry == "gemm" && rec.gpu().tensor_cores() {
+        &MATMUL_COOP
     } else if entry.starts_with("gemv_dot") {
-        ("matmul_dot", super::src::MATMUL_DOT)
+        &MATMUL_DOT
     } else {
-        ("matmul", super::src::MATMUL)
+        &MATMUL
     };
-    rec.gpu()
-        .pipeline(name, source, entry, &defines(w.format, k))
+    rec.gpu().pipeline(shader, entry, &defines(w.format, k))
 }
 
 fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 8] {
@@ -412,7 +448,8 @@ pub fn matmul_experts(
             e0,
             n_experts,
             ws: w.stride as u32,
-            _pad: [0; 2],
+            _pad0: 0,
+            _pad1: 0,
         };
         let groups = if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
@@ -1022,8 +1059,9 @@ mod tests {
         for f in formats {
             let src = crate::gpu::shader_source(
                 "",
+                <Params as crate::gpu::KernelParams>::WGSL,
                 &crate::gpu::define_lines(&defines(f, KNOBS)),
-                super::super::src::MATMUL_COOP,
+                MATMUL_COOP.source,
             );
             let (words, layout) =
                 crate::gpu::spirv::compile(&src, "gemm").unwrap_or_else(|e| panic!("{f:?}: {e}"));

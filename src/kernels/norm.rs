@@ -1,18 +1,21 @@
 //! RMSNorm and LayerNorm (`shaders/norm.wgsl`). Input and output buffers must differ.
 use super::{Recorder, View};
+use crate::gpu::{kernel_params, Shader};
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    x_off: u32,
-    x_stride: u32,
-    y_off: u32,
-    y_stride: u32,
-    rows: u32,
-    dim: u32,
-    eps: f32,
-    _pad: u32,
+kernel_params! {
+    struct Params {
+        x_off: u32,
+        x_stride: u32,
+        y_off: u32,
+        y_stride: u32,
+        rows: u32,
+        dim: u32,
+        eps: f32,
+        _pad: u32,
+    }
 }
+
+const NORM: Shader<Params> = Shader::new("norm", include_str!("../../shaders/norm.wgsl"));
 
 /// The rows of `x` normalized into the rows of `y` (`dim` columns each, `eps` added to
 /// the variance).
@@ -43,7 +46,7 @@ fn launch(
     if rows == 0 || dim == 0 {
         return;
     }
-    let pipe = rec.gpu().pipeline("norm", super::src::NORM, entry, &[]);
+    let pipe = rec.gpu().pipeline(&NORM, entry, &[]);
     let grid = rec.gpu().grid(rows);
     let p = Params {
         x_off: x.offset,

@@ -1,21 +1,25 @@
 //! Rotary position embedding on a slice of each head (`shaders/rope.wgsl`).
 use super::{Recorder, View};
+use crate::gpu::{kernel_params, Shader};
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    rows: u32,
-    heads: u32,
-    head_stride: u32,
-    rot_off: u32,
-    half: u32,
-    interleave: u32,
-    src_off: u32,
-    src_stride: u32,
-    dst_off: u32,
-    dst_stride: u32,
-    _pad: [u32; 2],
+kernel_params! {
+    struct Params {
+        rows: u32,
+        heads: u32,
+        head_stride: u32,
+        rot_off: u32,
+        half: u32,
+        interleave: u32,
+        src_off: u32,
+        src_stride: u32,
+        dst_off: u32,
+        dst_stride: u32,
+        _pad0: u32,
+        _pad1: u32,
+    }
 }
+
+const ROPE: Shader<Params> = Shader::new("rope", include_str!("../../shaders/rope.wgsl"));
 
 /// Which dims of which heads RoPE rotates, and how it pairs them: dims
 /// `[rot_off, rot_off + rot_dim)` of each of `heads` heads, head `h` of a row starting
@@ -77,17 +81,18 @@ pub fn rope(
         src_stride: s.stride,
         dst_off: dst.offset,
         dst_stride: dst.stride,
-        _pad: [0; 2],
+        _pad0: 0,
+        _pad1: 0,
     };
     let gpu = rec.gpu();
     let grid = gpu.grid((total as u32).div_ceil(256));
     match src {
         None => {
-            let pipe = gpu.pipeline("rope", super::src::ROPE, "rope_inplace", &[]);
+            let pipe = gpu.pipeline(&ROPE, "rope_inplace", &[]);
             rec.dispatch(&pipe, &p, &[dst.buf, cos_sin], grid);
         }
         Some(src) => {
-            let pipe = gpu.pipeline("rope", super::src::ROPE, "rope_copy", &[]);
+            let pipe = gpu.pipeline(&ROPE, "rope_copy", &[]);
             rec.dispatch(&pipe, &p, &[dst.buf, cos_sin, src.buf], grid);
         }
     }

@@ -1,22 +1,26 @@
 //! MoE router (`shaders/router.wgsl`), DeepSeek-V3 "noaux_tc" rule.
-use super::{src, Recorder, View};
+use super::{Recorder, View};
 use crate::config::Config;
-use crate::gpu::u;
+use crate::gpu::{kernel_params, u, Shader};
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    l_off: u32,
-    l_stride: u32,
-    rows: u32,
-    n_experts: u32,
-    n_group: u32,
-    topk_group: u32,
-    topk: u32,
-    norm: u32,
-    scaling: f32,
-    _pad: [u32; 3],
+kernel_params! {
+    struct Params {
+        l_off: u32,
+        l_stride: u32,
+        rows: u32,
+        n_experts: u32,
+        n_group: u32,
+        topk_group: u32,
+        topk: u32,
+        norm: u32,
+        scaling: f32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
+
+const ROUTER: Shader<Params> = Shader::new("router", include_str!("../../shaders/router.wgsl"));
 
 /// A MoE layer's routing rule, from the config once ([`Routing::of`]).
 #[derive(Clone, Copy, Debug)]
@@ -93,7 +97,7 @@ pub fn route(
     );
     let n2 = n_experts.next_power_of_two().max(2);
     let gpu = rec.gpu();
-    let p = gpu.pipeline("router", src::ROUTER, "route", &[("N2", u(n2))]);
+    let p = gpu.pipeline(&ROUTER, "route", &[("N2", u(n2))]);
     let params = Params {
         l_off: logits.offset,
         l_stride: logits.stride,
@@ -104,7 +108,9 @@ pub fn route(
         topk,
         norm: norm_topk_prob as u32,
         scaling,
-        _pad: [0; 3],
+        _pad0: 0,
+        _pad1: 0,
+        _pad2: 0,
     };
     rec.dispatch(
         &p,
@@ -117,7 +123,7 @@ pub fn route(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::kernels::testutil::{assert_close, gpu, Placed, Rng};
 
     fn sigmoid(x: f32) -> f32 {
         if x >= 0.0 {
@@ -199,26 +205,12 @@ mod tests {
         };
         let g = gpu();
         // Logit rows padded to a larger stride at an offset.
-        let (off, stride) = (3usize, n_experts + 5);
-        let mut lb = vec![f32::NAN; off + rows * stride];
-        for t in 0..rows {
-            lb[off + t * stride..off + t * stride + n_experts]
-                .copy_from_slice(&logits[t * n_experts..(t + 1) * n_experts]);
-        }
-        let lbuf = g.buffer_from(&lb, "logits").unwrap();
+        let lb = Placed::new(g, logits, n_experts, (3, n_experts + 5), f32::NAN);
         let bbuf = g.buffer_from(bias, "bias").unwrap();
         let ibuf = g.buffer((rows * topk * 4) as u64, "idx").unwrap();
         let wbuf = g.buffer((rows * topk * 4) as u64, "weights").unwrap();
         let mut rec = g.recorder();
-        route(
-            &mut rec,
-            View::new(&lbuf, off as u32, stride as u32),
-            &bbuf,
-            rows as u32,
-            &r,
-            &ibuf,
-            &wbuf,
-        );
+        route(&mut rec, lb.view(), &bbuf, rows as u32, &r, &ibuf, &wbuf);
         rec.finish().unwrap();
         let gi = g.read_u32(&ibuf, 0, rows * topk).unwrap();
         let gw = g.read_f32(&wbuf, 0, rows * topk).unwrap();

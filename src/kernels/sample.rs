@@ -4,16 +4,19 @@
 //! logits readback and the host can queue step `n + 1` before step `n`'s token is known.
 use super::topk::{self, Selection, TopkScratch};
 use super::{Causal, Recorder, View};
+use crate::gpu::{kernel_params, Shader};
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    x_off: u32,
-    n: u32,
-    parts: u32,
-    per_part: u32,
-    out_off: u32,
-    _pad: [u32; 3],
+kernel_params! {
+    struct Params {
+        x_off: u32,
+        n: u32,
+        parts: u32,
+        per_part: u32,
+        out_off: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
 }
 
 /// Largest number of workgroups of the first pass.
@@ -53,10 +56,12 @@ pub fn argmax(rec: &mut Recorder, x: View, n: u32, out: TokenSlot, scratch: &Sam
         parts,
         per_part,
         out_off: out.index,
-        _pad: [0; 3],
+        _pad0: 0,
+        _pad1: 0,
+        _pad2: 0,
     };
     let gpu = rec.gpu();
-    let pipe = |e| gpu.pipeline("sample", super::src::SAMPLE, e, &[]);
+    let pipe = |e| gpu.pipeline(&SAMPLE, e, &[]);
     let part = &scratch.part;
     rec.cost(4 * n as u64, 0, "");
     rec.dispatch(&pipe("argmax_part"), &p, &[part, x.buf], [parts, 1, 1]);
@@ -80,22 +85,38 @@ pub struct Sampling {
     pub r: f32,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct PickParams {
-    n: u32,
-    x_off: u32,
-    win_len: u32,
-    use_prev: u32,
-    out_off: u32,
-    k: u32,
-    temperature: f32,
-    top_p: f32,
-    penalty: f32,
-    r: f32,
-    raw: u32,
-    _pad: u32,
+kernel_params! {
+    struct PickParams {
+        n: u32,
+        x_off: u32,
+        win_len: u32,
+        use_prev: u32,
+        out_off: u32,
+        k: u32,
+        temperature: f32,
+        top_p: f32,
+        penalty: f32,
+        r: f32,
+        /// Prep: 1 keeps non-finite values (for the penalized argmax)
+        raw: u32,
+        _pad: u32,
+    }
 }
+
+const SAMPLE: Shader<Params> = Shader::new(
+    "sample",
+    concat!(
+        include_str!("../../shaders/sample_key.wgsl"),
+        include_str!("../../shaders/sample.wgsl")
+    ),
+);
+const SAMPLE_PICK: Shader<PickParams> = Shader::new(
+    "sample_pick",
+    concat!(
+        include_str!("../../shaders/sample_key.wgsl"),
+        include_str!("../../shaders/sample_pick.wgsl")
+    ),
+);
 
 impl PickParams {
     /// `raw`: 1 keeps non-finite logits in prep (for the penalized argmax).
@@ -184,7 +205,7 @@ pub fn sample(
     );
     let p = PickParams::new(x, n, s, win, out, 0);
     let gpu = rec.gpu();
-    let pipe = |e| gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, e, &[]);
+    let pipe = |e| gpu.pipeline(&SAMPLE_PICK, e, &[]);
     let sc = scratch;
     prep(rec, &p, x, win, out, sc);
     let work = View::rows(&sc.work, n);
@@ -242,7 +263,7 @@ fn prep(
     scratch: &SampleScratch,
 ) {
     let gpu = rec.gpu();
-    let pipe = gpu.pipeline("sample_pick", super::src::SAMPLE_PICK, "prep", &[]);
+    let pipe = gpu.pipeline(&SAMPLE_PICK, "prep", &[]);
     rec.cost(8 * p.n as u64, 0, "");
     let grid = gpu.grid(p.n.div_ceil(256));
     rec.dispatch(&pipe, p, &[&scratch.work, x.buf, out.ids, win.buf], grid);

@@ -89,3 +89,76 @@ pub fn assert_close_plus(
         worst.1
     );
 }
+
+/// A `rows × cols` f32 matrix placed in a buffer at element `off` with row stride `stride`,
+/// every other element holding `fill`: NaN shows a kernel that reads outside its matrix, a
+/// sentinel one that writes outside it ([`Placed::read`] checks).
+pub struct Placed {
+    pub buf: wgpu::Buffer,
+    pub rows: usize,
+    pub cols: usize,
+    pub off: usize,
+    pub stride: usize,
+    fill: f32,
+}
+
+impl Placed {
+    /// `data` (row-major, `cols` per row) at `(off, stride)`, one row's padding after the
+    /// last row.
+    pub fn new(
+        g: &Gpu,
+        data: &[f32],
+        cols: usize,
+        (off, stride): (usize, usize),
+        fill: f32,
+    ) -> Placed {
+        assert!(stride >= cols && data.len().is_multiple_of(cols.max(1)));
+        let rows = data.len() / cols.max(1);
+        let mut all = vec![fill; off + (rows + 1) * stride];
+        for (r, row) in data.chunks(cols.max(1)).enumerate() {
+            all[off + r * stride..][..cols].copy_from_slice(row);
+        }
+        Placed {
+            buf: g.buffer_from(&all, "placed").expect("test buffer"),
+            rows,
+            cols,
+            off,
+            stride,
+            fill,
+        }
+    }
+
+    /// An output matrix: everything holds `fill` until a kernel writes it.
+    pub fn filled(g: &Gpu, rows: usize, cols: usize, at: (usize, usize), fill: f32) -> Placed {
+        Placed::new(g, &vec![fill; rows * cols], cols, at, fill)
+    }
+
+    pub fn view(&self) -> crate::kernels::View<'_> {
+        crate::kernels::View::new(&self.buf, self.off as u32, self.stride as u32)
+    }
+
+    /// The matrix read back (row-major); fails naming `what` if an element outside it is no
+    /// longer `fill`.
+    #[track_caller]
+    pub fn read(&self, g: &Gpu, what: &str) -> Vec<f32> {
+        let all = g
+            .read_f32(&self.buf, 0, (self.buf.size() / 4) as usize)
+            .expect("readback");
+        let mut out = Vec::with_capacity(self.rows * self.cols);
+        for (i, v) in all.iter().enumerate() {
+            let inside = i >= self.off && {
+                let (r, c) = ((i - self.off) / self.stride, (i - self.off) % self.stride);
+                r < self.rows && c < self.cols
+            };
+            if inside {
+                out.push(*v);
+            } else {
+                assert!(
+                    v.to_bits() == self.fill.to_bits(),
+                    "{what}: element {i} outside the matrix changed to {v}"
+                );
+            }
+        }
+        out
+    }
+}

@@ -15,9 +15,9 @@
 //!   collection pass (5 dispatches, 5 reads of the row). One workgroup per row reads a
 //!   decode row of 128K keys five times on one compute unit; the wide kernel spreads the
 //!   same reads over the whole GPU. It needs a [`TopkScratch`].
-use super::{src, Causal, Recorder, View};
+use super::{Causal, Recorder, View};
 use crate::error::Result;
-use crate::gpu::Gpu;
+use crate::gpu::{kernel_params, Gpu, Shader};
 
 /// Rows of at least this many keys take the multi-workgroup kernel. Below it a row is a
 /// few passes of ≤ 32 loads per invocation in one workgroup, which costs about what the
@@ -95,20 +95,36 @@ fn wide_plan(rows: u32, n_keys: u32, groups: u32) -> (u32, u32) {
     (seg_len, n_keys.div_ceil(seg_len).max(1))
 }
 
-/// The `Params` of topk.wgsl and topk_wide.wgsl (the one-workgroup kernels leave the
-/// segment fields 0).
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Params {
-    s_off: u32,
-    s_stride: u32,
-    rows: u32,
-    n_keys: u32,
-    pos0: u32,
-    topk: u32,
-    seg_len: u32,
-    segs: u32,
+kernel_params! {
+    /// The `Params` of topk.wgsl and topk_wide.wgsl (the one-workgroup kernels leave the
+    /// segment fields 0).
+    struct Params {
+        s_off: u32,
+        s_stride: u32,
+        rows: u32,
+        n_keys: u32,
+        pos0: u32,
+        topk: u32,
+        /// Unused here (topk_wide.wgsl)
+        seg_len: u32,
+        segs: u32,
+    }
 }
+
+const TOPK: Shader<Params> = Shader::new(
+    "topk",
+    concat!(
+        include_str!("../../shaders/select.wgsl"),
+        include_str!("../../shaders/topk.wgsl")
+    ),
+);
+const TOPK_WIDE: Shader<Params> = Shader::new(
+    "topk_wide",
+    concat!(
+        include_str!("../../shaders/select.wgsl"),
+        include_str!("../../shaders/topk_wide.wgsl")
+    ),
+);
 
 impl Params {
     /// Scores `scores` of `chunk` into a selection of `k` per row, in `segs` segments of
@@ -164,7 +180,7 @@ pub fn topk(
 /// The one-workgroup-per-row kernel (`topk.wgsl`).
 fn topk_one_wg(rec: &mut Recorder, scores: View, chunk: Causal, sel: &Selection) {
     let gpu = rec.gpu();
-    let p = gpu.pipeline("topk", src::TOPK, "topk", &[]);
+    let p = gpu.pipeline(&TOPK, "topk", &[]);
     let params = Params::new(scores, chunk, sel.k, (0, 0));
     // Five reads of the valid scores (at most n_keys per row), k indices written per row.
     let (rows, n_keys) = (chunk.rows as u64, chunk.n_keys as u64);
@@ -202,7 +218,7 @@ fn topk_wide(
     let grid = gpu.grid(rows * segs);
     let (r, n, g) = (rows as u64, n_keys as u64, rows as u64 * segs as u64);
     let row_bytes = r * n * 4;
-    let pipe = |entry| gpu.pipeline("topk_wide", src::TOPK_WIDE, entry, &[]);
+    let pipe = |entry| gpu.pipeline(&TOPK_WIDE, entry, &[]);
     // hist0: the scores, and at most 2048 atomics per workgroup.
     rec.cost(row_bytes + g * 2048 * 4, 0, "");
     rec.dispatch(&pipe("hist0"), &params, &[scores.buf, &sc.hist], grid);
@@ -251,7 +267,7 @@ pub fn select_all(rec: &mut Recorder, rows: u32, pos0: u32, sel: &Selection) {
         "select_all: pos0 {pos0} + rows {rows} exceeds topk {k} (use topk())"
     );
     let gpu = rec.gpu();
-    let p = gpu.pipeline("topk", src::TOPK, "select_all", &[]);
+    let p = gpu.pipeline(&TOPK, "select_all", &[]);
     // No scores: the view fields stay 0.
     let params = Params {
         s_off: 0,

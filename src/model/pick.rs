@@ -51,40 +51,34 @@ impl Session {
             index: 0,
         };
         // The penalty window, written ahead of the submission (queue order keeps the
-        // previous step's reads of it first).
-        let window = |w: &[u32]| -> Result<wgpu::Buffer> {
+        // previous step's reads of it first), for `run` to record with.
+        let penalized = |w: &[u32], prev: bool, run: &mut dyn FnMut(&Window)| -> Result<()> {
             let buf = gpu.scratch("sample window", 4 * w.len().max(1) as u64)?;
             gpu.write(&buf, 0, bytemuck::cast_slice(w));
-            Ok(buf)
+            run(&Window {
+                buf: &buf,
+                len: w.len() as u32,
+                prev,
+            });
+            Ok(())
         };
+        let sc = &s.sample;
         match *pick {
-            Pick::Argmax => sample::argmax(rec, last, vocab, out, &s.sample),
+            Pick::Argmax => sample::argmax(rec, last, vocab, out, sc),
             Pick::PenalizedArgmax {
                 penalty,
-                window: w,
+                window,
                 prev,
-            } => {
-                let buf = window(w)?;
-                let win = Window {
-                    buf: &buf,
-                    len: w.len() as u32,
-                    prev,
-                };
-                sample::argmax_penalized(rec, last, vocab, penalty, &win, out, &s.sample);
-            }
+            } => penalized(window, prev, &mut |win| {
+                sample::argmax_penalized(rec, last, vocab, penalty, win, out, sc)
+            })?,
             Pick::Sample {
                 s: smp,
-                window: w,
+                window,
                 prev,
-            } => {
-                let buf = window(w)?;
-                let win = Window {
-                    buf: &buf,
-                    len: w.len() as u32,
-                    prev,
-                };
-                sample::sample(rec, last, vocab, &smp, &win, out, &s.sample);
-            }
+            } => penalized(window, prev, &mut |win| {
+                sample::sample(rec, last, vocab, &smp, win, out, sc)
+            })?,
         }
         Ok(())
     }

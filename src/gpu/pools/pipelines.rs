@@ -1,12 +1,12 @@
 //! The pipeline cache: a shader's source is assembled (the device prelude, the shader's own
-//! `enable` lines, the defines, then the rest), compiled once per (shader name, entry point,
-//! defines) and kept, with the `name::entry` label the profiler reports it under. Shaders
+//! `enable` lines, its `Params` struct, the defines, then the rest), compiled once per
+//! (shader name, entry point, defines) and kept, with the `name::entry` label the profiler reports it under. Shaders
 //! with cooperative matrices go through sparsa's own SPIR-V path ([`spirv::compile`]); the
 //! others are compiled by wgpu with the runtime checks stated in [`Gpu::shader_module`].
 
 #[cfg(not(target_arch = "wasm32"))]
 use crate::gpu::spirv;
-use crate::gpu::{lock, Gpu};
+use crate::gpu::{lock, Gpu, Kernel, KernelParams, Shader};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -33,26 +33,26 @@ impl PipelineCache {
 }
 
 impl Gpu {
-    /// The pipeline for `entry` of shader `name`, compiled with `defines` once and cached.
+    /// The pipeline for `entry` of `shader`, compiled with `defines` once and cached.
     /// `defines` are `(NAME, WGSL literal)` pairs, e.g. `("WG", "256u")`.
-    pub fn pipeline(
+    pub fn pipeline<P: KernelParams>(
         &self,
-        name: &'static str,
-        source: &'static str,
+        shader: &Shader<P>,
         entry: &'static str,
         defines: &[(&str, String)],
-    ) -> Arc<wgpu::ComputePipeline> {
+    ) -> Kernel<P> {
+        let (name, source) = (shader.name, shader.source);
         let header = define_lines(defines);
         let key = (name, entry, header.clone());
         if let Some(p) = lock(&self.pipelines.compiled).get(&key) {
-            return p.clone();
+            return Kernel::new(p.clone());
         }
         let prelude = if source.contains("subgroup") {
             self.pipelines.prelude.as_str()
         } else {
             ""
         };
-        let src = shader_source(prelude, &header, source);
+        let src = shader_source(prelude, P::WGSL, &header, source);
         let (module, layout) = if split_enables(source).0.contains("wgpu_cooperative_matrix") {
             let (module, layout) = self.coop_module(name, &src, entry);
             (module, Some(layout))
@@ -76,7 +76,7 @@ impl Gpu {
         );
         lock(&self.pipelines.labels).insert(Arc::as_ptr(&p) as usize, format!("{name}::{entry}"));
         lock(&self.pipelines.compiled).insert(key, p.clone());
-        p
+        Kernel::new(p)
     }
 
     /// A shader with cooperative matrices: SPIR-V from naga with workgroup memory ordered
@@ -189,10 +189,11 @@ fn split_enables(source: &str) -> (&str, &str) {
 }
 
 /// A shader's full source: the device prelude, the source's own leading `enable`
-/// directives (which must come before any declaration), the defines, then the rest.
-pub(crate) fn shader_source(prelude: &str, header: &str, source: &str) -> String {
+/// directives (which must come before any declaration), its `Params` struct, the defines,
+/// then the rest.
+pub(crate) fn shader_source(prelude: &str, params: &str, header: &str, source: &str) -> String {
     let (enables, rest) = split_enables(source);
-    format!("{prelude}{enables}{header}{rest}")
+    format!("{prelude}{enables}{params}{header}{rest}")
 }
 
 /// The `enable` directives put before a shader's source on a device with `features`.
