@@ -1,17 +1,22 @@
 //! sparsa: DeepSeek Sparse Attention models (GLM-5 family, DeepSeek-V3.2) on any wgpu adapter.
 //!
+//! The modules are floors; each uses only the floors below it (`tests/layers.rs` checks it,
+//! the README's "Architecture" section draws the map):
+//!
+//! - [`error`], [`fault`]: errors; fault injection for the robustness tests.
+//! - [`gpu`]: the device, pipeline / bind-group / buffer pools, readback, the command
+//!   recorder; [`sampling`]: the host's token sampler; [`tokenizer`].
+//! - [`weights`]: memory-mapped safetensors, quantized formats, upload to the GPU.
 //! - [`config`]: `config.json` of `glm_moe_dsa` / `deepseek_v32`.
-//! - [`weights`]: memory-mapped safetensors and their upload to the GPU.
-//! - [`gpu`]: device, pipeline cache, command recorder.
-//! - [`kernels`]: one WGSL kernel family per module, each with its CPU-reference tests.
-//! - [`model`]: weights on the GPU and the forward pass.
-//! - [`cache`]: latent MLA and indexer-key caches.
-//! - [`experts`]: `--gpu-memory` budgets and the routed-expert cache (offloading).
-//! - [`generate`]: sampling and the generation loop.
-//! - [`quantize`]: conversion to sparsa's q8 / q4 formats.
-//! - [`bench`]: `sparsa bench` (speed against the adapter's measured limits).
-//! - [`synth`]: random-weight model directories with a release's real shapes and config.
-//! - [`chat`]: the model's chat template rendered as transformers renders it.
+//! - [`kernels`]: one WGSL kernel family per module, each with its CPU-reference tests;
+//!   [`cache`]: latent MLA and indexer-key caches; [`experts`]: the routed-expert cache that
+//!   streams experts under `--gpu-memory`.
+//! - [`model`]: loading (and the `--gpu-memory` plan) and the forward pass.
+//! - [`generate`]: the generation loop and stop strings; [`quantize`]: conversion to
+//!   sparsa's q8 / q4 formats.
+//! - [`chat`]: the model's chat template rendered as transformers renders it, and
+//!   conversations; [`synth`]: random-weight model directories with a release's shapes.
+//! - [`mod@bench`]: `sparsa bench` (speed against the adapter's measured limits); [`fuzzing`].
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 pub mod cache;

@@ -17,7 +17,7 @@ pub struct AdapterSummary {
     pub shader_f16: bool,
     pub subgroups: bool,
     pub timestamps: bool,
-    /// Tensor cores usable by the GEMM tile (see [`tensor_core_support`]).
+    /// Tensor cores usable by the GEMM tile (see `tensor_core_support`).
     pub tensor_cores: bool,
 }
 

@@ -2,7 +2,7 @@
 //!
 //! Conventions every kernel follows:
 //! - `@group(0) @binding(0)` is a uniform `Params` struct, declared once in the wrapper
-//!   with [`kernel_params!`] (its WGSL twin is generated; see `params`); storage buffers
+//!   with `kernel_params!` (its WGSL twin is generated; see `params`); storage buffers
 //!   follow at bindings 1, 2, … in the order the wrapper passes them.
 //! - Buffers are always bound whole (offset 0); element offsets travel in `Params`.
 //! - Defines are prepended to the WGSL source as `const NAME = VALUE;` lines, and a pipeline

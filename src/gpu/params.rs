@@ -13,13 +13,13 @@
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-/// A kernel's uniform parameters (binding 0), as declared by [`kernel_params!`].
+/// A kernel's uniform parameters (binding 0), as declared by `kernel_params!`.
 pub trait KernelParams: bytemuck::Pod {
     /// The struct in WGSL, named `Params`.
     const WGSL: &'static str;
 }
 
-/// The field types [`kernel_params!`] accepts.
+/// The field types `kernel_params!` accepts.
 pub trait WgslScalar: bytemuck::Pod {}
 impl WgslScalar for u32 {}
 impl WgslScalar for i32 {}

@@ -350,7 +350,7 @@ impl<'a> Loader<'a, '_> {
     }
 }
 
-/// Upload `files` to the GPU; with `slots` (per layer, from [`crate::experts::plan`]) a MoE
+/// Upload `files` to the GPU; with `slots` (per layer, from [`crate::model::plan`]) a MoE
 /// layer with fewer slots than experts gets empty slots and its experts stay in the files.
 pub fn load(
     gpu: &Gpu,
