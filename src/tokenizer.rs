@@ -45,7 +45,7 @@ impl Tokenizer {
     /// Token ids of `text`, with the special tokens the tokenizer's post-processor adds
     /// (e.g. GLM's `[gMASK]<sop>`), as transformers' `tokenizer(text)` does.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        self.encode_with(text, true)
+        self.tokenize(text, true)
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
@@ -56,7 +56,8 @@ impl Tokenizer {
         })
     }
 
-    fn encode_with(&self, text: &str, special: bool) -> Result<Vec<u32>> {
+    /// Token ids of `text`, with the post-processor's special tokens when `special`.
+    fn tokenize(&self, text: &str, special: bool) -> Result<Vec<u32>> {
         catch_panic("tokenizer.json: tokenizing the prompt", || {
             let enc = self
                 .inner
@@ -70,7 +71,7 @@ impl Tokenizer {
     /// `apply_chat_template(tokenize=True)` does with a rendered chat, whose template already
     /// wrote the special tokens (`[gMASK]<sop>`, `<|user|>`, ...) into the text.
     pub fn encode_raw(&self, text: &str) -> Result<Vec<u32>> {
-        self.encode_with(text, false)
+        self.tokenize(text, false)
     }
 }
 

@@ -266,7 +266,7 @@ impl GpuWeight {
     ) -> Result<GpuWeight> {
         let mut srcs = Vec::with_capacity(parts.len());
         for p in parts {
-            srcs.push(QuantSource::check(p, fmt, cols)?);
+            srcs.push(QuantSource::check(p, fmt, cols, true)?);
         }
         Self::upload_quant_sources(gpu, &srcs, fmt, cols, align_rows, max_chunk_rows, label)
     }
@@ -473,7 +473,7 @@ impl GpuWeight {
                     t.numel() / cols.max(1)
                 }
                 (RowSource::Quant(q), WFormat::Quant(fmt)) => {
-                    let src = QuantSource::check_with(q, fmt, cols, check)?;
+                    let src = QuantSource::check(q, fmt, cols, check)?;
                     let frb = fmt.file_row_bytes(cols);
                     let grb = self.format.row_bytes(cols);
                     let srb = self.format.scale_row_bytes(cols);
@@ -571,19 +571,10 @@ impl<'a> QuantSource<'a> {
         &self.s[si * srb..(si + 1) * srb]
     }
 
-    fn check(p: &QuantPart<'a>, fmt: QFormat, cols: usize) -> Result<QuantSource<'a>> {
-        Self::check_with(p, fmt, cols, true)
-    }
-
-    /// [`QuantSource::check`], scanning the scales' values only when `scan`.
-    fn check_with(
-        p: &QuantPart<'a>,
-        fmt: QFormat,
-        cols: usize,
-        scan: bool,
-    ) -> Result<QuantSource<'a>> {
+    /// `p` checked by [`super::quant::check_pair`] (the scales' values only when `scan`).
+    fn check(p: &QuantPart<'a>, fmt: QFormat, cols: usize, scan: bool) -> Result<QuantSource<'a>> {
         let (w, s) = (&p.weight, &p.scale);
-        let rows = super::quant::check_pair_with(w, s, fmt, cols, scan)?;
+        let rows = super::quant::check_pair(w, s, fmt, cols, scan)?;
         Ok(QuantSource {
             name: w.name.clone(),
             w: w.bytes,

@@ -168,15 +168,10 @@ pub fn stored_format(t: &TensorRef, qconfig: Option<QFormat>) -> Result<Option<Q
 }
 
 /// Checks a quantized matrix of `cols` columns and its scale tensor: dtypes, shapes (which,
-/// with the file's own size checks, bound every row and scale the upload slices) and finite
-/// scales. Returns the number of rows.
-pub fn check_pair(w: &TensorRef, s: &TensorRef, fmt: QFormat, cols: usize) -> Result<usize> {
-    check_pair_with(w, s, fmt, cols, true)
-}
-
-/// [`check_pair`], scanning the scales for NaN / ±inf only when `scan` (the shapes are
-/// always checked: they bound every slice taken from the tensors).
-pub fn check_pair_with(
+/// with the file's own size checks, bound every row and scale the upload slices) and, when
+/// `scan`, finite scales (an expert streamed again was scanned on its first upload).
+/// Returns the number of rows.
+pub fn check_pair(
     w: &TensorRef,
     s: &TensorRef,
     fmt: QFormat,
@@ -275,7 +270,7 @@ pub fn check_stored(
         QFormat::Q4 { .. } => stored.saturating_mul(2),
         _ => stored,
     };
-    let rows = check_pair(&w, &s, fmt, cols)?;
+    let rows = check_pair(&w, &s, fmt, cols, true)?;
     let n = rows.min(limit / cols.max(1));
     Ok(dequantize_rows(fmt, w.bytes, s.bytes, 0, n, cols).len())
 }
