@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # sparsa developer entry point. Works on a fresh Debian/Ubuntu machine without a GPU:
-#   ./dev.sh run    build sparsa (release) and generate text with the default model
-#   ./dev.sh test   run every test (GPU kernels on lavapipe when no other Vulkan driver exists)
+#   ./dev.sh run          build sparsa (release) and generate text with the default model
+#   ./dev.sh test         run every test: lints, the native suite (GPU kernels on lavapipe when
+#                         no other Vulkan driver exists), then the browser test (web/test.sh)
+#   ./dev.sh test FILTER  only the native tests whose names contain FILTER (no lints, no browser)
+#   ./dev.sh test-web     only the browser test
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -10,18 +13,53 @@ as_root() {
         echo "need root to run: $*" >&2; exit 1; fi
 }
 
-# A Vulkan driver: lavapipe (Mesa's software rasterizer) when none is installed.
+# A Vulkan driver: lavapipe (Mesa's software rasterizer) when none is installed; `extra`
+# packages are installed in the same apt transaction.
 ensure_vulkan() {
-    local icd=no
+    local extra="${1:-}" icd=no
     for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
         if compgen -G "$d/*.json" >/dev/null; then icd=yes; fi
     done
     if [ "$icd" = yes ] && ldconfig -p 2>/dev/null | grep libvulkan.so.1 >/dev/null; then
         return
     fi
-    echo "dev.sh: no Vulkan driver found; installing lavapipe (mesa-vulkan-drivers)" >&2
+    echo "dev.sh: no Vulkan driver found; installing lavapipe (mesa-vulkan-drivers)${extra:+ and $extra}" >&2
     as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+    # shellcheck disable=SC2086
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 $extra >/dev/null
+}
+
+# What the browser test needs from Debian, in the same apt transaction as lavapipe where
+# both are missing (web/build.sh and web/test.sh install whatever is still missing):
+# Debian's rustc-web with its library source and cargo (the wasm32 build), lld-22 (its
+# linker), Chromium (the headless browser). Node.js and npm come with the machine.
+web_packages() {
+    local p=()
+    /usr/bin/rustc --version 2>/dev/null | grep -Eq '^rustc 1\.(9[0-9]|[1-9][0-9]{2})' || p+=(rustc-web cargo-web)
+    [ -x /usr/bin/cargo ] || p+=(cargo-web)
+    [ -d /usr/lib/rustlib/src/rust/library ] || p+=(rust-web-src)
+    command -v ld.lld-22 >/dev/null || [ -x /usr/lib/llvm-22/bin/ld.lld ] || p+=(lld-22)
+    [ -x /usr/bin/chromium ] || p+=(chromium)
+    command -v node >/dev/null || p+=(nodejs npm)
+    echo "${p[@]}"
+}
+
+ensure_web() {
+    local p
+    p="$(web_packages)"
+    if [ -n "$p" ]; then
+        echo "dev.sh: installing the browser test's packages: $p" >&2
+        as_root apt-get update -qq
+        # shellcheck disable=SC2086
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $p >/dev/null
+    fi
+}
+
+# The browser test: the page in headless Chromium must generate the native binary's tokens
+# (the native binary is the one the native suite built). Its screenshot goes to target/.
+web_test() {
+    ensure_web
+    SPARSA_SCREENSHOT="${SPARSA_SCREENSHOT:-$PWD/target/web-demo.png}" web/test.sh
 }
 
 # Rust >= 1.87 (wgpu 30). Debian's packaged cargo is older, so use rustup when missing.
@@ -53,19 +91,29 @@ run)
     exec target/release/sparsa "$@"
     ;;
 test)
-    ensure_vulkan; ensure_rust
-    if [ $# -eq 0 ]; then
-        # The whole suite starts with the lints: formatting and clippy, warnings as errors.
-        if command -v rustup >/dev/null; then rustup component add rustfmt clippy >/dev/null 2>&1 || true; fi
-        cargo fmt --all --check
-        cargo fmt --check --manifest-path web/Cargo.toml
-        cargo clippy --all-targets --quiet -- -D warnings
+    if [ $# -gt 0 ]; then
+        # Only the matching native tests.
+        ensure_vulkan; ensure_rust
+        cargo build --tests --quiet
+        exec cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}" "$@"
     fi
+    # The whole suite: every apt package it needs in one transaction, the lints (formatting
+    # and clippy, warnings as errors), the native tests, then the browser test.
+    ensure_vulkan "$(web_packages)"; ensure_rust
+    if command -v rustup >/dev/null; then rustup component add rustfmt clippy >/dev/null 2>&1 || true; fi
+    cargo fmt --all --check
+    cargo fmt --check --manifest-path web/Cargo.toml
+    cargo clippy --all-targets --quiet -- -D warnings
     cargo build --tests --quiet
-    exec cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}" "$@"
+    cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}"
+    web_test
+    ;;
+test-web)
+    ensure_vulkan "$(web_packages)"; ensure_rust
+    web_test
     ;;
 *)
-    echo "usage: ./dev.sh run [sparsa arguments] | ./dev.sh test [test filter]" >&2
+    echo "usage: ./dev.sh run [sparsa arguments] | ./dev.sh test [test filter] | ./dev.sh test-web" >&2
     exit 2
     ;;
 esac
