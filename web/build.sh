@@ -45,7 +45,8 @@ WB_VERSION="$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); pri
 if [ -x "$HOME/.cargo/bin/wasm-bindgen" ]; then export PATH="$HOME/.cargo/bin:$PATH"; fi
 if ! command -v wasm-bindgen >/dev/null || [ "$(wasm-bindgen --version | awk '{print $2}')" != "$WB_VERSION" ]; then
     echo "web/build.sh: installing wasm-bindgen-cli $WB_VERSION (cargo install, a few minutes)" >&2
-    env RUSTC="$RUSTC_WEB" "$CARGO_WEB" install --quiet --version "$WB_VERSION" wasm-bindgen-cli  # not --locked: TOOLCHAIN.md
+    # --force: cargo skips a package its records call installed even when the binary is gone.
+    env RUSTC="$RUSTC_WEB" "$CARGO_WEB" install --quiet --force --version "$WB_VERSION" wasm-bindgen-cli  # not --locked: TOOLCHAIN.md
     export PATH="$HOME/.cargo/bin:$PATH"
 fi
 
