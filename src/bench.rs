@@ -500,6 +500,7 @@ pub fn run(
                 seed: opts.seed,
                 repeat_penalty: 1.1,
                 repeat_last_n: 64,
+                ..Default::default()
             })?;
             s.truncate(ctx);
             let (_, kernels) = profiled(gpu, opts.profile, || {

@@ -2,7 +2,9 @@
 
 use crate::error::Result;
 use crate::model::{Pick, Session};
-pub use crate::sampling::{apply_repeat_penalty, argmax, sample_logits, Sampler, SamplingParams};
+pub use crate::sampling::{
+    apply_count_penalties, apply_repeat_penalty, argmax, sample_logits, Sampler, SamplingParams,
+};
 
 /// Why generation stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -447,6 +449,52 @@ mod tests {
             ..params
         });
         assert_eq!(off.sample_after(&logits, &[0, 0]), 0);
+    }
+
+    #[test]
+    fn min_p_and_count_penalties() {
+        // min_p 0.2 at temperature 1: tokens below 0.2 × the top probability never come.
+        let logits = [
+            2.0,
+            2.0 + 0.3f32.ln(),
+            2.0 + 0.1f32.ln(),
+            2.0 + 0.25f32.ln(),
+        ];
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            min_p: 0.2,
+            seed: 9,
+            ..Default::default()
+        });
+        let drawn: Vec<u32> = (0..400).map(|_| s.sample(&logits)).collect();
+        assert!(!drawn.contains(&2), "0.1 < 0.2 is dropped");
+        for t in [0, 1, 3] {
+            assert!(drawn.contains(&t), "{t} stays");
+        }
+        assert!(!s.gpu_can_pick(), "min-p samples on the host");
+
+        let mut l = vec![1.0, 1.0, 1.0];
+        apply_count_penalties(&mut l, &[0, 0, 1, 7], 0.5, 0.25);
+        assert_eq!(
+            l,
+            vec![0.0, 0.25, 1.0],
+            "presence once, frequency per time seen"
+        );
+        // Greedy with a presence penalty moves off a seen token, only inside the window.
+        let p = SamplingParams {
+            presence_penalty: 2.0,
+            repeat_last_n: 2,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p.clone());
+        assert!(!s.gpu_can_pick(), "count penalties run on the host");
+        assert_eq!(s.sample_after(&[3.0, 0.0, 2.0], &[0]), 2);
+        assert_eq!(s.sample_after(&[3.0, 0.0, 2.0], &[0, 1, 1]), 0);
+        let off = Sampler::new(SamplingParams {
+            repeat_last_n: 0,
+            ..p
+        });
+        assert!(off.gpu_can_pick(), "no window, no penalty: the GPU picks");
     }
 
     #[test]

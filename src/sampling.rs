@@ -15,14 +15,31 @@ pub struct SamplingParams {
     /// seen in the last `repeat_last_n` tokens is divided by it when positive and multiplied by
     /// it when negative, before greedy or sampled selection. 1 turns it off.
     pub repeat_penalty: f32,
-    /// How many recent tokens (prompt included) the repetition penalty looks at.
+    /// How many recent tokens (prompt included) the penalties look at.
     pub repeat_last_n: usize,
+    /// Drop tokens whose probability is below `min_p` times the most likely token's (before
+    /// the temperature, as llama.cpp does); 0 turns it off.
+    pub min_p: f32,
+    /// Subtracted once from the logit of every token seen in the last `repeat_last_n` tokens
+    /// (OpenAI's `presence_penalty`, over llama.cpp's window); 0 turns it off.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was seen in that window (OpenAI's
+    /// `frequency_penalty`); 0 turns it off.
+    pub frequency_penalty: f32,
 }
 
 impl SamplingParams {
     /// Whether every token is the argmax (temperature 0 or below, or top-k 1).
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
+    }
+
+    /// Whether any penalty changes the logits (each needs the recent tokens).
+    pub fn penalizes(&self) -> bool {
+        self.repeat_last_n > 0
+            && (self.repeat_penalty != 1.0
+                || self.presence_penalty != 0.0
+                || self.frequency_penalty != 0.0)
     }
 }
 
@@ -35,6 +52,9 @@ impl Default for SamplingParams {
             seed: 0,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         }
     }
 }
@@ -69,12 +89,13 @@ impl Sampler {
     /// last `repeat_last_n` matter), with the repetition penalty applied to `logits`.
     pub fn sample_after(&mut self, logits: &[f32], recent: &[u32]) -> u32 {
         let p = &self.params;
-        if p.repeat_penalty == 1.0 || p.repeat_last_n == 0 || recent.is_empty() {
+        if !p.penalizes() || recent.is_empty() {
             return self.sample(logits);
         }
         let mut l = logits.to_vec();
         let window = &recent[recent.len().saturating_sub(p.repeat_last_n)..];
         apply_repeat_penalty(&mut l, window, p.repeat_penalty);
+        apply_count_penalties(&mut l, window, p.presence_penalty, p.frequency_penalty);
         self.sample(&l)
     }
 
@@ -114,6 +135,13 @@ pub fn sample_logits(p: &SamplingParams, logits: &[f32], draw: &mut dyn FnMut() 
     cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     if p.top_k > 0 && cand.len() > p.top_k {
         cand.truncate(p.top_k);
+    }
+    if p.min_p > 0.0 {
+        // p_i >= min_p * p_max at temperature 1, i.e. l_i >= l_max + ln(min_p), on the
+        // logits the temperature has divided.
+        let floor = cand[0].1 + (p.min_p as f64).ln() as f32 / p.temperature;
+        let keep = cand.iter().take_while(|(_, l)| *l >= floor).count().max(1);
+        cand.truncate(keep);
     }
     let m = cand[0].1;
     let mut probs: Vec<f64> = cand.iter().map(|(_, l)| ((l - m) as f64).exp()).collect();
@@ -158,6 +186,24 @@ pub fn apply_repeat_penalty(logits: &mut [f32], seen: &[u32], penalty: f32) {
         }
         if let Some(l) = logits.get_mut(t as usize) {
             *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+        }
+    }
+}
+
+/// OpenAI's presence and frequency penalties over the tokens in `seen`: a token's logit loses
+/// `presence` once if it was seen and `frequency` per time it was seen. Ids outside the
+/// vocabulary are ignored.
+pub fn apply_count_penalties(logits: &mut [f32], seen: &[u32], presence: f32, frequency: f32) {
+    if presence == 0.0 && frequency == 0.0 {
+        return;
+    }
+    let mut counts = std::collections::HashMap::with_capacity(seen.len());
+    for &t in seen {
+        *counts.entry(t).or_insert(0u32) += 1;
+    }
+    for (t, n) in counts {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l -= presence + frequency * n as f32;
         }
     }
 }

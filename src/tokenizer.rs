@@ -92,6 +92,23 @@ impl<'t> TextStream<'t> {
         }
     }
 
+    /// A stream whose text continues `context` (the prompt): tokens are decoded after the
+    /// last few context tokens, so the first piece's leading space comes out as it does in
+    /// the whole text (decoded alone, a word-start token may gain or lose its space).
+    pub fn after(tok: &'t Tokenizer, context: &[u32]) -> Result<Self> {
+        const CONTEXT_TOKENS: usize = 8;
+        let ids = context[context.len().saturating_sub(CONTEXT_TOKENS)..].to_vec();
+        let text = tok.decode(&ids)?;
+        // A context ending inside a character is left out: its bytes would change.
+        let ids = if text.ends_with('\u{FFFD}') {
+            Vec::new()
+        } else {
+            ids
+        };
+        let printed = if ids.is_empty() { 0 } else { text.len() };
+        Ok(TextStream { tok, ids, printed })
+    }
+
     pub fn push(&mut self, id: u32) -> Result<String> {
         self.ids.push(id);
         let text = self.tok.decode(&self.ids)?;

@@ -341,3 +341,63 @@ fn thinking_is_passed_to_the_template_shown_in_tags_and_saved() {
     let _ = std::fs::remove_file(&save);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--json` with piped stdin: exactly one JSON line per message, a refused one included, so a
+/// script can pair each reply with its message.
+#[test]
+fn json_gives_one_line_per_message() {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sparsa"));
+    c.args([
+        "chat",
+        "--json",
+        "--temperature",
+        "0",
+        "-n",
+        "6",
+        "--ctx",
+        "64",
+    ]);
+    let long = "word ".repeat(80);
+    let input = format!("Good morrow, sir.\n{long}\nWhat news?\n");
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(1), "a message was refused");
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    for i in [0, 2] {
+        let r = &lines[i];
+        assert!(r["content"].is_string(), "{r}");
+        assert!(
+            ["stop", "length"].contains(&r["finish_reason"].as_str().unwrap()),
+            "{r}"
+        );
+        assert!(
+            r["usage"]["completion_tokens"].as_u64().unwrap() >= 1,
+            "{r}"
+        );
+    }
+    assert!(
+        lines[1]["error"]
+            .as_str()
+            .unwrap()
+            .contains("message too long"),
+        "{}",
+        lines[1]
+    );
+}

@@ -127,6 +127,7 @@ fn decode_creates_no_buffers_or_bind_groups_after_warm_up() {
         seed: 7,
         repeat_penalty: 1.1,
         repeat_last_n: 64,
+        ..Default::default()
     });
 }
 
@@ -141,6 +142,7 @@ fn gpu_picking_creates_no_buffers_or_bind_groups_after_warm_up() {
         seed: 7,
         repeat_penalty: 1.1,
         repeat_last_n: 64,
+        ..Default::default()
     });
 }
 
@@ -267,6 +269,7 @@ fn gpu_picking_matches_the_host_loop_and_stops_in_the_same_state() {
         seed: 3,
         repeat_penalty: 1.2,
         repeat_last_n: 8,
+        ..Default::default()
     };
     let (tok, _, model) = builtin_chat_model();
     for params in [greedy, penalized, sampled] {
@@ -357,4 +360,60 @@ fn gpu_picking_case(tok: &Tokenizer, model: &Model, params: SamplingParams) {
         (&want[..1], Stop::MaxTokens, Some(want[1])),
         "{what}"
     );
+}
+
+/// Ctrl-C as the first token arrives (the callback refuses its `Token` event): no text was
+/// written, so the turn is dropped with its message, as the README says, and the next turn
+/// runs as if it never happened.
+#[test]
+fn interrupt_at_the_first_token_drops_the_turn() {
+    let (tok, template, model) = builtin_chat_model();
+    let ctx = 128;
+    let mut session = model.session(ctx).unwrap();
+    let mut chat = Chat::new(ChatFormat::new(template), None);
+    let mut sampler = Sampler::new(SamplingParams::default());
+    let opts = ReplyOptions {
+        max_tokens: 4,
+        eos: vec![],
+        stop: vec![],
+    };
+    let Prepared::Ready(plan) = chat.prepare(&tok, "Good morrow.", ctx, 4).unwrap() else {
+        panic!("fits")
+    };
+    let r = chat
+        .reply(&mut session, &tok, plan, &mut sampler, &opts, |e| {
+            !matches!(e, ChatEvent::Token(_))
+        })
+        .unwrap();
+    assert_eq!(r.end, ReplyEnd::Interrupted);
+    assert_eq!(
+        r.generated, 1,
+        "the token was sampled before the callback refused it"
+    );
+    assert!(
+        r.message.is_none(),
+        "no empty reply is stored: {:?}",
+        r.message
+    );
+    assert!(
+        chat.conversation.messages.is_empty(),
+        "the user message is taken back: {:?}",
+        chat.conversation.messages
+    );
+    // A reply interrupted after its first text is kept.
+    let Prepared::Ready(plan) = chat.prepare(&tok, "Good morrow.", ctx, 4).unwrap() else {
+        panic!("fits")
+    };
+    let mut texts = 0;
+    let r = chat
+        .reply(&mut session, &tok, plan, &mut sampler, &opts, |e| {
+            if let ChatEvent::Text(_, s) = e {
+                texts += usize::from(!s.trim().is_empty());
+            }
+            texts < 1
+        })
+        .unwrap();
+    assert_eq!(r.end, ReplyEnd::Interrupted);
+    assert!(r.message.is_some_and(|m| !m.content.is_empty()));
+    assert_eq!(chat.conversation.messages.len(), 2);
 }

@@ -266,3 +266,131 @@ fn generate_streaming_experts_is_greedy_reference() {
         "stderr: {err}"
     );
 }
+
+fn ok_text(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// The built-in model's `generate`: the prompt from stdin and from --file, the echoed text
+/// being exactly the tokenizer's decoding of prompt + generated ids (no space added or lost
+/// at the first token), --stop, and the seed printed by -v repeating the run.
+#[test]
+fn generate_reads_stdin_and_files_and_detokenizes_in_context() {
+    let prompt = "ROMEO:";
+    let run = |args: &[&str], stdin: Option<&[u8]>| {
+        let mut c = bin();
+        c.arg("generate").args(args);
+        ok_text(&common::run_with_timeout(c, stdin))
+    };
+    let piped = run(&["-n", "6", "--seed", "5"], Some(prompt.as_bytes()));
+    let flag = run(&["-p", prompt, "-n", "6", "--seed", "5"], None);
+    assert_eq!(piped, flag, "stdin and -p give the same run");
+    let file = tmpdir("generate-file").join("prompt.txt");
+    std::fs::write(&file, prompt).unwrap();
+    let from_file = run(
+        &["-f", file.to_str().unwrap(), "-n", "6", "--seed", "5"],
+        None,
+    );
+    assert_eq!(from_file, flag, "--file gives the same run");
+
+    // The text printed is the decoding of the whole token sequence, prompt first.
+    let ids = run(
+        &["-p", prompt, "-n", "6", "--seed", "5", "--print-ids"],
+        None,
+    );
+    let ids: Vec<u32> = ids.trim().split(',').map(|x| x.parse().unwrap()).collect();
+    let src = sparsa::model::ModelSource::builtin().unwrap();
+    let tok = src.tokenizer().unwrap();
+    let p = tok.encode(prompt).unwrap();
+    let mut all = p.clone();
+    all.extend(&ids);
+    let whole = tok.decode(&all).unwrap();
+    let head = tok.decode(&p).unwrap();
+    assert_eq!(
+        flag.strip_suffix('\n').unwrap(),
+        format!("{prompt}{}", &whole[head.len()..]),
+        "ids {ids:?}"
+    );
+
+    // --stop cuts the text before the stop string; -v prints a seed that repeats the run.
+    let generated = &flag[prompt.len()..];
+    let cut: String = generated.chars().skip(2).take(3).collect();
+    let stopped = run(
+        &["-p", prompt, "-n", "6", "--seed", "5", "--stop", &cut],
+        None,
+    );
+    let at = generated.find(&cut).unwrap();
+    assert_eq!(stopped, format!("{prompt}{}\n", &generated[..at]));
+    let mut c = bin();
+    c.args(["generate", "-n", "4", "-v", "--temperature", "1.5"]);
+    let out = common::run_with_timeout(c, None);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let seed = stderr
+        .split_whitespace()
+        .skip_while(|w| *w != "seed")
+        .nth(1)
+        .expect("-v prints the seed")
+        .to_string();
+    let again = run(&["-n", "4", "--temperature", "1.5", "--seed", &seed], None);
+    assert_eq!(ok_text(&out), again, "the printed seed repeats the run");
+}
+
+#[test]
+fn generate_flag_values_are_explained() {
+    let e = fails(&["generate", "--max-tokens", "-2"], None);
+    assert!(e.contains("-1 for no limit"), "{e}");
+    let e = fails(&["generate", "--temperature", "-1"], None);
+    assert!(e.contains("--temperature -1: expected a number ≥ 0"), "{e}");
+    let e = fails(&["generate", "--min-p", "2"], None);
+    assert!(e.contains("--min-p 2"), "{e}");
+    let e = fails(&["generate", "--file", "/nonexistent/prompt.txt"], None);
+    assert!(
+        e.contains("--file /nonexistent/prompt.txt: cannot read"),
+        "{e}"
+    );
+}
+
+/// `sparsa info | head -1` and `sparsa generate | head -c 1`: the reader goes away, sparsa
+/// ends quietly (SIGPIPE, as `cat` does), never with an internal error.
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    use std::process::Stdio;
+    for args in [
+        &["info"][..],
+        &["generate", "-n", "200", "--ignore-eos"][..],
+    ] {
+        let mut child = bin()
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut first = [0u8; 1];
+        std::io::Read::read_exact(&mut out, &mut first).unwrap();
+        drop(out);
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("error"), "{args:?}: {err}");
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert!(
+                o.status.success() || o.status.signal() == Some(libc_sigpipe()),
+                "{args:?}: {:?}",
+                o.status
+            );
+        }
+    }
+}
+
+#[cfg(unix)]
+fn libc_sigpipe() -> i32 {
+    13
+}

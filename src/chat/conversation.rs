@@ -297,6 +297,11 @@ impl ReplyText {
 
     /// The reply as an assistant message: the content (and reasoning, if any) with surrounding
     /// whitespace trimmed, as chat templates print them.
+    /// Whether the reply has no text (reasoning or content) worth keeping.
+    pub fn is_empty(&self) -> bool {
+        self.content.trim().is_empty() && self.reasoning.trim().is_empty()
+    }
+
     pub fn message(&self) -> Message {
         let mut m = Message::new("assistant", self.content.trim());
         if self.saw_reasoning {
@@ -573,8 +578,10 @@ impl Chat {
             Stop::Callback => ReplyEnd::StopString,
         };
         let prefilled = session.pos.min(prompt.len()).saturating_sub(reused);
-        let message = if end == ReplyEnd::Interrupted && out.is_empty() {
-            // Nothing was said: take the question back out rather than store an empty reply.
+        let message = if end == ReplyEnd::Interrupted && reply.is_empty() {
+            // Nothing was said (no token, or only tokens with no text yet, as after a Ctrl-C
+            // at the first token): take the question back out rather than store an empty
+            // reply.
             if self.conversation.messages.last().map(|m| m.role.as_str()) == Some("user") {
                 self.conversation.messages.pop();
             }

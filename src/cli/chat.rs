@@ -5,6 +5,7 @@
 //! the library ([`sparsa::chat::Chat`]); this module is the terminal around it: line editing,
 //! Ctrl-C, the progress bar, colours and the in-session commands.
 
+use super::sampling::SamplingArgs;
 use super::{interrupt, open_source, ModelArgs};
 use clap::Args;
 use sparsa::cache::Caches;
@@ -12,7 +13,7 @@ use sparsa::chat::{
     reply_reserve, Chat, ChatEvent, ChatFormat, ChatTemplate, Conversation, Part, Prepared,
     ReplyEnd, ReplyOptions,
 };
-use sparsa::generate::{Sampler, SamplingParams};
+use sparsa::generate::Sampler;
 use sparsa::gpu::Gpu;
 use sparsa::model::{Model, ModelSource, Session};
 use sparsa::tokenizer::Tokenizer;
@@ -35,7 +36,8 @@ commands:
   /help           this list
   /reset          forget the conversation (the system prompt stays)
   /system [TEXT]  set the system prompt (without TEXT: show it)
-  /stats          speed and token counts of the last reply, context use, GPU and host memory
+  /stats [-v]     speed and token counts of the last reply, context use, experts, the seed
+                  (-v: also GPU buffers, allocator and host memory)
   /save FILE      write the conversation as JSON ({\"messages\": [...]})
   /load FILE      replace the conversation with one saved by /save
   /exit           leave (also /quit, /bye, Ctrl-D)
@@ -48,32 +50,8 @@ pub struct ChatArgs {
     /// System prompt (change it in the session with /system TEXT).
     #[arg(long)]
     system: Option<String>,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Keep only the K most likely tokens (0: all).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    /// Divide the logits of tokens seen in the last --repeat-last-n tokens by this (1: off).
-    #[arg(long, default_value_t = 1.1)]
-    repeat_penalty: f32,
-    #[arg(long, default_value_t = 64)]
-    repeat_last_n: usize,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Most tokens per reply.
-    #[arg(long, default_value_t = 1024)]
-    max_tokens: usize,
-    /// End the reply at this text, which is not shown or kept (repeatable; \n, \t and \\ are
-    /// read as escapes).
-    #[arg(long)]
-    stop: Vec<String>,
-    /// Keep writing past end-of-sequence tokens (for benchmarks and tests); a reply then
-    /// ends only at --max-tokens, a --stop string, Ctrl-C or the end of the context.
-    #[arg(long)]
-    ignore_eos: bool,
+    #[command(flatten)]
+    s: SamplingArgs,
     /// Ask the model to reason first (templates with an enable_thinking / thinking switch).
     #[arg(long, conflicts_with = "no_think")]
     think: bool,
@@ -83,19 +61,30 @@ pub struct ChatArgs {
     /// Do not print the reasoning (it is still kept in the conversation and /save).
     #[arg(long)]
     hide_think: bool,
-    /// Print token counts and speeds after each reply (as /stats does).
-    #[arg(long, short)]
-    verbose: bool,
+    /// Write each reply as one line of JSON ({"content", "reasoning_content", "finish_reason",
+    /// "usage"}) instead of text, so a script reading a pipe can tell replies apart.
+    #[arg(long)]
+    json: bool,
 }
+
+/// Replies per chat when --max-tokens is not given.
+const DEFAULT_MAX_TOKENS: usize = 1024;
 
 /// A message was refused (not UTF-8, too long, the template failed): with piped stdin the
 /// remaining lines still run, then sparsa exits with status 1.
 static FAILED: AtomicBool = AtomicBool::new(false);
 
-/// Prints `error: msg` for one refused message and remembers the failure.
+/// --json: each message gets one line on stdout, a reply or an error.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Prints `error: msg` for one refused message and remembers the failure (with --json, also
+/// an `{"error": ...}` line in place of the reply).
 fn refuse(msg: &str) {
     FAILED.store(true, Ordering::SeqCst);
     note(&format!("error: {msg}"));
+    if JSON.load(Ordering::SeqCst) {
+        say(&serde_json::json!({ "error": msg }).to_string());
+    }
 }
 
 /// Numbers of one reply, for /stats and --verbose.
@@ -132,6 +121,8 @@ struct Ui {
     /// ANSI styles on stdout.
     color: bool,
     hide_think: bool,
+    /// Replies go out as JSON lines once complete, not streamed as text.
+    json: bool,
 }
 
 const DIM: &str = "\x1b[2m";
@@ -159,6 +150,9 @@ impl Printer<'_> {
     }
 
     fn text(&mut self, part: Part, s: &str) {
+        if self.ui.json {
+            return;
+        }
         let i = usize::from(part == Part::Content);
         let s = if self.started[i] { s } else { s.trim_start() };
         if s.is_empty() {
@@ -189,6 +183,9 @@ impl Printer<'_> {
     }
 
     fn end(&mut self) {
+        if self.ui.json {
+            return;
+        }
         let mut o = self.out.lock();
         if self.in_reasoning {
             let _ = o.write_all(if self.ui.color { RESET } else { "</think>" }.as_bytes());
@@ -210,30 +207,6 @@ fn say(msg: &str) {
     let mut o = std::io::stdout().lock();
     let _ = writeln!(o, "{msg}");
     let _ = o.flush();
-}
-
-/// `\n`, `\t`, `\r` and `\\` in a --stop value; any other backslash stays as it is.
-fn unescape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        match chars.next() {
-            Some('n') => out.push('\n'),
-            Some('t') => out.push('\t'),
-            Some('r') => out.push('\r'),
-            Some('\\') => out.push('\\'),
-            Some(o) => {
-                out.push('\\');
-                out.push(o);
-            }
-            None => out.push('\\'),
-        }
-    }
-    out
 }
 
 fn load_template(src: &ModelSource) -> Result<Option<ChatTemplate>> {
@@ -374,19 +347,13 @@ struct Repl {
     opts: ReplyOptions,
     ui: Ui,
     last: Option<TurnStats>,
+    /// The sampler's seed, for /stats (the same seed and messages give the same replies).
+    seed: u64,
 }
 
 pub fn run(a: ChatArgs) -> Result<()> {
-    if a.max_tokens == 0 {
-        return Err(Error::msg("--max-tokens must be at least 1"));
-    }
-    super::check_sampling(a.temperature, a.top_p)?;
-    if !(a.repeat_penalty.is_finite() && a.repeat_penalty > 0.0) {
-        return Err(Error::msg(format!(
-            "--repeat-penalty {}: expected a positive number (1 is off)",
-            a.repeat_penalty
-        )));
-    }
+    let params = a.s.params(1.1)?;
+    let stops = a.s.stops()?;
     let src = open_source(&a.m)?;
     if !src.has_tokenizer() {
         return Err(Error::msg(format!(
@@ -458,27 +425,29 @@ pub fn run(a: ChatArgs) -> Result<()> {
     // stops a reply being generated, and ends the program while waiting for a line.
     let _ctrl_c = interactive.then(interrupt::Polling::start);
 
-    let sampler = Sampler::new(SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        seed: a.seed,
-        repeat_penalty: a.repeat_penalty,
-        repeat_last_n: a.repeat_last_n,
-    });
+    if a.s.verbose {
+        note(&format!(
+            "seed {} (repeat with --seed {})",
+            params.seed, params.seed
+        ));
+    }
+    let seed = params.seed;
+    let sampler = Sampler::new(params);
     let opts = ReplyOptions {
-        max_tokens: a.max_tokens,
-        eos: if a.ignore_eos {
+        max_tokens: a.s.max_tokens_or(DEFAULT_MAX_TOKENS),
+        eos: if a.s.ignore_eos {
             Vec::new()
         } else {
             model.config.eos_token_ids.clone()
         },
-        stop: a.stop.iter().map(|s| unescape(s)).collect(),
+        stop: stops,
     };
     let ui = Ui {
         color: std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none(),
         hide_think: a.hide_think,
+        json: a.json,
     };
+    JSON.store(a.json, Ordering::SeqCst);
     let chat = Chat::new(format, a.system.clone());
     let mut repl = Repl {
         a,
@@ -490,6 +459,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         opts,
         ui,
         last: None,
+        seed,
     };
     let mut input = Input::new(interactive);
     loop {
@@ -542,26 +512,7 @@ impl Repl {
                 self.chat.conversation.set_system(Some(arg.to_string()));
                 note("system prompt set");
             }
-            "stats" => {
-                match &self.last {
-                    Some(s) => say(&s.line(self.ctx)),
-                    None => say("no reply yet"),
-                }
-                let turns = self.chat.conversation.turns();
-                say(&format!(
-                    "context {}/{} tokens in use, {turns} turn{} in the conversation",
-                    self.session.pos,
-                    self.ctx,
-                    if turns == 1 { "" } else { "s" }
-                ));
-                say(&self.session.model.gpu.stats().line());
-                if let Some(off) = &self.session.model.offload {
-                    say(&off.stats().line());
-                }
-                if let Some(kib) = host_rss_kib() {
-                    say(&format!("host RSS: {:.1} MiB", kib as f64 / 1024.0));
-                }
-            }
+            "stats" => self.stats(arg == "-v"),
             "save" | "load" if arg.is_empty() => {
                 note(&format!("error: /{name} needs a file name: /{name} FILE"))
             }
@@ -585,9 +536,44 @@ impl Repl {
         true
     }
 
+    /// `/stats`: what a user reads; `verbose` adds the allocator and memory internals.
+    fn stats(&self, verbose: bool) {
+        match &self.last {
+            Some(s) => say(&s.line(self.ctx)),
+            None => say("no reply yet"),
+        }
+        let turns = self.chat.conversation.turns();
+        say(&format!(
+            "context {}/{} tokens in use, {turns} turn{} in the conversation | seed {}",
+            self.session.pos,
+            self.ctx,
+            if turns == 1 { "" } else { "s" },
+            self.seed
+        ));
+        let model = &self.session.model;
+        if let Some(off) = &model.offload {
+            let st = off.stats();
+            if verbose {
+                say(&st.line());
+            } else {
+                say(&format!(
+                    "experts: {:.1} % of uses found on the GPU, {:.1} MiB uploaded per token",
+                    100.0 * st.hit_rate(),
+                    st.bytes_per_token() / (1u64 << 20) as f64
+                ));
+            }
+        }
+        if verbose {
+            say(&model.gpu.stats().line());
+            if let Some(kib) = host_rss_kib() {
+                say(&format!("host RSS: {:.1} MiB", kib as f64 / 1024.0));
+            }
+        }
+    }
+
     /// One user message and the streamed reply.
     fn turn(&mut self, text: &str) -> Result<()> {
-        let reserve = reply_reserve(self.a.max_tokens, self.ctx);
+        let reserve = reply_reserve(self.opts.max_tokens, self.ctx);
         let plan = match self.chat.prepare(&self.tok, text, self.ctx, reserve) {
             Ok(Prepared::Ready(p)) => p,
             Ok(Prepared::TooLong { tokens, room }) => {
@@ -645,9 +631,9 @@ impl Repl {
                 "note: the reply reached the end of the context (--ctx {}); the next turn drops the oldest turns",
                 self.ctx
             )),
-            ReplyEnd::MaxTokens if self.a.verbose => note(&format!(
+            ReplyEnd::MaxTokens if self.a.s.verbose => note(&format!(
                 "note: reply cut at --max-tokens {}",
-                self.a.max_tokens
+                self.opts.max_tokens
             )),
             _ => {}
         }
@@ -661,7 +647,28 @@ impl Repl {
             decode_secs: end.saturating_duration_since(first).as_secs_f64(),
             context: self.session.pos,
         };
-        if self.a.verbose {
+        if self.ui.json {
+            let finish = match r.end {
+                ReplyEnd::Eos | ReplyEnd::StopString => "stop",
+                ReplyEnd::MaxTokens | ReplyEnd::ContextFull => "length",
+                ReplyEnd::Interrupted => "interrupted",
+            };
+            let m = r.message.as_ref();
+            let mut j = serde_json::json!({
+                "content": m.map_or("", |m| m.content.as_str()),
+                "finish_reason": finish,
+                "usage": {
+                    "prompt_tokens": r.prompt_tokens,
+                    "completion_tokens": r.generated,
+                    "cached_tokens": r.reused,
+                },
+            });
+            if let Some(rc) = m.and_then(|m| m.reasoning_content.as_deref()) {
+                j["reasoning_content"] = rc.into();
+            }
+            say(&j.to_string());
+        }
+        if self.a.s.verbose {
             let line = stats.line(self.ctx);
             if self.ui.color {
                 note(&format!("{DIM}{line}{RESET}"));
@@ -687,15 +694,4 @@ fn load_conversation(path: &Path) -> Result<Conversation> {
     let text =
         std::fs::read_to_string(path).map_err(|e| Error::msg(format!("cannot read: {e}")))?;
     Conversation::from_json(&text)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_values_are_unescaped() {
-        assert_eq!(unescape(r"a\nb\tc\\d\qe\"), "a\nb\tc\\d\\qe\\");
-        assert_eq!(unescape("plain"), "plain");
-    }
 }

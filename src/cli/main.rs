@@ -2,20 +2,17 @@
 
 mod bench;
 mod chat;
+mod generate;
 mod info;
 mod interrupt;
+mod sampling;
 
 use clap::{Args, Parser, Subcommand};
-use sparsa::generate::{generate_events, Event, Sampler, SamplingParams, Stop};
 use sparsa::gpu::{list_adapters, Gpu};
 use sparsa::model::{Model, ModelSource};
-use sparsa::tokenizer::TextStream;
 use sparsa::{Error, Result};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// What `sparsa generate` writes from when given no prompt and no --model.
-const DEFAULT_PROMPT: &str = "KING RICHARD:";
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Generate text (or token ids) from a prompt, streaming as it goes.
-    Generate(GenerateArgs),
+    Generate(generate::GenerateArgs),
     /// Chat with the model: an interactive session (one reply per line when stdin is piped).
     Chat(chat::ChatArgs),
     /// Write the logits of every prompt position (one prefill) to a safetensors file.
@@ -124,7 +121,7 @@ struct QuantizeArgs {
 pub(crate) struct ModelArgs {
     /// Model directory (Hugging Face layout: config.json + safetensors). Default: the
     /// built-in sparsa-bard-12m (a small Shakespeare model; see models/sparsa-bard-12m).
-    #[arg(long)]
+    #[arg(short, long, value_name = "DIR")]
     model: Option<PathBuf>,
     /// Use the first adapter whose name contains this text (see `sparsa devices`).
     #[arg(long)]
@@ -153,37 +150,6 @@ pub(crate) struct ModelArgs {
 }
 
 #[derive(Args)]
-struct GenerateArgs {
-    #[command(flatten)]
-    m: ModelArgs,
-    /// Prompt text (needs tokenizer.json in the model directory).
-    /// Default with the built-in model: "KING RICHARD:".
-    #[arg(long, conflicts_with = "tokens")]
-    prompt: Option<std::ffi::OsString>,
-    /// Prompt as comma-separated token ids, e.g. 1,2,3.
-    #[arg(long, value_parser = parse_ids)]
-    tokens: Option<Ids>,
-    #[arg(long, default_value_t = 128)]
-    max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f32,
-    #[arg(long, default_value_t = 0.95)]
-    top_p: f32,
-    /// Keep only the K most likely tokens (0: all).
-    #[arg(long, default_value_t = 40)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Print the generated ids, comma-separated, on one line (instead of text).
-    #[arg(long)]
-    print_ids: bool,
-    /// Print only the continuation, not the prompt text before it.
-    #[arg(long)]
-    no_echo: bool,
-}
-
-#[derive(Args)]
 struct LogitsArgs {
     #[command(flatten)]
     m: ModelArgs,
@@ -196,9 +162,9 @@ struct LogitsArgs {
 }
 
 #[derive(Clone)]
-struct Ids(Vec<u32>);
+pub(crate) struct Ids(Vec<u32>);
 
-fn parse_ids(s: &str) -> std::result::Result<Ids, String> {
+pub(crate) fn parse_ids(s: &str) -> std::result::Result<Ids, String> {
     let v: std::result::Result<Vec<u32>, _> = s
         .split(',')
         .map(|x| x.trim())
@@ -232,13 +198,40 @@ fn quiet_mesa() {
     std::env::set_var("XDG_RUNTIME_DIR", &dir);
 }
 
+/// `sparsa … | head`: when the reader of stdout goes away, end quietly as other command-line
+/// tools do (killed by SIGPIPE on Unix) instead of failing on the next write.
+fn quiet_closed_pipe() {
+    // SAFETY: called first thing in main, before any other thread exists; SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    #[cfg(unix)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Whether a panic is the standard library's failure to print to a closed stdout (how a
+/// closed pipe shows where there is no SIGPIPE, as on Windows).
+fn is_closed_stdout(info: &std::panic::PanicHookInfo) -> bool {
+    let p = info.payload();
+    let msg = p
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| p.downcast_ref::<&str>().copied())
+        .unwrap_or("");
+    msg.starts_with("failed printing to stdout")
+}
+
 fn main() {
+    quiet_closed_pipe();
     quiet_mesa();
     env_logger::Builder::from_env(
         env_logger::Env::default().default_filter_or("warn,wgpu_hal=off"),
     )
     .init();
     std::panic::set_hook(Box::new(|info| {
+        if is_closed_stdout(info) {
+            std::process::exit(0);
+        }
         // A dependency's panic that sparsa catches and reports as an error is not ours.
         if !sparsa::error::catching_panic() {
             eprintln!("error: internal error (please report): {info}");
@@ -248,7 +241,7 @@ fn main() {
     sparsa::weights::mapguard::install();
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Generate(a) => cmd_generate(a),
+        Cmd::Generate(a) => generate::run(a),
         Cmd::Chat(a) => chat::run(a),
         Cmd::Logits(a) => cmd_logits(a),
         Cmd::Devices => cmd_devices(),
@@ -304,10 +297,16 @@ pub(crate) fn open_model(m: &ModelArgs, src: &ModelSource, ctx: usize) -> Result
     Ok(model)
 }
 
-fn ctx_for(m: &ModelArgs, cfg: &sparsa::config::Config, need: usize) -> Result<usize> {
-    let ctx = m
-        .ctx
-        .unwrap_or(need.min(cfg.max_position_embeddings.max(1)));
+/// The context for a request of `need` positions: --ctx, else `need` (the model's maximum
+/// when `fill`: the request runs until the context is full), refused when it needs more.
+pub(crate) fn ctx_for(
+    m: &ModelArgs,
+    cfg: &sparsa::config::Config,
+    need: usize,
+    fill: bool,
+) -> Result<usize> {
+    let max = cfg.max_position_embeddings.max(1);
+    let ctx = m.ctx.unwrap_or(if fill { max } else { need.min(max) });
     if need > ctx {
         return Err(Error::msg(match m.ctx {
             Some(_) => format!("--ctx {ctx}: the request needs {need} positions"),
@@ -319,172 +318,9 @@ fn ctx_for(m: &ModelArgs, cfg: &sparsa::config::Config, need: usize) -> Result<u
     Ok(ctx)
 }
 
-/// Sampling flags that would sample garbage (or nothing) are refused by name.
-pub(crate) fn check_sampling(temperature: f32, top_p: f32) -> Result<()> {
-    if !(temperature.is_finite() && temperature >= 0.0) {
-        return Err(Error::msg(format!(
-            "--temperature {temperature}: expected a number ≥ 0 (0 is greedy)"
-        )));
-    }
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(Error::msg(format!(
-            "--top-p {top_p}: expected a number in (0, 1] (1 keeps every token)"
-        )));
-    }
-    Ok(())
-}
-
-fn cmd_generate(a: GenerateArgs) -> Result<()> {
-    check_sampling(a.temperature, a.top_p)?;
-    if a.max_tokens == 0 {
-        return Err(Error::msg("--max-tokens 0: expected at least 1"));
-    }
-    // Taken as OS text so that bytes which are not UTF-8 get an error naming the flag.
-    let prompt_text = match &a.prompt {
-        Some(p) => Some(
-            p.to_str()
-                .ok_or_else(|| Error::msg("--prompt: not UTF-8 text"))?
-                .to_string(),
-        ),
-        None => None,
-    };
-    if prompt_text.as_deref() == Some("") {
-        return Err(Error::msg("--prompt: the prompt is empty"));
-    }
-    // The prompt is tokenized before the model loads, so a missing tokenizer fails fast.
-    let src = open_source(&a.m)?;
-    let (tok, prompt) = match (&prompt_text, &a.tokens) {
-        (Some(p), _) => {
-            let t = src.tokenizer()?;
-            let ids = t.encode(p)?;
-            (Some(t), ids)
-        }
-        (None, Some(ids)) => (src.tokenizer().ok(), ids.0.clone()),
-        (None, None) if a.m.model.is_none() => {
-            let t = src.tokenizer()?;
-            let ids = t.encode(DEFAULT_PROMPT)?;
-            (Some(t), ids)
-        }
-        (None, None) => {
-            return Err(Error::msg(
-                "give a prompt with --prompt TEXT or --tokens 1,2,3",
-            ))
-        }
-    };
-    if prompt.is_empty() {
-        return Err(Error::msg(
-            "--prompt: the prompt is empty after tokenization",
-        ));
-    }
-    let ctx = ctx_for(&a.m, &src.config, prompt.len().saturating_add(a.max_tokens))?;
-    let model = open_model(&a.m, &src, ctx)?;
-    let mut session = model.session(ctx)?;
-    let mut sampler = Sampler::new(SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        seed: a.seed,
-        ..Default::default()
-    });
-    let eos = model.config.eos_token_ids.clone();
-    let stdout = std::io::stdout();
-    let mut stream = if a.print_ids {
-        None
-    } else {
-        tok.as_ref().map(TextStream::new)
-    };
-    // The prompt text goes first, so the output reads as one text (not for --tokens).
-    let echo = match (&prompt_text, &a.tokens) {
-        (Some(p), _) => Some(p.as_str()),
-        (None, None) => Some(DEFAULT_PROMPT),
-        (None, Some(_)) => None,
-    };
-    if let (Some(_), Some(text), false) = (&stream, echo, a.no_echo) {
-        let mut o = stdout.lock();
-        let _ = o.write_all(text.as_bytes());
-        let _ = o.flush();
-    }
-    let t0 = Instant::now();
-    let mut first: Option<Instant> = None;
-    let mut err: Option<Error> = None;
-    let ctrl_c = interrupt::Polling::start();
-    let (out, stop) = generate_events(
-        &mut session,
-        &[],
-        &prompt,
-        a.max_tokens,
-        &mut sampler,
-        &eos,
-        |event| {
-            if interrupt::requested() {
-                return false;
-            }
-            let Event::Token(id) = event else {
-                return true;
-            };
-            first.get_or_insert_with(Instant::now);
-            if let Some(s) = stream.as_mut() {
-                match s.push(id) {
-                    Ok(text) => {
-                        let mut o = stdout.lock();
-                        let _ = o.write_all(text.as_bytes());
-                        let _ = o.flush();
-                    }
-                    Err(e) => {
-                        err = Some(e);
-                        return false;
-                    }
-                }
-            } else if !a.print_ids {
-                let mut o = stdout.lock();
-                let _ = write!(o, "{id} ");
-                let _ = o.flush();
-            }
-            true
-        },
-    )?;
-    drop(ctrl_c);
-    if let Some(e) = err {
-        return Err(e);
-    }
-    if interrupt::requested() {
-        let _ = stdout.lock().flush();
-        println!();
-        return Err(Error::msg(format!(
-            "interrupted after {} generated token{}",
-            out.len(),
-            if out.len() == 1 { "" } else { "s" }
-        )));
-    }
-    if a.print_ids {
-        let ids: Vec<String> = out.iter().map(|x| x.to_string()).collect();
-        println!("{}", ids.join(","));
-    } else {
-        println!();
-    }
-    let total = t0.elapsed().as_secs_f64();
-    let ttft = first.map(|f| (f - t0).as_secs_f64()).unwrap_or(total);
-    let decode = out.len().saturating_sub(1) as f64 / (total - ttft).max(1e-9);
-    if stop == Stop::ContextFull {
-        eprintln!("note: stopped at the context limit ({ctx} tokens)");
-    }
-    log::info!(
-        "{} prompt tokens, prefill {:.1} tok/s (ttft {:.3}s), {} generated, decode {:.2} tok/s",
-        prompt.len(),
-        prompt.len() as f64 / ttft.max(1e-9),
-        ttft,
-        out.len(),
-        decode
-    );
-    if let Some(off) = &model.offload {
-        log::info!("{}", off.stats().line());
-    }
-    Ok(())
-}
-
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let src = open_source(&a.m)?;
-    let ctx = ctx_for(&a.m, &src.config, a.tokens.0.len())?;
+    let ctx = ctx_for(&a.m, &src.config, a.tokens.0.len(), false)?;
     let model = open_model(&a.m, &src, ctx)?;
     let mut session = model.session(ctx)?;
     let logits = session.forward(&a.tokens.0, true)?;
@@ -671,4 +507,76 @@ fn cmd_synth(a: SynthArgs) -> Result<()> {
             .unwrap_or_default()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every flag of every command says what it does in `--help`.
+    #[test]
+    fn every_flag_has_a_help_line() {
+        let cli = Cli::command();
+        let mut missing = Vec::new();
+        let mut flags = 0;
+        for cmd in cli.get_subcommands() {
+            for arg in cmd.get_arguments() {
+                if arg.is_hide_set() || arg.get_id() == "help" {
+                    continue;
+                }
+                flags += 1;
+                if arg
+                    .get_help()
+                    .is_none_or(|h| h.to_string().trim().is_empty())
+                {
+                    missing.push(format!("sparsa {} --{}", cmd.get_name(), arg.get_id()));
+                }
+            }
+        }
+        assert!(flags > 50, "only {flags} flags found");
+        assert!(missing.is_empty(), "flags without help: {missing:?}");
+    }
+
+    /// generate and chat take the same sampling and stopping flags, with the short forms.
+    #[test]
+    fn generate_and_chat_share_the_sampling_flags() {
+        let cli = Cli::command();
+        let names = |cmd: &str| -> Vec<(String, Option<char>)> {
+            let c = cli.find_subcommand(cmd).expect(cmd);
+            let mut v: Vec<_> = c
+                .get_arguments()
+                .filter_map(|a| Some((a.get_long()?.to_string(), a.get_short())))
+                .collect();
+            v.sort();
+            v
+        };
+        let (g, c) = (names("generate"), names("chat"));
+        for flag in [
+            "max-tokens",
+            "temperature",
+            "top-p",
+            "top-k",
+            "min-p",
+            "repeat-penalty",
+            "repeat-last-n",
+            "presence-penalty",
+            "frequency-penalty",
+            "seed",
+            "stop",
+            "ignore-eos",
+            "verbose",
+            "model",
+        ] {
+            let find = |v: &[(String, Option<char>)]| v.iter().find(|x| x.0 == flag).cloned();
+            let (a, b) = (find(&g), find(&c));
+            assert!(a.is_some(), "generate --{flag}");
+            assert_eq!(a, b, "--{flag} differs between generate and chat");
+        }
+        let short =
+            |v: &[(String, Option<char>)], f: &str| v.iter().find(|x| x.0 == f).and_then(|x| x.1);
+        assert_eq!(short(&g, "model"), Some('m'));
+        assert_eq!(short(&g, "prompt"), Some('p'));
+        assert_eq!(short(&g, "max-tokens"), Some('n'));
+    }
 }

@@ -33,10 +33,13 @@ pub enum Pick<'a> {
 impl Sampler {
     /// Whether the GPU can pick the tokens by these rules (greedy, or a top-k of at most
     /// [`sample::MAX_TOP_K`]; any top-p and repetition penalty): then generation runs a step
-    /// ahead of the host. Sampling from the whole vocabulary (top-k 0) stays on the host.
+    /// ahead of the host. Sampling from the whole vocabulary (top-k 0), min-p and the
+    /// presence / frequency penalties stay on the host.
     pub fn gpu_can_pick(&self) -> bool {
         let p = &self.params;
-        p.is_greedy() || (1..=sample::MAX_TOP_K as usize).contains(&p.top_k)
+        let counts = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        let host_only = (counts && p.penalizes()) || (p.min_p > 0.0 && !p.is_greedy());
+        !host_only && (p.is_greedy() || (1..=sample::MAX_TOP_K as usize).contains(&p.top_k))
     }
 }
 

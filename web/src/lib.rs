@@ -358,6 +358,7 @@ impl Options {
                 seed: whole("seed", 0.0)? as u64,
                 repeat_penalty,
                 repeat_last_n: whole("repeat_last_n", 64.0)?,
+                ..Default::default()
             },
             max_tokens,
             system,
