@@ -5,6 +5,7 @@
 //! | variable | effect |
 //! |---|---|
 //! | `SPARSA_FAULT_SLOW_LOAD_MS` | sleep n ms after each uploaded tensor (to hit Ctrl-C during a load) |
+//! | `SPARSA_FAULT_SLOW_QUANTIZE_MS` | sleep n ms after each tensor `sparsa quantize` writes (to hit Ctrl-C during it) |
 //! | `SPARSA_FAULT_DEVICE_LOST_AFTER` | destroy the GPU device after n queue submissions (a device loss) |
 //! | `SPARSA_FAULT_GPU_MEMORY` | pretend the adapter has n bytes of memory (an out-of-memory GPU) |
 

@@ -99,7 +99,9 @@ struct QuantizeArgs {
     /// Source model directory.
     #[arg(long)]
     model: PathBuf,
-    /// Output directory (created; must be empty if it exists).
+    /// Output directory (created; must be empty if it exists). It is written as OUT.partial
+    /// next to it and renamed to OUT when complete; an interrupted conversion (Ctrl-C, a full
+    /// disk) keeps its finished shards there, and the same command resumes it.
     #[arg(long)]
     out: PathBuf,
     /// q8 (int8) or q4 (4-bit), block-scaled with bf16 scales.
@@ -115,6 +117,10 @@ struct QuantizeArgs {
     /// Target size of an output shard, in GB.
     #[arg(long, default_value_t = 4.0)]
     shard_gb: f64,
+    /// Delete an unfinished earlier conversion (OUT.partial) and start over instead of
+    /// resuming it (needed when the options or the source changed since).
+    #[arg(long)]
+    restart: bool,
 }
 
 #[derive(Args)]
@@ -372,6 +378,7 @@ fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
         format,
         keep: a.keep.clone(),
         shard_bytes: (a.shard_gb * 1e9) as u64,
+        restart: a.restart,
     };
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
@@ -381,12 +388,44 @@ fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let t0 = Instant::now();
-    let r = sparsa::quantize::quantize_dir(&a.model, &a.out, &opts, &mut |done, total, name| {
-        bar.set_length(total);
-        bar.set_position(done);
-        bar.set_message(name.to_string());
+    // Ctrl-C stops at the next group of rows; the finished shards stay for a resume.
+    let ctrl_c = interrupt::Polling::start();
+    let r = sparsa::quantize::quantize_dir(&a.model, &a.out, &opts, &mut |event| {
+        use sparsa::quantize::Event;
+        match event {
+            Event::Resuming {
+                kept,
+                shards,
+                done,
+                total,
+                redo,
+            } => {
+                bar.suspend(|| {
+                    for r in redo {
+                        eprintln!("warning: {r}; writing it again");
+                    }
+                    eprintln!("resuming: {kept} of {shards} shards already done");
+                });
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.reset_eta();
+            }
+            Event::Progress {
+                done,
+                total,
+                tensor,
+                ..
+            } => {
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.set_message(tensor.to_string());
+            }
+        }
+        !interrupt::requested()
     })
-    .inspect_err(|_| bar.abandon())?;
+    .inspect_err(|_| bar.abandon());
+    drop(ctrl_c);
+    let r = r?;
     bar.finish_and_clear();
     eprintln!(
         "{}: {} tensors quantized to {}, {} kept, {} dropped (layers past num_hidden_layers); {:.1} MB -> {:.1} MB in {} shard(s), {:.1}s",
@@ -400,6 +439,12 @@ fn cmd_quantize(a: QuantizeArgs) -> Result<()> {
         r.shards,
         t0.elapsed().as_secs_f64()
     );
+    if r.resumed > 0 {
+        eprintln!(
+            "({} of the shards were kept from the interrupted run)",
+            r.resumed
+        );
+    }
     Ok(())
 }
 
