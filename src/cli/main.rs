@@ -40,7 +40,7 @@ enum Cmd {
     /// Convert a model directory (f32 / bf16 / f16 / FP8) to sparsa's q8 or q4 format.
     Quantize(QuantizeArgs),
     /// Architecture, parameters, bytes per tensor class, memory plan and adapter limits.
-    Info(ModelArgs),
+    Info(info::InfoArgs),
     /// Prefill / decode speed and per-kernel GPU time against the adapter's measured limits.
     Bench(bench::BenchArgs),
     /// Write a random-weight model with a release's real shapes, tensor names and config.

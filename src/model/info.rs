@@ -98,24 +98,57 @@ pub fn layer_of(name: &str) -> Option<usize> {
         .ok()
 }
 
+/// One stored tensor as [`summarize_tensors`] sees it: a safetensors header entry, read
+/// from the model files ([`summarize`]) or derived from `config.json` alone (`sparsa info` on
+/// a directory without weights; see `crate::synth`'s tensor list).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorMeta {
+    pub name: String,
+    pub dtype: safetensors::Dtype,
+    /// The stored shape (q4: `[rows, ⌈cols / 2⌉]` bytes).
+    pub shape: Vec<usize>,
+    /// Bytes in the file.
+    pub bytes: u64,
+}
+
+/// Summarize the tensors of the model files.
 pub fn summarize(cfg: &Config, files: &WeightFiles) -> Result<Summary> {
+    let tensors = files
+        .names()
+        .map(|name| {
+            let t = files.get(name)?;
+            Ok(TensorMeta {
+                name: t.name,
+                dtype: t.dtype,
+                shape: t.shape,
+                bytes: t.bytes.len() as u64,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    summarize_tensors(cfg, &tensors)
+}
+
+/// Summarize a list of stored tensors; `cfg.quant` says what `I8` / `U8` tensors hold.
+pub fn summarize_tensors(cfg: &Config, tensors: &[TensorMeta]) -> Result<Summary> {
     use safetensors::Dtype as D;
+    let names: std::collections::HashSet<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
     let mut classes = [ClassStats::default(); 8];
     let mut formats: Vec<String> = Vec::new();
     let mut skipped = 0;
-    for name in files.names() {
+    for t in tensors {
+        let name = t.name.as_str();
         if layer_of(name).is_some_and(|l| l >= cfg.num_hidden_layers) {
             skipped += 1;
             continue;
         }
-        let t = files.get(name)?;
         let c = &mut classes[TensorClass::of(name) as usize];
-        c.file_bytes += t.bytes.len() as u64;
+        c.file_bytes += t.bytes;
         let is_scale = (name.ends_with("_scale_inv") || name.ends_with("_scale"))
-            && files.contains(name.trim_end_matches("_inv").trim_end_matches("_scale"));
+            && names.contains(name.trim_end_matches("_inv").trim_end_matches("_scale"));
         if is_scale {
             continue; // bytes counted above; GPU bytes with the weight
         }
+        let numel: usize = t.shape.iter().product();
         let quant = match t.dtype {
             D::F8_E4M3 => Some(QFormat::Fp8),
             D::I8 | D::U8 => cfg.quant,
@@ -123,7 +156,7 @@ pub fn summarize(cfg: &Config, files: &WeightFiles) -> Result<Summary> {
         };
         let (rows, cols) = match t.shape.as_slice() {
             [r, c] => (*r, *c),
-            _ => (1, t.numel()),
+            _ => (1, numel),
         };
         let fname = match (quant, DType::from_safetensors(t.dtype, name)) {
             (Some(q), _) => {
@@ -138,14 +171,13 @@ pub fn summarize(cfg: &Config, files: &WeightFiles) -> Result<Summary> {
                 q.name().to_string()
             }
             (None, Ok(d)) => {
-                c.params += t.numel() as u64;
+                c.params += numel as u64;
                 // Small vectors are widened to f32 on the GPU.
-                let gpu = if t.shape.len() == 1 {
-                    4 * t.numel()
+                c.gpu_bytes += if t.shape.len() == 1 {
+                    4 * numel as u64
                 } else {
-                    t.bytes.len()
+                    t.bytes
                 };
-                c.gpu_bytes += gpu as u64;
                 d.name().to_string()
             }
             (None, Err(_)) => format!("{:?}", t.dtype),

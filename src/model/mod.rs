@@ -20,7 +20,7 @@ mod session;
 pub mod source;
 
 pub use pick::Pick;
-pub use plan::{plan, GpuMemory, Plan};
+pub use plan::{plan, plan_summary, GpuMemory, Plan};
 pub use session::{Logits, Session};
 pub use source::ModelSource;
 

@@ -133,8 +133,19 @@ pub fn plan(
     ctx: usize,
     scratch: u64,
 ) -> Result<Plan> {
+    plan_summary(cfg, &info::summarize(cfg, files)?, budget, ctx, scratch)
+}
+
+/// [`plan`] for a model described by its [`Summary`](info::Summary): of the files on disk,
+/// or of a tensor list derived from `config.json` (`sparsa info` before downloading).
+pub fn plan_summary(
+    cfg: &Config,
+    s: &info::Summary,
+    budget: u64,
+    ctx: usize,
+    scratch: u64,
+) -> Result<Plan> {
     use TensorClass as T;
-    let s = info::summarize(cfg, files)?;
     let c = |class| s.class(class).gpu_bytes;
     let parts = vec![
         ("embeddings/lm_head", c(T::Embeddings)),

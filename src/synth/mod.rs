@@ -9,6 +9,9 @@
 //!   names, in bf16, the FP8 release layout (`F8_E4M3` + f32 `_scale_inv` per 128×128 block
 //!   on the tensors the releases quantize), or sparsa's q8 / q4 (exactly as `sparsa quantize`
 //!   writes them, with its default keep list), sharded with `model.safetensors.index.json`.
+//! - [`tensor_list`] is that list of tensors without the values, and [`ConfigDir`] a directory
+//!   holding only a release's `config.json` (and perhaps its shard index): `sparsa info`
+//!   plans a model from them before it is downloaded.
 //!
 //! Values are uniform with std `1/sqrt(fan_in)` for matrices (std 1 for the embedding
 //! table), norms 1, small biases, drawn from a counter-based generator seeded by
@@ -22,10 +25,12 @@
 //! vocabulary (and `config.json`'s `vocab_size`) stays the release's.
 
 mod config;
+mod config_dir;
 mod tensors;
 mod values;
 
 pub use config::{release_config, Like, ReleaseConfig};
+pub use config_dir::{check_index, has_weights, tensor_list, ConfigDir, IndexCheck, ShardIndex};
 
 use crate::config::{Config, IndexerKind};
 use crate::error::{Error, Result};
