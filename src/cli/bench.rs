@@ -8,6 +8,8 @@ use sparsa::error::{Error, Result};
 pub struct BenchArgs {
     #[command(flatten)]
     pub m: crate::ModelArgs,
+    #[command(flatten)]
+    pub x: crate::ExpertArgs,
     /// Prompt lengths to time prefill at (comma-separated; 0 or empty: no prefill run).
     #[arg(long, value_delimiter = ',', default_value = "512")]
     prompt_len: Vec<usize>,
@@ -50,7 +52,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let longest = a.context.iter().max().copied().unwrap_or(0);
     let need = longest + a.decode.max(1) + 4;
     let ctx = a.m.ctx.unwrap_or(need);
-    let model = crate::open_model(&a.m, &src, ctx)?;
+    let model = crate::open_model(&a.m, &a.x, &src, ctx)?;
     if let Some(r) = &a.expert_routing {
         let z = r
             .strip_prefix("zipf:")

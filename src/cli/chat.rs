@@ -6,7 +6,7 @@
 //! Ctrl-C, the progress bar, colours and the in-session commands.
 
 use super::sampling::SamplingArgs;
-use super::{interrupt, open_source, ModelArgs};
+use super::{interrupt, open_source, ExpertArgs, ModelArgs};
 use clap::Args;
 use sparsa::cache::Caches;
 use sparsa::chat::{
@@ -47,6 +47,8 @@ Ctrl-C stops a reply (what was written so far stays in the conversation).";
 pub struct ChatArgs {
     #[command(flatten)]
     m: ModelArgs,
+    #[command(flatten)]
+    x: ExpertArgs,
     /// System prompt (change it in the session with /system TEXT).
     #[arg(long)]
     system: Option<String>,
@@ -378,7 +380,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         Some(c) => (c, "--ctx"),
         None => default_ctx(&src.config, &gpu, builtin),
     };
-    let (model, load_secs) = load_model(&src, gpu, super::budget(&a.m, ctx).as_ref())?;
+    let (model, load_secs) = load_model(&src, gpu, super::budget(&a.m, &a.x, ctx).as_ref())?;
     let (session, ctx) = open_session(&model, ctx, a.m.ctx.is_none())?;
     let why = if ctx < default_ctx(&model.config, &model.gpu, builtin).0 && a.m.ctx.is_none() {
         "halved until the caches could be allocated"

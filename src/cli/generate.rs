@@ -1,7 +1,7 @@
 //! `sparsa generate`: a prompt (flag, file or stdin) continued as text or token ids, streamed.
 
 use super::sampling::SamplingArgs;
-use super::{ctx_for, interrupt, open_model, open_source, parse_ids, Ids, ModelArgs};
+use super::{ctx_for, interrupt, open_model, open_source, parse_ids, ExpertArgs, Ids, ModelArgs};
 use clap::Args;
 use sparsa::generate::{generate_events, Event, Sampler, Stop, StopStrings};
 use sparsa::tokenizer::TextStream;
@@ -20,6 +20,8 @@ const DEFAULT_MAX_TOKENS: usize = 128;
 pub struct GenerateArgs {
     #[command(flatten)]
     m: ModelArgs,
+    #[command(flatten)]
+    x: ExpertArgs,
     /// Prompt text (needs tokenizer.json in the model directory). Without --prompt, --file or
     /// --tokens the prompt is read from stdin when it is piped; with the built-in model and a
     /// terminal, it is "KING RICHARD:".
@@ -128,7 +130,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         .len()
         .saturating_add(if unlimited { 1 } else { max_tokens });
     let ctx = ctx_for(&a.m, &src.config, need, unlimited)?;
-    let model = open_model(&a.m, &src, ctx)?;
+    let model = open_model(&a.m, &a.x, &src, ctx)?;
     let mut session = model.session(ctx)?;
     if a.s.verbose {
         eprintln!("seed {} (repeat with --seed {})", params.seed, params.seed);

@@ -144,6 +144,12 @@ pub(crate) struct ModelArgs {
     /// weight on the GPU.
     #[arg(long)]
     gpu_memory: Option<sparsa::model::GpuMemory>,
+}
+
+/// How streamed experts are cached: for the commands that run a model (not `info`, which
+/// only plans one).
+#[derive(Args)]
+pub(crate) struct ExpertArgs {
     /// Which routed expert leaves the GPU cache on a miss: lru, lfu (decayed use counts) or
     /// lfu:DECAY (the per-token decay, 0 < DECAY ≤ 1). Only with --gpu-memory.
     #[arg(long, default_value = "lfu", requires = "gpu_memory")]
@@ -159,6 +165,8 @@ pub(crate) struct ModelArgs {
 struct LogitsArgs {
     #[command(flatten)]
     m: ModelArgs,
+    #[command(flatten)]
+    x: ExpertArgs,
     /// Comma-separated token ids.
     #[arg(long, value_parser = parse_ids)]
     tokens: Ids,
@@ -282,23 +290,28 @@ pub(crate) fn open_source(m: &ModelArgs) -> Result<ModelSource> {
 }
 
 /// The `--gpu-memory` budget for caches of `ctx` tokens, when one was given.
-pub(crate) fn budget(m: &ModelArgs, ctx: usize) -> Option<sparsa::model::Budget> {
+pub(crate) fn budget(m: &ModelArgs, x: &ExpertArgs, ctx: usize) -> Option<sparsa::model::Budget> {
     m.gpu_memory.map(|memory| sparsa::model::Budget {
         memory,
         ctx,
-        policy: m.expert_policy,
-        prefetch: m.expert_prefetch,
+        policy: x.expert_policy,
+        prefetch: x.expert_prefetch,
     })
 }
 
 /// Load the model onto the adapter; `ctx` is the context the planner reserves caches for
 /// under `--gpu-memory`.
-pub(crate) fn open_model(m: &ModelArgs, src: &ModelSource, ctx: usize) -> Result<Model> {
+pub(crate) fn open_model(
+    m: &ModelArgs,
+    x: &ExpertArgs,
+    src: &ModelSource,
+    ctx: usize,
+) -> Result<Model> {
     let gpu = Arc::new(Gpu::new(m.adapter.as_deref())?);
     log::info!("adapter: {}", gpu.adapter.line());
     let t0 = Instant::now();
     let _ctrl_c = interrupt::Loading::start(gpu.interrupt_flag());
-    let model = Model::from_source_within(src, gpu, &mut |_, _| {}, budget(m, ctx).as_ref())?;
+    let model = Model::from_source_within(src, gpu, &mut |_, _| {}, budget(m, x, ctx).as_ref())?;
     log::info!("loaded {} in {:.2}s", src.label, t0.elapsed().as_secs_f64());
     Ok(model)
 }
@@ -327,7 +340,7 @@ pub(crate) fn ctx_for(
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let src = open_source(&a.m)?;
     let ctx = ctx_for(&a.m, &src.config, a.tokens.0.len(), false)?;
-    let model = open_model(&a.m, &src, ctx)?;
+    let model = open_model(&a.m, &a.x, &src, ctx)?;
     let mut session = model.session(ctx)?;
     let logits = session.forward(&a.tokens.0, true)?;
     write_f32_safetensors(&a.out, "logits", &[logits.rows, logits.vocab], &logits.data)?;
@@ -620,6 +633,13 @@ mod tests {
         }
         let short =
             |v: &[(String, Option<char>)], f: &str| v.iter().find(|x| x.0 == f).and_then(|x| x.1);
+        let info = names("info");
+        for unusable in ["expert-policy", "expert-prefetch", "temperature", "seed"] {
+            assert!(
+                info.iter().all(|x| x.0 != unusable),
+                "info only plans: --{unusable} does nothing there"
+            );
+        }
         assert_eq!(short(&g, "model"), Some('m'));
         assert_eq!(short(&g, "prompt"), Some('p'));
         assert_eq!(short(&g, "max-tokens"), Some('n'));
