@@ -200,9 +200,15 @@ impl Gpu {
     }
 
     /// Bytes of the adapter's largest device-local memory heap, where the backend tells
-    /// (Vulkan); `None` elsewhere (wgpu has no portable query).
+    /// (Vulkan); `None` elsewhere (wgpu has no portable query). wgpu builds its Vulkan
+    /// backend on these systems only (Cargo.toml's `ash` has the same condition).
     pub fn memory_size(&self) -> Option<u64> {
-        #[cfg(not(target_arch = "wasm32"))]
+        #[cfg(any(
+            windows,
+            target_os = "linux",
+            target_os = "android",
+            target_os = "freebsd"
+        ))]
         {
             // SAFETY: the HAL device is only read (one query of the physical device's memory
             // properties); nothing is created or destroyed through it.
@@ -217,7 +223,12 @@ impl Gpu {
                 .map(|h| h.size)
                 .max()
         }
-        #[cfg(target_arch = "wasm32")]
+        #[cfg(not(any(
+            windows,
+            target_os = "linux",
+            target_os = "android",
+            target_os = "freebsd"
+        )))]
         None
     }
 
