@@ -64,6 +64,9 @@ kernel_params! {
 const CALIBRATE: Shader<CalibrateParams> =
     Shader::new("calibrate", include_str!("../shaders/calibrate.wgsl"));
 
+/// The calibration shader (the backend test translates it with the kernels' shaders).
+pub const SHADERS: &[crate::gpu::ShaderCode] = &[CALIBRATE.code()];
+
 /// Copy bandwidth and FMA rate, each the best of a few timed runs after a warm-up.
 pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
     let size = gpu.max_binding().min(1 << 30) & !((1 << 20) - 1);

@@ -141,11 +141,11 @@ pub enum LimitsRequest {
 /// (its f16 staging tiles and f32 output tile: 4 × 5 KiB + 16 KiB).
 /// Native only: browsers do not offer cooperative matrices.
 fn tensor_core_support(adapter: &wgpu::Adapter) -> bool {
-    if cfg!(target_arch = "wasm32") {
+    let info = adapter.get_info();
+    if cfg!(target_arch = "wasm32") || !tensor_cores_possible(info.backend) {
         return false;
     }
     let f = adapter.features();
-    let info = adapter.get_info();
     f.contains(TENSOR_CORE_FEATURES)
         && info.subgroup_min_size == 32
         && info.subgroup_max_size == 32
@@ -159,9 +159,36 @@ fn tensor_core_support(adapter: &wgpu::Adapter) -> bool {
         })
 }
 
+/// Whether the tensor-core tile can run on `backend`: only on Vulkan. Its module is SPIR-V
+/// handed to the driver as is ([`spirv`](super::spirv)), which no other backend takes;
+/// Metal's cooperative matrices (simdgroup matrices) are 8×8, not the tile's 16×16, and
+/// wgpu 30 offers none on DX12, whose HLSL writer lacks them. Elsewhere GEMMs run the f32
+/// tile (docs/PLATFORMS.md).
+pub fn tensor_cores_possible(backend: wgpu::Backend) -> bool {
+    backend == wgpu::Backend::Vulkan
+}
+
+/// The features a device is opened with, of those the adapter `offers`: timestamps (the
+/// profiler), natively mappable primary buffers, and with `tensor_cores` the tile's
+/// features. These decide what shaders may use (wgpu validates them against the device's
+/// features), so the backend test validates every variant with them.
+pub fn device_features(offers: wgpu::Features, tensor_cores: bool) -> wgpu::Features {
+    let mut wanted = wgpu::Features::TIMESTAMP_QUERY;
+    // Host-memory staging buffers that the GPU copies from (expert uploads): mappable
+    // buffers with COPY_SRC and MAP_READ live in host memory, MAP_WRITE ones may live in
+    // GPU memory behind the PCIe BAR, where the host's writes are slower.
+    if !cfg!(target_arch = "wasm32") {
+        wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
+    }
+    if tensor_cores {
+        wanted |= TENSOR_CORE_FEATURES;
+    }
+    offers & wanted
+}
+
 /// The features the tensor-core tile needs: f16, cooperative matrices, and passthrough
 /// shaders (its SPIR-V is patched for the memory model; see [`spirv`](super::spirv)).
-pub(super) const TENSOR_CORE_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+const TENSOR_CORE_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
     .union(wgpu::Features::PASSTHROUGH_SHADERS);
 

@@ -5,8 +5,8 @@
 //! host loops.
 
 use super::adapter::{
-    instance, sorted_adapters, tensor_cores_disabled, AdapterSummary, LimitsRequest,
-    NO_ADAPTER_HINT, TENSOR_CORE_FEATURES,
+    device_features, instance, sorted_adapters, tensor_cores_disabled, AdapterSummary,
+    LimitsRequest, NO_ADAPTER_HINT,
 };
 use super::pools::{BindGroupCache, ParamArena, PipelineCache, ScratchPool, PARAM_ARENA};
 use super::profile::Profiling;
@@ -105,20 +105,8 @@ impl Gpu {
             LimitsRequest::Adapter => adapter.limits(),
             LimitsRequest::WebGpuDefault => wgpu::Limits::default(),
         };
-        // Only features the adapter offers are requested.
-        let mut wanted = wgpu::Features::TIMESTAMP_QUERY;
-        // Host-memory staging buffers that the GPU copies from (expert uploads): mappable
-        // buffers with COPY_SRC and MAP_READ live in host memory, MAP_WRITE ones may live in
-        // GPU memory behind the PCIe BAR, where the host's writes are slower.
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            wanted |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
-        }
         let tensor_cores = summary.tensor_cores && !tensor_cores_disabled();
-        if tensor_cores {
-            wanted |= TENSOR_CORE_FEATURES;
-        }
-        let features = adapter.features() & wanted;
+        let features = device_features(adapter.features(), tensor_cores);
         let timestamps = features.contains(wgpu::Features::TIMESTAMP_QUERY);
         let experimental_features = if tensor_cores {
             // SAFETY: wgpu marks cooperative matrices (and passthrough shaders) experimental
@@ -200,9 +188,15 @@ impl Gpu {
     }
 
     /// Bytes of the adapter's largest device-local memory heap, where the backend tells
-    /// (Vulkan); `None` elsewhere (wgpu has no portable query).
+    /// (Vulkan); `None` elsewhere (wgpu has no portable query). wgpu builds its Vulkan
+    /// backend on these systems only (Cargo.toml's `ash` has the same condition).
     pub fn memory_size(&self) -> Option<u64> {
-        #[cfg(not(target_arch = "wasm32"))]
+        #[cfg(any(
+            windows,
+            target_os = "linux",
+            target_os = "android",
+            target_os = "freebsd"
+        ))]
         {
             // SAFETY: the HAL device is only read (one query of the physical device's memory
             // properties); nothing is created or destroyed through it.
@@ -217,7 +211,12 @@ impl Gpu {
                 .map(|h| h.size)
                 .max()
         }
-        #[cfg(target_arch = "wasm32")]
+        #[cfg(not(any(
+            windows,
+            target_os = "linux",
+            target_os = "android",
+            target_os = "freebsd"
+        )))]
         None
     }
 

@@ -29,9 +29,9 @@ mod stats;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use adapter::list_adapters;
-pub use adapter::{AdapterSummary, LimitsRequest};
+pub use adapter::{device_features, tensor_cores_possible, AdapterSummary, LimitsRequest};
 pub(crate) use params::kernel_params;
-pub use params::{Kernel, KernelParams, Shader, WgslScalar};
+pub use params::{Kernel, KernelParams, Shader, ShaderCode, ShaderVariant, WgslScalar};
 pub use pools::buffers::Write;
 pub use pools::pipelines::shader_prelude;
 /// For the kernel tests that assemble a shader's source as the pipeline cache does.

@@ -10,6 +10,7 @@
 //! A [`Shader<P>`] names a kernel family and its parameters, and the pipelines compiled from
 //! it are [`Kernel<P>`]s, so a dispatch only takes the parameters its shader declares.
 
+use super::pools::pipelines::shader_source;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -73,6 +74,54 @@ impl<P> Shader<P> {
             source,
             params: PhantomData,
         }
+    }
+}
+
+impl<P: KernelParams> Shader<P> {
+    /// The shader's text without its parameter type (for lists of shaders of any `P`).
+    pub const fn code(&self) -> ShaderCode {
+        ShaderCode {
+            name: self.name,
+            params: P::WGSL,
+            source: self.source,
+        }
+    }
+}
+
+/// What the pipeline cache assembles a shader from: its name, its `Params` struct in WGSL
+/// and its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ShaderCode {
+    pub name: &'static str,
+    pub params: &'static str,
+    pub source: &'static str,
+}
+
+/// One pipeline of a shader: the entry point and the defines it was compiled with, as the
+/// `const NAME = value;` lines the pipeline cache puts before the source.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ShaderVariant {
+    pub shader: ShaderCode,
+    pub entry: &'static str,
+    pub defines: String,
+}
+
+impl ShaderVariant {
+    /// The WGSL source the pipeline cache compiles for this variant on a device whose
+    /// prelude is `device_prelude` (see [`crate::gpu::shader_prelude`]; it applies only to
+    /// shaders that use subgroups).
+    pub fn source(&self, device_prelude: &str) -> String {
+        let prelude = if self.shader.source.contains("subgroup") {
+            device_prelude
+        } else {
+            ""
+        };
+        shader_source(
+            prelude,
+            self.shader.params,
+            &self.defines,
+            self.shader.source,
+        )
     }
 }
 

@@ -10,7 +10,7 @@
 use super::topk::Selection;
 use super::{Recorder, View};
 use crate::config::Config;
-use crate::gpu::{kernel_params, u, Shader};
+use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 use crate::weights::{GpuWeight, WFormat};
 use bytemuck::Zeroable;
 
@@ -248,6 +248,9 @@ const ATTENTION: Shader<Params> = Shader::new(
     ),
 );
 const MLA: Shader<MlaParams> = Shader::new("mla", include_str!("../../shaders/mla.wgsl"));
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[ATTENTION.code(), MLA.code()];
 
 /// Workgroups `sparse_mla` aims for before it splits the selected positions.
 const MLA_TARGET_GROUPS: u32 = 1024;

@@ -1,6 +1,6 @@
 //! Small elementwise kernels (`shaders/elementwise.wgsl`).
 use super::{Recorder, View};
-use crate::gpu::{kernel_params, Shader};
+use crate::gpu::{kernel_params, Shader, ShaderCode};
 
 kernel_params! {
     struct Params {
@@ -23,6 +23,9 @@ const ELEMENTWISE: Shader<Params> = Shader::new(
     "elementwise",
     include_str!("../../shaders/elementwise.wgsl"),
 );
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[ELEMENTWISE.code()];
 
 impl Params {
     fn new(a: View, b: Option<View>, o: View, rows: u32, dim: u32, topk: u32) -> Params {

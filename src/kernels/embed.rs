@@ -1,6 +1,6 @@
 //! Embedding gather (`shaders/embed.wgsl`).
 use super::{Recorder, View};
-use crate::gpu::{kernel_params, u, Shader};
+use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 use crate::weights::GpuWeight;
 
 kernel_params! {
@@ -27,6 +27,9 @@ const EMBED: Shader<Params> = Shader::new(
         include_str!("../../shaders/embed.wgsl")
     ),
 );
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[EMBED.code()];
 
 /// `out[t, :] = table[ids[ids_off + t], :]` as f32, for `t < n`. `table` is `[vocab, dim]`
 /// in any [`crate::weights::DType`] and may be split into chunks (one dispatch per chunk;

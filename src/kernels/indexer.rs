@@ -1,7 +1,7 @@
 //! Lightning-indexer scores in f32 (`shaders/indexer.wgsl`).
 use super::{Causal, Recorder, View};
 use crate::config::Config;
-use crate::gpu::{kernel_params, u, Shader};
+use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 
 /// Keys per workgroup.
 const KT: u32 = 64;
@@ -30,6 +30,9 @@ kernel_params! {
 }
 
 const INDEXER: Shader<Params> = Shader::new("indexer", include_str!("../../shaders/indexer.wgsl"));
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[INDEXER.code()];
 
 /// The indexer's shapes, from the config once ([`IndexerDims::of`]): `heads` query heads of
 /// `dim` values sharing one key per position; the head weights are scaled by `w_scale`

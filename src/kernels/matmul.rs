@@ -14,7 +14,7 @@
 //! grouped GEMM beyond: one workgroup per (expert, 64 columns) gathers the slots routed to its
 //! expert into 64-row tiles.
 use super::{Recorder, View};
-use crate::gpu::{kernel_params, u, Kernel, Shader};
+use crate::gpu::{kernel_params, u, Kernel, Shader, ShaderCode};
 use crate::weights::{GpuWeight, QFormat, WFormat};
 use bytemuck::Zeroable;
 
@@ -94,6 +94,9 @@ const MATMUL_COOP: Shader<Params> = Shader::new(
     ),
 );
 
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[MATMUL.code(), MATMUL_DOT.code(), MATMUL_COOP.code()];
+
 /// Kernel variant knobs that become defines (all are always defined: one shader module).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Knobs {
@@ -112,17 +115,28 @@ const KNOBS: Knobs = Knobs {
 };
 
 fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Kernel<Params> {
+    let shader = shader_of(entry, rec.gpu().tensor_cores());
+    rec.gpu().pipeline(shader, entry, &defines(w.format, k))
+}
+
+/// The shader whose `entry` runs on a device with or without tensor cores.
+fn shader_of(entry: &str, tensor_cores: bool) -> &'static Shader<Params> {
     // Only the dense GEMM takes the tensor-core tile: in `gemm_experts` (whose tile follows
     // a slot gather through workgroup atomics) it gave wrong rows on the H200 (see
     // BENCHMARKS.md, "Tensor cores"), so routed experts keep the f32 tile.
-    let shader = if entry == "gemm" && rec.gpu().tensor_cores() {
+    if entry == "gemm" && tensor_cores {
         &MATMUL_COOP
     } else if entry.starts_with("gemv_dot") {
         &MATMUL_DOT
     } else {
         &MATMUL
-    };
-    rec.gpu().pipeline(shader, entry, &defines(w.format, k))
+    }
+}
+
+/// [`shader_of`] for the backend test, which also translates the tensor-core variants of the
+/// GEMMs it saw compiled on a device without them.
+pub fn shader_for(entry: &str, tensor_cores: bool) -> ShaderCode {
+    shader_of(entry, tensor_cores).code()
 }
 
 fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 8] {

@@ -25,6 +25,25 @@ pub mod topk;
 pub(crate) mod testutil;
 
 pub use crate::gpu::Recorder;
+use crate::gpu::ShaderCode;
+
+/// Every kernel shader (the backend test checks that each entry point of each was
+/// translated for Metal and DX12).
+pub fn shaders() -> Vec<ShaderCode> {
+    [
+        attention::SHADERS,
+        elementwise::SHADERS,
+        embed::SHADERS,
+        indexer::SHADERS,
+        matmul::SHADERS,
+        norm::SHADERS,
+        rope::SHADERS,
+        router::SHADERS,
+        sample::SHADERS,
+        topk::SHADERS,
+    ]
+    .concat()
+}
 
 /// The query rows of a chunk over the positions scored for it: row `t < rows` is at
 /// position `pos0 + t` and sees the positions `s ≤ pos0 + t` of the `n_keys` scored

@@ -1,6 +1,6 @@
 //! RMSNorm and LayerNorm (`shaders/norm.wgsl`). Input and output buffers must differ.
 use super::{Recorder, View};
-use crate::gpu::{kernel_params, Shader};
+use crate::gpu::{kernel_params, Shader, ShaderCode};
 
 kernel_params! {
     struct Params {
@@ -16,6 +16,9 @@ kernel_params! {
 }
 
 const NORM: Shader<Params> = Shader::new("norm", include_str!("../../shaders/norm.wgsl"));
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[NORM.code()];
 
 /// The rows of `x` normalized into the rows of `y` (`dim` columns each, `eps` added to
 /// the variance).

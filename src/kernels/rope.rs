@@ -1,6 +1,6 @@
 //! Rotary position embedding on a slice of each head (`shaders/rope.wgsl`).
 use super::{Recorder, View};
-use crate::gpu::{kernel_params, Shader};
+use crate::gpu::{kernel_params, Shader, ShaderCode};
 
 kernel_params! {
     struct Params {
@@ -20,6 +20,9 @@ kernel_params! {
 }
 
 const ROPE: Shader<Params> = Shader::new("rope", include_str!("../../shaders/rope.wgsl"));
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[ROPE.code()];
 
 /// Which dims of which heads RoPE rotates, and how it pairs them: dims
 /// `[rot_off, rot_off + rot_dim)` of each of `heads` heads, head `h` of a row starting

@@ -1,7 +1,7 @@
 //! MoE router (`shaders/router.wgsl`), DeepSeek-V3 "noaux_tc" rule.
 use super::{Recorder, View};
 use crate::config::Config;
-use crate::gpu::{kernel_params, u, Shader};
+use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 
 kernel_params! {
     struct Params {
@@ -21,6 +21,9 @@ kernel_params! {
 }
 
 const ROUTER: Shader<Params> = Shader::new("router", include_str!("../../shaders/router.wgsl"));
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[ROUTER.code()];
 
 /// A MoE layer's routing rule, from the config once ([`Routing::of`]).
 #[derive(Clone, Copy, Debug)]

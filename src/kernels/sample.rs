@@ -4,7 +4,7 @@
 //! logits readback and the host can queue step `n + 1` before step `n`'s token is known.
 use super::topk::{self, Selection, TopkScratch};
 use super::{Causal, Recorder, View};
-use crate::gpu::{kernel_params, Shader};
+use crate::gpu::{kernel_params, Shader, ShaderCode};
 
 kernel_params! {
     struct Params {
@@ -117,6 +117,9 @@ const SAMPLE_PICK: Shader<PickParams> = Shader::new(
         include_str!("../../shaders/sample_pick.wgsl")
     ),
 );
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[SAMPLE.code(), SAMPLE_PICK.code()];
 
 impl PickParams {
     /// `raw`: 1 keeps non-finite logits in prep (for the penalized argmax).

@@ -17,7 +17,7 @@
 //!   same reads over the whole GPU. It needs a [`TopkScratch`].
 use super::{Causal, Recorder, View};
 use crate::error::Result;
-use crate::gpu::{kernel_params, Gpu, Shader};
+use crate::gpu::{kernel_params, Gpu, Shader, ShaderCode};
 
 /// Rows of at least this many keys take the multi-workgroup kernel. Below it a row is a
 /// few passes of ≤ 32 loads per invocation in one workgroup, which costs about what the
@@ -125,6 +125,9 @@ const TOPK_WIDE: Shader<Params> = Shader::new(
         include_str!("../../shaders/topk_wide.wgsl")
     ),
 );
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[TOPK.code(), TOPK_WIDE.code()];
 
 impl Params {
     /// Scores `scores` of `chunk` into a selection of `k` per row, in `segs` segments of

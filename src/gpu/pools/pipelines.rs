@@ -1,12 +1,13 @@
 //! The pipeline cache: a shader's source is assembled (the device prelude, the shader's own
 //! `enable` lines, its `Params` struct, the defines, then the rest), compiled once per
-//! (shader name, entry point, defines) and kept, with the `name::entry` label the profiler reports it under. Shaders
+//! (shader name, entry point, defines) and kept, with the `name::entry` label the profiler
+//! reports it under and the variant it was compiled from ([`Gpu::shader_variants`]). Shaders
 //! with cooperative matrices go through sparsa's own SPIR-V path ([`spirv::compile`]); the
 //! others are compiled by wgpu with the runtime checks stated in [`Gpu::shader_module`].
 
 #[cfg(not(target_arch = "wasm32"))]
 use crate::gpu::spirv;
-use crate::gpu::{lock, Gpu, Kernel, KernelParams, Shader};
+use crate::gpu::{lock, Gpu, Kernel, KernelParams, Shader, ShaderCode, ShaderVariant};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -17,7 +18,8 @@ pub(in crate::gpu) struct PipelineCache {
     /// Lines put before every shader's source: the `enable` directives this device needs
     /// (see [`shader_prelude`]).
     prelude: String,
-    compiled: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    /// Each pipeline with the shader it was compiled from.
+    compiled: Mutex<HashMap<PipelineKey, (Arc<wgpu::ComputePipeline>, ShaderCode)>>,
     /// `name::entry` of each pipeline (by address), for the profiler.
     labels: Mutex<HashMap<usize, String>>,
 }
@@ -44,15 +46,15 @@ impl Gpu {
         let (name, source) = (shader.name, shader.source);
         let header = define_lines(defines);
         let key = (name, entry, header.clone());
-        if let Some(p) = lock(&self.pipelines.compiled).get(&key) {
+        if let Some((p, _)) = lock(&self.pipelines.compiled).get(&key) {
             return Kernel::new(p.clone());
         }
-        let prelude = if source.contains("subgroup") {
-            self.pipelines.prelude.as_str()
-        } else {
-            ""
+        let variant = ShaderVariant {
+            shader: shader.code(),
+            entry,
+            defines: header,
         };
-        let src = shader_source(prelude, P::WGSL, &header, source);
+        let src = variant.source(&self.pipelines.prelude);
         let (module, layout) = if split_enables(source).0.contains("wgpu_cooperative_matrix") {
             let (module, layout) = self.coop_module(name, &src, entry);
             (module, Some(layout))
@@ -75,8 +77,23 @@ impl Gpu {
                 }),
         );
         lock(&self.pipelines.labels).insert(Arc::as_ptr(&p) as usize, format!("{name}::{entry}"));
-        lock(&self.pipelines.compiled).insert(key, p.clone());
+        lock(&self.pipelines.compiled).insert(key, (p.clone(), variant.shader));
         Kernel::new(p)
+    }
+
+    /// Every variant the pipeline cache has compiled on this device so far, sorted (the
+    /// backend test translates them for Metal and DX12).
+    pub fn shader_variants(&self) -> Vec<ShaderVariant> {
+        let mut v: Vec<ShaderVariant> = lock(&self.pipelines.compiled)
+            .iter()
+            .map(|((_, entry, defines), (_, shader))| ShaderVariant {
+                shader: *shader,
+                entry,
+                defines: defines.clone(),
+            })
+            .collect();
+        v.sort();
+        v
     }
 
     /// A shader with cooperative matrices: SPIR-V from naga with workgroup memory ordered
