@@ -1,6 +1,6 @@
 //! `sparsa generate`: a prompt (flag, file or stdin) continued as text or token ids, streamed.
 
-use super::sampling::SamplingArgs;
+use super::sampling::{MaxTokens, SamplingArgs};
 use super::{ctx_for, interrupt, open_model, open_source, parse_ids, ExpertArgs, Ids, ModelArgs};
 use clap::Args;
 use sparsa::generate::{generate_events, Event, Sampler, Stop, StopStrings};
@@ -125,7 +125,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         ));
     }
     // With no limit, the context decides: --ctx or the model's maximum.
-    let unlimited = max_tokens == usize::MAX;
+    let unlimited = a.s.max_tokens == Some(MaxTokens::Unlimited);
     let need = prompt
         .len()
         .saturating_add(if unlimited { 1 } else { max_tokens });
