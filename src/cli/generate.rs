@@ -43,8 +43,13 @@ pub struct GenerateArgs {
     no_echo: bool,
 }
 
-/// The prompt text and where it came from (for error messages); `None` for --tokens.
-fn read_prompt(a: &GenerateArgs, builtin: bool) -> Result<Option<(String, &'static str)>> {
+/// The prompt: token ids (--tokens), or text and where it came from (for error messages).
+enum Prompt<'a> {
+    Ids(&'a [u32]),
+    Text(String, &'static str),
+}
+
+fn read_prompt(a: &GenerateArgs, builtin: bool) -> Result<Prompt<'_>> {
     let stdin_text = || -> Result<String> {
         let mut buf = Vec::new();
         std::io::stdin()
@@ -56,30 +61,33 @@ fn read_prompt(a: &GenerateArgs, builtin: bool) -> Result<Option<(String, &'stat
         let text = p
             .to_str()
             .ok_or_else(|| Error::msg("--prompt: not UTF-8 text"))?;
-        return Ok(Some((text.to_string(), "--prompt")));
+        return Ok(Prompt::Text(text.to_string(), "--prompt"));
     }
     if let Some(path) = &a.file {
         if path.as_os_str() == "-" {
-            return Ok(Some((stdin_text()?, "--file -")));
+            return Ok(Prompt::Text(stdin_text()?, "--file -"));
         }
         let bytes = std::fs::read(path)
             .map_err(|e| Error::msg(format!("--file {}: cannot read: {e}", path.display())))?;
         let text = String::from_utf8(bytes)
             .map_err(|_| Error::msg(format!("--file {}: not UTF-8 text", path.display())))?;
-        return Ok(Some((text, "--file")));
+        return Ok(Prompt::Text(text, "--file"));
     }
-    if a.tokens.is_some() {
-        return Ok(None);
+    if let Some(ids) = &a.tokens {
+        return Ok(Prompt::Ids(&ids.0));
     }
     if !std::io::stdin().is_terminal() {
         // Empty stdin (/dev/null, a closed pipe) is no prompt, as with a terminal.
         let text = stdin_text()?;
         if !text.is_empty() {
-            return Ok(Some((text, "stdin")));
+            return Ok(Prompt::Text(text, "stdin"));
         }
     }
     if builtin {
-        return Ok(Some((DEFAULT_PROMPT.to_string(), "the default prompt")));
+        return Ok(Prompt::Text(
+            DEFAULT_PROMPT.to_string(),
+            "the default prompt",
+        ));
     }
     Err(Error::msg(
         "give a prompt with --prompt TEXT, --file PATH, --tokens 1,2,3 or on stdin",
@@ -96,25 +104,29 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let params = a.s.params(1.0)?;
     let stops = a.s.stops()?;
     let max_tokens = a.s.max_tokens_or(DEFAULT_MAX_TOKENS);
-    let text = read_prompt(&a, a.m.model.is_none())?;
-    if let Some((t, from)) = &text {
+    let input = read_prompt(&a, a.m.model.is_none())?;
+    // The prompt text and where it came from; none for --tokens.
+    let text = match &input {
+        Prompt::Text(t, from) => Some((t.as_str(), *from)),
+        Prompt::Ids(_) => None,
+    };
+    if let Some((t, from)) = text {
         if t.is_empty() {
             return Err(Error::msg(format!("{from}: the prompt is empty")));
         }
     }
     // The prompt is tokenized before the model loads, so a missing tokenizer fails fast.
     let src = open_source(&a.m)?;
-    let (tok, prompt) = match (&text, &a.tokens) {
-        (Some((t, _)), _) => {
+    let (tok, prompt) = match &input {
+        Prompt::Text(t, _) => {
             let tk = src.tokenizer()?;
             let ids = tk.encode(t)?;
             (Some(tk), ids)
         }
-        (None, Some(ids)) => (src.tokenizer().ok(), ids.0.clone()),
-        (None, None) => unreachable!("read_prompt gives text unless --tokens is given"),
+        Prompt::Ids(ids) => (src.tokenizer().ok(), ids.to_vec()),
     };
     if prompt.is_empty() {
-        let from = text.as_ref().map_or("--tokens", |t| t.1);
+        let from = text.map_or("--tokens", |t| t.1);
         return Err(Error::msg(format!(
             "{from}: the prompt is empty after tokenization"
         )));
@@ -147,7 +159,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     };
     let mut stop_strings = StopStrings::new(stops);
     // The prompt text goes first, so the output reads as one text (not for --tokens).
-    if let (Some(_), Some((t, _)), false) = (&stream, &text, a.no_echo) {
+    if let (Some(_), Some((t, _)), false) = (&stream, text, a.no_echo) {
         if !emit(t) {
             return Ok(());
         }
