@@ -193,6 +193,9 @@ pub struct DecodeResult {
     pub context: usize,
     /// "dsa" or "dense".
     pub attention: &'static str,
+    /// The cache formats, `latent/keys` (e.g. `fp8/bf16`), and their bytes per token.
+    pub cache: String,
+    pub cache_bytes_per_token: u64,
     pub fill: Fill,
     pub steps: usize,
     /// Time between generated tokens (greedy, pipelined as in `run` and `chat`).
@@ -523,6 +526,11 @@ pub fn run(
             report.decode.push(DecodeResult {
                 context: ctx,
                 attention,
+                cache: s.caches.format.name(),
+                cache_bytes_per_token: crate::cache::Caches::bytes_per_token(
+                    &model.config,
+                    s.caches.format,
+                ),
                 fill: opts.fill,
                 steps: times.len(),
                 ms_median: med,
@@ -577,8 +585,8 @@ pub fn format_report(r: &BenchReport) -> String {
     for d in &r.decode {
         let _ = writeln!(
             o,
-            "\ndecode at context {} ({}, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s; sampled (chat defaults) {:.3} ms; single synchronous steps {:.3} ms",
-            d.context, d.attention, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s, d.ms_sampled_median, d.ms_sync_median
+            "\ndecode at context {} ({}, caches {} at {} B/token, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s; sampled (chat defaults) {:.3} ms; single synchronous steps {:.3} ms",
+            d.context, d.attention, d.cache, d.cache_bytes_per_token, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s, d.ms_sampled_median, d.ms_sync_median
         );
         if let Some(x) = &d.experts {
             let st = &x.stats;
