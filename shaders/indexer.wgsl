@@ -2,27 +2,29 @@
 //   out[t, s] = Σ_h (w[t, h] · w_scale) · relu(q[t, h, :] · keys[s, :]) · scale,
 //   out[t, s] = -inf for s > pos0 + t.
 //
-// One workgroup = one query row t and KT = 64 consecutive keys: a small matrix product
-// [HEADS × dim] · [dim × 64], tiled like a GEMM. The dim axis goes in chunks of DC: the
-// chunk of q for all heads and of the 64 keys are staged in workgroup memory (keys
-// transposed, so neighbouring invocations read neighbouring keys), then invocation
-// (head group g, key pair p) accumulates the dot products of heads g*HPT .. g*HPT+HPT with
-// keys 2p and 2p+1 in registers (2·HPT FMAs per 1 + HPT/4 workgroup-memory reads). At the
-// end each invocation applies ReLU and the head weights to its heads, and the 8 head
-// groups are summed through workgroup memory. Each key element is read from memory once
-// per query row.
+// One workgroup = one query row t and KT = 128 consecutive keys: a small matrix product
+// [HEADS × dim] · [dim × 128], tiled like a GEMM. The dim axis goes in chunks of DC: the
+// chunk of q for all heads and of the 128 keys are staged in workgroup memory (keys
+// transposed, four neighbouring keys in one vec4; heads four to a vec4), then invocation
+// (head group g, key quad k) accumulates the dot products of its 4·HQ4 heads with keys
+// 4k .. 4k+3 in registers: per dim step one vec4 of keys and HQ4 vec4s of queries feed
+// 16·HQ4 FMAs. At the end each invocation applies ReLU and the head weights to its heads,
+// and the 8 head groups are summed through workgroup memory. Each key element is read from
+// memory once per query row.
 //
 // Keys are words in the format KFMT (0 = f32, 1 = bf16, 2 = int8 codes of the rotated key,
 // 4 per word, then an f32 scale; src/kernels/cache.rs): decoded to f32 as they are staged.
 // A key cache split into segments (src/cache/mod.rs) is scored one segment per dispatch:
 // key blocks blk0 .. blk0 + key_blocks, key s at row s − seg_lo of the bound buffer.
 //
-// Defines: HEADS (= heads), HPT (= ceil(HEADS / 8), heads per invocation), DC (dim chunk:
-// 32, or 16 where the adapter's workgroup memory is small; a multiple of 4), KFMT.
+// Defines: HEADS (= heads), HQ4 (= ceil(HEADS / 32): vec4s of heads per invocation), DC
+// (dim chunk: 32, or 16 where the adapter's workgroup memory is small; a multiple of 4),
+// KFMT.
 // The output is written as raw bits so -inf never goes through float arithmetic.
 
-const KT: u32 = 64u;   // keys per workgroup
-const NG: u32 = 8u;    // head groups (256 invocations = NG × KT/2 key pairs)
+const KT: u32 = 128u;  // keys per workgroup
+const NG: u32 = 8u;    // head groups (256 invocations = NG × KT/4 key quads)
+const HPI: u32 = 4u * HQ4; // heads per invocation
 
 // Params (binding 0): declared once, in src/kernels/indexer.rs (`Params`), and put before this source.
 
@@ -34,8 +36,8 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 @group(0) @binding(3) var<storage, read> keys: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;
 
-var<workgroup> qc: array<f32, DC * NG * HPT>;     // [d][head], heads padded to NG·HPT
-var<workgroup> kc: array<vec2<f32>, DC * KT / 2u>; // [d][key pair]
+var<workgroup> qc: array<vec4<f32>, DC * NG * HQ4>; // [d][head / 4], heads padded to NG·HPI
+var<workgroup> kc: array<vec4<f32>, DC * KT / 4u>;  // [d][key / 4]
 var<workgroup> red: array<f32, NG * KT>;           // [group][key]
 
 // Element d of the key row at word `base` (`ks`: the row's int8 scale).
@@ -71,28 +73,29 @@ fn scores(
         return;
     }
     let qbase = P.q_off + t * P.q_stride;
-    let hg = lid / (KT / 2u);   // head group
-    let kp = lid % (KT / 2u);   // key pair
-    var acc: array<vec2<f32>, HPT>;
-    for (var i = 0u; i < HPT; i = i + 1u) {
-        acc[i] = vec2<f32>(0.0);
+    let hg = lid / (KT / 4u);   // head group
+    let kq = lid % (KT / 4u);   // key quad
+    var acc: array<vec4<f32>, HPI>;
+    for (var i = 0u; i < HPI; i = i + 1u) {
+        acc[i] = vec4<f32>(0.0);
     }
     for (var d0 = 0u; d0 < P.dim; d0 = d0 + DC) {
         workgroupBarrier();
         // q chunk: heads × DC values, stored [d][head].
-        for (var i = lid; i < NG * HPT * DC; i = i + 256u) {
+        for (var i = lid; i < NG * HPI * DC; i = i + 256u) {
             let h = i / DC;
             let d = i % DC;
             var v = 0.0;
             if (h < HEADS && d0 + d < P.dim) {
                 v = q[qbase + h * P.dim + d0 + d];
             }
-            qc[d * NG * HPT + h] = v;
+            qc[(d * NG * HPI + h) / 4u][h % 4u] = v;
         }
-        // key chunk: 64 keys × DC values; invocation i loads key i / 4, values (i % 4)*8 ..
+        // key chunk: 128 keys × DC values; invocation i loads key i / 2, values
+        // (i % 2) · DC/2 ..
         {
-            let key = lid / 4u;
-            let dq = (lid % 4u) * (DC / 4u);
+            let key = lid / 2u;
+            let dq = (lid % 2u) * (DC / 2u);
             let s = s0 + key;
             let live = s < P.n_keys && s <= last;
             let kb = P.k_off + (s - P.seg_lo) * P.k_stride;
@@ -100,34 +103,39 @@ fn scores(
             if (KFMT == 2u && live) {
                 ks = bitcast<f32>(keys[kb + P.dim / 4u]);
             }
-            for (var e = 0u; e < DC / 4u; e = e + 1u) {
+            for (var e = 0u; e < DC / 2u; e = e + 1u) {
                 var v = 0.0;
                 if (live && d0 + dq + e < P.dim) {
                     v = key_at(kb, d0 + dq + e, ks);
                 }
-                kc[(dq + e) * (KT / 2u) + key / 2u][key % 2u] = v;
+                kc[(dq + e) * (KT / 4u) + key / 4u][key % 4u] = v;
             }
         }
         workgroupBarrier();
         for (var d = 0u; d < DC; d = d + 1u) {
-            let kv = kc[d * (KT / 2u) + kp];
-            let qb = d * NG * HPT + hg * HPT;
-            for (var i = 0u; i < HPT; i = i + 1u) {
-                acc[i] = acc[i] + qc[qb + i] * kv;
+            let kv = kc[d * (KT / 4u) + kq];
+            let qb = (d * NG + hg) * HQ4;
+            for (var j = 0u; j < HQ4; j = j + 1u) {
+                let qv = qc[qb + j];
+                acc[4u * j] = acc[4u * j] + qv.x * kv;
+                acc[4u * j + 1u] = acc[4u * j + 1u] + qv.y * kv;
+                acc[4u * j + 2u] = acc[4u * j + 2u] + qv.z * kv;
+                acc[4u * j + 3u] = acc[4u * j + 3u] + qv.w * kv;
             }
         }
     }
     // ReLU, head weights, sum over this group's heads; then over the groups.
-    var part = vec2<f32>(0.0);
-    for (var i = 0u; i < HPT; i = i + 1u) {
-        let h = hg * HPT + i;
+    var part = vec4<f32>(0.0);
+    for (var i = 0u; i < HPI; i = i + 1u) {
+        let h = hg * HPI + i;
         if (h < HEADS) {
             let wh = w[P.w_off + t * P.w_stride + h] * P.w_scale;
-            part = part + wh * max(acc[i], vec2<f32>(0.0));
+            part = part + wh * max(acc[i], vec4<f32>(0.0));
         }
     }
-    red[hg * KT + 2u * kp] = part.x;
-    red[hg * KT + 2u * kp + 1u] = part.y;
+    for (var e = 0u; e < 4u; e = e + 1u) {
+        red[hg * KT + 4u * kq + e] = part[e];
+    }
     workgroupBarrier();
     if (lid < KT) {
         let s = s0 + lid;

@@ -7,25 +7,26 @@
 //!
 //! The row layouts and the kernels that write them are in [`crate::kernels::cache`].
 //!
-//! **Segments, allocated as the context grows.** Each layer's cache is a list of buffers
-//! ([`Segment`]s): the first holds [`FIRST_SEGMENT`] positions, each next one as many as all
-//! before it (so at most half of what is allocated is unused), none more than one storage
-//! binding holds (so a layer's cache may be larger than a binding: lavapipe's and WebGPU's
-//! 128 MiB, Metal's). A segment is allocated when the first position in it is written
-//! ([`Caches::reserve`]): a short chat holds a few MB whatever `--ctx` says. The kernels
-//! that read a cache take its segments ([`CacheRows`]) and read each with a dispatch of its
-//! own.
+//! **Grown as the context grows.** Each layer's cache is a list of buffers ([`Segment`]s)
+//! of at most one storage binding each (so a layer's cache may be larger than a binding:
+//! lavapipe's and WebGPU's 128 MiB, Metal's), the last one partly used. The last segment
+//! starts at [`FIRST_SEGMENT`] positions and doubles when a write needs more: a new buffer,
+//! the old rows copied over, the old one dropped, one layer at a time ([`Caches::reserve`]).
+//! A short chat holds a few MB whatever `--ctx` says, at most half of what is allocated is
+//! unused, the copies cost one extra write per position over a whole conversation, and a
+//! context within one binding is one buffer: the kernels that read a cache take its
+//! segments ([`CacheRows`]) and read each with a dispatch of its own.
 
 use crate::config::{Config, IndexerKind};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 pub use crate::kernels::cache::{CacheRows, KeyFormat, LatentFormat, Segment};
 
-/// Positions in a layer's first segment (later ones double the total).
+/// Positions a layer's cache starts with (it doubles as needed).
 pub const FIRST_SEGMENT: usize = 4096;
 
 /// Segment lengths are whole blocks of the indexer's key tiles.
-const ALIGN: usize = 64;
+const ALIGN: usize = crate::kernels::indexer::KT as usize;
 
 /// The cache formats of a session.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -127,16 +128,24 @@ impl CacheFormat {
     }
 }
 
-/// The segment bounds of a cache of `max_ctx` positions whose segments hold at most `cap`
-/// positions: `(lo, len)` each (see the module documentation).
-fn segment_bounds(max_ctx: usize, cap: usize) -> Vec<(usize, usize)> {
+/// The segment lengths a cache needs to hold positions `0 .. need` (`need` ≤ `max_ctx`),
+/// with segments of at most `cap` positions (see the module documentation): whole segments
+/// of `cap`, then one of the power of two (≥ [`FIRST_SEGMENT`]) that holds the rest, both
+/// cut at `max_ctx` (rounded up to whole key blocks).
+fn segment_lens(max_ctx: usize, cap: usize, need: usize) -> Vec<usize> {
     let cap = (cap / ALIGN * ALIGN).max(ALIGN);
+    let end = max_ctx.div_ceil(ALIGN) * ALIGN;
     let mut out = Vec::new();
     let mut lo = 0;
-    while lo < max_ctx {
-        let want = if lo == 0 { FIRST_SEGMENT } else { lo };
-        let len = want.min(cap).min((max_ctx - lo).div_ceil(ALIGN) * ALIGN);
-        out.push((lo, len));
+    while lo < need.max(1) {
+        let rest = need.max(1) - lo;
+        let len = if rest >= cap {
+            cap
+        } else {
+            rest.next_power_of_two().max(FIRST_SEGMENT)
+        };
+        let len = len.min(cap).min(end - lo);
+        out.push(len);
         lo += len;
     }
     out
@@ -147,13 +156,45 @@ struct LayerCache {
     segs: Vec<Segment>,
 }
 
+/// Brings `c`'s segments to `lens` (segments are only added or lengthened); whether a
+/// segment was replaced.
+fn grow(gpu: &Gpu, c: &mut LayerCache, lens: &[usize], words: usize, what: &str) -> Result<bool> {
+    let mut replaced = false;
+    let mut lo = 0;
+    for (k, &len) in lens.iter().enumerate() {
+        let have = c.segs.get(k).map_or(0, |s| s.len as usize);
+        if have < len {
+            let bytes = (len * words * 4) as u64;
+            let buf = gpu.buffer(bytes, &format!("{what} {lo}..{}", lo + len))?;
+            let seg = Segment {
+                buf,
+                lo: lo as u32,
+                len: len as u32,
+            };
+            if let Some(old) = c.segs.get_mut(k) {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                enc.copy_buffer_to_buffer(&old.buf, 0, &seg.buf, 0, old.buf.size());
+                gpu.submit([enc.finish()]);
+                *old = seg;
+                gpu.sync()?;
+                replaced = true;
+            } else {
+                c.segs.push(seg);
+            }
+        }
+        lo += len;
+    }
+    Ok(replaced)
+}
+
 pub struct Caches {
     pub max_ctx: usize,
     pub format: CacheFormat,
     /// Positions held by the segments allocated so far.
     allocated: usize,
-    latent_bounds: Vec<(usize, usize)>,
-    key_bounds: Vec<(usize, usize)>,
+    /// Positions one storage binding holds, for latent and key rows.
+    latent_cap: usize,
+    key_cap: usize,
     latent_words: usize,
     key_words: usize,
     latent: Vec<LayerCache>,
@@ -178,8 +219,8 @@ impl Caches {
             max_ctx,
             format,
             allocated: 0,
-            latent_bounds: segment_bounds(max_ctx, seg_cap(lw)),
-            key_bounds: segment_bounds(max_ctx, seg_cap(kw)),
+            latent_cap: seg_cap(lw),
+            key_cap: seg_cap(kw),
             latent_words: lw,
             key_words: kw,
             latent: (0..cfg.num_hidden_layers).map(|_| layer()).collect(),
@@ -191,7 +232,10 @@ impl Caches {
         })
     }
 
-    /// Allocates the segments that positions `0 .. len` need (`len` ≤ `max_ctx`).
+    /// Makes room for positions `0 .. len` (`len` ≤ `max_ctx`): new segments, and a last
+    /// segment that is too short grown into a buffer twice its size (or more) with its rows
+    /// copied over. Growing waits for the GPU once per layer, so no more than one layer's
+    /// old buffer is alive beside the new ones.
     pub fn reserve(&mut self, gpu: &Gpu, len: usize) -> Result<()> {
         if len <= self.allocated {
             return Ok(());
@@ -202,48 +246,25 @@ impl Caches {
                 self.max_ctx
             )));
         }
-        let grow = |c: &mut LayerCache, bounds: &[(usize, usize)], words: usize, what: &str| {
-            while let Some(&(lo, n)) = bounds.get(c.segs.len()).filter(|(lo, _)| *lo < len) {
-                let bytes = (n * words * 4) as u64;
-                let buf = gpu.buffer(bytes, &format!("{what} {lo}.."))?;
-                c.segs.push(Segment {
-                    buf,
-                    lo: lo as u32,
-                    len: n as u32,
-                });
-            }
-            Ok::<(), Error>(())
-        };
+        let latent_lens = segment_lens(self.max_ctx, self.latent_cap, len);
+        let key_lens = segment_lens(self.max_ctx, self.key_cap, len);
+        let mut grew = false;
         for (i, c) in self.latent.iter_mut().enumerate() {
-            grow(
-                c,
-                &self.latent_bounds,
-                self.latent_words,
-                &format!("latent cache {i}"),
-            )?;
+            let what = format!("latent cache {i}");
+            grew |= grow(gpu, c, &latent_lens, self.latent_words, &what)?;
         }
         for (i, c) in self.keys.iter_mut().enumerate() {
             if let Some(c) = c {
-                grow(
-                    c,
-                    &self.key_bounds,
-                    self.key_words,
-                    &format!("indexer keys {i}"),
-                )?;
+                let what = format!("indexer keys {i}");
+                grew |= grow(gpu, c, &key_lens, self.key_words, &what)?;
             }
         }
-        // The cached bind groups name the buffers of the segments they bound; none is
-        // dropped here, so they stay valid.
-        self.allocated = self
-            .latent_bounds
-            .iter()
-            .chain(&self.key_bounds)
-            .filter(|(lo, _)| *lo < len)
-            .map(|(lo, n)| lo + n)
-            .min()
-            .unwrap_or(len)
-            .max(len)
-            .min(self.max_ctx);
+        if grew {
+            // Cached bind groups name the buffers that were replaced.
+            gpu.clear_bind_groups();
+        }
+        let held = |lens: &[usize]| lens.iter().sum::<usize>();
+        self.allocated = held(&latent_lens).min(held(&key_lens)).min(self.max_ctx);
         Ok(())
     }
 
@@ -336,6 +357,21 @@ mod tests {
     }
 
     #[test]
+    fn segments_double_and_respect_the_binding_cap() {
+        assert_eq!(segment_lens(100, 1 << 20, 1), vec![128]);
+        assert_eq!(segment_lens(20000, 1 << 20, 1), vec![4096]);
+        assert_eq!(segment_lens(20000, 1 << 20, 4097), vec![8192]);
+        assert_eq!(segment_lens(20000, 1 << 20, 9000), vec![16384]);
+        assert_eq!(segment_lens(20000, 1 << 20, 16385), vec![20096]);
+        // A cap of 5000 rows: whole segments of 4992 (whole blocks of 128), then the rest.
+        assert_eq!(segment_lens(20000, 5000, 12000), vec![4992, 4992, 4096]);
+        assert_eq!(
+            segment_lens(20000, 5000, 20000),
+            vec![4992, 4992, 4992, 4992, 128]
+        );
+    }
+
+    #[test]
     fn auto_takes_the_most_precise_format_that_fits() {
         let cfg = bard();
         let at = |room| CacheFormat::auto(&cfg, 1000, room);
@@ -357,16 +393,47 @@ mod tests {
     }
 
     #[test]
-    fn segments_double_and_respect_the_binding_cap() {
-        assert_eq!(segment_bounds(100, 1 << 20), vec![(0, 128)]);
-        assert_eq!(
-            segment_bounds(20000, 1 << 20),
-            vec![(0, 4096), (4096, 4096), (8192, 8192), (16384, 3648)]
+    fn growing_keeps_the_rows_written() {
+        use crate::kernels::cache::{store_keys, store_latent, Source};
+        let g = crate::kernels::testutil::gpu();
+        let cfg = bard();
+        let mut c = Caches::new(g, &cfg, 10000, CacheFormat::COMPACT).unwrap();
+        c.reserve(g, 100).unwrap();
+        assert_eq!(c.latent(0, 100).segs[0].len as usize, FIRST_SEGMENT);
+        let (kl, dr, id) = (64, 16, 32);
+        let mut rec = g.recorder();
+        store_latent(
+            &mut rec,
+            Source::Random(3),
+            &c.latent(0, 100),
+            (0, 100),
+            (kl, dr),
         );
-        // A cap of 5000 rows: segments of 4992 (whole blocks of 64) after the first.
-        let b = segment_bounds(20000, 5000);
-        assert_eq!(b[0], (0, 4096));
-        assert!(b[1..].iter().all(|&(_, n)| n <= 4992 && n % 64 == 0));
-        assert!(b.last().map(|(lo, n)| lo + n).unwrap() >= 20000);
+        store_keys(
+            &mut rec,
+            Source::Random(4),
+            &c.keys(0, 100).unwrap(),
+            (0, 100),
+            id,
+        );
+        rec.finish().unwrap();
+        let read = |c: &Caches| {
+            let l = c.latent(0, 100);
+            let k = c.keys(0, 100).unwrap();
+            (
+                g.read_u32(&l.segs[0].buf, 0, 100 * l.row_words as usize)
+                    .unwrap(),
+                g.read_u32(&k.segs[0].buf, 0, 100 * k.row_words as usize)
+                    .unwrap(),
+            )
+        };
+        let before = read(&c);
+        let held = c.bytes();
+        c.reserve(g, 9000).unwrap();
+        // 16384 positions would pass --ctx: cut at 10000, rounded up to a key block.
+        assert_eq!(c.latent(0, 9000).segs[0].len, 10112);
+        assert_eq!(c.bytes() * 4096, held * 10112);
+        assert_eq!(read(&c), before, "rows written before the growth");
+        assert!(c.reserve(g, 10001).is_err());
     }
 }

@@ -4,9 +4,9 @@ use super::{Causal, Recorder, View};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 
-/// Keys per workgroup.
-const KT: u32 = 64;
-/// Head groups of the kernel (each invocation takes ceil(heads / NG) heads).
+/// Keys per workgroup (cache segments are whole blocks of it).
+pub const KT: u32 = 128;
+/// Head groups of the kernel (each invocation takes 4·ceil(heads / 4·NG) heads).
 const NG: u32 = 8;
 
 kernel_params! {
@@ -71,10 +71,10 @@ impl IndexerDims {
 /// `q`: rows × heads·dim; `w`: rows × heads; `keys`: the key cache (in its format, decoded
 /// as it is read; `I8` keys are rotated, so `q` must have been rotated too: see
 /// [`super::cache::rotate`]), whose segments must cover the `n_keys` positions and be whole
-/// key blocks (a multiple of 64 positions) but for the last.
+/// key blocks (a multiple of 128 positions) but for the last.
 ///
 /// `out` must be a buffer of its own (the inputs may share one). One workgroup covers one
-/// query row and 64 keys, a tiled [heads × dim]·[dim × 64] product; blocks wholly in the
+/// query row and 128 keys, a tiled [heads × dim]·[dim × 128] product; blocks wholly in the
 /// causal future only write -inf. Each segment is scored by a dispatch of its own.
 pub fn indexer_scores(
     rec: &mut Recorder,
@@ -101,9 +101,9 @@ pub fn indexer_scores(
     );
     assert!(dim > 0, "indexer_scores: dim must be positive");
     let gpu = rec.gpu();
-    // Workgroup memory: q chunk DC·NG·HPT floats, key chunk DC·KT floats, sums NG·KT floats.
-    let hpt = heads.div_ceil(NG);
-    let wg_bytes = |dc: u32| 4 * (dc * NG * hpt + dc * KT + NG * KT);
+    // Workgroup memory: q chunk DC·NG·HPI floats, key chunk DC·KT floats, sums NG·KT floats.
+    let hq4 = heads.div_ceil(4 * NG);
+    let wg_bytes = |dc: u32| 4 * (dc * NG * 4 * hq4 + dc * KT + NG * KT);
     let dc: u32 = if wg_bytes(32) <= gpu.limits.max_compute_workgroup_storage_size {
         32
     } else {
@@ -114,7 +114,7 @@ pub fn indexer_scores(
         "scores",
         &[
             ("HEADS", u(heads)),
-            ("HPT", u(hpt)),
+            ("HQ4", u(hq4)),
             ("DC", u(dc)),
             ("KFMT", u(keys.format as u32)),
         ],
@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn indexer_reads_every_key_format_across_segments() {
-        // Keys stored in each format, in one segment or segments of 64 / 128 positions;
+        // Keys stored in each format, in one segment or segments of 128 / 256 positions;
         // i8 keys are rotated, so the queries are rotated as the model does. The reference
         // scores the decoded keys, so only the f32 arithmetic may differ.
         let g = gpu();
@@ -358,7 +358,7 @@ mod tests {
                 pos0: 290,
             };
             for format in KeyFormat::ALL {
-                for seg_len in [c.n_keys, 64, 128] {
+                for seg_len in [c.n_keys, 128, 256] {
                     let (mut q, w, keys) = c.random_inputs(&mut rng);
                     if format.rotated() {
                         q.chunks_mut(dim).for_each(hadamard);
