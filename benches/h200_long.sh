@@ -34,6 +34,7 @@ case "$like" in
     run dense --context 4096,32768,131072 --cache-type fp8 --dense
     ;;
   glm-5.2)
+    [ -n "${AUTO_ONLY:-}" ] && { run auto --context 4096,1048576; rm -rf "$M"; exit; }
     run auto --context 4096,16384,65536,262144,1048576
     run fp8 --context 4096,1048576 --cache-type fp8
     run fp8i8 --context 1048576 --cache-type fp8/i8

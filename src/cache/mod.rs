@@ -248,6 +248,9 @@ impl Caches {
         }
         let latent_lens = segment_lens(self.max_ctx, self.latent_cap, len);
         let key_lens = segment_lens(self.max_ctx, self.key_cap, len);
+        // Cached bind groups hold the buffers they name: drop them first, or every old
+        // segment would stay alive until all layers have grown (1.5x the caches at once).
+        gpu.clear_bind_groups();
         let mut grew = false;
         for (i, c) in self.latent.iter_mut().enumerate() {
             let what = format!("latent cache {i}");
@@ -260,7 +263,7 @@ impl Caches {
             }
         }
         if grew {
-            // Cached bind groups name the buffers that were replaced.
+            // Bind groups cached meanwhile (none are) would name replaced buffers.
             gpu.clear_bind_groups();
         }
         let held = |lens: &[usize]| lens.iter().sum::<usize>();
