@@ -31,13 +31,14 @@ fn main() -> sparsa::Result<()> {
     // One slot fewer than experts on every MoE layer: every layer streams, so every layer's
     // routing is read back and recorded (the trace does not depend on the cache).
     let scratch = Session::scratch_bytes(cfg, ctx, gpu.max_binding());
-    let p = model::plan(cfg, &src.weights, 1 << 50, ctx, scratch)?;
+    let p = model::plan(cfg, &src.weights, 1 << 50, ctx, scratch, None)?;
     for prefetch in [false, true] {
         let budget = Budget {
             memory: GpuMemory::Bytes(
                 p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes * (e as u64 - 1),
             ),
             ctx,
+            cache: None,
             policy: Policy::Lru,
             prefetch,
         };

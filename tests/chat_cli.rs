@@ -101,8 +101,10 @@ fn leave(mut p: PtySession) {
 fn two_turns_reuse_the_cache_then_reset() {
     let mut p = chat(&["--max-tokens", "6"]);
     let start = prompt(&mut p);
+    // The caches are f32 where they fit, and grow as the context fills: nothing yet.
     assert!(
-        start.contains("ctx 1024 (the built-in model's training length)"),
+        start.contains("ctx 1024 (the built-in model's training length)")
+            && start.contains("caches f32/f32 (3.1 KB/token): 0.0 MB now, 3.1 MB at 1024 tokens"),
         "start line: {start}"
     );
     p.send_line("Good morrow, sir.").unwrap();
@@ -399,5 +401,72 @@ fn json_gives_one_line_per_message() {
             .contains("message too long"),
         "{}",
         lines[1]
+    );
+}
+
+/// `sparsa chat` with stdin piped and `env`; its stderr (the status line) and stdout.
+fn piped_chat(args: &[&str], env: &[(&str, &str)], input: &[u8]) -> (bool, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sparsa"));
+    c.args(["chat", "--temperature", "0", "--max-tokens", "4"])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(input).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stderr).unwrap(),
+        String::from_utf8(out.stdout).unwrap(),
+    )
+}
+
+/// With little GPU memory the default context is the longest whose caches fit after the
+/// weights, said on the status line with the compact format chosen for it; `sparsa info`
+/// prints the same context; --cache-type is honoured and named.
+#[test]
+fn the_default_context_is_what_the_memory_holds_and_the_status_line_says_so() {
+    // The built-in model's weights take about 14 MB on the GPU and its scratch about 10 MB:
+    // 27 MB leave room for a few hundred positions of the smallest caches.
+    let env = [("SPARSA_FAULT_GPU_MEMORY", "27000000")];
+    let (ok, err, out) = piped_chat(&[], &env, b"Good morrow.\n");
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let status = err.lines().find(|l| l.contains("| ctx ")).expect(&err);
+    let ctx = status
+        .split("| ctx ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .expect(status);
+    assert!(ctx > 0 && ctx < 1024, "{status}");
+    assert!(
+        status.contains(&format!(
+            "ctx {ctx} (the longest whose fp8/i8 caches fit the adapter's"
+        )) && status.contains("the built-in model's training length 1024 does not)")
+            && status.contains("caches fp8/i8 (0.9 KB/token): 0.0 MB now"),
+        "{status}"
+    );
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sparsa"));
+    c.arg("info").envs(env.iter().copied());
+    let info = String::from_utf8(c.output().unwrap().stdout).unwrap();
+    assert!(
+        info.contains(&format!("chat's default context (without --ctx): {ctx} (")),
+        "{info}"
+    );
+
+    // --cache-type bf16 sizes the default context in bf16 caches.
+    let (ok, err, _) = piped_chat(&["--cache-type", "bf16"], &env, b"Good morrow.\n");
+    assert!(ok, "{err}");
+    let status = err.lines().find(|l| l.contains("| ctx ")).expect(&err);
+    assert!(
+        status.contains("the longest whose bf16/bf16 caches fit")
+            && status.contains("caches bf16/bf16 (1.5 KB/token)"),
+        "{status}"
     );
 }

@@ -234,8 +234,8 @@ fn bench_rejects_a_context_the_adapter_cannot_hold() {
 }
 
 /// `--gpu-memory` with room for one routed expert per MoE layer: the experts stream through
-/// the cache and the greedy ids are still transformers'; a budget one byte smaller is a
-/// one-line error saying what is needed.
+/// the cache and the greedy ids are still transformers' (auto keeps f32 caches); a budget one
+/// byte smaller, with f32 caches, is a one-line error saying what is needed.
 #[test]
 fn generate_streaming_experts_is_greedy_reference() {
     let prompt = reference_tokens("dsv32", "tokens_0");
@@ -244,21 +244,30 @@ fn generate_streaming_experts_is_greedy_reference() {
     let gpu = sparsa::gpu::Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).unwrap();
     let ctx = prompt.len() + want.len();
     let scratch = sparsa::model::Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
-    let p = sparsa::model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch).unwrap();
+    let p = sparsa::model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
     let one_slot = p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes;
-    let run = |budget: u64| {
+    let run = |budget: u64, cache: &str| {
         let b = budget.to_string();
         greedy_ids(
             &prompt,
             want.len(),
-            &["--expert-policy", "lru", "--gpu-memory", &b],
+            &[
+                "--expert-policy",
+                "lru",
+                "--gpu-memory",
+                &b,
+                "--cache-type",
+                cache,
+            ],
         )
     };
-    let out = run(one_slot);
+    // auto keeps f32 caches: the budget holds them besides one slot per layer.
+    let out = run(one_slot, "auto");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stderr: {err}");
     assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), join(&want));
-    let out = run(one_slot - 1);
+    // A byte less: auto would take compact caches; f32 ones do not fit.
+    let out = run(one_slot - 1, "f32");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -348,6 +357,13 @@ fn generate_flag_values_are_explained() {
     assert!(e.contains("--temperature -1: expected a number ≥ 0"), "{e}");
     let e = fails(&["generate", "--min-p", "2"], None);
     assert!(e.contains("--min-p 2"), "{e}");
+    for cmd in ["generate", "chat", "info", "bench"] {
+        let e = fails(&[cmd, "--cache-type", "q4"], None);
+        assert!(
+            e.contains("--cache-type") && e.contains("'q4'") && e.contains("expected auto, f32"),
+            "{cmd}: {e}"
+        );
+    }
     let e = fails(&["generate", "--file", "/nonexistent/prompt.txt"], None);
     assert!(
         e.contains("--file /nonexistent/prompt.txt: cannot read"),

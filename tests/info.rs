@@ -261,3 +261,131 @@ fn bad_or_missing_config_is_a_clear_error() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+fn info_builtin(extra: &[&str], env: &[(&str, &str)]) -> String {
+    let mut c = bin();
+    c.arg("info").args(extra).envs(env.iter().copied());
+    let out = run_with_timeout(c, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && !err.contains("panicked"), "{err}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `sparsa info --ctx N` prints the caches at N in the format used, a line per cache format
+/// with its bytes per token and the longest context it fits in the adapter's memory, and
+/// chat's default context; the old one-binding limit is gone (caches span bindings).
+#[test]
+fn info_prints_every_cache_format_and_the_context_it_fits() {
+    use sparsa::cache::{CacheFormat, Caches};
+    let cfg = Config::from_dir(&common::builtin_dir()).unwrap();
+    let out = info_builtin(&["--ctx", "4096"], &[]);
+    let per = |f| Caches::bytes_per_token(&cfg, f);
+    assert!(
+        out.contains("caches f32/f32 (auto: the most precise whose caches fit the adapter's")
+            && out.contains(&format!("{} B per token", per(CacheFormat::F32)))
+            && out.contains("cache formats: bytes per token, and the longest context"),
+        "{out}"
+    );
+    for f in CacheFormat::LADDER {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("  {:<10} ", f.name())))
+            .unwrap_or_else(|| panic!("no line for {}: {out}", f.name()));
+        assert!(
+            line.contains(&format!(" {} B/token  fits ", per(f))),
+            "{line}"
+        );
+        assert_eq!(line.ends_with("<- used"), f == CacheFormat::F32, "{line}");
+    }
+    assert!(
+        out.contains(
+            "chat's default context (without --ctx): 1024 (the built-in model's training length)"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("binding allows"), "{out}");
+
+    // --cache-type names the format used, and the plan under a budget reserves its caches.
+    let out = info_builtin(
+        &[
+            "--ctx",
+            "4096",
+            "--cache-type",
+            "fp8/i8",
+            "--gpu-memory",
+            "1GiB",
+        ],
+        &[],
+    );
+    assert!(
+        out.contains("caches fp8/i8 (--cache-type)")
+            && out.contains("GPU memory plan for 1.00 GiB (caches fp8/i8)")
+            && out.contains(&format!(
+                "KV + indexer caches {:.1} MiB",
+                (per(CacheFormat::SMALLEST) * 4096) as f64 / (1 << 20) as f64
+            )),
+        "{out}"
+    );
+    let line = out.lines().find(|l| l.starts_with("  fp8/i8 ")).unwrap();
+    assert!(line.ends_with("<- used"), "{line}");
+
+    // An adapter with little memory: f32 does not fit max_position_embeddings, auto takes a
+    // compact format, and with too little, a format fits nothing.
+    let out = info_builtin(
+        &["--ctx", "1024"],
+        &[("SPARSA_FAULT_GPU_MEMORY", "27000000")],
+    );
+    assert!(
+        out.contains("(the longest whose fp8/i8 caches fit the adapter's")
+            && !out.contains("caches f32/f32 (auto"),
+        "{out}"
+    );
+    let out = info_builtin(&[], &[("SPARSA_FAULT_GPU_MEMORY", "17000000")]);
+    assert!(
+        out.lines()
+            .filter(|l| l.starts_with("  ") && l.contains("B/token  fits: no"))
+            .count()
+            == 4,
+        "{out}"
+    );
+}
+
+/// The config-only plan reserves the caches in the format asked for, and smaller caches
+/// leave more experts resident.
+#[test]
+fn the_plan_reserves_caches_in_their_format() {
+    let j = release(Like::Glm52);
+    let d = config_dir("cli-glm52-caches", &j);
+    let slots = |cache: &str| {
+        let (ok, out, err) = info(
+            &d,
+            &[
+                "--format",
+                "q4",
+                "--gpu-memory",
+                "300GiB",
+                "--ctx",
+                "1048576",
+                "--cache-type",
+                cache,
+            ],
+        );
+        assert!(ok, "{err}\n{out}");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("GPU memory plan for 300.00 GiB"))
+            .unwrap_or_else(|| panic!("{out}"))
+            .to_string();
+        assert!(line.contains(&format!("(caches {cache})")), "{line}");
+        let n: usize = line
+            .split("routed experts ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        n
+    };
+    let (f32, fp8) = (slots("f32/f32"), slots("fp8/bf16"));
+    assert!(fp8 > f32, "resident experts: fp8 caches {fp8}, f32 {f32}");
+    let _ = std::fs::remove_dir_all(&d);
+}

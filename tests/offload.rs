@@ -32,12 +32,13 @@ fn source(name: &str) -> ModelSource {
 /// A budget that holds everything but the routed experts and `slots` experts per MoE layer.
 fn budget(src: &ModelSource, gpu: &Gpu, ctx: usize, slots: u64, policy: Policy) -> Budget {
     let scratch = Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
-    let p = model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch).unwrap();
+    let p = model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
     Budget {
         memory: GpuMemory::Bytes(
             p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes * slots,
         ),
         ctx,
+        cache: None,
         policy,
         prefetch: false,
     }
@@ -201,6 +202,8 @@ fn a_budget_without_room_for_one_slot_per_layer_is_refused_with_what_it_needs() 
     if let GpuMemory::Bytes(x) = &mut b.memory {
         *x -= 1;
     }
+    // (auto would plan compact caches in the byte short; f32 ones do not fit.)
+    b.cache = Some(sparsa::cache::CacheFormat::F32);
     let e = Model::from_source_within(&src, g, &mut |_, _| {}, Some(&b))
         .err()
         .expect("refused");
@@ -208,6 +211,36 @@ fn a_budget_without_room_for_one_slot_per_layer_is_refused_with_what_it_needs() 
         e.0.contains("--gpu-memory") && e.0.contains("one expert slot per MoE layer"),
         "{e}"
     );
+}
+
+/// Under a budget too small for f32 caches besides one expert slot per MoE layer,
+/// `--cache-type auto` plans compact caches, and the model's sessions are opened in them
+/// (the room was reserved for those); an explicit format is planned as asked.
+#[test]
+fn auto_caches_under_a_budget_are_the_ones_the_session_gets() {
+    use sparsa::cache::{CacheFormat, Caches};
+    let src = source("builtin");
+    let g = gpu();
+    let ctx = 1024;
+    let mut b = budget(&src, &g, ctx, 1, Policy::Lru);
+    let f32_caches = Caches::bytes_per_token(&src.config, CacheFormat::F32) * ctx as u64;
+    if let GpuMemory::Bytes(x) = &mut b.memory {
+        *x -= f32_caches / 2;
+    }
+    let m = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
+    let p = m.plan.as_ref().unwrap();
+    assert_ne!(p.cache, CacheFormat::F32);
+    assert!(p
+        .describe()
+        .contains(&format!("(caches {})", p.cache.name())));
+    let s = m.session(ctx).unwrap();
+    assert_eq!(s.caches.format, p.cache);
+    assert_eq!(m.default_cache(ctx), p.cache);
+    drop((s, m));
+    b.cache = Some(CacheFormat::SMALLEST);
+    let m = Model::from_source_within(&src, g, &mut |_, _| {}, Some(&b)).unwrap();
+    assert_eq!(m.plan.as_ref().unwrap().cache, CacheFormat::SMALLEST);
+    assert_eq!(m.session(ctx).unwrap().caches.format, CacheFormat::SMALLEST);
 }
 
 /// A budget that holds every expert loads the model as usual (no cache, no readbacks).

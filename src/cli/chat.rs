@@ -8,7 +8,7 @@
 use super::sampling::SamplingArgs;
 use super::{interrupt, open_source, ExpertArgs, ModelArgs};
 use clap::Args;
-use sparsa::cache::Caches;
+use sparsa::cache::{CacheFormat, Caches};
 use sparsa::chat::{
     reply_reserve, Chat, ChatEvent, ChatFormat, ChatTemplate, Conversation, Part, Prepared,
     ReplyEnd, ReplyOptions,
@@ -27,9 +27,6 @@ use std::time::Instant;
 /// Default context of the built-in model: its training length (its config allows 4096, but
 /// its quality collapses past 1024; see models/sparsa-bard-12m/README.md).
 const BUILTIN_CTX: usize = 1024;
-
-/// When the default context cannot be allocated, halve it down to this before giving up.
-const MIN_DEFAULT_CTX: usize = 256;
 
 const HELP: &str = "\
 commands:
@@ -257,42 +254,43 @@ fn load_model(
     Ok((model?, t0.elapsed().as_secs_f64()))
 }
 
-/// The context to allocate when --ctx is not given, and why.
-fn default_ctx(cfg: &sparsa::config::Config, gpu: &Gpu, builtin: bool) -> (usize, &'static str) {
-    let mut ctx = (
-        cfg.max_position_embeddings.max(1),
-        "the model's max_position_embeddings",
-    );
-    if builtin && BUILTIN_CTX < ctx.0 {
-        ctx = (BUILTIN_CTX, "the built-in model's training length");
-    }
-    let mem = Caches::max_ctx_for(
-        cfg,
-        sparsa::cache::CacheFormat::SMALLEST,
-        gpu.memory_size().unwrap_or(gpu.limits.max_buffer_size),
-    );
-    if mem < ctx.0 {
-        ctx = (mem.max(1), "what the adapter's buffer limits allow");
-    }
-    ctx
-}
-
-/// A session for `ctx` tokens; a default context that cannot be allocated is halved.
-fn open_session(
-    m: &super::ModelArgs,
-    model: &Model,
-    mut ctx: usize,
-    shrink: bool,
-) -> Result<(Session, usize)> {
-    loop {
-        match super::open_session(m, model, ctx) {
-            Ok(s) => return Ok((s, ctx)),
-            Err(e) if shrink && ctx / 2 >= MIN_DEFAULT_CTX => {
-                log::warn!("context {ctx} does not fit ({e}); trying {}", ctx / 2);
-                ctx /= 2;
-            }
-            Err(e) => return Err(e),
-        }
+/// The context to allocate when --ctx is not given, and why: the model's
+/// max_position_embeddings (the built-in model: its training length) when its caches in
+/// `format` (auto: the smallest) and the scratch fit `room`, the bytes a session has once the
+/// weights are placed ([`sparsa::model::session_room`]); else the longest context that fits
+/// ([`sparsa::model::longest_ctx`]), `room_name` saying whose room it is. `sparsa info`
+/// prints the same.
+pub(crate) fn default_ctx(
+    cfg: &sparsa::config::Config,
+    builtin: bool,
+    format: Option<CacheFormat>,
+    room: u64,
+    max_binding: u64,
+    room_name: &str,
+) -> (usize, String) {
+    let (want, why) = if builtin && BUILTIN_CTX < cfg.max_position_embeddings {
+        (BUILTIN_CTX, "the built-in model's training length")
+    } else {
+        (
+            cfg.max_position_embeddings.max(1),
+            "the model's max_position_embeddings",
+        )
+    };
+    let format = format.unwrap_or(CacheFormat::SMALLEST);
+    match sparsa::model::longest_ctx(cfg, format, room, max_binding, want) {
+        // Nothing fits: opening the session says what is missing.
+        0 => (
+            want,
+            format!("{why}; no context fits {room_name} after the weights"),
+        ),
+        n if n < want => (
+            n,
+            format!(
+                "the longest whose {} caches fit {room_name} after the weights; {why} {want} does not",
+                format.name()
+            ),
+        ),
+        _ => (want, why.into()),
     }
 }
 
@@ -385,23 +383,50 @@ pub fn run(a: ChatArgs) -> Result<()> {
     }
     let builtin = a.m.model.is_none();
     let gpu = Arc::new(Gpu::new(a.m.adapter.as_deref())?);
-    let (ctx, why) = match a.m.ctx {
-        Some(c) => (c, "--ctx"),
-        None => default_ctx(&src.config, &gpu, builtin),
+    let (mut ctx, mut why) = match a.m.ctx {
+        Some(c) => (c, "--ctx".to_string()),
+        None => {
+            let (room, name) = super::info::room_before_loading(&a.m, &src, &gpu)?;
+            default_ctx(
+                &src.config,
+                builtin,
+                a.m.cache_type.0,
+                room,
+                gpu.max_binding(),
+                &name,
+            )
+        }
     };
     let (model, load_secs) = load_model(&src, gpu, super::budget(&a.m, &a.x, ctx).as_ref())?;
-    let (session, ctx) = open_session(&a.m, &model, ctx, a.m.ctx.is_none())?;
-    let why = if ctx < default_ctx(&model.config, &model.gpu, builtin).0 && a.m.ctx.is_none() {
-        "halved until the caches could be allocated"
-    } else {
-        why
-    };
+    if a.m.ctx.is_none() {
+        // The estimate above counted the weights from their headers; what loading left is
+        // what a session gets (Session::open refuses a context whose caches could never fit).
+        let sizing = a.m.cache_type.0.unwrap_or(CacheFormat::SMALLEST);
+        let fits = model.longest_ctx(sizing, ctx);
+        if fits == 0 {
+            return Err(Error::msg(format!(
+                "the GPU memory left after loading the weights ({}) does not hold the scratch and the {} caches of one position; pass --gpu-memory SIZE to stream routed experts from the files",
+                sparsa::model::plan::gib(model.session_room()),
+                sizing.name()
+            )));
+        }
+        if fits < ctx {
+            log::info!("context {ctx} does not fit after loading; {fits} does");
+            why = format!(
+                "the longest whose {} caches fit the GPU memory left after loading",
+                sizing.name()
+            );
+            ctx = fits;
+        }
+    }
+    let session = super::open_session(&a.m, &model, ctx)?;
 
     let ad = &model.gpu.adapter;
     let weights = src.weights.total_bytes();
-    let per_token = Caches::bytes_per_token(&model.config, session.caches.format);
+    let cache = session.caches.format;
+    let per_token = Caches::bytes_per_token(&model.config, cache);
     note(&format!(
-        "{} | {} ({}, {}) | weights {:.1} MB loaded in {:.2} s ({:.0} MB/s) | ctx {ctx} ({why}), caches {:.1} MB ({:.1} KB/token) | template: {}",
+        "{} | {} ({}, {}) | weights {:.1} MB loaded in {:.2} s ({:.0} MB/s) | ctx {ctx} ({why}) | caches {} ({:.1} KB/token): {:.1} MB now, {:.1} MB at {ctx} tokens | template: {}",
         src.label,
         ad.name,
         ad.backend,
@@ -409,8 +434,10 @@ pub fn run(a: ChatArgs) -> Result<()> {
         mb(weights),
         load_secs,
         mb(weights) / load_secs.max(1e-9),
-        mb(session.caches.bytes()),
+        cache.name(),
         per_token as f64 / 1e3,
+        mb(session.caches.bytes()),
+        mb(per_token.saturating_mul(ctx as u64)),
         format.template().origin(),
     ));
     if let Some(off) = &model.offload {

@@ -8,12 +8,15 @@
 
 use super::{open_source, ModelArgs};
 use clap::Args;
+use sparsa::cache::{CacheFormat, Caches};
 use sparsa::config::{Config, IndexerKind};
 use sparsa::error::Error;
 use sparsa::gpu::Gpu;
 use sparsa::model::info::{summarize, summarize_tensors, Summary, TensorClass};
 use sparsa::model::plan::gib;
-use sparsa::model::{plan_summary, GpuMemory, ModelSource, Plan, Session};
+use sparsa::model::{
+    free_memory, longest_ctx, plan_summary, session_room, GpuMemory, ModelSource, Plan, Session,
+};
 use sparsa::synth::{check_index, has_weights, tensor_list, ConfigDir};
 use sparsa::weights::quant::DEFAULT_BLOCK;
 use sparsa::weights::QFormat;
@@ -84,6 +87,67 @@ fn derived(cfg: &Config, format: Option<QFormat>) -> Result<(Config, Summary)> {
 
 fn file_bytes(s: &Summary) -> u64 {
     s.classes.iter().map(|c| c.file_bytes).sum()
+}
+
+/// The adapter as the room for a session is sized: its free memory now
+/// ([`free_memory`]), its memory size (its largest buffer where it does not report one) and
+/// whether it reports one.
+struct Memory {
+    free: u64,
+    size: u64,
+    reported: bool,
+}
+
+impl Memory {
+    fn of(gpu: &Gpu) -> Memory {
+        let reported = gpu.memory_size();
+        Memory {
+            free: free_memory(gpu),
+            size: reported.unwrap_or(gpu.limits.max_buffer_size),
+            reported: reported.is_some(),
+        }
+    }
+}
+
+/// The GPU bytes a session's caches and scratch get once the weights are placed
+/// ([`session_room`]), and whose they are: under `--gpu-memory`, the budget's; else the
+/// adapter's. `None` without a budget or an adapter.
+fn room_of(
+    cfg: &Config,
+    s: &Summary,
+    budget: Option<GpuMemory>,
+    memory: Option<&Memory>,
+) -> Result<Option<(u64, String)>> {
+    Ok(match (budget, memory) {
+        (Some(b), m) => {
+            let bytes = b.bytes(m.filter(|m| m.reported).map(|m| m.size))?;
+            Some((
+                session_room(cfg, s, 0, Some(bytes)),
+                format!("--gpu-memory {}", gib(bytes)),
+            ))
+        }
+        (None, Some(m)) => Some((
+            session_room(cfg, s, m.free, None),
+            if m.reported {
+                format!("the adapter's {}", gib(m.size))
+            } else {
+                format!("the adapter's largest buffer ({})", gib(m.size))
+            },
+        )),
+        (None, None) => None,
+    })
+}
+
+/// [`room_of`] for chat before it loads the model: the same figure `sparsa info` sizes
+/// contexts with.
+pub(crate) fn room_before_loading(
+    m: &ModelArgs,
+    src: &ModelSource,
+    gpu: &Gpu,
+) -> Result<(u64, String)> {
+    let s = summarize(&src.config, &src.weights)?;
+    let r = room_of(&src.config, &s, m.gpu_memory, Some(&Memory::of(gpu)))?;
+    Ok(r.unwrap_or_default())
 }
 
 /// Where the model's description comes from.
@@ -250,51 +314,107 @@ pub fn run(a: InfoArgs) -> Result<()> {
         );
     }
     let ctx = m.ctx.unwrap_or(c.max_position_embeddings);
-    let cache = s.cache_bytes_per_token.saturating_mul(ctx as u64);
-    println!(
-        "memory plan at --ctx {ctx}: weights {} + caches {} ({} per token: latent MLA {} floats × {} layers, indexer keys {} floats × {} full layers) = {}",
-        size(s.gpu_weight_bytes()),
-        size(cache),
-        s.cache_bytes_per_token,
-        c.kv_lora_rank + c.qk_rope_head_dim,
-        c.num_hidden_layers,
-        c.index_head_dim,
-        c.indexer_types.iter().filter(|k| **k == IndexerKind::Full).count(),
-        size(s.gpu_weight_bytes().saturating_add(cache))
-    );
     let gpu = Gpu::new(m.adapter.as_deref());
-    let row = ((c.kv_lora_rank + c.qk_rope_head_dim) * 4).max(1) as u64;
     let (binding, memory) = match &gpu {
         Ok(gpu) => {
             println!("adapter: {}", gpu.adapter.line());
-            println!(
-                "longest context one latent-cache binding allows: {} tokens",
-                gpu.max_binding() / row
-            );
             if let Some(b) = gpu.memory_size() {
                 println!(
                     "adapter memory (largest device-local heap): {:.2} GiB",
                     b as f64 / (1u64 << 30) as f64
                 );
             }
-            (gpu.max_binding(), gpu.memory_size())
+            (gpu.max_binding(), Some(Memory::of(gpu)))
         }
         Err(e) => {
             println!("adapter: none ({e})");
             (NO_ADAPTER_BINDING, None)
         }
     };
+    // What a session's caches and scratch get after the weights; a --gpu-memory share of no
+    // adapter is reported by the plan below.
+    let room = room_of(c, &s, m.gpu_memory, memory.as_ref()).unwrap_or(None);
+    let in_range = u32::try_from(ctx).is_ok();
+    let scratch = if in_range {
+        Session::scratch_bytes(c, ctx, binding)
+    } else {
+        0
+    };
+    let (format, how) = match (m.cache_type.0, &room) {
+        (Some(f), _) => {
+            f.check(c)?;
+            (f, "--cache-type".to_string())
+        }
+        (None, Some((r, name))) => (
+            CacheFormat::auto(c, ctx, r.saturating_sub(scratch)),
+            format!("auto: the most precise whose caches fit {name} after the weights"),
+        ),
+        (None, None) => (
+            CacheFormat::F32,
+            "auto; no adapter or --gpu-memory to size against".into(),
+        ),
+    };
+    let per_token = Caches::bytes_per_token(c, format);
+    let cache = per_token.saturating_mul(ctx as u64);
+    let full = c
+        .indexer_types
+        .iter()
+        .filter(|k| **k == IndexerKind::Full)
+        .count();
+    println!(
+        "memory plan at --ctx {ctx}: weights {} + caches {} (caches {} ({how}): {per_token} B per token, a latent row on each of {} layers and an indexer key on each of {full} full layers) = {}",
+        size(s.gpu_weight_bytes()),
+        size(cache),
+        format.name(),
+        c.num_hidden_layers,
+        size(s.gpu_weight_bytes().saturating_add(cache))
+    );
+    match &room {
+        Some((r, name)) => println!(
+            "cache formats: bytes per token, and the longest context whose caches and scratch fit {name} after the weights ({}):",
+            gib(*r)
+        ),
+        None => println!("cache formats: bytes per token (no adapter: no memory to fit contexts in):"),
+    }
+    for f in CacheFormat::LADDER {
+        let per = Caches::bytes_per_token(c, f);
+        let fits = match (&room, f.check(c)) {
+            (_, Err(_)) => "not for this model's shapes".to_string(),
+            (None, _) => String::new(),
+            (Some((r, _)), _) => match longest_ctx(c, f, *r, binding, usize::MAX) {
+                0 => "fits: no".into(),
+                n => format!(
+                    "fits {n} tokens{}",
+                    if n >= c.max_position_embeddings {
+                        " (max positions: yes)"
+                    } else {
+                        ""
+                    }
+                ),
+            },
+        };
+        println!(
+            "  {:<10} {:>10} B/token  {fits}{}",
+            f.name(),
+            per,
+            if f == format { "  <- used" } else { "" }
+        );
+    }
+    if let Some((r, name)) = &room {
+        let (n, why) =
+            super::chat::default_ctx(c, m.model.is_none(), m.cache_type.0, *r, binding, name);
+        println!("chat's default context (without --ctx): {n} ({why})");
+    }
     let fit = Fit {
         cfg: c,
         s: &s,
         ctx,
         binding,
-        memory,
+        memory: memory.as_ref().filter(|m| m.reported).map(|m| m.size),
+        free: memory.as_ref().map_or(0, |m| m.free),
         adapter: gpu.is_ok(),
-        ctx_limit: gpu
-            .as_ref()
-            .ok()
-            .map(|g| usize::try_from(g.max_binding() / row).unwrap_or(usize::MAX)),
+        format,
+        explicit: m.cache_type.0,
     };
     fit.report(m.gpu_memory)
 }
@@ -362,42 +482,32 @@ struct Fit<'a> {
     binding: u64,
     memory: Option<u64>,
     adapter: bool,
-    /// The longest context one layer's latent cache can hold in a binding of this adapter.
-    ctx_limit: Option<usize>,
+    /// What the adapter has free for sparsa now ([`free_memory`]).
+    free: u64,
+    /// The caches' formats at `ctx` without a budget or with the one given.
+    format: CacheFormat,
+    /// `--cache-type`, unless auto.
+    explicit: Option<CacheFormat>,
 }
 
 impl Fit<'_> {
-    /// "yes, {how}", unless the context is more than the adapter's bindings hold.
     fn yes(&self, how: &str) {
-        match self.ctx_limit {
-            Some(l) if self.ctx > l => println!(
-                "fits this adapter: no, --ctx {} is more than the {l} tokens one layer's latent cache can hold in its largest storage binding (with --ctx {l} or less: {how})",
-                self.ctx
-            ),
-            _ => println!("fits this adapter: yes, {how}"),
-        }
+        println!("fits this adapter: yes, {how}");
     }
 
-    fn plan(&self, budget: u64, ctx: usize) -> Result<Plan> {
+    /// The plan for `budget` bytes, with caches in `cache` (`None`: chosen for the budget).
+    fn plan(&self, budget: u64, ctx: usize, cache: Option<CacheFormat>) -> Result<Plan> {
         let scratch = Session::scratch_bytes(self.cfg, ctx, self.binding);
-        plan_summary(self.cfg, self.s, budget, ctx, scratch)
+        plan_summary(self.cfg, self.s, budget, ctx, scratch, cache)
     }
 
-    /// The longest context (up to `self.ctx`) whose plan fits `budget`, if any.
-    fn longest_ctx(&self, budget: u64) -> Option<usize> {
-        if self.plan(budget, 1).is_err() {
-            return None;
-        }
-        let (mut lo, mut hi) = (1, self.ctx);
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if self.plan(budget, mid).is_ok() {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        Some(lo)
+    /// The longest context (up to `self.ctx`) whose plan fits `budget`, if any, and the
+    /// caches' formats it is counted in (auto: the smallest).
+    fn longest_ctx(&self, budget: u64) -> (Option<usize>, CacheFormat) {
+        let f = self.explicit.unwrap_or(CacheFormat::SMALLEST);
+        let room = session_room(self.cfg, self.s, 0, Some(budget));
+        let n = longest_ctx(self.cfg, f, room, self.binding, self.ctx);
+        ((n > 0).then_some(n), f)
     }
 
     /// What streaming the non-resident experts costs the host.
@@ -431,9 +541,7 @@ impl Fit<'_> {
         let ctx = self.ctx;
         let fits_u32 = u32::try_from(ctx).is_ok();
         if !fits_u32
-            || self
-                .s
-                .cache_bytes_per_token
+            || Caches::bytes_per_token(self.cfg, self.format)
                 .checked_mul(ctx as u64)
                 .is_none()
         {
@@ -441,7 +549,7 @@ impl Fit<'_> {
             return Ok(());
         }
         // Everything resident, and the least that runs with routed experts streamed.
-        let all = self.plan(u64::MAX, ctx)?;
+        let all = self.plan(u64::MAX, ctx, Some(self.format))?;
         let sl = &all.slots;
         let n_moe = sl.moe_layers() as u64;
         let need_all = all.fixed() + sl.resident_experts() as u64 * sl.expert_bytes;
@@ -484,7 +592,7 @@ impl Fit<'_> {
                     );
                     Ok(())
                 }
-                Some(Some(have)) if need_all <= have => {
+                Some(Some(have)) if need_all <= self.free => {
                     self.yes(&format!(
                         "every weight resident ({} of its {})",
                         gib(need_all),
@@ -494,9 +602,10 @@ impl Fit<'_> {
                 }
                 Some(Some(have)) => {
                     println!(
-                        "every weight resident: no, {} needed and the adapter has {}; with routed experts streamed:",
+                        "every weight resident: no, {} needed and the adapter has {} ({} free for sparsa, which leaves 5 % to others); with routed experts streamed:",
                         gib(need_all),
-                        gib(have)
+                        gib(have),
+                        gib(self.free)
                     );
                     let bytes = GpuMemory::Percent(SUGGESTED_PERCENT).bytes(Some(have))?;
                     self.with_budget(
@@ -511,7 +620,7 @@ impl Fit<'_> {
 
     /// The plan for `bytes` of GPU memory and whether the adapter has them.
     fn with_budget(&self, bytes: u64, adapter: Option<Option<u64>>, what: &str) -> Result<()> {
-        match self.plan(bytes, self.ctx) {
+        match self.plan(bytes, self.ctx, self.explicit) {
             Ok(p) => {
                 println!("{}", p.describe());
                 self.streaming(&p);
@@ -539,8 +648,8 @@ impl Fit<'_> {
             }
             Err(e) => {
                 let room = match self.longest_ctx(bytes) {
-                    Some(n) => format!("at most --ctx {n} fits in it"),
-                    None => "it does not fit at any --ctx".into(),
+                    (Some(n), f) => format!("at most --ctx {n} fits in it (caches {})", f.name()),
+                    (None, _) => "it does not fit at any --ctx".into(),
                 };
                 let verdict = match adapter {
                     None => "no adapter; and",

@@ -133,8 +133,9 @@ pub(crate) struct ModelArgs {
     #[arg(long)]
     adapter: Option<String>,
     /// Context length to allocate caches for (default: what the request needs; for chat, the
-    /// model's max_position_embeddings (1024 for the built-in model), lowered to what the
-    /// adapter's buffer limits allow).
+    /// model's max_position_embeddings (1024 for the built-in model), or the longest context
+    /// whose caches fit the GPU memory left after the weights, if that is less). The caches
+    /// grow as the context fills.
     #[arg(long)]
     ctx: Option<usize>,
     /// GPU memory the model may use: bytes, a size (24GiB, 1500MiB, 8e9) or a percentage
@@ -165,7 +166,9 @@ fn parse_cache_type(s: &str) -> std::result::Result<CacheType, String> {
     })
 }
 
-/// A session of `ctx` positions with the caches --cache-type asks for.
+/// A session of `ctx` positions with the caches --cache-type asks for; auto: the formats
+/// the --gpu-memory plan reserved room for, else the most precise that fits the adapter's
+/// memory now ([`Model::default_cache`]).
 pub(crate) fn open_session(
     m: &ModelArgs,
     model: &Model,
@@ -325,6 +328,7 @@ pub(crate) fn budget(m: &ModelArgs, x: &ExpertArgs, ctx: usize) -> Option<sparsa
     m.gpu_memory.map(|memory| sparsa::model::Budget {
         memory,
         ctx,
+        cache: m.cache_type.0,
         policy: x.expert_policy,
         prefetch: x.expert_prefetch,
     })

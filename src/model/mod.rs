@@ -20,7 +20,7 @@ mod session;
 pub mod source;
 
 pub use pick::Pick;
-pub use plan::{plan, plan_summary, GpuMemory, Plan};
+pub use plan::{free_memory, longest_ctx, plan, plan_summary, session_room, GpuMemory, Plan};
 pub use session::{Logits, Session};
 pub use source::ModelSource;
 
@@ -42,6 +42,9 @@ use std::sync::Arc;
 pub struct Budget {
     pub memory: GpuMemory,
     pub ctx: usize,
+    /// The caches' formats; `None` (`--cache-type auto`): chosen by the plan
+    /// ([`plan::plan`]), and the model's sessions default to what it chose.
+    pub cache: Option<CacheFormat>,
     pub policy: Policy,
     /// Upload the next layer's predicted experts ahead (see [`crate::experts`]).
     pub prefetch: bool,
@@ -139,7 +142,7 @@ impl Model {
             Some(b) => {
                 let bytes = b.memory.bytes(gpu.memory_size())?;
                 let scratch = Session::scratch_bytes(&config, b.ctx, gpu.max_binding());
-                let p = plan::plan(&config, files, bytes, b.ctx, scratch)?;
+                let p = plan::plan(&config, files, bytes, b.ctx, scratch, b.cache)?;
                 log::info!("{}", p.describe());
                 Some(p)
             }
@@ -148,6 +151,9 @@ impl Model {
         let streamed = plan.as_ref().map(|p| &p.slots).filter(|s| s.offloads());
         let slots = streamed.map(|s| s.per_layer.as_slice());
         let weights = load::load(&gpu, &config, files, progress, slots)?;
+        // Submit the last writes and wait, so that their staging memory is freed now: what
+        // is live after loading is what the weights take (sessions are sized from it).
+        gpu.submit([]);
         gpu.sync()?;
         files.check_unchanged()?;
         let offload = match (streamed, budget) {
@@ -176,22 +182,43 @@ impl Model {
         Session::open(self, max_ctx, false, cache)
     }
 
-    /// The cache formats a session of `ctx` positions gets unless told otherwise:
-    /// [`CacheFormat::auto`] with the room the adapter's memory has left (its memory size
-    /// where the backend tells, else its largest buffer, less what is allocated now and the
-    /// session's scratch, with 5 % kept free).
+    /// The cache formats a session of `ctx` positions gets unless told otherwise: the ones
+    /// the `--gpu-memory` plan reserved room for (when `ctx` is within its context), else
+    /// [`CacheFormat::auto`] with [`Model::cache_room`].
     pub fn default_cache(&self, ctx: usize) -> CacheFormat {
-        CacheFormat::auto(&self.config, ctx, self.cache_room(ctx))
+        match &self.plan {
+            Some(p) if ctx <= p.ctx => p.cache,
+            _ => CacheFormat::auto(&self.config, ctx, self.cache_room(ctx)),
+        }
     }
 
-    /// GPU bytes left for the caches of a session of `ctx` positions: the adapter's memory
-    /// size where the backend tells (else its largest buffer, the old estimate), 5 % of it
-    /// kept free, less what is allocated now and the session's scratch.
+    /// GPU bytes left for a session's caches and scratch: the adapter's
+    /// [`plan::free_memory`] (95 % of its memory size less what is allocated now); under a
+    /// `--gpu-memory` plan, at least what the plan reserved for them.
+    /// [`plan::session_room`] estimates it before loading.
+    pub fn session_room(&self) -> u64 {
+        plan::free_memory(&self.gpu).max(self.plan.as_ref().map_or(0, |p| p.session_bytes))
+    }
+
+    /// GPU bytes left for the caches of a session of `ctx` positions: [`Model::session_room`]
+    /// less the session's scratch.
     pub fn cache_room(&self, ctx: usize) -> u64 {
-        let gpu = &self.gpu;
-        let memory = gpu.memory_size().unwrap_or(gpu.limits.max_buffer_size);
-        let used = gpu.stats().live_buffer_bytes
-            + Session::scratch_bytes(&self.config, ctx, gpu.max_binding());
-        (memory - memory / 20).saturating_sub(used)
+        self.session_room().saturating_sub(Session::scratch_bytes(
+            &self.config,
+            ctx,
+            self.gpu.max_binding(),
+        ))
+    }
+
+    /// The longest context, at most `cap`, whose caches in `format` a session could open now
+    /// ([`plan::longest_ctx`] with [`Model::session_room`]).
+    pub fn longest_ctx(&self, format: CacheFormat, cap: usize) -> usize {
+        plan::longest_ctx(
+            &self.config,
+            format,
+            self.session_room(),
+            self.gpu.max_binding(),
+            cap,
+        )
     }
 }

@@ -2,6 +2,7 @@
 //! of the budget buys (the [`Slots`] that [`crate::experts`]' cache then serves).
 
 use super::info::{self, TensorClass};
+use crate::cache::{CacheFormat, Caches};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::experts::Slots;
@@ -91,6 +92,13 @@ pub struct Plan {
     pub parts: Vec<(&'static str, u64)>,
     /// The routed-expert slots the rest of the budget buys.
     pub slots: Slots,
+    /// The context the caches are reserved for.
+    pub ctx: usize,
+    /// The cache formats they are reserved in (the one asked for, or the one
+    /// `--cache-type auto` chose for the budget): sessions of the model default to it.
+    pub cache: CacheFormat,
+    /// The bytes reserved for the caches (at `ctx` positions in `cache`) and the scratch.
+    pub session_bytes: u64,
 }
 
 impl Plan {
@@ -109,8 +117,9 @@ impl Plan {
         let sl = &self.slots;
         let total = sl.moe_layers() * sl.n_experts;
         format!(
-            "GPU memory plan for {}: {}; routed experts {} of {} ({:.1} %) in {} slots of {} (exact: fixed {} B, expert {} B)",
+            "GPU memory plan for {} (caches {}): {}; routed experts {} of {} ({:.1} %) in {} slots of {} (exact: fixed {} B, expert {} B)",
             gib(self.budget),
+            self.cache.name(),
             parts.join(", "),
             sl.resident_experts(),
             total,
@@ -123,17 +132,124 @@ impl Plan {
     }
 }
 
+/// The share of an adapter's memory sparsa plans to fill when no `--gpu-memory` is given:
+/// all but 5 %, kept for the driver and the rest of the system.
+pub fn usable(memory: u64) -> u64 {
+    memory - memory / 20
+}
+
+/// The weights placed before the routed experts: (what, bytes), in order.
+fn weight_parts(s: &info::Summary) -> Vec<(&'static str, u64)> {
+    use TensorClass as T;
+    let c = |class| s.class(class).gpu_bytes;
+    vec![
+        ("embeddings/lm_head", c(T::Embeddings)),
+        ("attention + indexer", c(T::Attention) + c(T::Indexer)),
+        (
+            "dense MLPs, routers, norms",
+            c(T::DenseMlp) + c(T::Router) + c(T::Other),
+        ),
+        ("shared experts", c(T::SharedExperts)),
+    ]
+}
+
+/// MoE layers, and the bytes of one routed expert.
+fn experts(cfg: &Config, s: &info::Summary) -> (usize, u64) {
+    let n_moe = (0..cfg.num_hidden_layers)
+        .filter(|&i| !cfg.is_dense_layer(i))
+        .count();
+    let routed = s.class(TensorClass::RoutedExperts).gpu_bytes;
+    (n_moe, routed / (n_moe * cfg.n_routed_experts).max(1) as u64)
+}
+
+/// GPU bytes the adapter has free for sparsa: the [`usable`] part of its memory size where
+/// the backend tells (else its largest buffer, the old estimate), less what is allocated now.
+pub fn free_memory(gpu: &crate::gpu::Gpu) -> u64 {
+    let memory = gpu.memory_size().unwrap_or(gpu.limits.max_buffer_size);
+    usable(memory).saturating_sub(gpu.stats().live_buffer_bytes)
+}
+
+/// GPU bytes a session's caches and scratch may take once the weights are placed: under a
+/// `--gpu-memory` `budget`, what the budget leaves after the weights placed before the routed
+/// experts and one expert slot per MoE layer (the least a plan streams with); without one,
+/// `free` (the adapter's [`free_memory`] before loading) less every weight.
+/// [`crate::model::Model::session_room`] is the same figure measured after loading.
+pub fn session_room(cfg: &Config, s: &info::Summary, free: u64, budget: Option<u64>) -> u64 {
+    match budget {
+        Some(b) => {
+            let (n_moe, expert) = experts(cfg, s);
+            let least = if cfg.n_routed_experts == 0 {
+                0
+            } else {
+                n_moe as u64 * expert
+            };
+            let fixed: u64 = weight_parts(s).iter().map(|p| p.1).sum();
+            b.saturating_sub(fixed.saturating_add(least))
+        }
+        None => free.saturating_sub(s.gpu_weight_bytes()),
+    }
+}
+
+/// The longest context, at most `cap`, whose caches in `format` and whose scratch (for a
+/// storage binding of `max_binding` bytes) fit in `room` bytes; 0 when not even one position
+/// does. What `sparsa info` reports per cache format and what chat's default context is
+/// (`room` from [`session_room`] before loading, [`crate::model::Model::session_room`]
+/// after).
+pub fn longest_ctx(
+    cfg: &Config,
+    format: CacheFormat,
+    room: u64,
+    max_binding: u64,
+    cap: usize,
+) -> usize {
+    let per_token = Caches::bytes_per_token(cfg, format);
+    let fits = |ctx: usize| {
+        per_token
+            .checked_mul(ctx as u64)
+            .and_then(|c| {
+                c.checked_add(crate::model::Session::scratch_bytes(cfg, ctx, max_binding))
+            })
+            .is_some_and(|b| b <= room)
+    };
+    // Positions are u32 on the GPU.
+    let cap = cap.min(u32::MAX as usize);
+    if cap == 0 || !fits(1) {
+        return 0;
+    }
+    // The scratch grows with the context (the score rows), so search: fits(lo) holds.
+    let (mut lo, mut hi) = (1, cap);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
 /// Place the model in `budget` bytes: embeddings and lm_head, attention and indexer, dense
-/// MLPs and routers, shared experts, caches for `ctx` tokens, `scratch` bytes; the rest becomes
-/// routed-expert slots, spread evenly over the MoE layers (at least one each).
+/// MLPs and routers, shared experts, caches for `ctx` tokens in `cache` (`None`:
+/// [`CacheFormat::auto`] with the room the budget leaves after the weights, `scratch` and one
+/// routed-expert slot per MoE layer), `scratch` bytes; the rest becomes routed-expert slots,
+/// spread evenly over the MoE layers (at least one each).
 pub fn plan(
     cfg: &Config,
     files: &WeightFiles,
     budget: u64,
     ctx: usize,
     scratch: u64,
+    cache: Option<CacheFormat>,
 ) -> Result<Plan> {
-    plan_summary(cfg, &info::summarize(cfg, files)?, budget, ctx, scratch)
+    plan_summary(
+        cfg,
+        &info::summarize(cfg, files)?,
+        budget,
+        ctx,
+        scratch,
+        cache,
+    )
 }
 
 /// [`plan`] for a model described by its [`Summary`](info::Summary): of the files on disk,
@@ -144,30 +260,21 @@ pub fn plan_summary(
     budget: u64,
     ctx: usize,
     scratch: u64,
+    cache: Option<CacheFormat>,
 ) -> Result<Plan> {
-    use TensorClass as T;
-    let c = |class| s.class(class).gpu_bytes;
-    let parts = vec![
-        ("embeddings/lm_head", c(T::Embeddings)),
-        ("attention + indexer", c(T::Attention) + c(T::Indexer)),
-        (
-            "dense MLPs, routers, norms",
-            c(T::DenseMlp) + c(T::Router) + c(T::Other),
-        ),
-        ("shared experts", c(T::SharedExperts)),
-        (
-            "KV + indexer caches",
-            s.cache_bytes_per_token.saturating_mul(ctx as u64),
-        ),
-        ("scratch", scratch),
-    ];
+    let cache = cache.unwrap_or_else(|| {
+        let room = session_room(cfg, s, 0, Some(budget)).saturating_sub(scratch);
+        CacheFormat::auto(cfg, ctx, room)
+    });
+    let caches = Caches::bytes_per_token(cfg, cache).saturating_mul(ctx as u64);
+    let mut parts = weight_parts(s);
+    parts.push(("KV + indexer caches", caches));
+    parts.push(("scratch", scratch));
     let moe: Vec<bool> = (0..cfg.num_hidden_layers)
         .map(|i| !cfg.is_dense_layer(i))
         .collect();
-    let n_moe = moe.iter().filter(|&&m| m).count();
     let e = cfg.n_routed_experts;
-    let routed = c(T::RoutedExperts);
-    let expert_bytes = routed / (n_moe * e).max(1) as u64;
+    let (n_moe, expert_bytes) = experts(cfg, s);
     let mut p = Plan {
         budget,
         parts,
@@ -176,6 +283,9 @@ pub fn plan_summary(
             n_experts: e,
             expert_bytes,
         },
+        ctx,
+        cache,
+        session_bytes: caches.saturating_add(scratch),
     };
     if n_moe == 0 || e == 0 {
         return Ok(p);
@@ -189,13 +299,19 @@ pub fn plan_summary(
             .map(|(n, b)| format!("{n} {}", gib(*b)))
             .collect();
         return Err(Error::msg(format!(
-            "--gpu-memory {}: too small; at --ctx {ctx} the model needs {} besides its routed experts ({}) and {} for one expert slot per MoE layer ({n_moe} × {}), {} in all; raise --gpu-memory or lower --ctx",
+            "--gpu-memory {}: too small; at --ctx {ctx} with caches in {} the model needs {} besides its routed experts ({}) and {} for one expert slot per MoE layer ({n_moe} × {}), {} in all; raise --gpu-memory or lower --ctx{}",
             gib(budget),
+            cache.name(),
             gib(fixed),
             parts.join(", "),
             gib(n_moe as u64 * expert_bytes),
             gib(expert_bytes),
             gib(least),
+            if cache == CacheFormat::SMALLEST {
+                ""
+            } else {
+                " (or --cache-type fp8/i8, the smallest caches)"
+            },
         )));
     }
     let fit = ((budget - fixed) / expert_bytes.max(1)) as usize;
@@ -247,7 +363,7 @@ mod tests {
         )
         .unwrap();
         let cfg = &src.config;
-        let p = plan(cfg, &src.weights, 1 << 40, 256, 1 << 20).unwrap();
+        let p = plan(cfg, &src.weights, 1 << 40, 256, 1 << 20, None).unwrap();
         assert!(!p.slots.offloads());
         assert_eq!(p.slots.per_layer[0], 0, "layer 0 is dense");
         assert!(p.slots.per_layer[1..]
@@ -257,15 +373,93 @@ mod tests {
         // half-layers' worth going to the first layers.
         let n_moe = p.slots.moe_layers() as u64;
         let budget = p.fixed() + n_moe * p.slots.expert_bytes * 3 / 2;
-        let q = plan(cfg, &src.weights, budget, 256, 1 << 20).unwrap();
+        let q = plan(cfg, &src.weights, budget, 256, 1 << 20, None).unwrap();
         assert!(q.slots.offloads());
         assert_eq!(q.slots.resident_experts() as u64, n_moe * 3 / 2);
         assert!(q.slots.per_layer[1..].iter().all(|&s| s == 1 || s == 2));
         assert!(q.describe().contains("routed experts"));
-        let e = plan(cfg, &src.weights, p.fixed(), 256, 1 << 20).unwrap_err();
+        let e = plan(cfg, &src.weights, p.fixed(), 256, 1 << 20, None).unwrap_err();
         assert!(
             e.0.contains("--gpu-memory") && e.0.contains("lower --ctx"),
             "{e}"
         );
+    }
+
+    fn bard() -> (Config, info::Summary) {
+        let src = crate::model::ModelSource::open(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m"),
+        )
+        .unwrap();
+        let s = info::summarize(&src.config, &src.weights).unwrap();
+        (src.config, s)
+    }
+
+    /// Smaller caches leave more of a budget to routed experts; `auto` takes f32 where the
+    /// budget holds it after one slot per MoE layer, else a compact format, and says which.
+    #[test]
+    fn the_cache_format_is_planned_and_auto_fits_the_budget() {
+        let (cfg, s) = bard();
+        let (ctx, scratch) = (4096, 1 << 20);
+        let all = plan_summary(&cfg, &s, u64::MAX, ctx, scratch, Some(CacheFormat::F32)).unwrap();
+        let (n_moe, expert) = (all.slots.moe_layers() as u64, all.slots.expert_bytes);
+        let f32_caches = Caches::bytes_per_token(&cfg, CacheFormat::F32) * ctx as u64;
+        // Room for the f32 caches and two slots per MoE layer.
+        let budget = all.fixed() + 2 * n_moe * expert;
+        let f = plan_summary(&cfg, &s, budget, ctx, scratch, Some(CacheFormat::F32)).unwrap();
+        let c = plan_summary(&cfg, &s, budget, ctx, scratch, Some(CacheFormat::COMPACT)).unwrap();
+        assert_eq!(f.slots.resident_experts() as u64, 2 * n_moe);
+        assert!(
+            c.slots.resident_experts() > f.slots.resident_experts(),
+            "fp8 caches: {} slots, f32: {}",
+            c.slots.resident_experts(),
+            f.slots.resident_experts()
+        );
+        assert_eq!((f.cache, c.cache), (CacheFormat::F32, CacheFormat::COMPACT));
+        assert!(
+            c.describe().contains("(caches fp8/bf16)"),
+            "{}",
+            c.describe()
+        );
+        assert_eq!(f.session_bytes, f32_caches + scratch);
+        // auto: f32 while the budget holds it besides one slot per layer, then compact.
+        let least = all.fixed() + n_moe * expert;
+        let auto = |b| plan_summary(&cfg, &s, b, ctx, scratch, None).unwrap().cache;
+        assert_eq!(auto(least), CacheFormat::F32);
+        assert_eq!(session_room(&cfg, &s, 0, Some(least)), f32_caches + scratch);
+        assert_ne!(auto(least - 1), CacheFormat::F32);
+        let smallest = Caches::bytes_per_token(&cfg, CacheFormat::SMALLEST) * ctx as u64;
+        assert_eq!(auto(least - f32_caches + smallest), CacheFormat::SMALLEST);
+        // A budget too small for f32 caches still plans with the compact ones.
+        let q = plan_summary(&cfg, &s, least - f32_caches + smallest, ctx, scratch, None);
+        assert_eq!(q.unwrap().slots.resident_experts() as u64, n_moe);
+        let e = plan_summary(&cfg, &s, least - 1, ctx, scratch, Some(CacheFormat::F32));
+        assert!(e.unwrap_err().0.contains("--cache-type fp8/i8"));
+    }
+
+    /// The longest context is the most whose caches and scratch fit the room, in every
+    /// format, capped; none when one position does not fit.
+    #[test]
+    fn the_longest_context_fits_caches_and_scratch() {
+        let (cfg, _) = bard();
+        let binding = 128 << 20;
+        for f in CacheFormat::LADDER {
+            let per = Caches::bytes_per_token(&cfg, f);
+            let need =
+                |n: usize| per * n as u64 + crate::model::Session::scratch_bytes(&cfg, n, binding);
+            let room = need(5000);
+            assert_eq!(
+                longest_ctx(&cfg, f, room, binding, usize::MAX),
+                5000,
+                "{}",
+                f.name()
+            );
+            assert_eq!(longest_ctx(&cfg, f, room - 1, binding, usize::MAX), 4999);
+            assert_eq!(longest_ctx(&cfg, f, room, binding, 1024), 1024);
+            assert_eq!(longest_ctx(&cfg, f, need(1) - 1, binding, 1024), 0);
+        }
+        let room = 1 << 30;
+        let n = |f| longest_ctx(&cfg, f, room, binding, usize::MAX);
+        assert!(n(CacheFormat::SMALLEST) > n(CacheFormat::COMPACT));
+        assert!(n(CacheFormat::COMPACT) > 2 * n(CacheFormat::F32));
     }
 }

@@ -103,11 +103,11 @@ impl Session {
         let room = model.cache_room(max_ctx);
         if need > room {
             return Err(Error::msg(format!(
-                "--ctx {max_ctx}: its caches ({} per token in {}) take {:.2} GiB, more than the {:.2} GiB of GPU memory left on {} (out of GPU memory); use a smaller --ctx{}",
+                "--ctx {max_ctx}: its caches ({} B per token in {}) take {}, more than the {} of GPU memory left on {} (out of GPU memory); use a smaller --ctx{}",
                 Caches::bytes_per_token(cfg, cache),
                 cache.name(),
-                need as f64 / (1u64 << 30) as f64,
-                room as f64 / (1u64 << 30) as f64,
+                super::plan::gib(need),
+                super::plan::gib(room),
                 gpu.adapter.name,
                 if cache == CacheFormat::SMALLEST { "" } else { " or --cache-type fp8/i8" }
             )));
