@@ -333,7 +333,7 @@ fn info_prints_every_cache_format_and_the_context_it_fits() {
     // compact format, and with too little, a format fits nothing.
     let out = info_builtin(
         &["--ctx", "1024"],
-        &[("SPARSA_FAULT_GPU_MEMORY", "27000000")],
+        &[("SPARSA_FAULT_GPU_MEMORY", "30500000")],
     );
     assert!(
         out.contains("(the longest whose fp8/i8 caches fit the adapter's")

@@ -193,7 +193,7 @@ impl Model {
     }
 
     /// GPU bytes left for a session's caches and scratch: the adapter's
-    /// [`plan::free_memory`] (95 % of its memory size less what is allocated now); under a
+    /// [`plan::free_memory`] (85 % of its memory size less what is allocated now); under a
     /// `--gpu-memory` plan, at least what the plan reserved for them.
     /// [`plan::session_room`] estimates it before loading.
     pub fn session_room(&self) -> u64 {
