@@ -211,7 +211,7 @@ fn say(msg: &str) {
     let _ = o.flush();
 }
 
-fn load_template(src: &ModelSource) -> Result<Option<ChatTemplate>> {
+pub(crate) fn load_template(src: &ModelSource) -> Result<Option<ChatTemplate>> {
     if src.tokenizer_config.is_none() && src.chat_template.is_none() {
         return Ok(None);
     }
@@ -223,7 +223,7 @@ fn load_template(src: &ModelSource) -> Result<Option<ChatTemplate>> {
 }
 
 /// Uploads the weights with a progress bar on stderr when it is a terminal.
-fn load_model(
+pub(crate) fn load_model(
     src: &ModelSource,
     gpu: Arc<Gpu>,
     budget: Option<&sparsa::model::Budget>,
@@ -258,7 +258,7 @@ fn load_model(
 }
 
 /// The context to allocate when --ctx is not given, and why.
-fn default_ctx(cfg: &sparsa::config::Config, gpu: &Gpu, builtin: bool) -> (usize, &'static str) {
+pub(crate) fn default_ctx(cfg: &sparsa::config::Config, gpu: &Gpu, builtin: bool) -> (usize, &'static str) {
     let mut ctx = (
         cfg.max_position_embeddings.max(1),
         "the model's max_position_embeddings",
