@@ -178,7 +178,8 @@ impl Reply {
         assert!(e["message"].is_string(), "{v}");
         assert!(e["type"].is_string(), "{v}");
         assert!(
-            e.as_object().unwrap().contains_key("param") && e.as_object().unwrap().contains_key("code"),
+            e.as_object().unwrap().contains_key("param")
+                && e.as_object().unwrap().contains_key("code"),
             "{v}"
         );
         e["message"].as_str().unwrap().to_string()
@@ -360,7 +361,8 @@ fn serve_end_to_end() {
         json!({"top_k": 40}),
         json!({"top_k": 0, "min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": 0.2}),
     ] {
-        let mut body = json!({"prompt": PROMPTS[1], "max_tokens": 16, "temperature": 1.2, "ignore_eos": true});
+        let mut body =
+            json!({"prompt": PROMPTS[1], "max_tokens": 16, "temperature": 1.2, "ignore_eos": true});
         body.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
@@ -385,7 +387,10 @@ fn serve_end_to_end() {
     let m = &v["choices"][0]["message"];
     assert_eq!(m["role"], "assistant");
     let reply = m["content"].as_str().unwrap().to_string();
-    let finish = v["choices"][0]["finish_reason"].as_str().unwrap().to_string();
+    let finish = v["choices"][0]["finish_reason"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(finish == "stop" || finish == "length", "{v}");
     let usage = &v["usage"];
     assert!(usage["prompt_tokens"].as_u64().unwrap() > 10, "{usage}");
@@ -472,8 +477,13 @@ fn serve_rejects_hostile_requests() {
         ok.as_bytes(),
     )
     .error(401);
-    srv.raw("GET", "/v1/models", &[("Authorization", "Basic sekret")], b"")
-        .error(401);
+    srv.raw(
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Basic sekret")],
+        b"",
+    )
+    .error(401);
     assert_eq!(post("/v1/completions", ok.as_bytes()).status, 200);
     assert_eq!(srv.get("/health").status, 200, "health needs no key");
     // Bodies.
@@ -491,11 +501,23 @@ fn serve_rejects_hostile_requests() {
         (json!({"messages": "hi"}), "messages"),
         (json!({"messages": []}), "messages"),
         (json!({}), "messages"),
-        (json!({"messages": [{"role": "user"}]}), "messages[0].content"),
-        (json!({"messages": [{"role": 5, "content": "x"}]}), "messages[0].role"),
+        (
+            json!({"messages": [{"role": "user"}]}),
+            "messages[0].content",
+        ),
+        (
+            json!({"messages": [{"role": 5, "content": "x"}]}),
+            "messages[0].role",
+        ),
         (json!({"messages": [{"content": "x"}]}), "messages[0].role"),
-        (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "messages[0].content[0]"),
-        (json!({"messages": user, "temperature": "hot"}), "temperature"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({"messages": user, "temperature": "hot"}),
+            "temperature",
+        ),
         (json!({"messages": user, "temperature": 7}), "temperature"),
         (json!({"messages": user, "top_p": 0}), "top_p"),
         (json!({"messages": user, "max_tokens": -3}), "max_tokens"),
@@ -508,7 +530,10 @@ fn serve_rejects_hostile_requests() {
         (json!({"messages": user, "seed": "x"}), "seed"),
         (json!({"messages": user, "logprobs": true}), "logprobs"),
         (json!({"messages": user, "tools": {"a": 1}}), "tools"),
-        (json!({"messages": user, "tools": [{"type": "function"}]}), "tools[0]"),
+        (
+            json!({"messages": user, "tools": [{"type": "function"}]}),
+            "tools[0]",
+        ),
     ] {
         let r = post("/v1/chat/completions", body.to_string().as_bytes());
         r.error(400);
@@ -526,12 +551,15 @@ fn serve_rejects_hostile_requests() {
     // An unknown model, an unknown route, a wrong method.
     let m = post(
         "/v1/chat/completions",
-        json!({"model": "gpt-4o", "messages": user}).to_string().as_bytes(),
+        json!({"model": "gpt-4o", "messages": user})
+            .to_string()
+            .as_bytes(),
     )
     .error(404);
     assert!(m.contains("gpt-4o"), "{m}");
     srv.raw("GET", "/v1/nothing", &auth, b"").error(404);
-    srv.raw("GET", "/v1/chat/completions", &auth, b"").error(405);
+    srv.raw("GET", "/v1/chat/completions", &auth, b"")
+        .error(405);
     // A prompt longer than the context (64 tokens).
     let long = json!({"prompt": "word ".repeat(200)}).to_string();
     let r = post("/v1/completions", long.as_bytes());
@@ -663,5 +691,8 @@ fn serve_openai_python_client() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("openai client: all checks passed"), "{stdout}");
+    assert!(
+        stdout.contains("openai client: all checks passed"),
+        "{stdout}"
+    );
 }

@@ -258,7 +258,11 @@ pub(crate) fn load_model(
 }
 
 /// The context to allocate when --ctx is not given, and why.
-pub(crate) fn default_ctx(cfg: &sparsa::config::Config, gpu: &Gpu, builtin: bool) -> (usize, &'static str) {
+pub(crate) fn default_ctx(
+    cfg: &sparsa::config::Config,
+    gpu: &Gpu,
+    builtin: bool,
+) -> (usize, &'static str) {
     let mut ctx = (
         cfg.max_position_embeddings.max(1),
         "the model's max_position_embeddings",

@@ -68,20 +68,25 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let tokenizer = src.tokenizer()?;
     let mut format = ChatFormat::new(load_template(&src)?);
     if (a.think || a.no_think) && !format.set_thinking(a.think) {
-        eprintln!("warning: the chat template has no thinking switch; --think / --no-think ignored");
+        eprintln!(
+            "warning: the chat template has no thinking switch; --think / --no-think ignored"
+        );
     }
     let builtin = a.m.model.is_none();
     let gpu = Arc::new(Gpu::new(a.m.adapter.as_deref())?);
-    let ctx = a
-        .m
-        .ctx
-        .unwrap_or_else(|| default_ctx(&src.config, &gpu, builtin).0);
+    let ctx =
+        a.m.ctx
+            .unwrap_or_else(|| default_ctx(&src.config, &gpu, builtin).0);
     let (model, secs) = load_model(&src, gpu, super::budget(&a.m, &a.x, ctx).as_ref())?;
     let sessions = (0..a.parallel)
         .map(|i| {
-            model
-                .session(ctx)
-                .map_err(|e| e.context(format!("slot {} of --parallel {} (--ctx {ctx})", i + 1, a.parallel)))
+            model.session(ctx).map_err(|e| {
+                e.context(format!(
+                    "slot {} of --parallel {} (--ctx {ctx})",
+                    i + 1,
+                    a.parallel
+                ))
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     let model_id = a.model_id.clone().unwrap_or_else(|| match &a.m.model {

@@ -204,11 +204,8 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 fn wrong_type(k: &str, want: &str, got: &Value) -> ApiError {
-    ApiError::invalid(
-        k,
-        format!("{k}: expected {want}, got {}", type_name(got)),
-    )
-    .code("invalid_type")
+    ApiError::invalid(k, format!("{k}: expected {want}, got {}", type_name(got)))
+        .code("invalid_type")
 }
 
 /// Most stop strings a request may give, and their longest length in bytes.
@@ -278,8 +275,9 @@ fn params(f: &Fields) -> ApiResult<Params> {
         temperature: f.number("temperature", 0.0, 2.0)?.unwrap_or(1.0),
         top_p: match f.number("top_p", 0.0, 1.0)? {
             Some(p) if p <= 0.0 => {
-                return Err(ApiError::invalid("top_p", "top_p must be above 0")
-                    .code("invalid_value"))
+                return Err(
+                    ApiError::invalid("top_p", "top_p must be above 0").code("invalid_value")
+                )
             }
             p => p.unwrap_or(1.0),
         },
@@ -287,7 +285,9 @@ fn params(f: &Fields) -> ApiResult<Params> {
             .integer("top_k", -1, u32::MAX as i128)?
             .map_or(0, |k| k.max(0) as usize),
         min_p: f.number("min_p", 0.0, 1.0)?.unwrap_or(0.0),
-        seed: f.integer("seed", i64::MIN as i128, u64::MAX as i128)?.map(|s| s as u64),
+        seed: f
+            .integer("seed", i64::MIN as i128, u64::MAX as i128)?
+            .map(|s| s as u64),
         stop,
         presence_penalty: f.number("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
         frequency_penalty: f.number("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
@@ -332,9 +332,8 @@ pub fn chat_request(body: &Map<String, Value>, style: ToolStyle) -> ApiResult<Ch
         Some(Value::Array(a)) => a,
         Some(v) => return Err(wrong_type("messages", "an array of messages", v)),
         None => {
-            return Err(
-                ApiError::invalid("messages", "messages is required").code("missing_required_parameter")
-            )
+            return Err(ApiError::invalid("messages", "messages is required")
+                .code("missing_required_parameter"))
         }
     };
     if list.is_empty() {
@@ -520,10 +519,7 @@ fn message(i: usize, m: &Value, style: ToolStyle) -> ApiResult<Value> {
                 (_, v) => Value::String(v.to_string()),
             };
             let mut call = c.as_object().cloned().unwrap_or_default();
-            call.insert(
-                "function".into(),
-                json!({"name": name, "arguments": args}),
-            );
+            call.insert("function".into(), json!({"name": name, "arguments": args}));
             shaped.push(Value::Object(call));
         }
         out.insert("tool_calls".into(), Value::Array(shaped));
@@ -552,9 +548,8 @@ pub fn completion_request(body: &Map<String, Value>) -> ApiResult<CompletionRequ
     };
     let prompt = match f.get("prompt") {
         None => {
-            return Err(
-                ApiError::invalid("prompt", "prompt is required").code("missing_required_parameter")
-            )
+            return Err(ApiError::invalid("prompt", "prompt is required")
+                .code("missing_required_parameter"))
         }
         Some(Value::String(s)) => Prompt::Text(s.clone()),
         Some(Value::Array(a)) => match a.as_slice() {
@@ -626,7 +621,9 @@ fn parse_glm(text: &str) -> Option<Vec<ToolCall>> {
         while let Some(k) = a.trim_start().strip_prefix("<arg_key>") {
             let ke = k.find("</arg_key>")?;
             let key = k[..ke].trim().to_string();
-            let v = k[ke + "</arg_key>".len()..].trim_start().strip_prefix("<arg_value>")?;
+            let v = k[ke + "</arg_key>".len()..]
+                .trim_start()
+                .strip_prefix("<arg_value>")?;
             let ve = v.find("</arg_value>")?;
             let raw = &v[..ve];
             // A value the template wrote with tojson is JSON; a string was written as is.
@@ -691,7 +688,10 @@ mod tests {
     #[test]
     fn bodies_and_types_are_checked() {
         assert!(parse_body(b"").is_err());
-        assert!(parse_body(b"{").unwrap_err().message.contains("not valid JSON"));
+        assert!(parse_body(b"{")
+            .unwrap_err()
+            .message
+            .contains("not valid JSON"));
         assert!(parse_body(b"[1]").is_err());
         let e = chat_request(&body(r#"{"messages": "hi"}"#), ToolStyle::None).unwrap_err();
         assert_eq!((e.status, e.param.as_deref()), (400, Some("messages")));
@@ -742,7 +742,9 @@ mod tests {
             serde_json::from_str::<Value>(&calls[0].arguments).unwrap(),
             json!({"city": "Paris", "days": 3})
         );
-        assert!(ToolStyle::Glm.parse("<tool_call>f<arg_key>x</arg_key>").is_none());
+        assert!(ToolStyle::Glm
+            .parse("<tool_call>f<arg_key>x</arg_key>")
+            .is_none());
         let ds = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 1}<｜tool▁call▁end｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
         let calls = ToolStyle::DeepSeek.parse(ds).unwrap();
         assert_eq!(calls.len(), 2);
@@ -758,7 +760,10 @@ mod tests {
         assert_eq!(g["tool_calls"][0]["function"]["arguments"], json!({"x": 1}));
         assert_eq!(g["content"], json!(""));
         let d = message(0, &m, ToolStyle::DeepSeek).unwrap();
-        assert_eq!(d["tool_calls"][0]["function"]["arguments"], json!("{\"x\": 1}"));
+        assert_eq!(
+            d["tool_calls"][0]["function"]["arguments"],
+            json!("{\"x\": 1}")
+        );
         assert_eq!(d["content"], Value::Null);
     }
 }

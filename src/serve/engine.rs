@@ -261,7 +261,13 @@ pub fn run(
                 .iter()
                 .enumerate()
                 .filter(|(_, s)| s.seq.is_none())
-                .map(|(i, s)| (common_prefix(&s.cached, &job.prompt), u64::MAX - s.last_used, i))
+                .map(|(i, s)| {
+                    (
+                        common_prefix(&s.cached, &job.prompt),
+                        u64::MAX - s.last_used,
+                        i,
+                    )
+                })
                 .max();
             let Some((_, _, i)) = best else {
                 waiting.push_front(job);

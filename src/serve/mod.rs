@@ -113,7 +113,10 @@ pub fn serve(
         .build()
         .map_err(|e| Error::msg(format!("cannot start the async runtime: {e}")))?;
     let listener = rt
-        .block_on(tokio::net::TcpListener::bind((opts.host.as_str(), opts.port)))
+        .block_on(tokio::net::TcpListener::bind((
+            opts.host.as_str(),
+            opts.port,
+        )))
         .map_err(|e| Error::msg(format!("cannot listen on {}:{}: {e}", opts.host, opts.port)))?;
     let addr = listener
         .local_addr()
@@ -151,7 +154,8 @@ pub fn serve(
     let drain = load.clone();
     let shutdown = async move {
         #[cfg(unix)]
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         loop {
             #[cfg(unix)]
             let termed = async {
@@ -171,7 +175,10 @@ pub fn serve(
                 }
             }
         }
-        log::warn!("shutting down: no new requests; running ones get {:?}", opts.grace);
+        log::warn!(
+            "shutting down: no new requests; running ones get {:?}",
+            opts.grace
+        );
         eprintln!("sparsa serve: shutting down");
         drain.draining.store(true, Ordering::SeqCst);
     };
@@ -227,7 +234,11 @@ async fn method_not_allowed(req: Request) -> ApiError {
     ApiError::new(
         405,
         "invalid_request_error",
-        format!("method {} is not allowed on {}", req.method(), req.uri().path()),
+        format!(
+            "method {} is not allowed on {}",
+            req.method(),
+            req.uri().path()
+        ),
     )
     .code("method_not_allowed")
 }
@@ -321,8 +332,12 @@ fn body_json(
     let bytes = body.map_err(|e| {
         let status = e.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(413, "invalid_request_error", "the request body is too large")
-                .code("request_too_large")
+            ApiError::new(
+                413,
+                "invalid_request_error",
+                "the request body is too large",
+            )
+            .code("request_too_large")
         } else {
             ApiError::new(
                 status.as_u16(),
@@ -344,7 +359,7 @@ fn check_model(s: &AppState, model: &Option<String>) -> ApiResult<()> {
 fn check_open(s: &AppState) -> ApiResult<()> {
     if s.load.draining.load(Ordering::SeqCst) {
         return Err(
-            ApiError::new(503, "server_error", "the server is shutting down").code("unavailable")
+            ApiError::new(503, "server_error", "the server is shutting down").code("unavailable"),
         );
     }
     Ok(())
@@ -409,7 +424,11 @@ fn submit(
         params,
         max_tokens: p.max_tokens.unwrap_or(usize::MAX).min(room),
         stops: p.stop.clone(),
-        eos: if p.ignore_eos { Vec::new() } else { s.eos.clone() },
+        eos: if p.ignore_eos {
+            Vec::new()
+        } else {
+            s.eos.clone()
+        },
         kind,
         tx,
         _ticket: ticket,
@@ -424,7 +443,11 @@ async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
     tokio::task::spawn_blocking(f).await.unwrap_or_else(|_| {
-        Err(ApiError::new(500, "server_error", "internal error while preparing the prompt"))
+        Err(ApiError::new(
+            500,
+            "server_error",
+            "internal error while preparing the prompt",
+        ))
     })
 }
 
@@ -710,7 +733,8 @@ impl Reply {
     /// then `data: [DONE]`. When the client goes away the writer stops and the request is
     /// cancelled.
     fn stream(self, mut rx: mpsc::UnboundedReceiver<Out>, echo: String) -> Response {
-        let (tx, body_rx) = mpsc::channel::<std::result::Result<Bytes, std::convert::Infallible>>(64);
+        let (tx, body_rx) =
+            mpsc::channel::<std::result::Result<Bytes, std::convert::Infallible>>(64);
         tokio::spawn(async move {
             let send = |s: String| {
                 let tx = tx.clone();
@@ -758,10 +782,12 @@ impl Reply {
                             s.push_str(&self.chunk(json!({"content": rest}), None));
                         }
                         if !calls.is_empty() {
-                            s.push_str(&self.chunk(
-                                json!({"tool_calls": tool_calls_json(&calls, true)}),
-                                None,
-                            ));
+                            s.push_str(
+                                &self.chunk(
+                                    json!({"tool_calls": tool_calls_json(&calls, true)}),
+                                    None,
+                                ),
+                            );
                         }
                         let empty = if self.chat { json!({}) } else { json!("") };
                         s.push_str(
