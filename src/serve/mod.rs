@@ -836,3 +836,47 @@ impl Reply {
         (headers, Body::from_stream(stream)).into_response()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_markup_is_held_back_and_parsed() {
+        let mut t = ToolSplit {
+            style: ToolStyle::Glm,
+            held: String::new(),
+            inside: false,
+        };
+        let mut shown = String::new();
+        for piece in [
+            "Let me look.",
+            "<tool",
+            "_call>get_weather<arg_key>city</arg_key>",
+            "<arg_value>Oslo</arg_value></tool_call>",
+        ] {
+            shown.push_str(&t.push(piece));
+        }
+        let (calls, rest) = t.finish();
+        assert_eq!(shown, "Let me look.");
+        assert_eq!(rest, "");
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].name, "get_weather");
+        assert_eq!(calls[0].arguments, r#"{"city":"Oslo"}"#);
+        // "<to" that is not a tool call comes out at the end; broken markup is content.
+        let mut t = ToolSplit {
+            style: ToolStyle::Glm,
+            held: String::new(),
+            inside: false,
+        };
+        assert_eq!(t.push("a <to"), "a ");
+        assert_eq!(t.finish(), (Vec::new(), "<to".to_string()));
+        let mut t = ToolSplit {
+            style: ToolStyle::Glm,
+            held: String::new(),
+            inside: false,
+        };
+        assert_eq!(t.push("x<tool_call>oops"), "x");
+        assert_eq!(t.finish(), (Vec::new(), "<tool_call>oops".to_string()));
+    }
+}
