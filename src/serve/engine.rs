@@ -236,7 +236,7 @@ pub fn run(
                         let _ = seq.job.tx.send(Out::Error(
                             "the server shut down before the reply was finished".into(),
                         ));
-                        slot.end(None);
+                        slot.end(Some(seq));
                     }
                 }
             }
@@ -300,6 +300,10 @@ pub fn run(
             slot.session.reset();
             slot.cached.clear();
         }
+        load.busy.store(
+            slots.iter().filter(|s| s.seq.is_some()).count(),
+            Ordering::SeqCst,
+        );
     }
 }
 

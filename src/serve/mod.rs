@@ -182,14 +182,29 @@ pub fn serve(
         eprintln!("sparsa serve: shutting down");
         drain.draining.store(true, Ordering::SeqCst);
     };
+    // A connection that never finishes (a client stalled mid-request) must not hold the
+    // shutdown up: past the grace period and a little more, the server stops regardless.
+    let hard = {
+        let (load, grace) = (load.clone(), opts.grace);
+        async move {
+            while !load.draining.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tokio::time::sleep(grace + Duration::from_secs(5)).await;
+        }
+    };
     let served = rt.block_on(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
+        tokio::select! {
+            r = axum::serve(listener, app).with_graceful_shutdown(shutdown) => r,
+            _ = hard => {
+                log::warn!("connections still open after the grace period; closing them");
+                Ok(())
+            }
+        }
     });
-    // The router (and with it the job sender) is gone: the engine ends once idle.
-    let _ = engine.join();
+    // Every task (and with them the job sender) goes: the engine ends once idle.
     rt.shutdown_timeout(Duration::from_secs(1));
+    let _ = engine.join();
     served.map_err(|e| Error::msg(format!("server error: {e}")))
 }
 
@@ -356,6 +371,22 @@ fn check_model(s: &AppState, model: &Option<String>) -> ApiResult<()> {
     }
 }
 
+/// A place in the engine (running or waiting), taken before the prompt is rendered so that
+/// a flood of requests costs no work beyond the 429.
+fn admit(s: &AppState) -> ApiResult<engine::Ticket> {
+    s.load.admit(s.slots + s.opts.queue).ok_or_else(|| {
+        ApiError::new(
+            429,
+            "rate_limit_exceeded",
+            format!(
+                "the server is busy: {} requests are running and {} waiting; retry later",
+                s.slots, s.opts.queue
+            ),
+        )
+        .code("rate_limit_exceeded")
+    })
+}
+
 fn check_open(s: &AppState) -> ApiResult<()> {
     if s.load.draining.load(Ordering::SeqCst) {
         return Err(
@@ -368,6 +399,7 @@ fn check_open(s: &AppState) -> ApiResult<()> {
 /// A job for `prompt`, queued in the engine; the receiver of its output.
 fn submit(
     s: &AppState,
+    ticket: engine::Ticket,
     prompt: Vec<u32>,
     p: &Params,
     kind: Kind,
@@ -406,17 +438,6 @@ fn submit(
         min_p: p.min_p,
         presence_penalty: p.presence_penalty,
         frequency_penalty: p.frequency_penalty,
-    };
-    let Some(ticket) = s.load.admit(s.slots + s.opts.queue) else {
-        return Err(ApiError::new(
-            429,
-            "rate_limit_exceeded",
-            format!(
-                "the server is busy: {} requests are running and {} waiting; retry later",
-                s.slots, s.opts.queue
-            ),
-        )
-        .code("rate_limit_exceeded"));
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let job = Job {
@@ -469,6 +490,7 @@ async fn chat_inner(
     let body = body_json(body)?;
     let req = api::chat_request(&body, s.tools)?;
     check_model(&s, &req.model)?;
+    let ticket = admit(&s)?;
     let st = s.clone();
     let (messages, extra) = (req.messages, req.extra);
     let (prompt, in_reasoning) = blocking(move || {
@@ -482,8 +504,7 @@ async fn chat_inner(
         Ok((ids, text.trim_end().ends_with("<think>")))
     })
     .await?;
-    let prompt_len = prompt.len();
-    let rx = submit(&s, prompt, &req.params, Kind::Chat { in_reasoning })?;
+    let rx = submit(&s, ticket, prompt, &req.params, Kind::Chat { in_reasoning })?;
     let tools = if req.tools { s.tools } else { ToolStyle::None };
     let id = format!("chatcmpl-{:016x}", random());
     let reply = Reply {
@@ -493,7 +514,6 @@ async fn chat_inner(
         chat: true,
         tools,
         include_usage: req.params.include_usage,
-        prompt_len,
     };
     Ok(if req.params.stream {
         reply.stream(rx, String::new())
@@ -520,6 +540,7 @@ async fn completions_inner(
     let body = body_json(body)?;
     let req = api::completion_request(&body)?;
     check_model(&s, &req.model)?;
+    let ticket = admit(&s)?;
     let st = s.clone();
     let echo = req.echo;
     let (prompt, echoed) = blocking(move || {
@@ -542,8 +563,7 @@ async fn completions_inner(
         Ok((ids, if echo { text } else { String::new() }))
     })
     .await?;
-    let prompt_len = prompt.len();
-    let rx = submit(&s, prompt, &req.params, Kind::Text)?;
+    let rx = submit(&s, ticket, prompt, &req.params, Kind::Text)?;
     let reply = Reply {
         s: s.clone(),
         id: format!("cmpl-{:016x}", random()),
@@ -551,7 +571,6 @@ async fn completions_inner(
         chat: false,
         tools: ToolStyle::None,
         include_usage: req.params.include_usage,
-        prompt_len,
     };
     Ok(if req.params.stream {
         reply.stream(rx, echoed)
@@ -646,8 +665,6 @@ struct Reply {
     chat: bool,
     tools: ToolStyle,
     include_usage: bool,
-    #[allow(dead_code)]
-    prompt_len: usize,
 }
 
 impl Reply {
