@@ -400,43 +400,104 @@ fn serve_end_to_end() {
     assert_eq!(s.text.trim(), reply);
     assert_eq!(s.finish, finish);
 
-    // Concurrency: 8 streaming clients on 4 slots, some hanging up mid-stream. Every request
-    // completes or is cancelled, the greedy outputs equal the runs alone, and the slots are
-    // free again afterwards.
-    let handles: Vec<_> = (0..8)
-        .map(|i| {
-            let addr = srv.addr.clone();
-            let prompt = PROMPTS[i % 4].to_string();
-            std::thread::spawn(move || {
-                let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0,
-                                  "ignore_eos": true, "stream": true})
-                .to_string();
-                let mut s = TcpStream::connect(&addr).unwrap();
-                s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-                write!(
-                    s,
-                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                )
-                .unwrap();
-                if i % 3 == 1 {
-                    // Hang up after the first bytes of the stream.
-                    let mut buf = [0u8; 64];
-                    let _ = s.read(&mut buf);
-                    return None;
-                }
-                let mut bytes = Vec::new();
-                s.read_to_end(&mut bytes).unwrap();
-                Some(streamed(&Reply::parse(&bytes)).text)
+    // Concurrency: 8 clients on 4 slots, some hanging up mid-stream or before a non-streamed
+    // reply. Every request completes or is cancelled, the greedy outputs equal the runs
+    // alone, and the slots are free again afterwards. Two rounds with different hang-ups;
+    // the server's memory does not grow from the first to the second.
+    let round = |r: usize| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let addr = srv.addr.clone();
+                let prompt = PROMPTS[i % 4].to_string();
+                std::thread::spawn(move || {
+                    let stream = i != 5;
+                    let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                      "ignore_eos": true, "stream": stream})
+                    .to_string();
+                    let mut s = TcpStream::connect(&addr).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+                    write!(
+                        s,
+                        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .unwrap();
+                    if (i + r) % 3 == 1 {
+                        // Hang up after the first bytes of the stream, or before the reply.
+                        if stream {
+                            let mut buf = [0u8; 64];
+                            let _ = s.read(&mut buf);
+                        } else {
+                            std::thread::sleep(Duration::from_millis(300));
+                        }
+                        return None;
+                    }
+                    let mut bytes = Vec::new();
+                    s.read_to_end(&mut bytes).unwrap();
+                    let reply = Reply::parse(&bytes);
+                    Some(if stream {
+                        streamed(&reply).text
+                    } else {
+                        reply.json()["choices"][0]["text"].as_str().unwrap().to_string()
+                    })
+                })
             })
-        })
-        .collect();
-    for (i, h) in handles.into_iter().enumerate() {
-        if let Some(text) = h.join().unwrap() {
-            assert_eq!(text, solo[i % 4], "client {i}");
+            .collect();
+        let mut done = 0;
+        for (i, h) in handles.into_iter().enumerate() {
+            if let Some(text) = h.join().unwrap() {
+                assert_eq!(text, solo[i % 4], "round {r}, client {i}");
+                done += 1;
+            }
         }
+        assert!(done >= 5, "round {r}: {done} completed");
+        srv.wait_idle();
+    };
+    let rss = || -> Option<u64> {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", srv.child.id())).ok()?;
+        let kb = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+        kb.split_whitespace().nth(1)?.parse().ok()
+    };
+    round(0);
+    let after_one = rss();
+    round(1);
+    if let (Some(a), Some(b)) = (after_one, rss()) {
+        assert!(
+            b < a + 32 * 1024,
+            "RSS grew from {a} kB to {b} kB over a round"
+        );
     }
-    srv.wait_idle();
+    // A long request whose client goes away frees its slot at once (not after its 900
+    // tokens, which take over a minute here), streamed or not.
+    for stream in [true, false] {
+        let body = json!({"prompt": "ROMEO:", "max_tokens": 900, "temperature": 0,
+                          "ignore_eos": true, "stream": stream})
+        .to_string();
+        let mut s = TcpStream::connect(&srv.addr).unwrap();
+        write!(
+            s,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let t0 = Instant::now();
+        while srv.health()["slots_busy"] != 1 {
+            assert!(t0.elapsed() < Duration::from_secs(30));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if stream {
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+        }
+        drop(s);
+        let t0 = Instant::now();
+        srv.wait_idle();
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "cancelled after {:?} (stream: {stream})",
+            t0.elapsed()
+        );
+    }
     // And the server still answers as before.
     let (t, _, _) = completion(
         &srv,
