@@ -757,3 +757,84 @@ fn serve_openai_python_client() {
         "{stdout}"
     );
 }
+
+/// The built-in model behind a template that opens `<think>` for the reply and reads `tools`
+/// and tool calls GLM-style: the reply comes back as `reasoning_content` (streamed as
+/// `delta.reasoning_content`), and tools and earlier tool calls reach the prompt.
+#[test]
+fn serve_reasoning_and_tools_reach_the_template() {
+    let dir = common::tmpdir("serve-think");
+    for f in [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(common::builtin_dir().join(f), dir.join(f)).unwrap();
+    }
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "[gMASK]<sop>{% if tools %}<|system|>\n{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}\
+         {% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\
+         {% for tc in m.tool_calls or [] %}<tool_call>{{ tc.function.name }}\
+         {% for k, v in tc.function.arguments.items() %}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>{% endfor %}</tool_call>{% endfor %}\
+         {% endfor %}{% if add_generation_prompt %}<|assistant|>\n<think>{% endif %}",
+    )
+    .unwrap();
+    let srv = Server::start(&["--model", dir.to_str().unwrap(), "--parallel", "1"]);
+    let models = srv.get("/v1/models").json();
+    assert_eq!(
+        models["data"][0]["id"].as_str(),
+        dir.file_name().unwrap().to_str(),
+        "the model id is the directory's name"
+    );
+    let model = models["data"][0]["id"].as_str().unwrap().to_string();
+    let base = json!({"model": model, "temperature": 0, "max_tokens": 8, "ignore_eos": true,
+                      "messages": [{"role": "user", "content": "Who art thou?"}]});
+    let r = srv.post("/v1/chat/completions", &base);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let m = &v["choices"][0]["message"];
+    let reasoning = m["reasoning_content"].as_str().expect("reasoning_content");
+    assert!(!reasoning.is_empty(), "{v}");
+    let mut sb = base.clone();
+    sb["stream"] = json!(true);
+    let s = streamed(&srv.post("/v1/chat/completions", &sb));
+    assert_eq!(s.reasoning.trim(), reasoning);
+    assert_eq!(s.text.trim(), m["content"].as_str().unwrap());
+    // Tools and an earlier tool call lengthen the prompt by what the template prints.
+    let plain = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let mut tb = base.clone();
+    tb["tools"] = json!([{"type": "function", "function": {"name": "get_weather",
+                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let with_tools = srv.post("/v1/chat/completions", &tb).json()["usage"]["prompt_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(with_tools > plain + 10, "{with_tools} vs {plain}");
+    tb["tool_choice"] = json!("none");
+    let none = srv.post("/v1/chat/completions", &tb).json()["usage"]["prompt_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(none, plain, "tool_choice none leaves the tools out");
+    let mut cb = base.clone();
+    cb["messages"] = json!([
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Verona\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "fair"},
+    ]);
+    let tokens = |body: &Value| {
+        let r = srv.post("/v1/chat/completions", body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let with_call = tokens(&cb);
+    cb["messages"][1]["tool_calls"] = json!([]);
+    let without = tokens(&cb);
+    assert!(
+        with_call > without + 5,
+        "the tool call (name, argument) is printed: {with_call} vs {without}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
