@@ -651,7 +651,7 @@ fn usage(d: &Done) -> Value {
 }
 
 fn engine_error(msg: String) -> ApiError {
-    if msg.contains("shutting down") {
+    if msg.contains("shutting down") || msg.contains("shut down") {
         return ApiError::new(503, "server_error", msg).code("unavailable");
     }
     ApiError::new(500, "server_error", msg)
