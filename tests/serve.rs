@@ -394,6 +394,23 @@ fn serve_end_to_end() {
     assert!(finish == "stop" || finish == "length", "{v}");
     let usage = &v["usage"];
     assert!(usage["prompt_tokens"].as_u64().unwrap() > 10, "{usage}");
+    // The next turn of that conversation prefills only what is new: its prompt starts with
+    // the first turn's prompt and reply, which a slot's caches hold.
+    let mut next = chat.clone();
+    next["messages"].as_array_mut().unwrap().extend([
+        json!({"role": "assistant", "content": reply}),
+        json!({"role": "user", "content": "Speak again."}),
+    ]);
+    let r = srv.post("/v1/chat/completions", &next);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let u2 = r.json()["usage"].clone();
+    assert!(
+        u2["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= usage["prompt_tokens"].as_u64().unwrap(),
+        "second turn {u2}, first {usage}"
+    );
     let mut sc = chat.clone();
     sc["stream"] = json!(true);
     let s = streamed(&srv.post("/v1/chat/completions", &sc));

@@ -77,7 +77,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let ctx =
         a.m.ctx
             .unwrap_or_else(|| default_ctx(&src.config, &gpu, builtin).0);
-    let (model, secs) = load_model(&src, gpu, super::budget(&a.m, &a.x, ctx).as_ref())?;
+    // Under --gpu-memory the plan keeps room for every slot's caches.
+    let budget = super::budget(&a.m, &a.x, ctx.saturating_mul(a.parallel));
+    let (model, secs) = load_model(&src, gpu, budget.as_ref())?;
     let sessions = (0..a.parallel)
         .map(|i| {
             model.session(ctx).map_err(|e| {
