@@ -643,6 +643,7 @@ fn serve_rejects_hostile_requests() {
     let r = post("/v1/completions", long.as_bytes());
     r.error(400);
     assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(r.json()["error"]["param"], "prompt");
     // max_tokens past the context: generation ends with the context, as `length`.
     let r = post(
         "/v1/completions",

@@ -373,6 +373,16 @@ fn check_model(s: &AppState, model: &Option<String>) -> ApiResult<()> {
 
 /// A place in the engine (running or waiting), taken before the prompt is rendered so that
 /// a flood of requests costs no work beyond the 429.
+impl Kind {
+    /// The request field the prompt comes from, for errors.
+    fn param(self) -> &'static str {
+        match self {
+            Kind::Text => "prompt",
+            Kind::Chat { .. } => "messages",
+        }
+    }
+}
+
 fn admit(s: &AppState) -> ApiResult<engine::Ticket> {
     s.load.admit(s.slots + s.opts.queue).ok_or_else(|| {
         ApiError::new(
@@ -405,19 +415,21 @@ fn submit(
     kind: Kind,
 ) -> ApiResult<mpsc::UnboundedReceiver<Out>> {
     if prompt.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt has no tokens").code("invalid_value"));
+        return Err(
+            ApiError::invalid(kind.param(), "the prompt has no tokens").code("invalid_value")
+        );
     }
     let vocab = s.vocab;
     if let Some(t) = prompt.iter().find(|t| **t as usize >= vocab) {
         return Err(ApiError::invalid(
-            "prompt",
+            kind.param(),
             format!("token id {t} is out of range (the vocabulary has {vocab})"),
         )
         .code("invalid_value"));
     }
     if prompt.len() >= s.ctx {
         return Err(ApiError::invalid(
-            "messages",
+            kind.param(),
             format!(
                 "the prompt is {} tokens; this server's context is {} tokens (room for the prompt and at least one generated token is needed)",
                 prompt.len(),
