@@ -175,11 +175,10 @@ pub fn serve(
                 }
             }
         }
-        log::warn!(
-            "shutting down: no new requests; running ones get {:?}",
-            opts.grace
+        eprintln!(
+            "sparsa serve: shutting down (no new requests; running ones get {:.0} s)",
+            opts.grace.as_secs_f64()
         );
-        eprintln!("sparsa serve: shutting down");
         drain.draining.store(true, Ordering::SeqCst);
     };
     // A connection that never finishes (a client stalled mid-request) must not hold the
