@@ -12,8 +12,13 @@
 // groups are summed through workgroup memory. Each key element is read from memory once
 // per query row.
 //
+// Keys are words in the format KFMT (0 = f32, 1 = bf16, 2 = int8 codes of the rotated key,
+// 4 per word, then an f32 scale; src/kernels/cache.rs): decoded to f32 as they are staged.
+// A key cache split into segments (src/cache/mod.rs) is scored one segment per dispatch:
+// key blocks blk0 .. blk0 + key_blocks, key s at row s − seg_lo of the bound buffer.
+//
 // Defines: HEADS (= heads), HPT (= ceil(HEADS / 8), heads per invocation), DC (dim chunk:
-// 32, or 16 where the adapter's workgroup memory is small; a multiple of 4).
+// 32, or 16 where the adapter's workgroup memory is small; a multiple of 4), KFMT.
 // The output is written as raw bits so -inf never goes through float arithmetic.
 
 const KT: u32 = 64u;   // keys per workgroup
@@ -26,12 +31,24 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
-@group(0) @binding(3) var<storage, read> keys: array<f32>;
+@group(0) @binding(3) var<storage, read> keys: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;
 
 var<workgroup> qc: array<f32, DC * NG * HPT>;     // [d][head], heads padded to NG·HPT
 var<workgroup> kc: array<vec2<f32>, DC * KT / 2u>; // [d][key pair]
 var<workgroup> red: array<f32, NG * KT>;           // [group][key]
+
+// Element d of the key row at word `base` (`ks`: the row's int8 scale).
+fn key_at(base: u32, d: u32, ks: f32) -> f32 {
+    if (KFMT == 2u) {
+        return f32(bitcast<i32>(keys[base + d / 4u] << (24u - (d & 3u) * 8u)) >> 24u) * ks;
+    }
+    if (KFMT == 1u) {
+        let w = keys[base + d / 2u];
+        return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (d & 1u) == 1u));
+    }
+    return bitcast<f32>(keys[base + d]);
+}
 
 @compute @workgroup_size(256)
 fn scores(
@@ -44,7 +61,7 @@ fn scores(
         return;
     }
     let t = g / P.key_blocks;
-    let s0 = (g % P.key_blocks) * KT;
+    let s0 = (P.blk0 + g % P.key_blocks) * KT;
     let last = P.pos0 + t;
     if (s0 > last) {
         // Whole block in the causal future.
@@ -78,11 +95,15 @@ fn scores(
             let dq = (lid % 4u) * (DC / 4u);
             let s = s0 + key;
             let live = s < P.n_keys && s <= last;
-            let kb = P.k_off + s * P.k_stride + d0 + dq;
+            let kb = P.k_off + (s - P.seg_lo) * P.k_stride;
+            var ks = 0.0;
+            if (KFMT == 2u && live) {
+                ks = bitcast<f32>(keys[kb + P.dim / 4u]);
+            }
             for (var e = 0u; e < DC / 4u; e = e + 1u) {
                 var v = 0.0;
                 if (live && d0 + dq + e < P.dim) {
-                    v = keys[kb + e];
+                    v = key_at(kb, d0 + dq + e, ks);
                 }
                 kc[(dq + e) * (KT / 2u) + key / 2u][key % 2u] = v;
             }

@@ -20,14 +20,23 @@
 //   writes its unnormalized sums, max and sum of exponentials to `part`, and mla_combine
 //   merges the splits with a log-sum-exp rescale.
 //
+// The cache may be split into segments (one buffer each, see src/cache/mod.rs): a dispatch
+// reads one segment, positions seg_lo .. seg_lo + seg_n, and treats selected positions
+// outside it as absent; its splits write partials split_base .. split_base + splits of the
+// part_splits that mla_combine merges.
+//
+// Cache rows are words in the format LFMT (0 = f32, 1 = bf16, 2 = FP8: kv_lora e4m3 codes,
+// an f32 scale per 128 of them, then dr bf16 values; src/kernels/cache.rs).
+//
 // Defines: HG (heads per workgroup, a power of two), QD4 (ceil((kv_lora + dr) / 4)),
-// NC (ceil(kv_lora / 256)), MAXS (most splits mla_combine merges).
+// NC (ceil(kv_lora / 256)), MAXS (most splits mla_combine merges), LFMT.
 
 const WG: u32 = 256u;
 const LANES: u32 = 4u;      // invocations per tile position in the logit phase
 const PT: u32 = WG / LANES; // tile positions
 const TPH: u32 = WG / HG;   // invocations per head in the softmax phase
 const NEG_BIG: f32 = -3.0e38;
+const ABSENT: u32 = 0xffffffffu; // a selected position outside this dispatch's segment
 
 // Params (binding 0): declared once, in src/kernels/attention.rs (`MlaParams`), and put before this source.
 
@@ -35,7 +44,7 @@ const NEG_BIG: f32 = -3.0e38;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 @group(0) @binding(2) var<storage, read> qa: array<f32>;
 @group(0) @binding(3) var<storage, read> qin: array<f32>;
-@group(0) @binding(4) var<storage, read> cache: array<f32>;
+@group(0) @binding(4) var<storage, read> cache: array<u32>;
 @group(0) @binding(5) var<storage, read> idx: array<u32>;
 @group(0) @binding(6) var<storage, read> cnt: array<u32>;
 
@@ -49,6 +58,64 @@ var<workgroup> n_sh: u32;
 
 fn qd() -> u32 {
     return P.kv_lora + P.dr;
+}
+
+fn bf16_lo(w: u32) -> f32 {
+    return bitcast<f32>(w << 16u);
+}
+fn bf16_hi(w: u32) -> f32 {
+    return bitcast<f32>(w & 0xffff0000u);
+}
+
+// Elements d .. d + 3 (d a multiple of 4, d < kv_lora + dr) of the cache row at word
+// `base`; elements past the row are 0.
+fn row4(base: u32, d: u32) -> vec4<f32> {
+    let n = qd();
+    if (LFMT == 2u && d < P.kv_lora) {
+        let u = cache[base + d / 4u];
+        let s = bitcast<f32>(cache[base + P.kv_lora / 4u + d / 128u]);
+        return vec4<f32>(e4m3(u), e4m3(u >> 8u), e4m3(u >> 16u), e4m3(u >> 24u)) * s;
+    }
+    if (LFMT != 0u) {
+        // bf16 pairs: the whole row (LFMT 1) or the RoPE part after the FP8 codes and scales.
+        var w = base + d / 2u;
+        var e = d;
+        if (LFMT == 2u) {
+            e = d - P.kv_lora;
+            w = base + P.kv_lora / 4u + (P.kv_lora + 127u) / 128u + e / 2u;
+        }
+        let w0 = cache[w];
+        var r = vec4<f32>(bf16_lo(w0), bf16_hi(w0), 0.0, 0.0);
+        if (d + 2u < n) {
+            let w1 = cache[w + 1u];
+            r = vec4<f32>(r.x, r.y, bf16_lo(w1), bf16_hi(w1));
+        }
+        return r;
+    }
+    var r = vec4<f32>(0.0);
+    if (d + 3u < n) {
+        r = bitcast<vec4<f32>>(vec4<u32>(cache[base + d], cache[base + d + 1u], cache[base + d + 2u], cache[base + d + 3u]));
+    } else {
+        for (var e = 0u; e < 4u; e = e + 1u) {
+            if (d + e < n) {
+                r[e] = bitcast<f32>(cache[base + d + e]);
+            }
+        }
+    }
+    return r;
+}
+
+// Latent element c < kv_lora of the cache row at word `base`.
+fn row1(base: u32, c: u32) -> f32 {
+    if (LFMT == 2u) {
+        let s = bitcast<f32>(cache[base + P.kv_lora / 4u + c / 128u]);
+        return e4m3(cache[base + c / 4u] >> ((c & 3u) * 8u)) * s;
+    }
+    if (LFMT == 1u) {
+        let w = cache[base + c / 2u];
+        return select(bf16_lo(w), bf16_hi(w), (c & 1u) == 1u);
+    }
+    return bitcast<f32>(cache[base + c]);
 }
 
 // Element i of the query of head h: q_abs for i < kv_lora, then q_pe.
@@ -87,7 +154,6 @@ fn mla(
     let n = workgroupUniformLoad(&n_sh);
     let j_begin = split * P.split_len;
     let j_end = min(n, j_begin + P.split_len);
-    let qdim = qd();
     let ib = t * P.topk;
 
     // Logit phase: invocation (p, l).
@@ -106,7 +172,8 @@ fn mla(
         let nb = min(PT, j_end - j0);
         workgroupBarrier();
         for (var i = lid; i < nb; i = i + WG) {
-            pos_sh[i] = idx[ib + j0 + i];
+            let pos = idx[ib + j0 + i];
+            pos_sh[i] = select(ABSENT, pos - P.seg_lo, pos >= P.seg_lo && pos - P.seg_lo < P.seg_n);
         }
         workgroupBarrier();
         // 1. logits: invocation (p_me, l_me) sums vec4 steps l_me, l_me + LANES, .. of
@@ -115,20 +182,10 @@ fn mla(
         for (var k = 0u; k < HG; k = k + 1u) {
             lg[k] = 0.0;
         }
-        if (p_me < nb) {
+        if (p_me < nb && pos_sh[p_me] != ABSENT) {
             let base = P.c_off + pos_sh[p_me] * P.c_stride;
             for (var d4 = l_me; d4 < QD4; d4 = d4 + LANES) {
-                let d = d4 * 4u;
-                var r = vec4<f32>(0.0);
-                if (d + 3u < qdim) {
-                    r = vec4<f32>(cache[base + d], cache[base + d + 1u], cache[base + d + 2u], cache[base + d + 3u]);
-                } else {
-                    for (var e = 0u; e < 4u; e = e + 1u) {
-                        if (d + e < qdim) {
-                            r[e] = cache[base + d + e];
-                        }
-                    }
-                }
+                let r = row4(base, d4 * 4u);
                 for (var k = 0u; k < HG; k = k + 1u) {
                     lg[k] = lg[k] + dot(qsh[k * QD4 + d4], r);
                 }
@@ -154,7 +211,9 @@ fn mla(
         var lm = NEG_BIG;
         if (h2 < HG) {
             for (var p = sub; p < nb; p = p + TPH) {
-                lm = max(lm, sp[(h2 * PT + p) / 4u][p % 4u] * P.scale);
+                if (pos_sh[p] != ABSENT) {
+                    lm = max(lm, sp[(h2 * PT + p) / 4u][p % 4u] * P.scale);
+                }
             }
         }
         red[lid] = lm;
@@ -171,7 +230,7 @@ fn mla(
             mb = max(m_sh[h2], red[h2 * TPH]);
             for (var p = sub; p < PT; p = p + TPH) {
                 var e = 0.0;
-                if (p < nb) {
+                if (p < nb && pos_sh[p] != ABSENT) {
                     e = exp(sp[(h2 * PT + p) / 4u][p % 4u] * P.scale - mb);
                 }
                 sp[(h2 * PT + p) / 4u][p % 4u] = e;
@@ -208,8 +267,8 @@ fn mla(
                 var v = vec4<f32>(0.0);
                 if (col < P.kv_lora) {
                     for (var e = 0u; e < 4u; e = e + 1u) {
-                        if (p + e < nb) {
-                            v[e] = cache[P.c_off + pos_sh[p + e] * P.c_stride + col];
+                        if (p + e < nb && pos_sh[p + e] != ABSENT) {
+                            v[e] = row1(P.c_off + pos_sh[p + e] * P.c_stride, col);
                         }
                     }
                 }
@@ -231,7 +290,7 @@ fn mla(
         }
         let hm = m_sh[h];
         let hl = l_sh[h];
-        if (P.splits == 1u) {
+        if (P.part_splits == 1u) {
             var inv = 0.0;
             if (hl > 0.0) {
                 inv = 1.0 / hl;
@@ -245,7 +304,7 @@ fn mla(
             }
         } else {
             // part[(t, head, split)] = [acc (kv_lora) | m | l]
-            let pb = ((t * P.heads + head) * P.splits + split) * (P.kv_lora + 2u);
+            let pb = ((t * P.heads + head) * P.part_splits + P.split_base + split) * (P.kv_lora + 2u);
             for (var i = 0u; i < NC; i = i + 1u) {
                 let col = lid + i * WG;
                 if (col < P.kv_lora) {
@@ -280,9 +339,9 @@ fn mla_combine(
     let t = g / P.heads;
     let head = g % P.heads;
     let row = P.kv_lora + 2u;
-    let pb = (t * P.heads + head) * P.splits * row;
+    let pb = (t * P.heads + head) * P.part_splits * row;
     var mx = NEG_BIG;
-    for (var s = lid; s < P.splits; s = s + WG) {
+    for (var s = lid; s < P.part_splits; s = s + WG) {
         mx = max(mx, qa[pb + s * row + P.kv_lora]);
     }
     red[lid] = mx;
@@ -296,7 +355,7 @@ fn mla_combine(
     let big = red[0];
     workgroupBarrier();
     var l = 0.0;
-    for (var s = lid; s < P.splits; s = s + WG) {
+    for (var s = lid; s < P.part_splits; s = s + WG) {
         let w = exp(qa[pb + s * row + P.kv_lora] - big);
         wsh[s] = w;
         l = l + w * qa[pb + s * row + P.kv_lora + 1u];
@@ -317,7 +376,7 @@ fn mla_combine(
     let ob = P.o_off + t * P.o_stride + head * P.kv_lora;
     for (var c = lid; c < P.kv_lora; c = c + WG) {
         var o = 0.0;
-        for (var s = 0u; s < P.splits; s = s + 1u) {
+        for (var s = 0u; s < P.part_splits; s = s + 1u) {
             o = o + wsh[s] * qa[pb + s * row + c];
         }
         out[ob + c] = o * inv;

@@ -1,4 +1,5 @@
-// Quantized weight decoding (prepended after weights.wgsl to matmul.wgsl and attention.wgsl;
+// Quantized weight decoding (prepended after weights.wgsl and fp8.wgsl to matmul.wgsl and
+// attention.wgsl;
 // each declares `wscale: array<u32>`, the chunk's scales).
 //
 // W_DTYPE 3 = FP8 e4m3fn, 4 = q8 (int8), 5 = q4 (nibble − 8). Rows are padded to a multiple
@@ -10,18 +11,6 @@ fn q_scale(b: u32) -> f32 {
         return bitcast<f32>((wscale[b >> 1u] >> ((b & 1u) * 16u)) << 16u);
     }
     return bitcast<f32>(wscale[b]);
-}
-
-// The e4m3fn value of the low byte of v. Subnormals are computed as m · 2⁻⁹, so the
-// result does not depend on how the device treats f32 denormals.
-fn e4m3(v: u32) -> f32 {
-    let e = (v >> 3u) & 15u;
-    let m = v & 7u;
-    var a = f32(m) * 0.001953125;
-    if (e != 0u) {
-        a = bitcast<f32>(((e + 120u) << 23u) | (m << 20u));
-    }
-    return select(a, -a, (v & 0x80u) != 0u);
 }
 
 // Unscaled element i of a quantized chunk, given the word that holds it.

@@ -154,6 +154,8 @@ pub struct BenchOptions {
     pub fill: Fill,
     pub profile: bool,
     pub seed: u64,
+    /// Cache formats (`None`: the model's default).
+    pub cache: Option<crate::cache::CacheFormat>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -400,7 +402,8 @@ pub fn run(
     }
     for dense in modes {
         let attention = if dense { "dense" } else { "dsa" };
-        let mut s = Session::with_attention(model, need, dense)?;
+        let cache = opts.cache.unwrap_or_else(|| model.default_cache(need));
+        let mut s = Session::open(model, need, dense, cache)?;
         // Warm-up: compile the pipelines of prefill and decode.
         s.forward(&random_tokens(s.chunk.min(need), vocab, opts.seed), false)?;
         s.forward(&random_tokens(1, vocab, opts.seed + 1), false)?;
@@ -665,8 +668,11 @@ fn kernel_table(o: &mut String, ks: &[Kernel], cal: Option<&Calibration>) {
 pub fn check_contexts(model: &Model, contexts: &[usize], decode: usize) -> Result<()> {
     let max = crate::cache::Caches::max_ctx_for(
         &model.config,
-        model.gpu.max_binding(),
-        model.gpu.limits.max_buffer_size,
+        crate::cache::CacheFormat::SMALLEST,
+        model
+            .gpu
+            .memory_size()
+            .unwrap_or(model.gpu.limits.max_buffer_size),
     );
     for &c in contexts {
         if c + decode + 4 > max {

@@ -29,6 +29,7 @@
 
 use naga::back::{hlsl, msl};
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
+use sparsa::cache::{CacheFormat, KeyFormat, LatentFormat};
 use sparsa::generate::generate;
 use sparsa::gpu::{
     device_features, shader_prelude, tensor_cores_possible, Gpu, ShaderCode, ShaderVariant,
@@ -160,14 +161,28 @@ fn every_way(model: &Model, prompt_len: usize) {
     s.reset();
     s.forward(&prompt, true)
         .expect("prefill with every row's logits");
-    let mut dense = Session::with_attention(model, prompt_len + 4, true).expect("a session");
+    let mut dense = Session::open(
+        model,
+        prompt_len + 4,
+        true,
+        model.default_cache(prompt_len + 4),
+    )
+    .expect("a session");
     run(&mut dense, &prompt, 3, SamplingParams::default());
 
-    let context = sparsa::kernels::topk::WIDE_MIN_KEYS as usize + 8;
-    let mut long = model.session(context + 4).expect("a long session");
-    long.fill_synthetic(context, 1).expect("synthetic fill");
-    let mut sampler = Sampler::new(SamplingParams::default());
-    generate(&mut long, &prompt[..1], 2, &mut sampler, &[], |_| true).expect("long decode");
+    // Past the first cache segment, in every latent and key format (the int8 keys rotate
+    // the indexer's queries).
+    let context =
+        (sparsa::kernels::topk::WIDE_MIN_KEYS as usize + 8).max(sparsa::cache::FIRST_SEGMENT + 8);
+    for latent in LatentFormat::ALL {
+        for keys in KeyFormat::ALL {
+            let f = CacheFormat { latent, keys };
+            let mut long = model.session_in(context + 4, f).expect("a long session");
+            long.fill_synthetic(context, 1).expect("synthetic fill");
+            let mut sampler = Sampler::new(SamplingParams::default());
+            generate(&mut long, &prompt[..1], 2, &mut sampler, &[], |_| true).expect("long decode");
+        }
+    }
 }
 
 /// Every GEMV and GEMM `matmul` and `matmul_experts` choose for weights in every stored

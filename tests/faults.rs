@@ -204,7 +204,7 @@ fn gpu_out_of_memory_names_the_buffer() {
         &["--max-tokens", "4", "--ctx", "300000"],
     );
     assert!(
-        e.starts_with("error: buffer ") && e.contains("cache") && e.contains("out of GPU memory"),
+        e.starts_with("error: --ctx 300000: its caches") && e.contains("out of GPU memory"),
         "{e}"
     );
 }

@@ -864,7 +864,13 @@ fn max_tokens_overflowing_the_context() {
 #[test]
 fn ctx_huge() {
     let e = fails(&["generate", "--ctx", HUGE, "--max-tokens", "1"], None);
-    expect(&e, &[&format!("--ctx {HUGE}"), "binding limit"]);
+    expect(
+        &e,
+        &[
+            &format!("--ctx {HUGE}"),
+            "positions than the GPU kernels index",
+        ],
+    );
 }
 
 #[test]

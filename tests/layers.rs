@@ -6,13 +6,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Floors, lowest first: a module may use the modules of the floors below its own. The
-/// binary (`src/cli/`, the tenth floor) uses the library from outside, as `sparsa::`.
+/// binary (`src/cli/`, the eleventh floor) uses the library from outside, as `sparsa::`.
 const FLOORS: &[&[&str]] = &[
     &["error", "fault"],
     &["gpu", "sampling", "tokenizer"],
     &["weights"],
     &["config"],
-    &["cache", "experts", "kernels"],
+    &["experts", "kernels"],
+    &["cache"],
     &["model"],
     &["generate", "quantize"],
     &["chat", "synth"],

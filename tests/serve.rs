@@ -655,16 +655,27 @@ fn serve_rejects_hostile_requests() {
     let v = r.json();
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(v["usage"]["total_tokens"], 64, "{v}");
+}
 
+/// The queue limit (429) and shutdown, on a server of one slot and one waiting place.
+#[test]
+fn serve_queue_limit_and_shutdown() {
+    let srv = Server::start(&["--parallel", "1", "--queue", "1", "--grace", "30"]);
+    let post = |path: &str, body: &[u8]| srv.raw("POST", path, &[], body);
+    let ok = json!({"prompt": "ROMEO:", "max_tokens": 2}).to_string();
     // The queue: one slot, one waiting place; a third request is refused with 429.
-    let slow = json!({"prompt": "ROMEO:", "max_tokens": 40, "temperature": 0, "ignore_eos": true,
+    // Long enough to be running and waiting while the third comes (they are cancelled).
+    let slow = json!({"prompt": "ROMEO:", "max_tokens": 800, "temperature": 0, "ignore_eos": true,
                       "stream": true})
+    .to_string();
+    let short = json!({"prompt": "ROMEO:", "max_tokens": 24, "temperature": 0, "ignore_eos": true,
+                       "stream": true})
     .to_string();
     let open = |body: &str| {
         let mut s = TcpStream::connect(&srv.addr).unwrap();
         write!(
             s,
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )
         .unwrap();
@@ -691,7 +702,7 @@ fn serve_rejects_hostile_requests() {
     // server exits by itself.
     #[cfg(unix)]
     {
-        let mut s = open(&slow);
+        let mut s = open(&short);
         let t0 = Instant::now();
         while srv.health()["slots_busy"] != 1 {
             assert!(t0.elapsed() < Duration::from_secs(30));

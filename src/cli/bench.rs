@@ -93,6 +93,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         },
         profile: !a.no_profile,
         seed: a.seed,
+        cache: a.m.cache_type.0,
     };
     let mut log = |s: &str| eprintln!("bench: {s}");
     let cal = if a.calibrate {

@@ -270,7 +270,11 @@ pub(crate) fn default_ctx(
     if builtin && BUILTIN_CTX < ctx.0 {
         ctx = (BUILTIN_CTX, "the built-in model's training length");
     }
-    let mem = Caches::max_ctx_for(cfg, gpu.max_binding(), gpu.limits.max_buffer_size);
+    let mem = Caches::max_ctx_for(
+        cfg,
+        sparsa::cache::CacheFormat::SMALLEST,
+        gpu.memory_size().unwrap_or(gpu.limits.max_buffer_size),
+    );
     if mem < ctx.0 {
         ctx = (mem.max(1), "what the adapter's buffer limits allow");
     }
@@ -278,9 +282,14 @@ pub(crate) fn default_ctx(
 }
 
 /// A session for `ctx` tokens; a default context that cannot be allocated is halved.
-fn open_session(model: &Model, mut ctx: usize, shrink: bool) -> Result<(Session, usize)> {
+fn open_session(
+    m: &super::ModelArgs,
+    model: &Model,
+    mut ctx: usize,
+    shrink: bool,
+) -> Result<(Session, usize)> {
     loop {
-        match model.session(ctx) {
+        match super::open_session(m, model, ctx) {
             Ok(s) => return Ok((s, ctx)),
             Err(e) if shrink && ctx / 2 >= MIN_DEFAULT_CTX => {
                 log::warn!("context {ctx} does not fit ({e}); trying {}", ctx / 2);
@@ -385,7 +394,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         None => default_ctx(&src.config, &gpu, builtin),
     };
     let (model, load_secs) = load_model(&src, gpu, super::budget(&a.m, &a.x, ctx).as_ref())?;
-    let (session, ctx) = open_session(&model, ctx, a.m.ctx.is_none())?;
+    let (session, ctx) = open_session(&a.m, &model, ctx, a.m.ctx.is_none())?;
     let why = if ctx < default_ctx(&model.config, &model.gpu, builtin).0 && a.m.ctx.is_none() {
         "halved until the caches could be allocated"
     } else {
@@ -394,7 +403,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
 
     let ad = &model.gpu.adapter;
     let weights = src.weights.total_bytes();
-    let per_token = Caches::bytes_per_token(&model.config);
+    let per_token = Caches::bytes_per_token(&model.config, session.caches.format);
     note(&format!(
         "{} | {} ({}, {}) | weights {:.1} MB loaded in {:.2} s ({:.0} MB/s) | ctx {ctx} ({why}), caches {:.1} MB ({:.1} KB/token) | template: {}",
         src.label,

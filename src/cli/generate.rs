@@ -1,7 +1,10 @@
 //! `sparsa generate`: a prompt (flag, file or stdin) continued as text or token ids, streamed.
 
 use super::sampling::{MaxTokens, SamplingArgs};
-use super::{ctx_for, interrupt, open_model, open_source, parse_ids, ExpertArgs, Ids, ModelArgs};
+use super::{
+    ctx_for, interrupt, open_model, open_session, open_source, parse_ids, ExpertArgs, Ids,
+    ModelArgs,
+};
 use clap::Args;
 use sparsa::generate::{generate_events, Event, Sampler, Stop, StopStrings};
 use sparsa::tokenizer::TextStream;
@@ -143,7 +146,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         .saturating_add(if unlimited { 1 } else { max_tokens });
     let ctx = ctx_for(&a.m, &src.config, need, unlimited)?;
     let model = open_model(&a.m, &a.x, &src, ctx)?;
-    let mut session = model.session(ctx)?;
+    let mut session = open_session(&a.m, &model, ctx)?;
     if a.s.verbose {
         eprintln!("seed {} (repeat with --seed {})", params.seed, params.seed);
     }

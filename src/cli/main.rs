@@ -147,6 +147,44 @@ pub(crate) struct ModelArgs {
     /// weight on the GPU.
     #[arg(long)]
     gpu_memory: Option<sparsa::model::GpuMemory>,
+    /// How the caches store each token: auto (f32 where the context's caches fit in the GPU's
+    /// memory, else the most precise compact format that fits), f32, bf16, fp8 (FP8 latent
+    /// rows + bf16 indexer keys), or LATENT/KEYS with LATENT f32|bf16|fp8 and KEYS
+    /// f32|bf16|i8 (e.g. fp8/i8, the smallest). docs/CACHE.md has their sizes and quality.
+    #[arg(long, default_value = "auto", value_parser = parse_cache_type, value_name = "TYPE")]
+    cache_type: CacheType,
+}
+
+/// `--cache-type`: `None` is auto.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CacheType(pub Option<sparsa::cache::CacheFormat>);
+
+fn parse_cache_type(s: &str) -> std::result::Result<CacheType, String> {
+    if s == "auto" {
+        return Ok(CacheType(None));
+    }
+    sparsa::cache::CacheFormat::parse(s).map(|f| CacheType(Some(f))).ok_or_else(|| {
+        format!("'{s}': expected auto, f32, bf16, fp8 or LATENT/KEYS (LATENT f32|bf16|fp8, KEYS f32|bf16|i8)")
+    })
+}
+
+impl ModelArgs {
+    /// --cache-type, `None` for auto.
+    pub(crate) fn cache_type(&self) -> Option<sparsa::cache::CacheFormat> {
+        self.cache_type.0
+    }
+}
+
+/// A session of `ctx` positions with the caches --cache-type asks for.
+pub(crate) fn open_session(
+    m: &ModelArgs,
+    model: &Model,
+    ctx: usize,
+) -> Result<sparsa::model::Session> {
+    match m.cache_type.0 {
+        Some(f) => model.session_in(ctx, f),
+        None => model.session(ctx),
+    }
 }
 
 /// How streamed experts are cached: for the commands that run a model (not `info`, which
@@ -345,7 +383,7 @@ fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let src = open_source(&a.m)?;
     let ctx = ctx_for(&a.m, &src.config, a.tokens.0.len(), false)?;
     let model = open_model(&a.m, &a.x, &src, ctx)?;
-    let mut session = model.session(ctx)?;
+    let mut session = open_session(&a.m, &model, ctx)?;
     let logits = session.forward(&a.tokens.0, true)?;
     write_f32_safetensors(&a.out, "logits", &[logits.rows, logits.vocab], &logits.data)?;
     Ok(())

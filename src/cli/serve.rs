@@ -4,6 +4,7 @@
 use super::chat::{default_ctx, load_model, load_template};
 use super::{interrupt, open_source, ExpertArgs, ModelArgs};
 use clap::Args;
+use sparsa::cache::{CacheFormat, Caches};
 use sparsa::chat::ChatFormat;
 use sparsa::gpu::Gpu;
 use sparsa::{Error, Result};
@@ -74,15 +75,33 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let builtin = a.m.model.is_none();
     let gpu = Arc::new(Gpu::new(a.m.adapter.as_deref())?);
-    let ctx =
-        a.m.ctx
-            .unwrap_or_else(|| default_ctx(&src.config, &gpu, builtin).0);
+    // Without --ctx: the chat default, lowered so that every slot's caches fit the memory.
+    let ctx = a.m.ctx.unwrap_or_else(|| {
+        let memory = gpu.memory_size().unwrap_or(gpu.limits.max_buffer_size);
+        let per_slot = Caches::max_ctx_for(
+            &src.config,
+            CacheFormat::SMALLEST,
+            memory / a.parallel as u64,
+        );
+        default_ctx(&src.config, &gpu, builtin)
+            .0
+            .min(per_slot.max(1))
+    });
     // Under --gpu-memory the plan keeps room for every slot's caches.
     let budget = super::budget(&a.m, &a.x, ctx.saturating_mul(a.parallel));
     let (model, secs) = load_model(&src, gpu, budget.as_ref())?;
+    // The caches grow with each conversation, so the slots' format is chosen up front for
+    // all of them at their full context (--cache-type auto: the most precise that fits).
+    let cache = a.m.cache_type().unwrap_or_else(|| {
+        CacheFormat::auto(
+            &model.config,
+            ctx.saturating_mul(a.parallel),
+            model.cache_room(ctx),
+        )
+    });
     let sessions = (0..a.parallel)
         .map(|i| {
-            model.session(ctx).map_err(|e| {
+            model.session_in(ctx, cache).map_err(|e| {
                 e.context(format!(
                     "slot {} of --parallel {} (--ctx {ctx})",
                     i + 1,
@@ -91,6 +110,16 @@ pub fn run(a: ServeArgs) -> Result<()> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    let need = Caches::bytes_per_token(&model.config, cache)
+        .saturating_mul(ctx as u64)
+        .saturating_mul(a.parallel as u64);
+    if need > model.cache_room(ctx) + sessions.iter().map(|s| s.caches.bytes()).sum::<u64>() {
+        eprintln!(
+            "warning: {} slots of {ctx} tokens in {} may not all fit in GPU memory when full; a request that outgrows it fails (lower --ctx or --parallel, or --cache-type fp8/i8)",
+            a.parallel,
+            cache.name()
+        );
+    }
     let model_id = a.model_id.clone().unwrap_or_else(|| match &a.m.model {
         Some(dir) => dir
             .canonicalize()
@@ -101,11 +130,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     });
     let ad = &model.gpu.adapter;
     eprintln!(
-        "{} as '{model_id}' | {} ({}) | loaded in {secs:.2} s | {} slots of {ctx} tokens | template: {}",
+        "{} as '{model_id}' | {} ({}) | loaded in {secs:.2} s | {} slots of {ctx} tokens, caches {} | template: {}",
         src.label,
         ad.name,
         ad.backend,
         a.parallel,
+        cache.name(),
         format.template().origin()
     );
     let opts = sparsa::serve::Options {

@@ -191,6 +191,15 @@ impl Gpu {
     /// (Vulkan); `None` elsewhere (wgpu has no portable query). wgpu builds its Vulkan
     /// backend on these systems only (Cargo.toml's `ash` has the same condition).
     pub fn memory_size(&self) -> Option<u64> {
+        // SPARSA_FAULT_GPU_MEMORY pretends the adapter has that much memory.
+        let real = self.heap_size();
+        match crate::fault::injected("GPU_MEMORY") {
+            Some(f) => Some(real.map_or(f, |r| r.min(f))),
+            None => real,
+        }
+    }
+
+    fn heap_size(&self) -> Option<u64> {
         #[cfg(any(
             windows,
             target_os = "linux",

@@ -7,6 +7,7 @@
 //!
 //! `wkvb` must be one chunk (it is small: 64·448·512 bf16 = 29 MiB for GLM-5) in F32, BF16
 //! or F16. Output buffers must not be any of the input buffers.
+use super::cache::{CacheRows, LatentFormat};
 use super::topk::Selection;
 use super::{Recorder, View};
 use crate::config::Config;
@@ -234,6 +235,12 @@ kernel_params! {
         split_len: u32,
         scale: f32,
         hgroups: u32,
+        /// The segment this dispatch reads: positions seg_lo .. seg_lo + seg_n.
+        seg_lo: u32,
+        seg_n: u32,
+        /// Partials written: split_base + split of part_splits (1: normalized output).
+        split_base: u32,
+        part_splits: u32,
         _pad0: u32,
         _pad1: u32,
     }
@@ -243,11 +250,18 @@ const ATTENTION: Shader<Params> = Shader::new(
     "attention",
     concat!(
         include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/fp8.wgsl"),
         include_str!("../../shaders/quant.wgsl"),
         include_str!("../../shaders/attention.wgsl")
     ),
 );
-const MLA: Shader<MlaParams> = Shader::new("mla", include_str!("../../shaders/mla.wgsl"));
+const MLA: Shader<MlaParams> = Shader::new(
+    "mla",
+    concat!(
+        include_str!("../../shaders/fp8.wgsl"),
+        include_str!("../../shaders/mla.wgsl")
+    ),
+);
 
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[ATTENTION.code(), MLA.code()];
@@ -286,12 +300,13 @@ impl MlaShape {
         }
     }
 
-    fn defines(&self) -> [(&'static str, String); 4] {
+    fn defines(&self, format: LatentFormat) -> [(&'static str, String); 5] {
         [
             ("HG", u(self.hg)),
             ("QD4", u(self.qd4)),
             ("NC", u(self.nc)),
             ("MAXS", u(MLA_MAX_SPLITS)),
+            ("LFMT", u(format as u32)),
         ]
     }
 }
@@ -302,14 +317,16 @@ impl MlaShape {
 /// `o_lat[t, h*kv_lora + c] = Σ_j softmax(logit)_j · cache[s, c]` (online softmax, any count).
 ///
 /// `cnt[t]` is clamped to `k`; a row with no selected position gets zeros. Only the
-/// cache rows named by `idx` are read, each once per group of heads (`mla.wgsl`).
-/// `max_count` bounds `cnt` (e.g. `min(k, keys cached)`): it sizes the split of the
-/// positions across workgroups, which a decode step needs to fill the GPU. Split partial
-/// results go to a scratch buffer that the device keeps between calls.
+/// cache rows named by `idx` are read, each once per group of heads (`mla.wgsl`), decoded
+/// from the cache's format. `max_count` bounds `cnt` (e.g. `min(k, keys cached)`): it sizes
+/// the split of the positions across workgroups, which a decode step needs to fill the GPU.
+/// Every selected position must lie in one of `cache`'s segments; each segment is read by a
+/// dispatch of its own, and split or segmented partial results go to a scratch buffer that
+/// the device keeps between calls, merged by `mla_combine`.
 pub fn sparse_mla(
     rec: &mut Recorder,
     qs: &MlaQueries,
-    cache: View,
+    cache: &CacheRows<LatentFormat>,
     sel: &Selection,
     max_count: u32,
     o_lat: View,
@@ -332,6 +349,11 @@ pub fn sparse_mla(
     if rows == 0 || heads == 0 {
         return;
     }
+    let nseg = cache.segs.len() as u32;
+    assert!(
+        (1..=MLA_MAX_SPLITS).contains(&nseg),
+        "sparse_mla: {nseg} cache segments, supported 1..={MLA_MAX_SPLITS}"
+    );
     let gpu = rec.gpu();
     let sh = MlaShape::new(
         heads,
@@ -342,22 +364,24 @@ pub fn sparse_mla(
     let hgroups = heads.div_ceil(sh.hg);
     let n_max = max_count.min(topk).max(1);
     let groups = rows as u64 * hgroups as u64;
-    let want = (MLA_TARGET_GROUPS as u64 / groups.max(1)).min(MLA_MAX_SPLITS as u64) as u32;
+    let want =
+        (MLA_TARGET_GROUPS as u64 / groups.max(1)).min((MLA_MAX_SPLITS / nseg) as u64) as u32;
     let (splits, split_len) = if want <= 1 {
         (1, n_max.div_ceil(MLA_TILE) * MLA_TILE)
     } else {
         let len = n_max.div_ceil(want).div_ceil(MLA_TILE) * MLA_TILE;
         (n_max.div_ceil(len), len)
     };
-    let defines = sh.defines();
+    let part_splits = splits * nseg;
+    let defines = sh.defines(cache.format);
     let p = gpu.pipeline(&MLA, "mla", &defines);
     let params = MlaParams {
         qa_off: q_abs.offset,
         qa_stride: q_abs.stride,
         q_off: q.offset,
         q_stride: q.stride,
-        c_off: cache.offset,
-        c_stride: cache.stride,
+        c_off: 0,
+        c_stride: cache.row_words,
         o_off: o_lat.offset,
         o_stride: o_lat.stride,
         rows,
@@ -370,23 +394,27 @@ pub fn sparse_mla(
         split_len,
         scale,
         hgroups,
+        seg_lo: 0,
+        seg_n: cache.segs[0].len,
+        split_base: 0,
+        part_splits,
         _pad0: 0,
         _pad1: 0,
     };
-    let row_bytes = 4 * (kv_lora + dr) as u64;
+    let row_bytes = 4 * cache.row_words as u64;
     let flops = 2 * rows as u64 * heads as u64 * n_max as u64 * (2 * kv_lora + dr) as u64;
     let n = grid_count("sparse_mla", groups * splits as u64);
-    rec.cost(rows as u64 * n_max as u64 * row_bytes, flops, "");
-    if splits == 1 {
+    if part_splits == 1 {
+        rec.cost(rows as u64 * n_max as u64 * row_bytes, flops, "");
         rec.dispatch(
             &p,
             &params,
-            &[o_lat.buf, q_abs.buf, q.buf, cache.buf, idx, cnt],
+            &[o_lat.buf, q_abs.buf, q.buf, &cache.segs[0].buf, idx, cnt],
             gpu.grid(n),
         );
         return;
     }
-    let part_bytes = 4 * rows as u64 * heads as u64 * splits as u64 * (kv_lora + 2) as u64;
+    let part_bytes = 4 * rows as u64 * heads as u64 * part_splits as u64 * (kv_lora + 2) as u64;
     let part = match gpu.scratch("mla partials", part_bytes) {
         Ok(b) => b,
         Err(e) => {
@@ -394,12 +422,28 @@ pub fn sparse_mla(
             return;
         }
     };
-    rec.dispatch(
-        &p,
-        &params,
-        &[&part, q_abs.buf, q.buf, cache.buf, idx, cnt],
-        gpu.grid(n),
-    );
+    for (k, seg) in cache.segs.iter().enumerate() {
+        let k = k as u32;
+        let params = MlaParams {
+            seg_lo: seg.lo,
+            seg_n: seg.len,
+            split_base: k * splits,
+            ..params
+        };
+        // The selected rows are spread over the segments; the cost goes to the first.
+        let bytes = if k == 0 {
+            rows as u64 * n_max as u64 * row_bytes
+        } else {
+            0
+        };
+        rec.cost(bytes, if k == 0 { flops } else { 0 }, "");
+        rec.dispatch(
+            &p,
+            &params,
+            &[&part, q_abs.buf, q.buf, &seg.buf, idx, cnt],
+            gpu.grid(n),
+        );
+    }
     let pc = gpu.pipeline(&MLA, "mla_combine", &defines);
     rec.cost(part_bytes, 0, "");
     rec.dispatch(
@@ -423,7 +467,8 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, Placed, Rng};
+    use crate::kernels::cache::{decode_latent, encode_latent, Segment};
+    use crate::kernels::testutil::{assert_close, cache_segments, gpu, Placed, Rng};
     use crate::weights::DType;
 
     /// The weight as the GPU sees it (rounded to `dtype`).
@@ -668,10 +713,36 @@ mod tests {
         sel: &[Vec<u32>],
         poison: bool,
     ) -> (Vec<f32>, Vec<f32>) {
+        run_sparse_in(
+            rng,
+            d,
+            (rows, n_keys, topk),
+            sel,
+            poison,
+            (LatentFormat::F32, n_keys),
+        )
+    }
+
+    /// [`run_sparse`] with the cache in `format`, split into segments of `seg_len` rows.
+    fn run_sparse_in(
+        rng: &mut Rng,
+        d: &Dims,
+        (rows, n_keys, topk): (usize, usize, usize),
+        sel: &[Vec<u32>],
+        poison: bool,
+        (format, seg_len): (LatentFormat, usize),
+    ) -> (Vec<f32>, Vec<f32>) {
         let g = gpu();
         let scale = 0.07f32;
         let w = d.kv + d.dr;
-        let mut cache = rng.vec(n_keys * w, 1.0);
+        let rw = format.row_words(d.kv, d.dr);
+        let mut words = Vec::with_capacity(n_keys * rw);
+        let mut cache = Vec::with_capacity(n_keys * w);
+        for _ in 0..n_keys {
+            let e = encode_latent(format, &rng.vec(w, 1.0), d.kv);
+            cache.extend(decode_latent(format, &e, d.kv, d.dr));
+            words.extend(e);
+        }
         if poison {
             let mut used = vec![false; n_keys];
             for s in sel.iter().flatten() {
@@ -679,7 +750,7 @@ mod tests {
             }
             for (s, u) in used.iter().enumerate() {
                 if !u {
-                    cache[s * w..(s + 1) * w].fill(f32::NAN);
+                    words[s * rw..(s + 1) * rw].fill(f32::NAN.to_bits());
                 }
             }
         }
@@ -704,7 +775,12 @@ mod tests {
             cnt[t] = sel[t].len() as u32;
         }
         let hk = d.heads * d.kv;
-        let cb = Placed::new(g, &cache, w, (4, w + 3), f32::NAN);
+        let segs = cache_segments(g, &words, rw, seg_len);
+        let cb = CacheRows {
+            segs: &segs,
+            format,
+            row_words: rw as u32,
+        };
         let ab = Placed::new(g, &qa, hk, (1, hk + 2), f32::NAN);
         let qb = g.buffer_from(&q, "q").unwrap();
         let ib = g.buffer_from(&idx, "idx").unwrap();
@@ -718,7 +794,7 @@ mod tests {
                 q: View::rows(&qb, qc as u32),
                 rows: rows as u32,
             },
-            cb.view(),
+            &cb,
             &Selection {
                 idx: &ib,
                 cnt: &nb,
@@ -731,6 +807,65 @@ mod tests {
         rec.finish().unwrap();
         let got = ob.read(g, "sparse_mla");
         (got, sparse_ref(&qa, &q, &cache, sel, rows, d, scale))
+    }
+
+    /// An f32 latent cache in one segment.
+    struct F32Cache(Vec<Segment>, u32);
+
+    impl F32Cache {
+        fn rows(&self) -> CacheRows<'_, LatentFormat> {
+            CacheRows {
+                segs: &self.0,
+                format: LatentFormat::F32,
+                row_words: self.1,
+            }
+        }
+    }
+
+    fn f32_cache(cache: &[f32], w: usize) -> F32Cache {
+        let words: Vec<u32> = cache.iter().map(|v| v.to_bits()).collect();
+        F32Cache(cache_segments(gpu(), &words, w, cache.len() / w), w as u32)
+    }
+
+    #[test]
+    fn sparse_mla_reads_every_cache_format_across_segments() {
+        // Each format, in one segment and in segments of 64 and 192 rows (selected positions
+        // spread over all of them; unselected rows poisoned with NaN words); GLM-5's row
+        // (512 + 64) and an awkward one (kv 100: a partial FP8 scale block, dr 6).
+        let mut rng = Rng::new(38);
+        for (kv, dr) in [(512usize, 64usize), (100, 6)] {
+            let d = Dims {
+                heads: 5,
+                dn: 4,
+                dr,
+                dv: 4,
+                kv,
+            };
+            let (rows, n_keys, topk) = (2, 700, 300);
+            for format in LatentFormat::ALL {
+                for seg_len in [n_keys, 64, 192] {
+                    let sel: Vec<Vec<u32>> = [300usize, 37]
+                        .iter()
+                        .map(|&c| random_selection(&mut rng, n_keys, c))
+                        .collect();
+                    let (got, want) = run_sparse_in(
+                        &mut rng,
+                        &d,
+                        (rows, n_keys, topk),
+                        &sel,
+                        true,
+                        (format, seg_len),
+                    );
+                    assert_close(
+                        &got,
+                        &want,
+                        1e-5,
+                        1e-4,
+                        &format!("sparse_mla {format:?} kv {kv} segments of {seg_len}"),
+                    );
+                }
+            }
+        }
     }
 
     fn random_selection(rng: &mut Rng, n: usize, k: usize) -> Vec<u32> {
@@ -845,7 +980,7 @@ mod tests {
         let cache: Vec<f32> = rng.vec(150 * w, 30.0);
         let qa = rng.vec(d.heads * d.kv, 30.0);
         let q = rng.vec(d.heads * (d.dn + d.dr), 30.0);
-        let cb = g.buffer_from(&cache, "cache").unwrap();
+        let cb = f32_cache(&cache, w);
         let ab = g.buffer_from(&qa, "qa").unwrap();
         let qb = g.buffer_from(&q, "q").unwrap();
         let ib = g.buffer_from(&sel[0], "idx").unwrap();
@@ -859,7 +994,7 @@ mod tests {
                 q: View::rows(&qb, (d.heads * (d.dn + d.dr)) as u32),
                 rows: 1,
             },
-            View::rows(&cb, w as u32),
+            &cb.rows(),
             &Selection {
                 idx: &ib,
                 cnt: &nb,
@@ -901,7 +1036,7 @@ mod tests {
         let scale = (d.dn as f32 + d.dr as f32).powf(-0.5);
 
         let qb = g.buffer_from(&q, "q").unwrap();
-        let cb = g.buffer_from(&cache, "cache").unwrap();
+        let cb = f32_cache(&cache, lw);
         let idx: Vec<u32> = sel.iter().flatten().cloned().collect();
         let ib = g.buffer_from(&idx, "idx").unwrap();
         let nb = g.buffer_from(&vec![topk as u32; rows], "cnt").unwrap();
@@ -929,7 +1064,7 @@ mod tests {
                 q: View::rows(&qb, qc as u32),
                 rows: rows as u32,
             },
-            View::rows(&cb, lw as u32),
+            &cb.rows(),
             &Selection {
                 idx: &ib,
                 cnt: &nb,

@@ -1,4 +1,5 @@
 //! Lightning-indexer scores in f32 (`shaders/indexer.wgsl`).
+use super::cache::{CacheRows, KeyFormat};
 use super::{Causal, Recorder, View};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
@@ -23,9 +24,15 @@ kernel_params! {
         n_keys: u32,
         pos0: u32,
         key_blocks: u32,
-        _pad: u32,
+        /// First key block of this dispatch (a segment's).
+        blk0: u32,
         w_scale: f32,
         scale: f32,
+        /// First position of the segment bound.
+        seg_lo: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 
@@ -61,15 +68,19 @@ impl IndexerDims {
 /// `s < n_keys`:
 /// `out[t, s] = Σ_{h<heads} (w[t, h] · w_scale) · relu(q[t, h*dim .. h*dim+dim] · keys[s, :dim]) · scale`
 /// and `out[t, s] = -inf` where `s > pos0 + t` (causal mask before top-k).
-/// `q`: rows × heads·dim; `w`: rows × heads; `keys`: n_keys × dim.
+/// `q`: rows × heads·dim; `w`: rows × heads; `keys`: the key cache (in its format, decoded
+/// as it is read; `I8` keys are rotated, so `q` must have been rotated too: see
+/// [`super::cache::rotate`]), whose segments must cover the `n_keys` positions and be whole
+/// key blocks (a multiple of 64 positions) but for the last.
 ///
 /// `out` must be a buffer of its own (the inputs may share one). One workgroup covers one
-/// query row and 64 keys, a tiled [heads × dim]·[dim × 64] product; blocks wholly in the causal future only write -inf.
+/// query row and 64 keys, a tiled [heads × dim]·[dim × 64] product; blocks wholly in the
+/// causal future only write -inf. Each segment is scored by a dispatch of its own.
 pub fn indexer_scores(
     rec: &mut Recorder,
     q: View,
     w: View,
-    keys: View,
+    keys: &CacheRows<KeyFormat>,
     out: View,
     chunk: Causal,
     d: &IndexerDims,
@@ -101,28 +112,14 @@ pub fn indexer_scores(
     let p = gpu.pipeline(
         &INDEXER,
         "scores",
-        &[("HEADS", u(heads)), ("HPT", u(hpt)), ("DC", u(dc))],
+        &[
+            ("HEADS", u(heads)),
+            ("HPT", u(hpt)),
+            ("DC", u(dc)),
+            ("KFMT", u(keys.format as u32)),
+        ],
     );
-    let key_blocks = n_keys.div_ceil(KT);
-    let params = Params {
-        q_off: q.offset,
-        q_stride: q.stride,
-        w_off: w.offset,
-        w_stride: w.stride,
-        k_off: keys.offset,
-        k_stride: keys.stride,
-        o_off: out.offset,
-        o_stride: out.stride,
-        rows,
-        dim,
-        n_keys,
-        pos0,
-        key_blocks,
-        _pad: 0,
-        w_scale,
-        scale,
-    };
-    let groups = rows as u64 * key_blocks as u64;
+    let blocks = n_keys.div_ceil(KT);
     // Keys up to the last causal position are read once per row.
     let live = (0..rows.min(4))
         .map(|t| n_keys.min(pos0 + t + 1) as u64)
@@ -130,19 +127,63 @@ pub fn indexer_scores(
         .unwrap_or(0)
         * rows as u64;
     rec.cost(
-        live * dim as u64 * 4 + rows as u64 * n_keys as u64 * 4,
+        live * keys.row_words as u64 * 4 + rows as u64 * n_keys as u64 * 4,
         2 * live * heads as u64 * dim as u64,
         "",
     );
+    let mut blk0 = 0;
+    for (k, seg) in keys.segs.iter().enumerate() {
+        assert!(
+            seg.lo == blk0 * KT,
+            "indexer_scores: key cache segment {k} starts at position {}, not at {} (segments must be whole blocks of {KT})",
+            seg.lo,
+            blk0 * KT
+        );
+        if blk0 >= blocks {
+            break;
+        }
+        let key_blocks = seg.len.div_ceil(KT).min(blocks - blk0);
+        let params = Params {
+            q_off: q.offset,
+            q_stride: q.stride,
+            w_off: w.offset,
+            w_stride: w.stride,
+            k_off: 0,
+            k_stride: keys.row_words,
+            o_off: out.offset,
+            o_stride: out.stride,
+            rows,
+            dim,
+            n_keys,
+            pos0,
+            key_blocks,
+            blk0,
+            w_scale,
+            scale,
+            seg_lo: seg.lo,
+            _pad0: 0,
+            _pad1: 0,
+            _pad2: 0,
+        };
+        let groups = rows as u64 * key_blocks as u64;
+        assert!(
+            groups <= u32::MAX as u64,
+            "indexer_scores: too many workgroups"
+        );
+        if k > 0 {
+            rec.cost(0, 0, "");
+        }
+        rec.dispatch(
+            &p,
+            &params,
+            &[q.buf, w.buf, &seg.buf, out.buf],
+            gpu.grid(groups as u32),
+        );
+        blk0 += key_blocks;
+    }
     assert!(
-        groups <= u32::MAX as u64,
-        "indexer_scores: too many workgroups"
-    );
-    rec.dispatch(
-        &p,
-        &params,
-        &[q.buf, w.buf, keys.buf, out.buf],
-        gpu.grid(groups as u32),
+        blk0 >= blocks,
+        "indexer_scores: the key cache's segments hold fewer than {n_keys} positions"
     );
 }
 
@@ -150,7 +191,10 @@ pub fn indexer_scores(
 mod tests {
     use super::*;
     use crate::gpu::Gpu;
-    use crate::kernels::testutil::{assert_close, gpu, gpu_default_limits, Placed, Rng};
+    use crate::kernels::cache::{decode_key, encode_key, hadamard};
+    use crate::kernels::testutil::{
+        assert_close, cache_segments, gpu, gpu_default_limits, Placed, Rng,
+    };
     use crate::kernels::topk::{topk, topk_ref, Selection, TopkScratch};
 
     #[test]
@@ -268,7 +312,13 @@ mod tests {
             qw[woff + t * ws..woff + t * ws + heads]
                 .copy_from_slice(&w[t * heads..(t + 1) * heads]);
         }
-        let kb = Placed::new(g, keys, dim, (1, dim + 2), f32::NAN);
+        let words: Vec<u32> = keys.iter().map(|v| v.to_bits()).collect();
+        let kseg = cache_segments(g, &words, dim, n_keys);
+        let kb = CacheRows {
+            segs: &kseg,
+            format: KeyFormat::F32,
+            row_words: dim as u32,
+        };
         let ob = Placed::filled(g, rows, n_keys, (3, n_keys + 4), 7.5);
         let qwb = g.buffer_from(&qw, "qw").unwrap();
         let mut rec = g.recorder();
@@ -276,7 +326,7 @@ mod tests {
             &mut rec,
             View::new(&qwb, qoff as u32, qs as u32),
             View::new(&qwb, woff as u32, ws as u32),
-            kb.view(),
+            &kb,
             ob.view(),
             c.causal(),
             &IndexerDims {
@@ -290,6 +340,63 @@ mod tests {
         let got = ob.read(g, "indexer_scores");
         let want = cpu_scores(q, w, keys, c, w_scale, scale);
         (got, want)
+    }
+
+    #[test]
+    fn indexer_reads_every_key_format_across_segments() {
+        // Keys stored in each format, in one segment or segments of 64 / 128 positions;
+        // i8 keys are rotated, so the queries are rotated as the model does. The reference
+        // scores the decoded keys, so only the f32 arithmetic may differ.
+        let g = gpu();
+        let mut rng = Rng::new(95);
+        for dim in [32usize, 128] {
+            let c = Case {
+                rows: 3,
+                heads: 9,
+                dim,
+                n_keys: 300,
+                pos0: 290,
+            };
+            for format in KeyFormat::ALL {
+                for seg_len in [c.n_keys, 64, 128] {
+                    let (mut q, w, keys) = c.random_inputs(&mut rng);
+                    if format.rotated() {
+                        q.chunks_mut(dim).for_each(hadamard);
+                    }
+                    let rw = format.row_words(dim);
+                    let mut words = Vec::new();
+                    let mut decoded = Vec::new();
+                    for k in keys.chunks(dim) {
+                        let e = encode_key(format, k);
+                        decoded.extend(decode_key(format, &e, dim));
+                        words.extend(e);
+                    }
+                    let segs = cache_segments(g, &words, rw, seg_len);
+                    let kc = CacheRows {
+                        segs: &segs,
+                        format,
+                        row_words: rw as u32,
+                    };
+                    let qb = g.buffer_from(&q, "q").unwrap();
+                    let wb = g.buffer_from(&w, "w").unwrap();
+                    let ob = Placed::filled(g, c.rows, c.n_keys, (1, c.n_keys + 3), 7.5);
+                    let d = IndexerDims {
+                        heads: c.heads as u32,
+                        dim: dim as u32,
+                        w_scale: 0.3,
+                        scale: 0.2,
+                    };
+                    let mut rec = g.recorder();
+                    let qv = View::rows(&qb, (c.heads * dim) as u32);
+                    let wv = View::rows(&wb, c.heads as u32);
+                    indexer_scores(&mut rec, qv, wv, &kc, ob.view(), c.causal(), &d);
+                    rec.finish().unwrap();
+                    let got = ob.read(g, "indexer_scores");
+                    let want = cpu_scores(&q, &w, &decoded, &c, 0.3, 0.2);
+                    check_scores(&got, &want);
+                }
+            }
+        }
     }
 
     fn check_scores(got: &[f32], want: &[f32]) {

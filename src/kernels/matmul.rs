@@ -66,6 +66,7 @@ const MATMUL: Shader<Params> = Shader::new(
     "matmul",
     concat!(
         include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/fp8.wgsl"),
         include_str!("../../shaders/quant.wgsl"),
         include_str!("../../shaders/matmul.wgsl"),
         include_str!("../../shaders/matmul_tile.wgsl")
@@ -77,6 +78,7 @@ const MATMUL_DOT: Shader<Params> = Shader::new(
     "matmul_dot",
     concat!(
         include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/fp8.wgsl"),
         include_str!("../../shaders/quant.wgsl"),
         include_str!("../../shaders/matmul.wgsl"),
         include_str!("../../shaders/matmul_tile.wgsl"),
@@ -89,6 +91,7 @@ const MATMUL_COOP: Shader<Params> = Shader::new(
     concat!(
         include_str!("../../shaders/matmul_coop.wgsl"),
         include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/fp8.wgsl"),
         include_str!("../../shaders/quant.wgsl"),
         include_str!("../../shaders/matmul.wgsl")
     ),

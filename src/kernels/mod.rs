@@ -11,6 +11,7 @@
 //! element (r, c) lives at `offset + r * stride + c`.
 
 pub mod attention;
+pub mod cache;
 pub mod elementwise;
 pub mod embed;
 pub mod indexer;
@@ -32,6 +33,7 @@ use crate::gpu::ShaderCode;
 pub fn shaders() -> Vec<ShaderCode> {
     [
         attention::SHADERS,
+        cache::SHADERS,
         elementwise::SHADERS,
         embed::SHADERS,
         indexer::SHADERS,

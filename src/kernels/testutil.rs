@@ -162,3 +162,22 @@ impl Placed {
         out
     }
 }
+
+/// Cache rows of `row_words` words each, uploaded as segments of `seg_len` rows (one
+/// buffer per segment, the last one partial), as `cache::CacheRows` lists them.
+pub fn cache_segments(
+    g: &Gpu,
+    words: &[u32],
+    row_words: usize,
+    seg_len: usize,
+) -> Vec<crate::kernels::cache::Segment> {
+    words
+        .chunks(row_words * seg_len)
+        .enumerate()
+        .map(|(i, w)| crate::kernels::cache::Segment {
+            buf: g.buffer_from(w, &format!("cache segment {i}")).unwrap(),
+            lo: (i * seg_len) as u32,
+            len: (w.len() / row_words) as u32,
+        })
+        .collect()
+}

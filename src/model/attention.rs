@@ -2,7 +2,7 @@
 //!
 //! MLA with q/kv LoRA: the queries go through `q_a` → RMSNorm → `q_b`, RoPE on each head's
 //! last `qk_rope_head_dim` dims; the key/value side is one latent row per token,
-//! `[RMSNorm(c_kv) | RoPE(k_pe)]`, written into the layer's cache. The positions each query
+//! `[RMSNorm(c_kv) | RoPE(k_pe)]`, stored in the layer's cache in its format. The positions each query
 //! attends are picked by the lightning indexer on full layers, or reused from the last full
 //! layer on IndexShare layers ([`Session::select`]); attention runs in absorbed form over
 //! those latent rows only.
@@ -11,6 +11,7 @@ use super::load::{Indexer, Layer};
 use super::session::Session;
 use crate::gpu::Recorder;
 use crate::kernels::attention::{MlaDims, MlaQueries};
+use crate::kernels::cache::{self, Source};
 use crate::kernels::topk::Selection;
 use crate::kernels::{attention, elementwise, indexer, matmul, norm, rope, topk, Causal, View};
 
@@ -36,7 +37,7 @@ impl Session {
             ..
         } = d.mla;
         let row = kl + dr;
-        let latent = View::new(&self.caches.latent[i], pos0 * row, row);
+        let latent = View::rows(&s.latent_new, row);
         let (h, x) = (View::rows(&s.h, hd), View::rows(&s.x, hd));
         norm::rms_norm(rec, h, &layer.input_norm, x, t, hd, cfg.rms_norm_eps);
 
@@ -59,6 +60,9 @@ impl Session {
             &d.rope_k_pe,
             &s.cos_sin,
         );
+        let cached = (pos0 + t) as usize;
+        let cache = self.caches.latent(i, cached);
+        cache::store_latent(rec, Source::Rows(latent), &cache, (pos0, t), (kl, dr));
 
         // Which positions each row attends: this layer's indexer on a full layer; on an
         // IndexShare layer s.sel_idx / s.sel_cnt keep the last full layer's selection.
@@ -82,9 +86,8 @@ impl Session {
             q,
             rows: t,
         };
-        let cache = View::rows(&self.caches.latent[i], row);
         let most = sel.k.min(pos0 + t);
-        attention::sparse_mla(rec, &queries, cache, &sel, most, o_lat, &d.mla);
+        attention::sparse_mla(rec, &queries, &cache, &sel, most, o_lat, &d.mla);
         attention::up_v(rec, o_lat, &layer.kv_b, attn, t, &d.mla);
         matmul::matmul(rec, attn, &layer.o, out, t);
         elementwise::add(rec, out, h, t, hd);
@@ -109,17 +112,19 @@ impl Session {
         let (ih, id) = (d.indexer.heads, d.indexer.dim);
         let (x, qa) = (View::rows(&s.x, hd), View::rows(&s.qa, ql));
         let (iq, ik) = (View::rows(&s.iq, ih * id), View::rows(&s.ik, id));
-        let keys = self.caches.keys[i]
-            .as_ref()
+        let n_keys = pos0 + t;
+        let keys = self
+            .caches
+            .keys(i, n_keys as usize)
             .expect("full layer has a key cache");
-        let key_rows = View::new(keys, pos0 * id, id);
+        let key_rows = View::rows(&s.ik_new, id);
         matmul::matmul(rec, qa, &ix.wq_b, iq, t);
         rope::rope(rec, None, iq, t, &d.rope_index_q, &s.cos_sin);
         matmul::matmul(rec, x, &ix.wk, ik, t);
         let k_norm = (&ix.k_norm_w, &ix.k_norm_b);
         norm::layer_norm(rec, ik, k_norm, key_rows, t, id, K_NORM_EPS);
         rope::rope(rec, None, key_rows, t, &d.rope_index_k, &s.cos_sin);
-        let n_keys = pos0 + t;
+        cache::store_keys(rec, Source::Rows(key_rows), &keys, (pos0, t), id);
         if n_keys <= sel.k {
             topk::select_all(rec, t, pos0, sel);
         } else {
@@ -131,8 +136,11 @@ impl Session {
                 n_keys,
                 pos0,
             };
-            let all_keys = View::rows(keys, id);
-            indexer::indexer_scores(rec, iq, iw, all_keys, scores, chunk, &d.indexer);
+            if keys.format.rotated() {
+                // The keys were rotated before rounding; so are the queries (q·k unchanged).
+                cache::rotate(rec, iq, t, ih, id);
+            }
+            indexer::indexer_scores(rec, iq, iw, &keys, scores, chunk, &d.indexer);
             topk::topk(rec, scores, chunk, sel, &s.topk);
         }
     }

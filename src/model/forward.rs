@@ -34,6 +34,11 @@ impl Session {
     ) -> Result<()> {
         let model = self.model.clone();
         let (cfg, gpu) = (&model.config, &*model.gpu);
+        let rows = match input {
+            Input::Host(tokens) => tokens.len(),
+            Input::Previous => 1,
+        };
+        self.caches.reserve(gpu, self.pos + rows)?;
         let s = &self.s;
         let t = match input {
             Input::Host(tokens) => {

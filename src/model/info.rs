@@ -83,7 +83,7 @@ pub struct Summary {
     pub params_active: u64,
     /// Storage formats seen (e.g. "BF16", "FP8", "q4").
     pub formats: Vec<String>,
-    /// GPU bytes of the caches per token of context (latent MLA + indexer keys).
+    /// GPU bytes of the caches per token of context (latent MLA + indexer keys) in f32.
     pub cache_bytes_per_token: u64,
     /// Tensors not loaded (layers past num_hidden_layers: MTP).
     pub skipped_tensors: usize,
@@ -191,7 +191,7 @@ pub fn summarize_tensors(cfg: &Config, tensors: &[TensorMeta]) -> Result<Summary
     let routed = classes[TensorClass::RoutedExperts as usize].params;
     let active = total - routed
         + routed * cfg.num_experts_per_tok as u64 / cfg.n_routed_experts.max(1) as u64;
-    let cache = crate::cache::Caches::bytes_per_token(cfg);
+    let cache = crate::cache::Caches::bytes_per_token(cfg, crate::cache::CacheFormat::F32);
     Ok(Summary {
         classes,
         params_total: total,

@@ -24,6 +24,7 @@ pub use plan::{plan, plan_summary, GpuMemory, Plan};
 pub use session::{Logits, Session};
 pub use source::ModelSource;
 
+use crate::cache::CacheFormat;
 use crate::config::Config;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::Error;
@@ -165,8 +166,32 @@ impl Model {
         })))
     }
 
-    /// Start a conversation with caches for `max_ctx` tokens.
+    /// Start a conversation with caches for `max_ctx` tokens in the default formats.
     pub fn session(&self, max_ctx: usize) -> Result<Session> {
         Session::new(self, max_ctx)
+    }
+
+    /// Start a conversation with caches for `max_ctx` tokens in `cache`'s formats.
+    pub fn session_in(&self, max_ctx: usize, cache: CacheFormat) -> Result<Session> {
+        Session::open(self, max_ctx, false, cache)
+    }
+
+    /// The cache formats a session of `ctx` positions gets unless told otherwise:
+    /// [`CacheFormat::auto`] with the room the adapter's memory has left (its memory size
+    /// where the backend tells, else its largest buffer, less what is allocated now and the
+    /// session's scratch, with 5 % kept free).
+    pub fn default_cache(&self, ctx: usize) -> CacheFormat {
+        CacheFormat::auto(&self.config, ctx, self.cache_room(ctx))
+    }
+
+    /// GPU bytes left for the caches of a session of `ctx` positions: the adapter's memory
+    /// size where the backend tells (else its largest buffer, the old estimate), 5 % of it
+    /// kept free, less what is allocated now and the session's scratch.
+    pub fn cache_room(&self, ctx: usize) -> u64 {
+        let gpu = &self.gpu;
+        let memory = gpu.memory_size().unwrap_or(gpu.limits.max_buffer_size);
+        let used = gpu.stats().live_buffer_bytes
+            + Session::scratch_bytes(&self.config, ctx, gpu.max_binding());
+        (memory - memory / 20).saturating_sub(used)
     }
 }

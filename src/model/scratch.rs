@@ -106,12 +106,17 @@ scratch! {
         qa: z.c * z.cfg.q_lora_rank,
         q: z.c * z.cfg.num_attention_heads * z.cfg.qk_head_dim(),
         kva: z.c * (z.cfg.kv_lora_rank + z.cfg.qk_rope_head_dim),
+        /// The chunk's latent rows `[RMSNorm(c_kv) | RoPE(k_pe)]` in f32, before they are
+        /// stored in the cache's format.
+        latent_new: z.c * (z.cfg.kv_lora_rank + z.cfg.qk_rope_head_dim),
         q_abs: z.c * z.cfg.num_attention_heads * z.cfg.kv_lora_rank,
         o_lat: z.c * z.cfg.num_attention_heads * z.cfg.kv_lora_rank,
         attn: z.c * z.cfg.num_attention_heads * z.cfg.v_head_dim,
         /// Indexer queries, key and head weights.
         iq: z.c * z.cfg.index_n_heads * z.cfg.index_head_dim,
         ik: z.c * z.cfg.index_head_dim,
+        /// The chunk's key rows after `k_norm` and RoPE, before they are stored.
+        ik_new: z.c * z.cfg.index_head_dim,
         iw: z.c * z.cfg.index_n_heads,
         /// Indexer scores, `[c, ctx]`.
         scores: z.c * z.ctx,

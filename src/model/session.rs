@@ -12,10 +12,10 @@ use super::pick::Pick;
 use super::rope::RopeTable;
 use super::scratch::{Scratch, Shape};
 use super::Model;
-use crate::cache::Caches;
+use crate::cache::{CacheFormat, Caches};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::kernels::{elementwise, View};
+use crate::kernels::cache::{self, Source};
 
 /// Logits of the rows asked for, row-major `[rows, vocab]`.
 pub struct Logits {
@@ -68,20 +68,51 @@ impl Drop for Session {
     }
 }
 
+/// Positions are u32 on the GPU.
+fn check_ctx(max_ctx: usize) -> Result<()> {
+    if max_ctx == 0 {
+        return Err(Error::msg("--ctx must be at least 1"));
+    }
+    if u32::try_from(max_ctx).is_err() {
+        return Err(Error::msg(format!(
+            "--ctx {max_ctx}: more positions than the GPU kernels index ({})",
+            u32::MAX
+        )));
+    }
+    Ok(())
+}
+
 impl Session {
+    /// A session for up to `max_ctx` tokens with the model's default cache formats
+    /// ([`Model::default_cache`]).
     pub fn new(model: &Model, max_ctx: usize) -> Result<Session> {
-        Self::with_attention(model, max_ctx, false)
+        check_ctx(max_ctx)?;
+        Self::open(model, max_ctx, false, model.default_cache(max_ctx))
     }
 
     /// A session whose attention reads every cached position when `dense` (the indexer and
-    /// top-k are skipped), else the indexer's top-k.
-    pub fn with_attention(model: &Model, max_ctx: usize, dense: bool) -> Result<Session> {
+    /// top-k are skipped), else the indexer's top-k; caches in `cache`'s formats. The
+    /// caches grow with the conversation (see [`crate::cache`]).
+    pub fn open(model: &Model, max_ctx: usize, dense: bool, cache: CacheFormat) -> Result<Session> {
         let cfg = &model.config;
         let gpu = &*model.gpu;
-        if max_ctx == 0 {
-            return Err(Error::msg("--ctx must be at least 1"));
+        check_ctx(max_ctx)?;
+        // The caches grow as the conversation does; refuse a context whose caches could
+        // never fit now rather than fail when it gets there.
+        let need = Caches::bytes_per_token(cfg, cache).saturating_mul(max_ctx as u64);
+        let room = model.cache_room(max_ctx);
+        if need > room {
+            return Err(Error::msg(format!(
+                "--ctx {max_ctx}: its caches ({} per token in {}) take {:.2} GiB, more than the {:.2} GiB of GPU memory left on {} (out of GPU memory); use a smaller --ctx{}",
+                Caches::bytes_per_token(cfg, cache),
+                cache.name(),
+                need as f64 / (1u64 << 30) as f64,
+                room as f64 / (1u64 << 30) as f64,
+                gpu.adapter.name,
+                if cache == CacheFormat::SMALLEST { "" } else { " or --cache-type fp8/i8" }
+            )));
         }
-        let caches = Caches::new(gpu, cfg, max_ctx)?;
+        let caches = Caches::new(gpu, cfg, max_ctx, cache)?;
         let shape = Shape::new(cfg, max_ctx, dense, gpu.max_binding());
         let s = Scratch::new(gpu, &shape)?;
         gpu.check()?;
@@ -125,26 +156,17 @@ impl Session {
             )));
         }
         let gpu = &*self.model.gpu;
-        let row = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) as u32;
+        let (kl, dr) = (cfg.kv_lora_rank as u32, cfg.qk_rope_head_dim as u32);
         let id = cfg.index_head_dim as u32;
+        self.caches.reserve(gpu, len)?;
         let mut rec = gpu.recorder();
-        for (i, latent) in self.caches.latent.iter().enumerate() {
-            let n = len as u32;
-            elementwise::fill_random(
-                &mut rec,
-                View::rows(latent, row),
-                n,
-                row,
-                seed ^ (2 * i as u32),
-            );
-            if let Some(keys) = &self.caches.keys[i] {
-                elementwise::fill_random(
-                    &mut rec,
-                    View::rows(keys, id),
-                    n,
-                    id,
-                    seed ^ (2 * i as u32 + 1),
-                );
+        let n = len as u32;
+        for i in 0..cfg.num_hidden_layers {
+            let seed = seed ^ (2 * i as u32);
+            let latent = self.caches.latent(i, len);
+            cache::store_latent(&mut rec, Source::Random(seed), &latent, (0, n), (kl, dr));
+            if let Some(keys) = self.caches.keys(i, len) {
+                cache::store_keys(&mut rec, Source::Random(seed ^ 1), &keys, (0, n), id);
             }
         }
         rec.finish()?;

@@ -185,7 +185,7 @@ impl Engine {
             .clamp(1, CHAT_CTX)
             .min(sparsa::cache::Caches::max_ctx_for(
                 cfg,
-                self.gpu.max_binding(),
+                sparsa::cache::CacheFormat::SMALLEST,
                 self.gpu.limits.max_buffer_size,
             ))
             .max(1);

@@ -1,0 +1,240 @@
+// Cache writers: f32 rows in, rows of the cache's format out (the layouts are described in
+// src/kernels/cache.rs, which has the same conversions on the CPU for the tests).
+//
+//   store_latent  row r of `src` → latent cache row (pos0 + r − seg_lo) of this segment:
+//                 LFMT 0 = f32, 1 = bf16 pairs, 2 = FP8: kv_lora e4m3 codes (4 per word),
+//                 one f32 scale per 128 codes (amax / 448), then dr bf16 values (RoPE part).
+//   store_keys    row r of `src` → indexer key row: KFMT 0 = f32, 1 = bf16, 2 = int8 of the
+//                 row after a normalized Walsh–Hadamard rotation (dim codes, 4 per word, then
+//                 one f32 scale = amax / 127).
+//   rotate        the same rotation in place on `src`'s rows (the indexer's queries, so that
+//                 q·k is unchanged when the keys are rotated).
+// With RANDOM = 1 the store kernels ignore `src` and write seeded pseudo-random values of
+// unit variance (uniform in [−√3, √3)) for positions pos0 + r: synthetic caches for
+// `sparsa bench`.
+//
+// One workgroup per row (per (row, head) for rotate). Defines: LFMT, KFMT, RANDOM.
+
+// Params (binding 0): declared once, in src/kernels/cache.rs (`Params`), and put before this source.
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read_write> src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+
+const WG: u32 = 128u;
+const BLK: u32 = 128u; // FP8 scale block
+const MAXD: u32 = 256u; // longest key row the rotation takes
+
+var<workgroup> xs: array<f32, MAXD>;
+var<workgroup> codes: array<u32, MAXD>;
+var<workgroup> red: array<f32, WG>;
+
+fn hash32(x0: u32) -> u32 {
+    var x = x0;
+    x = (x ^ (x >> 16u)) * 0x7feb352du;
+    x = (x ^ (x >> 15u)) * 0x846ca68bu;
+    return x ^ (x >> 16u);
+}
+
+// Element c of the chunk's row r (or the synthetic value of position pos0 + r).
+fn value(r: u32, c: u32) -> f32 {
+    if (RANDOM == 1u) {
+        let h = hash32(hash32((P.pos0 + r) ^ hash32(P.seed)) ^ (c * 0x9e3779b9u));
+        return (2.0 * (f32(h >> 8u) * (1.0 / 16777216.0)) - 1.0) * 1.7320508;
+    }
+    return src[P.src_off + r * P.src_stride + c];
+}
+
+fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wid.x + wid.y * nwg.x;
+}
+
+// The bf16 bits of x, rounded to nearest even.
+fn bf16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+fn pack_bf16(a: f32, b: f32) -> u32 {
+    return bf16_bits(a) | (bf16_bits(b) << 16u);
+}
+
+// The largest |red[i]| over the workgroup (every invocation has written red[lid]).
+fn reduce_max(lid: u32) -> f32 {
+    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
+        workgroupBarrier();
+        if (lid < off) {
+            red[lid] = max(red[lid], red[lid + off]);
+        }
+    }
+    workgroupBarrier();
+    let m = red[0];
+    workgroupBarrier();
+    return m;
+}
+
+@compute @workgroup_size(128)
+fn store_latent(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let r = row_id(wid, nwg);
+    if (r >= P.rows) {
+        return;
+    }
+    let n = P.kv_lora + P.dr;
+    let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
+    if (LFMT == 0u) {
+        for (var c = lid; c < n; c = c + WG) {
+            dst[base + c] = bitcast<u32>(value(r, c));
+        }
+        return;
+    }
+    if (LFMT == 1u) {
+        for (var w = lid; 2u * w < n; w = w + WG) {
+            let c = 2u * w;
+            var b = 0.0;
+            if (c + 1u < n) {
+                b = value(r, c + 1u);
+            }
+            dst[base + w] = pack_bf16(value(r, c), b);
+        }
+        return;
+    }
+    // FP8: blocks of BLK codes, each with its scale.
+    let nb = (P.kv_lora + BLK - 1u) / BLK;
+    for (var b = 0u; b < nb; b = b + 1u) {
+        let c = b * BLK + lid;
+        var v = 0.0;
+        if (c < P.kv_lora) {
+            v = value(r, c);
+        }
+        red[lid] = abs(v);
+        let amax = reduce_max(lid);
+        let scale = amax / 448.0;
+        var code = 0u;
+        if (amax > 0.0) {
+            code = e4m3_encode(v / scale);
+        }
+        codes[lid] = code;
+        workgroupBarrier();
+        let words = min(BLK, P.kv_lora - b * BLK) / 4u;
+        if (lid < words) {
+            let i = 4u * lid;
+            dst[base + b * BLK / 4u + lid] = codes[i] | (codes[i + 1u] << 8u) | (codes[i + 2u] << 16u) | (codes[i + 3u] << 24u);
+        }
+        if (lid == 0u) {
+            dst[base + P.kv_lora / 4u + b] = bitcast<u32>(scale);
+        }
+        workgroupBarrier();
+    }
+    let rb = base + P.kv_lora / 4u + nb;
+    for (var w = lid; 2u * w < P.dr; w = w + WG) {
+        let c = P.kv_lora + 2u * w;
+        var b = 0.0;
+        if (2u * w + 1u < P.dr) {
+            b = value(r, c + 1u);
+        }
+        dst[rb + w] = pack_bf16(value(r, c), b);
+    }
+}
+
+// The normalized Walsh–Hadamard transform of xs[0 .. dim] (dim a power of two ≤ MAXD):
+// log2(dim) butterfly stages, invocation lid taking pairs lid, lid + WG, ..
+fn hadamard(lid: u32, dim: u32) {
+    for (var h = 1u; h < dim; h = h << 1u) {
+        workgroupBarrier();
+        for (var p = lid; p < dim / 2u; p = p + WG) {
+            let j = (p / h) * 2u * h + p % h;
+            let a = xs[j];
+            let b = xs[j + h];
+            xs[j] = a + b;
+            xs[j + h] = a - b;
+        }
+    }
+    workgroupBarrier();
+    let norm = inverseSqrt(f32(dim));
+    for (var i = lid; i < dim; i = i + WG) {
+        xs[i] = xs[i] * norm;
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(128)
+fn store_keys(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let r = row_id(wid, nwg);
+    if (r >= P.rows) {
+        return;
+    }
+    let n = P.dim;
+    let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
+    if (KFMT == 0u) {
+        for (var c = lid; c < n; c = c + WG) {
+            dst[base + c] = bitcast<u32>(value(r, c));
+        }
+        return;
+    }
+    if (KFMT == 1u) {
+        for (var w = lid; 2u * w < n; w = w + WG) {
+            let c = 2u * w;
+            var b = 0.0;
+            if (c + 1u < n) {
+                b = value(r, c + 1u);
+            }
+            dst[base + w] = pack_bf16(value(r, c), b);
+        }
+        return;
+    }
+    // int8 after the rotation.
+    for (var c = lid; c < n; c = c + WG) {
+        xs[c] = value(r, c);
+    }
+    hadamard(lid, n);
+    var m = 0.0;
+    for (var c = lid; c < n; c = c + WG) {
+        m = max(m, abs(xs[c]));
+    }
+    red[lid] = m;
+    let amax = reduce_max(lid);
+    let scale = amax / 127.0;
+    for (var c = lid; c < n; c = c + WG) {
+        var q = 0;
+        if (amax > 0.0) {
+            q = i32(clamp(round(xs[c] / scale), -127.0, 127.0));
+        }
+        codes[c] = bitcast<u32>(q) & 0xffu;
+    }
+    workgroupBarrier();
+    for (var w = lid; w < n / 4u; w = w + WG) {
+        let i = 4u * w;
+        dst[base + w] = codes[i] | (codes[i + 1u] << 8u) | (codes[i + 2u] << 16u) | (codes[i + 3u] << 24u);
+    }
+    if (lid == 0u) {
+        dst[base + n / 4u] = bitcast<u32>(scale);
+    }
+}
+
+@compute @workgroup_size(128)
+fn rotate(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = row_id(wid, nwg);
+    if (g >= P.rows * P.heads) {
+        return;
+    }
+    let base = P.src_off + (g / P.heads) * P.src_stride + (g % P.heads) * P.dim;
+    for (var c = lid; c < P.dim; c = c + WG) {
+        xs[c] = src[base + c];
+    }
+    hadamard(lid, P.dim);
+    for (var c = lid; c < P.dim; c = c + WG) {
+        src[base + c] = xs[c];
+    }
+}
