@@ -316,7 +316,8 @@ impl<'t> Slot<'t> {
         let prompt = &job.prompt;
         let known = self.cached.len().min(self.session.pos);
         // At least the last prompt token runs, for the logits of the first new one.
-        let reused = common_prefix(&self.cached[..known], prompt).min(prompt.len() - 1);
+        let reused =
+            common_prefix(&self.cached[..known], prompt).min(prompt.len().saturating_sub(1));
         self.session.truncate(reused);
         self.cached.truncate(reused);
         let text = match job.kind {
