@@ -240,6 +240,18 @@ fn params(f: &Fields) -> ApiResult<Params> {
             .code("unsupported_parameter"));
         }
     }
+    match f.get("response_format") {
+        None => {}
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("text") => {}
+        Some(Value::Object(_)) => {
+            return Err(ApiError::invalid(
+                "response_format",
+                "only response_format {\"type\": \"text\"} is supported (no JSON mode)",
+            )
+            .code("unsupported_value"))
+        }
+        Some(v) => return Err(wrong_type("response_format", "an object", v)),
+    }
     let max_completion = f.integer("max_completion_tokens", 1, i64::MAX as i128)?;
     let max_tokens = f.integer("max_tokens", 1, i64::MAX as i128)?;
     let max_tokens = max_completion
@@ -707,6 +719,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message.contains("n=1"), "{}", e.message);
+        let e = chat_request(
+            &body(r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#),
+            ToolStyle::None,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("response_format"));
         let e = chat_request(
             &body(r#"{"messages": [{"role": "wizard", "content": "x"}]}"#),
             ToolStyle::None,
