@@ -41,6 +41,8 @@ web_packages() {
     command -v ld.lld-22 >/dev/null || [ -x /usr/lib/llvm-22/bin/ld.lld ] || p+=(lld-22)
     [ -x /usr/bin/chromium ] || p+=(chromium)
     command -v node >/dev/null || p+=(nodejs npm)
+    # Not the browser's: the openai client test's virtual environment (ensure_openai).
+    python3 -c "import ensurepip, venv" 2>/dev/null || p+=(python3 python3-venv)
     echo "${p[@]}"
 }
 
@@ -72,6 +74,28 @@ ensure_rust() {
     export PATH="$HOME/.cargo/bin:$PATH"
 }
 
+# The official `openai` Python package in a virtual environment of its own, for
+# tests/serve.rs (it drives `sparsa serve` with tests/serve_openai.py). Created once, reused
+# after; Debian's python3 needs python3-venv for it (installed here when missing).
+OPENAI_VERSION=3.51.0
+PYENV_OPENAI="$PWD/target/pyenv-openai"
+ensure_openai() {
+    local py="$PYENV_OPENAI/bin/python"
+    if [ -x "$py" ] && "$py" -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_VERSION')" 2>/dev/null; then
+        export SPARSA_OPENAI_PYTHON="$py"; return
+    fi
+    if ! command -v python3 >/dev/null || ! python3 -c "import ensurepip, venv" 2>/dev/null; then
+        echo "dev.sh: installing python3-venv (for the openai client test)" >&2
+        as_root apt-get update -qq
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >/dev/null
+    fi
+    echo "dev.sh: installing openai==$OPENAI_VERSION into $PYENV_OPENAI" >&2
+    rm -rf "$PYENV_OPENAI"
+    python3 -m venv "$PYENV_OPENAI"
+    "$py" -m pip install --quiet --disable-pip-version-check "openai==$OPENAI_VERSION"
+    export SPARSA_OPENAI_PYTHON="$py"
+}
+
 # Mesa warns on stderr without a runtime dir (containers, CI).
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/sparsa-xdg-runtime"
@@ -94,6 +118,7 @@ test)
     if [ $# -gt 0 ]; then
         # Only the matching native tests.
         ensure_vulkan; ensure_rust
+        case "$*" in *serve*) ensure_openai ;; esac
         cargo build --tests --quiet
         exec cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}" "$@"
     fi
@@ -104,6 +129,7 @@ test)
     cargo fmt --all --check
     cargo fmt --check --manifest-path web/Cargo.toml
     cargo clippy --all-targets --quiet -- -D warnings
+    ensure_openai
     cargo build --tests --quiet
     cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}"
     web_test

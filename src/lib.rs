@@ -16,7 +16,8 @@
 //!   sparsa's q8 / q4 formats.
 //! - [`chat`]: the model's chat template rendered as transformers renders it, and
 //!   conversations; [`synth`]: random-weight model directories with a release's shapes.
-//! - [`mod@bench`]: `sparsa bench` (speed against the adapter's measured limits); [`fuzzing`].
+//! - [`mod@bench`]: `sparsa bench` (speed against the adapter's measured limits); [`fuzzing`];
+//!   `serve`: the OpenAI-compatible HTTP server of `sparsa serve` (the `serve` feature).
 #[cfg(not(target_arch = "wasm32"))]
 pub mod bench;
 pub mod cache;
@@ -33,6 +34,8 @@ pub mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod quantize;
 pub mod sampling;
+#[cfg(all(feature = "serve", not(target_arch = "wasm32")))]
+pub mod serve;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod synth;
 pub mod tokenizer;

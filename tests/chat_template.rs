@@ -364,3 +364,62 @@ fn strftime_now_gives_the_date() {
         "{out}"
     );
 }
+
+/// `render_json` (messages as JSON objects, what `sparsa serve` renders) gives every case the
+/// same text as `render`; and assistant tool calls and tool results reach the GLM and
+/// DeepSeek templates in the shapes their own markup expects.
+#[test]
+fn json_messages_render_as_typed_ones_and_carry_tool_calls() {
+    let expected: Value =
+        serde_json::from_str(&read(&chat_dir().join("expected.json"))).expect("expected.json");
+    let mut checked = 0;
+    for case in expected["cases"].as_array().unwrap() {
+        let Some(want) = case.get("rendered").and_then(Value::as_str) else {
+            continue;
+        };
+        let fixture = case["fixture"].as_str().unwrap();
+        let messages: Vec<Value> = case["messages"].as_array().unwrap().clone();
+        let extra: Map<String, Value> = case["extra"].as_object().cloned().unwrap_or_default();
+        let gen = case["add_generation_prompt"].as_bool().unwrap();
+        let got = template_for(fixture).render_json(&messages, gen, &extra);
+        assert_eq!(
+            got.as_deref().ok(),
+            Some(want),
+            "{fixture}/{}",
+            case["case"]
+        );
+        checked += 1;
+    }
+    assert!(checked >= 40, "{checked}");
+    let conversation = json!([
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
+    ]);
+    let glm = template_for("glm-4.7")
+        .render_json(conversation.as_array().unwrap(), true, &Map::new())
+        .unwrap();
+    assert!(
+        glm.contains("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value><arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"),
+        "{glm}"
+    );
+    assert!(
+        glm.contains("<|observation|><tool_response>sunny</tool_response>"),
+        "{glm}"
+    );
+    let mut ds = conversation.clone();
+    ds[1]["content"] = Value::Null;
+    ds[1]["tool_calls"][0]["function"]["arguments"] = json!("{\"city\": \"Oslo\"}");
+    let text = template_for("deepseek-v3.2-exp")
+        .render_json(ds.as_array().unwrap(), true, &Map::new())
+        .unwrap();
+    assert!(
+        text.contains("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}<｜tool▁call▁end｜>"),
+        "{text}"
+    );
+    assert!(
+        text.contains("<｜tool▁output▁begin｜>sunny<｜tool▁output▁end｜>"),
+        "{text}"
+    );
+}

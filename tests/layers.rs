@@ -17,7 +17,7 @@ const FLOORS: &[&[&str]] = &[
     &["model"],
     &["generate", "quantize"],
     &["chat", "synth"],
-    &["bench", "fuzzing"],
+    &["bench", "fuzzing", "serve"],
 ];
 
 fn floor_of(module: &str) -> Option<usize> {

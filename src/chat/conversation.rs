@@ -186,6 +186,19 @@ impl ChatFormat {
         self.template.render(&conv.messages, true, &self.extra)
     }
 
+    /// Messages given as JSON objects (OpenAI's shape, with `tool_calls` and the like)
+    /// rendered with the generation prompt; `extra` adds to (and overrides) the format's own
+    /// keyword arguments, e.g. `tools`.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        let mut all = self.extra.clone();
+        all.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+        self.template.render_json(messages, true, &all)
+    }
+
     /// Token ids of a rendered conversation (see the module docs for which encoding).
     pub fn encode(&self, tok: &Tokenizer, text: &str) -> Result<Vec<u32>> {
         if self.plain {

@@ -208,7 +208,7 @@ fn say(msg: &str) {
     let _ = o.flush();
 }
 
-fn load_template(src: &ModelSource) -> Result<Option<ChatTemplate>> {
+pub(crate) fn load_template(src: &ModelSource) -> Result<Option<ChatTemplate>> {
     if src.tokenizer_config.is_none() && src.chat_template.is_none() {
         return Ok(None);
     }
@@ -220,7 +220,7 @@ fn load_template(src: &ModelSource) -> Result<Option<ChatTemplate>> {
 }
 
 /// Uploads the weights with a progress bar on stderr when it is a terminal.
-fn load_model(
+pub(crate) fn load_model(
     src: &ModelSource,
     gpu: Arc<Gpu>,
     budget: Option<&sparsa::model::Budget>,

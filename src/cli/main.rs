@@ -6,6 +6,7 @@ mod generate;
 mod info;
 mod interrupt;
 mod sampling;
+mod serve;
 
 use clap::{Args, Parser, Subcommand};
 use sparsa::gpu::{list_adapters, Gpu};
@@ -43,6 +44,8 @@ enum Cmd {
     Info(info::InfoArgs),
     /// Prefill / decode speed and per-kernel GPU time against the adapter's measured limits.
     Bench(bench::BenchArgs),
+    /// Serve the model over HTTP with OpenAI's API (chat and text completions, streaming).
+    Serve(serve::ServeArgs),
     /// Write a random-weight model with a release's real shapes, tensor names and config.
     #[command(long_about = SYNTH_ABOUT)]
     Synth(SynthArgs),
@@ -164,6 +167,13 @@ fn parse_cache_type(s: &str) -> std::result::Result<CacheType, String> {
     sparsa::cache::CacheFormat::parse(s).map(|f| CacheType(Some(f))).ok_or_else(|| {
         format!("'{s}': expected auto, f32, bf16, fp8 or LATENT/KEYS (LATENT f32|bf16|fp8, KEYS f32|bf16|i8)")
     })
+}
+
+impl ModelArgs {
+    /// --cache-type, `None` for auto.
+    pub(crate) fn cache_type(&self) -> Option<sparsa::cache::CacheFormat> {
+        self.cache_type.0
+    }
 }
 
 /// A session of `ctx` positions with the caches --cache-type asks for; auto: the formats
@@ -297,6 +307,7 @@ fn main() {
         Cmd::Info(a) => info::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Synth(a) => cmd_synth(a),
+        Cmd::Serve(a) => serve::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");

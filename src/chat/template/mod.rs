@@ -269,6 +269,55 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<String> {
+        let values = messages.iter().map(message_value).collect::<Vec<_>>();
+        let fuel = self.fuel_for(messages, extra);
+        self.render_values(values, add_generation_prompt, extra, fuel)
+    }
+
+    /// [`ChatTemplate::render`] for messages given as JSON objects, as an OpenAI-style client
+    /// sends them: any fields (`tool_calls`, `tool_call_id`, `name`, a list `content`) reach
+    /// the template as they are. A `reasoning_content` string is also given as `thinking`, as
+    /// transformers does. Each message must be a JSON object.
+    pub fn render_json(
+        &self,
+        messages: &[serde_json::Value],
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        let mut values = Vec::with_capacity(messages.len());
+        let mut bytes = serde_json::Value::Object(extra.clone()).to_string().len();
+        for (i, m) in messages.iter().enumerate() {
+            let Some(o) = m.as_object() else {
+                return Err(Error::msg(format!("message {}: not a JSON object", i + 1)));
+            };
+            bytes += m.to_string().len();
+            let mut fields: Vec<(&str, Value)> = Vec::with_capacity(o.len() + 1);
+            let reasoning = o.get("reasoning_content").filter(|r| r.is_string());
+            if let Some(r) = reasoning {
+                fields.push(("thinking", json_value(r)));
+            }
+            for (k, v) in o {
+                if k == "thinking" && reasoning.is_some() {
+                    continue;
+                }
+                fields.push((k.as_str(), json_value(v)));
+            }
+            values.push(Value::from_pairs(fields));
+        }
+        let fuel = self
+            .fuel_base
+            .saturating_add((bytes as u64).saturating_mul(FUEL_PER_BYTE))
+            .saturating_add((messages.len() as u64).saturating_mul(FUEL_PER_MESSAGE));
+        self.render_values(values, add_generation_prompt, extra, fuel)
+    }
+
+    fn render_values(
+        &self,
+        messages: Vec<Value>,
+        add_generation_prompt: bool,
+        extra: &serde_json::Map<String, serde_json::Value>,
+        fuel: u64,
+    ) -> Result<String> {
         for reserved in ["messages", "add_generation_prompt"] {
             if extra.contains_key(reserved) {
                 return Err(Error::msg(format!(
@@ -278,10 +327,7 @@ impl ChatTemplate {
             }
         }
         let mut ctx: Vec<(String, Value)> = vec![
-            (
-                "messages".to_string(),
-                Value::from(messages.iter().map(message_value).collect::<Vec<_>>()),
-            ),
+            ("messages".to_string(), Value::from(messages)),
             ("tools".to_string(), Value::from(())),
             ("documents".to_string(), Value::from(())),
             (
@@ -299,7 +345,6 @@ impl ChatTemplate {
         let ctx = Value::from_pairs(ctx);
         // A copy of the environment carries this render's budget (templates are shared).
         let mut env = self.env.clone();
-        let fuel = self.fuel_for(messages, extra);
         env.set_fuel(Some(fuel));
         let template = env
             .get_template(TEMPLATE_NAME)
