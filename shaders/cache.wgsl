@@ -59,6 +59,24 @@ fn pack_bf16(a: f32, b: f32) -> u32 {
     return bf16_bits(a) | (bf16_bits(b) << 16u);
 }
 
+// Row r's n values at word `base` as f32 words, or (bf16) as bf16 pairs.
+fn store_plain(r: u32, base: u32, n: u32, bf16: bool, lid: u32) {
+    if (!bf16) {
+        for (var c = lid; c < n; c = c + WG) {
+            dst[base + c] = bitcast<u32>(value(r, c));
+        }
+        return;
+    }
+    for (var w = lid; 2u * w < n; w = w + WG) {
+        let c = 2u * w;
+        var b = 0.0;
+        if (c + 1u < n) {
+            b = value(r, c + 1u);
+        }
+        dst[base + w] = pack_bf16(value(r, c), b);
+    }
+}
+
 // The largest |red[i]| over the workgroup (every invocation has written red[lid]).
 fn reduce_max(lid: u32) -> f32 {
     for (var off = WG / 2u; off > 0u; off = off >> 1u) {
@@ -85,21 +103,8 @@ fn store_latent(
     }
     let n = P.kv_lora + P.dr;
     let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
-    if (LFMT == 0u) {
-        for (var c = lid; c < n; c = c + WG) {
-            dst[base + c] = bitcast<u32>(value(r, c));
-        }
-        return;
-    }
-    if (LFMT == 1u) {
-        for (var w = lid; 2u * w < n; w = w + WG) {
-            let c = 2u * w;
-            var b = 0.0;
-            if (c + 1u < n) {
-                b = value(r, c + 1u);
-            }
-            dst[base + w] = pack_bf16(value(r, c), b);
-        }
+    if (LFMT <= 1u) {
+        store_plain(r, base, n, LFMT == 1u, lid);
         return;
     }
     // FP8: blocks of BLK codes, each with its scale.
@@ -173,21 +178,8 @@ fn store_keys(
     }
     let n = P.dim;
     let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
-    if (KFMT == 0u) {
-        for (var c = lid; c < n; c = c + WG) {
-            dst[base + c] = bitcast<u32>(value(r, c));
-        }
-        return;
-    }
-    if (KFMT == 1u) {
-        for (var w = lid; 2u * w < n; w = w + WG) {
-            let c = 2u * w;
-            var b = 0.0;
-            if (c + 1u < n) {
-                b = value(r, c + 1u);
-            }
-            dst[base + w] = pack_bf16(value(r, c), b);
-        }
+    if (KFMT <= 1u) {
+        store_plain(r, base, n, KFMT == 1u, lid);
         return;
     }
     // int8 after the rotation.
