@@ -36,6 +36,12 @@ if [ -x "$HOME/.cargo/bin/cargo" ]; then export PATH="$HOME/.cargo/bin:$PATH"; f
 SPARSA="${CARGO_TARGET_DIR:-$ROOT/target}/debug/sparsa"
 NATIVE_IDS="$("$SPARSA" generate --prompt "$PROMPT" --max-tokens "$MAX_TOKENS" --temperature 0 --print-ids 2>/dev/null | tail -n 1)"
 echo "web/test.sh: native ($("$SPARSA" devices 2>/dev/null | head -n 1 | cut -c1-60)...): $NATIVE_IDS" >&2
+# The smallest caches (fp8/i8) on a prompt longer than the model's top-64, so the indexer
+# scores int8 keys (prefill is faster than decode in the browser: few tokens generated).
+COMPACT_PROMPT="$PROMPT $PROMPT $PROMPT $PROMPT"
+COMPACT_TOKENS=8
+NATIVE_COMPACT="$("$SPARSA" generate --prompt "$COMPACT_PROMPT" --max-tokens "$COMPACT_TOKENS" --temperature 0 --cache-type fp8/i8 --print-ids 2>/dev/null | tail -n 1)"
+echo "web/test.sh: native, fp8/i8 caches: $NATIVE_COMPACT" >&2
 
 # 3. Chromium and playwright-core.
 if ! [ -x /usr/bin/chromium ]; then
@@ -61,5 +67,7 @@ for _ in $(seq 50); do
 done
 mkdir -p "$(dirname "$SHOT")"
 SPARSA_URL="http://127.0.0.1:$PORT/" SPARSA_PROMPT="$PROMPT" SPARSA_EXPECTED="$NATIVE_IDS" \
+    SPARSA_EXPECTED_COMPACT="$NATIVE_COMPACT" SPARSA_COMPACT_TOKENS="$COMPACT_TOKENS" \
+    SPARSA_COMPACT_PROMPT="$COMPACT_PROMPT" \
     SPARSA_MAX_TOKENS="$MAX_TOKENS" SPARSA_SCREENSHOT="$SHOT" \
     node "$WEB/test/e2e.mjs"

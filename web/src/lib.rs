@@ -313,6 +313,9 @@ struct Options {
     params: SamplingParams,
     max_tokens: usize,
     system: Option<String>,
+    /// The cache formats of a completion (`cache_type`: auto, f32, bf16, fp8 or
+    /// LATENT/KEYS, as `--cache-type`); `None`: the model's default.
+    cache: Option<sparsa::cache::CacheFormat>,
 }
 
 impl Options {
@@ -350,6 +353,15 @@ impl Options {
         let system = js_sys::Reflect::get(v, &JsValue::from_str("system"))?
             .as_string()
             .filter(|s| !s.trim().is_empty());
+        let cache = match js_sys::Reflect::get(v, &JsValue::from_str("cache_type"))?.as_string() {
+            None => None,
+            Some(s) if s.is_empty() || s == "auto" => None,
+            Some(s) => Some(sparsa::cache::CacheFormat::parse(&s).ok_or_else(|| {
+                js_err(format!(
+                    "option cache_type: '{s}' is not auto, f32, bf16, fp8 or LATENT/KEYS (LATENT f32|bf16|fp8, KEYS f32|bf16|i8)"
+                ))
+            })?),
+        };
         Ok(Options {
             params: SamplingParams {
                 temperature,
@@ -362,6 +374,7 @@ impl Options {
             },
             max_tokens,
             system,
+            cache,
         })
     }
 }
@@ -426,7 +439,11 @@ async fn complete(
             limit
         )));
     }
-    let mut session = model.session(need).map_err(js_err)?;
+    let session = match opts.cache {
+        Some(f) => model.session_in(need, f),
+        None => model.session(need),
+    };
+    let mut session = session.map_err(js_err)?;
     let mut sampler = Sampler::new(opts.params.clone());
     let mut stream = TextStream::new(tok);
     let mut err = None;

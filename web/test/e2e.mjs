@@ -11,6 +11,11 @@ import { chromium } from 'playwright-core';
 const url = process.env.SPARSA_URL;
 const prompt = process.env.SPARSA_PROMPT;
 const expected = process.env.SPARSA_EXPECTED;
+// A prompt longer than the model's top-k with the smallest caches (FP8 latent rows, int8
+// rotated keys), so that the indexer scores int8 keys.
+const expectedCompact = process.env.SPARSA_EXPECTED_COMPACT;
+const compactPrompt = process.env.SPARSA_COMPACT_PROMPT;
+const compactTokens = process.env.SPARSA_COMPACT_TOKENS || '8';
 const maxTokens = process.env.SPARSA_MAX_TOKENS || '32';
 const shot = process.env.SPARSA_SCREENSHOT;
 const limits = process.env.SPARSA_LIMITS || 'default';
@@ -75,6 +80,24 @@ const got = await withPage([...common, ...webgpu], async (page) => {
   if (shot) {
     await page.screenshot({ path: shot, fullPage: true });
     console.log(`e2e: screenshot ${shot}`);
+  }
+
+  // The compact caches: FP8 latent rows and int8 keys through Tint/WebGPU, same tokens as
+  // the native binary with --cache-type fp8/i8.
+  if (expectedCompact) {
+    await page.fill('#prompt', compactPrompt);
+    await page.fill('#max-tokens', compactTokens);
+    await page.selectOption('#cache-type', 'fp8/i8');
+    await page.click('#generate');
+    await page.waitForFunction(() => document.getElementById('output').dataset.done === 'true',
+      null, { timeout: 900_000 });
+    const errc = await page.$eval('#error', (e) => (e.hidden ? '' : e.textContent));
+    if (errc) fail(`the page shows an error while generating with fp8/i8 caches: ${errc}`);
+    const idsc = await page.$eval('#output', (e) => e.dataset.tokenIds);
+    console.log(`e2e: fp8/i8 caches: ${idsc}`);
+    if (idsc !== expectedCompact) fail(`fp8/i8 caches: the page's tokens ${idsc} differ from the native ${expectedCompact}`);
+    console.log('e2e: fp8/i8 caches: the page generates the native tokens');
+    await page.selectOption('#cache-type', 'auto');
   }
 
   // A short chat turn through the model's template (the chat path, not compared).

@@ -198,6 +198,7 @@ function options() {
     seed: num('seed'),
     repeat_penalty: num('repeat-penalty'),
     system: $('system').value,
+    cache_type: $('cache-type').value,
   };
 }
 
