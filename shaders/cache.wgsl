@@ -59,11 +59,11 @@ fn pack_bf16(a: f32, b: f32) -> u32 {
     return bf16_bits(a) | (bf16_bits(b) << 16u);
 }
 
-// Row r's n values at word `base` as f32 words, or (bf16) as bf16 pairs.
-fn store_plain(r: u32, base: u32, n: u32, bf16: bool, lid: u32) {
+// Row r's n values from column c0 on, at word `base`: f32 words, or (bf16) bf16 pairs.
+fn store_plain(r: u32, base: u32, c0: u32, n: u32, bf16: bool, lid: u32) {
     if (!bf16) {
         for (var c = lid; c < n; c = c + WG) {
-            dst[base + c] = bitcast<u32>(value(r, c));
+            dst[base + c] = bitcast<u32>(value(r, c0 + c));
         }
         return;
     }
@@ -71,10 +71,15 @@ fn store_plain(r: u32, base: u32, n: u32, bf16: bool, lid: u32) {
         let c = 2u * w;
         var b = 0.0;
         if (c + 1u < n) {
-            b = value(r, c + 1u);
+            b = value(r, c0 + c + 1u);
         }
-        dst[base + w] = pack_bf16(value(r, c), b);
+        dst[base + w] = pack_bf16(value(r, c0 + c), b);
     }
+}
+
+// The word of the four byte codes codes[i .. i + 4], the first in the low byte.
+fn packed_codes(i: u32) -> u32 {
+    return codes[i] | (codes[i + 1u] << 8u) | (codes[i + 2u] << 16u) | (codes[i + 3u] << 24u);
 }
 
 // The largest |red[i]| over the workgroup (every invocation has written red[lid]).
@@ -104,7 +109,7 @@ fn store_latent(
     let n = P.kv_lora + P.dr;
     let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
     if (LFMT <= 1u) {
-        store_plain(r, base, n, LFMT == 1u, lid);
+        store_plain(r, base, 0u, n, LFMT == 1u, lid);
         return;
     }
     // FP8: blocks of BLK codes, each with its scale.
@@ -126,23 +131,15 @@ fn store_latent(
         workgroupBarrier();
         let words = min(BLK, P.kv_lora - b * BLK) / 4u;
         if (lid < words) {
-            let i = 4u * lid;
-            dst[base + b * BLK / 4u + lid] = codes[i] | (codes[i + 1u] << 8u) | (codes[i + 2u] << 16u) | (codes[i + 3u] << 24u);
+            dst[base + b * BLK / 4u + lid] = packed_codes(4u * lid);
         }
         if (lid == 0u) {
             dst[base + P.kv_lora / 4u + b] = bitcast<u32>(scale);
         }
         workgroupBarrier();
     }
-    let rb = base + P.kv_lora / 4u + nb;
-    for (var w = lid; 2u * w < P.dr; w = w + WG) {
-        let c = P.kv_lora + 2u * w;
-        var b = 0.0;
-        if (2u * w + 1u < P.dr) {
-            b = value(r, c + 1u);
-        }
-        dst[rb + w] = pack_bf16(value(r, c), b);
-    }
+    // The RoPE part in bf16.
+    store_plain(r, base + P.kv_lora / 4u + nb, P.kv_lora, P.dr, true, lid);
 }
 
 // The normalized Walsh–Hadamard transform of xs[0 .. dim] (dim a power of two ≤ MAXD):
@@ -179,7 +176,7 @@ fn store_keys(
     let n = P.dim;
     let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
     if (KFMT <= 1u) {
-        store_plain(r, base, n, KFMT == 1u, lid);
+        store_plain(r, base, 0u, n, KFMT == 1u, lid);
         return;
     }
     // int8 after the rotation.
@@ -203,8 +200,7 @@ fn store_keys(
     }
     workgroupBarrier();
     for (var w = lid; w < n / 4u; w = w + WG) {
-        let i = 4u * w;
-        dst[base + w] = codes[i] | (codes[i + 1u] << 8u) | (codes[i + 2u] << 16u) | (codes[i + 3u] << 24u);
+        dst[base + w] = packed_codes(4u * w);
     }
     if (lid == 0u) {
         dst[base + n / 4u] = bitcast<u32>(scale);

@@ -674,14 +674,13 @@ fn kernel_table(o: &mut String, ks: &[Kernel], cal: Option<&Calibration>) {
 
 /// Checks a list of context lengths against the model.
 pub fn check_contexts(model: &Model, contexts: &[usize], decode: usize) -> Result<()> {
-    let max = crate::cache::Caches::max_ctx_for(
-        &model.config,
-        crate::cache::CacheFormat::SMALLEST,
-        model
-            .gpu
-            .memory_size()
-            .unwrap_or(model.gpu.limits.max_buffer_size),
-    );
+    // What a session of the longest could hold in the smallest caches, the scratch and the
+    // memory the weights left counted (the same room chat and `sparsa info` size from).
+    let need = contexts
+        .iter()
+        .max()
+        .map_or(0, |c| c.saturating_add(decode + 4));
+    let max = model.longest_ctx(crate::cache::CacheFormat::SMALLEST, need);
     for &c in contexts {
         if c + decode + 4 > max {
             return Err(Error::msg(format!(

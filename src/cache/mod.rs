@@ -151,18 +151,19 @@ fn segment_lens(max_ctx: usize, cap: usize, need: usize) -> Vec<usize> {
     out
 }
 
-/// A layer's cache: its segments so far.
-struct LayerCache {
-    segs: Vec<Segment>,
-}
-
-/// Brings `c`'s segments to `lens` (segments are only added or lengthened); whether a
-/// segment was replaced.
-fn grow(gpu: &Gpu, c: &mut LayerCache, lens: &[usize], words: usize, what: &str) -> Result<bool> {
-    let mut replaced = false;
+/// Brings a layer's segments `segs` to `lens` (segments are only added or lengthened). A
+/// lengthened segment is a new buffer with the old rows copied over; the old buffer is
+/// dropped before the wait, so its memory is free before the next layer grows.
+fn grow(
+    gpu: &Gpu,
+    segs: &mut Vec<Segment>,
+    lens: &[usize],
+    words: usize,
+    what: &str,
+) -> Result<()> {
     let mut lo = 0;
     for (k, &len) in lens.iter().enumerate() {
-        let have = c.segs.get(k).map_or(0, |s| s.len as usize);
+        let have = segs.get(k).map_or(0, |s| s.len as usize);
         if have < len {
             let bytes = (len * words * 4) as u64;
             let buf = gpu.buffer(bytes, &format!("{what} {lo}..{}", lo + len))?;
@@ -171,20 +172,20 @@ fn grow(gpu: &Gpu, c: &mut LayerCache, lens: &[usize], words: usize, what: &str)
                 lo: lo as u32,
                 len: len as u32,
             };
-            if let Some(old) = c.segs.get_mut(k) {
-                let mut enc = gpu.device.create_command_encoder(&Default::default());
-                enc.copy_buffer_to_buffer(&old.buf, 0, &seg.buf, 0, old.buf.size());
-                gpu.submit([enc.finish()]);
-                *old = seg;
-                gpu.sync()?;
-                replaced = true;
-            } else {
-                c.segs.push(seg);
+            match segs.get_mut(k) {
+                Some(old) => {
+                    let mut rec = gpu.recorder();
+                    rec.copy(&old.buf, 0, &seg.buf, 0, old.buf.size());
+                    rec.flush();
+                    *old = seg;
+                    rec.finish()?;
+                }
+                None => segs.push(seg),
             }
         }
         lo += len;
     }
-    Ok(replaced)
+    Ok(())
 }
 
 pub struct Caches {
@@ -197,8 +198,9 @@ pub struct Caches {
     key_cap: usize,
     latent_words: usize,
     key_words: usize,
-    latent: Vec<LayerCache>,
-    keys: Vec<Option<LayerCache>>,
+    /// Each layer's segments so far; keys on full layers only.
+    latent: Vec<Vec<Segment>>,
+    keys: Vec<Option<Vec<Segment>>>,
 }
 
 impl Caches {
@@ -214,7 +216,6 @@ impl Caches {
                 gpu.max_binding()
             )));
         }
-        let layer = || LayerCache { segs: Vec::new() };
         Ok(Caches {
             max_ctx,
             format,
@@ -223,11 +224,11 @@ impl Caches {
             key_cap: seg_cap(kw),
             latent_words: lw,
             key_words: kw,
-            latent: (0..cfg.num_hidden_layers).map(|_| layer()).collect(),
+            latent: (0..cfg.num_hidden_layers).map(|_| Vec::new()).collect(),
             keys: cfg
                 .indexer_types
                 .iter()
-                .map(|k| matches!(k, IndexerKind::Full).then(layer))
+                .map(|k| matches!(k, IndexerKind::Full).then(Vec::new))
                 .collect(),
         })
     }
@@ -251,20 +252,15 @@ impl Caches {
         // Cached bind groups hold the buffers they name: drop them first, or every old
         // segment would stay alive until all layers have grown (1.5x the caches at once).
         gpu.clear_bind_groups();
-        let mut grew = false;
         for (i, c) in self.latent.iter_mut().enumerate() {
             let what = format!("latent cache {i}");
-            grew |= grow(gpu, c, &latent_lens, self.latent_words, &what)?;
+            grow(gpu, c, &latent_lens, self.latent_words, &what)?;
         }
         for (i, c) in self.keys.iter_mut().enumerate() {
             if let Some(c) = c {
                 let what = format!("indexer keys {i}");
-                grew |= grow(gpu, c, &key_lens, self.key_words, &what)?;
+                grow(gpu, c, &key_lens, self.key_words, &what)?;
             }
-        }
-        if grew {
-            // Bind groups cached meanwhile (none are) would name replaced buffers.
-            gpu.clear_bind_groups();
         }
         let held = |lens: &[usize]| lens.iter().sum::<usize>();
         self.allocated = held(&latent_lens).min(held(&key_lens)).min(self.max_ctx);
@@ -273,19 +269,14 @@ impl Caches {
 
     /// Layer `i`'s latent cache, the segments that hold positions `0 .. n`.
     pub fn latent(&self, i: usize, n: usize) -> CacheRows<'_, LatentFormat> {
-        rows(
-            &self.latent[i].segs,
-            n,
-            self.format.latent,
-            self.latent_words,
-        )
+        rows(&self.latent[i], n, self.format.latent, self.latent_words)
     }
 
     /// Full layer `i`'s key cache, the segments that hold positions `0 .. n` (`None` on
     /// IndexShare layers).
     pub fn keys(&self, i: usize, n: usize) -> Option<CacheRows<'_, KeyFormat>> {
         let c = self.keys[i].as_ref()?;
-        Some(rows(&c.segs, n, self.format.keys, self.key_words))
+        Some(rows(c, n, self.format.keys, self.key_words))
     }
 
     /// GPU bytes the caches take per token of context in `format`: a latent row on every
@@ -311,7 +302,7 @@ impl Caches {
         self.latent
             .iter()
             .chain(self.keys.iter().flatten())
-            .flat_map(|c| &c.segs)
+            .flatten()
             .map(|s| s.buf.size())
             .sum()
     }

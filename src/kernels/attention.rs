@@ -404,8 +404,10 @@ pub fn sparse_mla(
     let row_bytes = 4 * cache.row_words as u64;
     let flops = 2 * rows as u64 * heads as u64 * n_max as u64 * (2 * kv_lora + dr) as u64;
     let n = grid_count("sparse_mla", groups * splits as u64);
+    // Taken by the next dispatch: with several segments, the first one's (the selected rows
+    // are spread over them).
+    rec.cost(rows as u64 * n_max as u64 * row_bytes, flops, "");
     if part_splits == 1 {
-        rec.cost(rows as u64 * n_max as u64 * row_bytes, flops, "");
         rec.dispatch(
             &p,
             &params,
@@ -430,13 +432,6 @@ pub fn sparse_mla(
             split_base: k * splits,
             ..params
         };
-        // The selected rows are spread over the segments; the cost goes to the first.
-        let bytes = if k == 0 {
-            rows as u64 * n_max as u64 * row_bytes
-        } else {
-            0
-        };
-        rec.cost(bytes, if k == 0 { flops } else { 0 }, "");
         rec.dispatch(
             &p,
             &params,

@@ -170,9 +170,6 @@ pub fn indexer_scores(
             groups <= u32::MAX as u64,
             "indexer_scores: too many workgroups"
         );
-        if k > 0 {
-            rec.cost(0, 0, "");
-        }
         rec.dispatch(
             &p,
             &params,

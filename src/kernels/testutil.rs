@@ -175,7 +175,9 @@ pub fn cache_segments(
         .chunks(row_words * seg_len)
         .enumerate()
         .map(|(i, w)| crate::kernels::cache::Segment {
-            buf: g.buffer_from(w, &format!("cache segment {i}")).unwrap(),
+            buf: g
+                .buffer_from(w, &format!("cache segment {i}"))
+                .expect("a test cache segment"),
             lo: (i * seg_len) as u32,
             len: (w.len() / row_words) as u32,
         })

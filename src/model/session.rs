@@ -99,12 +99,12 @@ impl Session {
         check_ctx(max_ctx)?;
         // The caches grow as the conversation does; refuse a context whose caches could
         // never fit now rather than fail when it gets there.
-        let need = Caches::bytes_per_token(cfg, cache).saturating_mul(max_ctx as u64);
+        let per_token = Caches::bytes_per_token(cfg, cache);
+        let need = per_token.saturating_mul(max_ctx as u64);
         let room = model.cache_room(max_ctx);
         if need > room {
             return Err(Error::msg(format!(
-                "--ctx {max_ctx}: its caches ({} B per token in {}) take {}, more than the {} of GPU memory left on {} (out of GPU memory); use a smaller --ctx{}",
-                Caches::bytes_per_token(cfg, cache),
+                "--ctx {max_ctx}: its caches ({per_token} B per token in {}) take {}, more than the {} of GPU memory left on {} (out of GPU memory); use a smaller --ctx{}",
                 cache.name(),
                 super::plan::gib(need),
                 super::plan::gib(room),
