@@ -7,92 +7,186 @@
 // x is split per block of 32 elements into two int8 vectors, x ≈ s · (hi + lo / 254) with
 // s = max|x| / 127 (|error| ≤ s / 508, about 2^-16 of the block's largest value, which is
 // finer than f16), so the result stays within f32-reference tolerances; llama.cpp's q8_1
-// activations keep only `hi`. The workgroup quantizes its x row into workgroup memory once;
-// for q4 the bytes are stored in the order the nibble masks produce (elements 0, 2, 4, 6 then
-// 1, 3, 5, 7 of each 8), and `xm` holds 8 · (Σhi + Σlo / 254) for the codes' offset of 8.
-// Extra define: MAXB, the blocks the workgroup arrays hold (≥ k / 32).
+// activations keep only `hi`. For q4 the bytes are stored in the order the nibble masks
+// produce (elements 0, 2, 4, 6 then 1, 3, 5, 7 of each 8), and `xm` holds
+// 8 · (Σhi + Σlo / 254) for the codes' offset of 8.
+//
+// Where x comes from (define XQ): 0 = each workgroup quantizes its x row into workgroup
+// memory first; 1 = `quantize_x_rows` wrote it to a buffer once (bound as `xq`, read through
+// the cache by every workgroup: no per-workgroup prologue). A row of the buffer holds, for
+// its nb = k / 32 blocks, hi at vec4 [0, 2nb), lo at [2nb, 4nb), then (scale, xm) pairs,
+// two blocks per vec4 (XQ_STRIDE vec4s per row).
+// Extra defines: MAXB, the blocks the workgroup arrays hold (≥ k / 32 when XQ = 0); UNROLL,
+// 16-byte words per row a lane loads before using them (1 or 2).
 
 var<workgroup> xh: array<vec4<u32>, 2 * MAXB>;
 var<workgroup> xl: array<vec4<u32>, 2 * MAXB>;
 var<workgroup> xs: array<f32, MAXB>;
 var<workgroup> xm: array<f32, MAXB>;
 
+// XQ = 1 reads the quantized words through x4 (binding 1, bitcast back to words: an entry
+// point may bind only one variable there).
+fn xq(i: u32) -> vec4<u32> {
+    return bitcast<vec4<u32>>(x4[i]);
+}
+@group(0) @binding(2) var<storage, read_write> xq_out: array<vec4<u32>>;
+
+// vec4 offset of this invocation's quantized x row in `xq` (XQ = 1).
+var<private> xqb: u32;
+
+fn xq_stride(k: u32) -> u32 {
+    let nb = k / 32u;
+    return 4u * nb + (nb + 1u) / 2u;
+}
+
+fn get_xh(i: u32) -> vec4<u32> {
+    if (XQ == 1u) {
+        return xq(xqb + i);
+    }
+    return xh[i];
+}
+fn get_xl(i: u32) -> vec4<u32> {
+    if (XQ == 1u) {
+        return xq(xqb + P.k / 16u + i);
+    }
+    return xl[i];
+}
+// (scale, xm) of block b.
+fn get_xsm(b: u32) -> vec2<f32> {
+    if (XQ == 1u) {
+        let v = xq(xqb + P.k / 8u + b / 2u);
+        return bitcast<vec2<f32>>(select(v.xy, v.zw, (b & 1u) == 1u));
+    }
+    return vec2<f32>(xs[b], xm[b]);
+}
+
 fn pack_i8(v: vec4<f32>) -> u32 {
     let i = vec4<u32>(vec4<i32>(v)) & vec4<u32>(255u);
     return i.x | (i.y << 8u) | (i.z << 16u) | (i.w << 24u);
 }
 
-// Quantizes the x row at float offset `xo` (k floats) into xh / xl / xs / xm.
+struct QBlock {
+    h0: vec4<u32>,
+    h1: vec4<u32>,
+    l0: vec4<u32>,
+    l1: vec4<u32>,
+    s: f32,
+    m: f32,
+}
+
+// Block b of the x row at float offset `xo`, quantized.
+fn quant_block(xo: u32, b: u32) -> QBlock {
+    let v0 = xo / 4u + b * 8u;
+    var v: array<vec4<f32>, 8>;
+    var amax = 0.0;
+    for (var j = 0u; j < 8u; j++) {
+        v[j] = x4[v0 + j];
+        let a = abs(v[j]);
+        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    let inv = select(0.0, 127.0 / amax, amax > 0.0);
+    var sh = 0.0;
+    var sl = 0.0;
+    var hw: array<u32, 8>;
+    var lw: array<u32, 8>;
+    for (var j = 0u; j < 8u; j++) {
+        // q4: words of elements (0, 2, 4, 6) and (1, 3, 5, 7) of each 8; q8: natural.
+        var e = v[j];
+        if (W_DTYPE == 5u) {
+            let p = v[j & 6u];
+            let q = v[(j & 6u) + 1u];
+            e = select(vec4<f32>(p.x, p.z, q.x, q.z), vec4<f32>(p.y, p.w, q.y, q.w), (j & 1u) == 1u);
+        }
+        let f = e * inv;
+        let h = clamp(round(f), vec4<f32>(-127.0), vec4<f32>(127.0));
+        let l = clamp(round((f - h) * 254.0), vec4<f32>(-127.0), vec4<f32>(127.0));
+        sh += (h.x + h.y) + (h.z + h.w);
+        sl += (l.x + l.y) + (l.z + l.w);
+        hw[j] = pack_i8(h);
+        lw[j] = pack_i8(l);
+    }
+    return QBlock(vec4<u32>(hw[0], hw[1], hw[2], hw[3]), vec4<u32>(hw[4], hw[5], hw[6], hw[7]),
+                  vec4<u32>(lw[0], lw[1], lw[2], lw[3]), vec4<u32>(lw[4], lw[5], lw[6], lw[7]),
+                  amax / 127.0, 8.0 * (sh + sl / 254.0));
+}
+
+// Quantizes the x row at float offset `xo` (k floats) into xh / xl / xs / xm (XQ = 0).
 fn quantize_x(xo: u32, lid: u32) {
+    if (XQ == 1u) {
+        return;
+    }
     let nb = P.k / 32u;
     for (var b = lid; b < nb; b += WG) {
-        let v0 = xo / 4u + b * 8u;
-        var v: array<vec4<f32>, 8>;
-        var amax = 0.0;
-        for (var j = 0u; j < 8u; j++) {
-            v[j] = x4[v0 + j];
-            let a = abs(v[j]);
-            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-        }
-        let inv = select(0.0, 127.0 / amax, amax > 0.0);
-        var sh = 0.0;
-        var sl = 0.0;
-        var hw: array<u32, 8>;
-        var lw: array<u32, 8>;
-        for (var j = 0u; j < 8u; j++) {
-            // q4: words of elements (0, 2, 4, 6) and (1, 3, 5, 7) of each 8; q8: natural.
-            var e = v[j];
-            if (W_DTYPE == 5u) {
-                let p = v[j & 6u];
-                let q = v[(j & 6u) + 1u];
-                e = select(vec4<f32>(p.x, p.z, q.x, q.z), vec4<f32>(p.y, p.w, q.y, q.w), (j & 1u) == 1u);
-            }
-            let f = e * inv;
-            let h = clamp(round(f), vec4<f32>(-127.0), vec4<f32>(127.0));
-            let l = clamp(round((f - h) * 254.0), vec4<f32>(-127.0), vec4<f32>(127.0));
-            sh += (h.x + h.y) + (h.z + h.w);
-            sl += (l.x + l.y) + (l.z + l.w);
-            hw[j] = pack_i8(h);
-            lw[j] = pack_i8(l);
-        }
-        xh[2u * b] = vec4<u32>(hw[0], hw[1], hw[2], hw[3]);
-        xh[2u * b + 1u] = vec4<u32>(hw[4], hw[5], hw[6], hw[7]);
-        xl[2u * b] = vec4<u32>(lw[0], lw[1], lw[2], lw[3]);
-        xl[2u * b + 1u] = vec4<u32>(lw[4], lw[5], lw[6], lw[7]);
-        xs[b] = amax / 127.0;
-        xm[b] = 8.0 * (sh + sl / 254.0);
+        let q = quant_block(xo, b);
+        xh[2u * b] = q.h0;
+        xh[2u * b + 1u] = q.h1;
+        xl[2u * b] = q.l0;
+        xl[2u * b + 1u] = q.l1;
+        xs[b] = q.s;
+        xm[b] = q.m;
     }
     workgroupBarrier();
 }
 
+// The `rows` rows of x (P.x_off, P.x_stride) quantized into xq_out, row r at r · XQ_STRIDE,
+// one invocation per 32-element block (XQ = 1's producer).
+@compute @workgroup_size(256)
+fn quantize_x_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let id = (wid.x + wid.y * nwg.x) * WG + lid;
+    let nb = P.k / 32u;
+    if (id >= P.rows * nb) {
+        return;
+    }
+    let r = id / nb;
+    let b = id % nb;
+    let q = quant_block(P.x_off + r * P.x_stride, b);
+    let o = r * xq_stride(P.k);
+    xq_out[o + 2u * b] = q.h0;
+    xq_out[o + 2u * b + 1u] = q.h1;
+    xq_out[o + 2u * nb + 2u * b] = q.l0;
+    xq_out[o + 2u * nb + 2u * b + 1u] = q.l1;
+    // The (scale, xm) pairs: the even block of a pair writes both lanes' words.
+    let sm = vec2<u32>(bitcast<u32>(q.s), bitcast<u32>(q.m));
+    let at = o + 4u * nb + b / 2u;
+    if ((b & 1u) == 0u) {
+        var pair = vec4<u32>(sm, 0u, 0u);
+        if (b + 1u < nb) {
+            let q2 = quant_block(P.x_off + r * P.x_stride, b + 1u);
+            pair = vec4<u32>(sm, bitcast<u32>(q2.s), bitcast<u32>(q2.m));
+        }
+        xq_out[at] = pair;
+    }
+}
+
 // dot(w, hi) and dot(w, lo) of 16 bytes of int8 weights with x vec4 pair index `xi`.
 fn idot8(w: vec4<u32>, xi: u32) -> vec2<i32> {
-    let h = xh[xi];
-    let l = xl[xi];
+    let h = get_xh(xi);
+    let l = get_xl(xi);
     return vec2<i32>(
         (dot4I8Packed(w.x, h.x) + dot4I8Packed(w.y, h.y)) + (dot4I8Packed(w.z, h.z) + dot4I8Packed(w.w, h.w)),
         (dot4I8Packed(w.x, l.x) + dot4I8Packed(w.y, l.y)) + (dot4I8Packed(w.z, l.z) + dot4I8Packed(w.w, l.w)));
 }
 
-// One 16-byte word of codes at word index `wi` of the chunk, against x's quantized words
+// One 16-byte word of codes `v` at word index `wi` of the chunk, against x's quantized words
 // for that word (word `q` of the row), unscaled by x: s_w · (Dhi + Dlo / 254 − offset).
-fn dot_word_i8(wi: u32, q: u32) -> f32 {
-    let v = w4[wi];
+fn dot_word_i8(v: vec4<u32>, wi: u32, q: u32) -> f32 {
     var d: vec2<i32>;
     var off = 0.0;
+    let blk = select(q / 2u, q, W_DTYPE == 5u);
+    let sm = get_xsm(blk);
     if (W_DTYPE == 5u) {
         // 32 nibbles: the low and high nibble of each byte, as int8 in 0..15.
         let m = vec4<u32>(0x0f0f0f0fu);
         let a = v & m;
         let b = (v >> vec4<u32>(4u)) & m;
         d = idot8(vec4<u32>(a.x, b.x, a.y, b.y), 2u * q) + idot8(vec4<u32>(a.z, b.z, a.w, b.w), 2u * q + 1u);
-        off = xm[q];
+        off = sm.y;
     } else {
         // 16 int8 codes: half `q & 1` of block q / 2.
         d = idot8(v, q);
     }
-    let blk = select(q / 2u, q, W_DTYPE == 5u);
-    return q_scale((wi * EPV) / QB) * xs[blk] * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - off);
+    return q_scale((wi * EPV) / QB) * sm.x * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - off);
 }
 
 // quad_partial on integer dot products: the 4 rows' partial dots of this lane.
@@ -103,8 +197,26 @@ fn quad_partial_i8(wo: vec4<u32>, lane: u32) -> vec4<f32> {
         return acc;
     }
     let kw = P.k / EPV;
-    for (var q = lane; q < kw; q += TPR4) {
-        acc += vec4<f32>(dot_word_i8(w.x + q, q), dot_word_i8(w.y + q, q), dot_word_i8(w.z + q, q), dot_word_i8(w.w + q, q));
+    var q = lane;
+    if (UNROLL == 2u) {
+        // Both words of all 4 rows loaded before any is used: 8 loads in flight per lane.
+        for (; q + TPR4 < kw; q += 2u * TPR4) {
+            let r = q + TPR4;
+            let a0 = w4[w.x + q];
+            let a1 = w4[w.y + q];
+            let a2 = w4[w.z + q];
+            let a3 = w4[w.w + q];
+            let b0 = w4[w.x + r];
+            let b1 = w4[w.y + r];
+            let b2 = w4[w.z + r];
+            let b3 = w4[w.w + r];
+            acc += vec4<f32>(dot_word_i8(a0, w.x + q, q), dot_word_i8(a1, w.y + q, q), dot_word_i8(a2, w.z + q, q), dot_word_i8(a3, w.w + q, q));
+            acc += vec4<f32>(dot_word_i8(b0, w.x + r, r), dot_word_i8(b1, w.y + r, r), dot_word_i8(b2, w.z + r, r), dot_word_i8(b3, w.w + r, r));
+        }
+    }
+    for (; q < kw; q += TPR4) {
+        acc += vec4<f32>(dot_word_i8(w4[w.x + q], w.x + q, q), dot_word_i8(w4[w.y + q], w.y + q, q),
+                         dot_word_i8(w4[w.z + q], w.z + q, q), dot_word_i8(w4[w.w + q], w.w + q, q));
     }
     return acc;
 }
@@ -113,6 +225,7 @@ fn quad_partial_i8(wo: vec4<u32>, lane: u32) -> vec4<f32> {
 fn gemv_dot(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
+    xqb = 0u;
     quantize_x(P.x_off, lid);
     let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
     let rw = P.ws / EPV;
@@ -138,9 +251,11 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var wo = vec4<u32>(NONE);
     var xo = 0u;
     var e = NONE;
+    xqb = 0u;
     if (slot < P.rows) {
         e = experts[slot];
         xo = slot_x(slot);
+        xqb = select(slot / P.topk, slot, P.x_per_slot != 0u) * xq_stride(P.k);
     }
     // Uniform: every invocation of the workgroup has the same slot.
     quantize_x(xo, lid);

@@ -259,7 +259,9 @@ impl Gpu {
         if e.is_empty() {
             Ok(())
         } else {
-            let first = e[0].lines().next().unwrap_or("").to_string();
+            // wgpu's first line is only "Validation Error"; what failed follows it.
+            let first: Vec<&str> = e[0].lines().map(str::trim).filter(|l| !l.is_empty()).take(40).collect();
+            let first = first.join(" ");
             let all = std::mem::take(&mut *e);
             log::debug!("all GPU errors: {all:?}");
             Err(Error::msg(format!(

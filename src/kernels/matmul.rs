@@ -108,6 +108,10 @@ struct Knobs {
     rr: u32,
     /// gemv_dot: 32-element blocks of x its workgroup memory holds.
     maxb: u32,
+    /// gemv_dot: x quantized beforehand into a buffer (1) or by each workgroup (0).
+    xq: u32,
+    /// gemv_dot: 16-byte words per row a lane loads before using them.
+    unroll: u32,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -115,7 +119,38 @@ const KNOBS: Knobs = Knobs {
     tpr4: 64,
     rr: 1,
     maxb: 1,
+    xq: 0,
+    unroll: 1,
 };
+
+/// Measurement aids for tuning the integer-dot GEMV on a real GPU (examples/gemv_shapes.rs):
+/// `SPARSA_GEMV_UNROLL` (1 or 2) and `SPARSA_GEMV_TPR` (lanes per row: 4 ..= 64, a power
+/// of two) override the chosen knobs when set.
+fn env_knob(name: &str, ok: impl Fn(u32) -> bool) -> Option<u32> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::env::var(name).ok()?.parse().ok().filter(|v| ok(*v))
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let _ = (name, ok);
+        None
+    }
+}
+
+/// gemv_dot's knobs after the measurement overrides.
+fn dot_knobs(tpr4: u32, maxb: u32, xq: bool) -> Knobs {
+    use std::sync::OnceLock;
+    static UNROLL: OnceLock<Option<u32>> = OnceLock::new();
+    let unroll = *UNROLL.get_or_init(|| env_knob("SPARSA_GEMV_UNROLL", |v| v == 1 || v == 2));
+    Knobs {
+        tpr4,
+        maxb: if xq { 1 } else { maxb },
+        xq: xq as u32,
+        unroll: unroll.unwrap_or(1),
+        ..KNOBS
+    }
+}
 
 fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Kernel<Params> {
     let shader = shader_of(entry, rec.gpu().tensor_cores());
@@ -142,7 +177,7 @@ pub fn shader_for(entry: &str, tensor_cores: bool) -> ShaderCode {
     shader_of(entry, tensor_cores).code()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 8] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 10] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -152,6 +187,8 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 8] {
         ("RR", u(k.rr)),
         ("EPV", u(f.per_word() as u32)),
         ("MAXB", u(k.maxb)),
+        ("XQ", u(k.xq)),
+        ("UNROLL", u(k.unroll)),
     ]
 }
 
@@ -211,25 +248,42 @@ const RED_BYTES: u32 = 512 * 16;
 /// but q8 decoded faster on the float GEMV while q4 gained (BENCHMARKS.md, "Kernel
 /// choices"), so only q4 is routed to it.
 fn dot_blocks(gpu: &crate::gpu::Gpu, x: View, w: &GpuWeight) -> Option<u32> {
-    if cfg!(target_arch = "wasm32") {
-        // Not every browser's WGSL has packed_4x8_integer_dot_product yet.
-        return None;
-    }
-    let block = match w.format {
-        WFormat::Quant(QFormat::Q4 { block }) => block,
-        _ => return None,
-    };
-    if !block.is_multiple_of(32) || !w.cols.is_multiple_of(32) || !gemv4_ok(1, x, w) {
+    if !dot_applies(x, w) {
         return None;
     }
     let maxb = ((w.cols / 32) as u32).next_power_of_two().max(8);
     (maxb * 72 + RED_BYTES <= gpu.limits.max_compute_workgroup_storage_size).then_some(maxb)
 }
 
+/// Whether gemv_dot can run `w` on `x`, whatever holds the quantized x: q4 in whole
+/// 32-element blocks, scale blocks of whole x blocks, 16-byte rows; native only.
+fn dot_applies(x: View, w: &GpuWeight) -> bool {
+    if cfg!(target_arch = "wasm32") {
+        // Not every browser's WGSL has packed_4x8_integer_dot_product yet.
+        return false;
+    }
+    let block = match w.format {
+        WFormat::Quant(QFormat::Q4 { block }) => block,
+        _ => return false,
+    };
+    block.is_multiple_of(32) && w.cols.is_multiple_of(32) && gemv4_ok(1, x, w)
+}
+
 /// gemv_dot's lanes per row (its x quantization costs the same whatever the lanes, so it
-/// uses gemv4q's choice).
+/// uses gemv4q's choice), unless `SPARSA_GEMV_TPR` says otherwise.
 fn dot_lanes(w: &GpuWeight, out_rows: u32) -> u32 {
-    gemv4_knobs(w, 1, out_rows / 2).0
+    env_tpr().unwrap_or_else(|| gemv4_knobs(w, 1, out_rows / 2).0)
+}
+
+/// `tpr4` unless `SPARSA_GEMV_TPR` says otherwise (the expert GEMV's lanes).
+fn dot_lanes_for(tpr4: u32) -> u32 {
+    env_tpr().unwrap_or(tpr4)
+}
+
+fn env_tpr() -> Option<u32> {
+    use std::sync::OnceLock;
+    static TPR: OnceLock<Option<u32>> = OnceLock::new();
+    *TPR.get_or_init(|| env_knob("SPARSA_GEMV_TPR", |v| v.is_power_of_two() && (4..=64).contains(&v)))
 }
 
 /// Whether decode GEMVs over `w` take 4 rows per lane (gemv4q): for 4-bit weights, whose
@@ -278,16 +332,100 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
         while t < rows {
             let r = (rows - t).min(GEMV_MAX_ROWS);
             let xv = x.row(t);
-            matmul_as(rec, xv, w, y.row(t), r, pick(r, xv));
+            matmul_as(rec, xv, w, y.row(t), r, pick(r, xv), None);
             t += r;
         }
         return;
     }
-    matmul_as(rec, x, w, y, rows, pick(rows, x));
+    matmul_as(rec, x, w, y, rows, pick(rows, x), None);
+}
+
+/// Rows of x quantized for the integer-dot GEMV by [`quantize_x`]: `rows` rows of `k`
+/// columns in `buf`, in the element order of `order`'s weights (q4 or q8).
+#[derive(Clone, Copy)]
+pub struct XQuant<'a> {
+    pub buf: &'a wgpu::Buffer,
+    pub k: u32,
+    pub rows: u32,
+    pub order: QFormat,
+}
+
+/// Bytes [`quantize_x`] writes for `rows` rows of `k` columns (k a multiple of 32).
+pub fn xq_bytes(k: u32, rows: u32) -> u64 {
+    let nb = k as u64 / 32;
+    16 * (4 * nb + nb.div_ceil(2)) * rows as u64
+}
+
+/// Whether decode steps quantize x once for the integer-dot GEMVs (default yes;
+/// `SPARSA_GEMV_XQ=0` makes every GEMV quantize its own, a measurement aid).
+pub fn xq_enabled() -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| env_knob("SPARSA_GEMV_XQ", |v| v <= 1) != Some(0))
+}
+
+/// Whether `w`'s decode GEMV can take x quantized beforehand (the integer-dot GEMV applies
+/// and reads x in this element order).
+pub fn takes_xq(x: View, w: &GpuWeight) -> Option<QFormat> {
+    if !dot_applies(x, w) {
+        return None;
+    }
+    match w.format {
+        WFormat::Quant(q @ QFormat::Q4 { .. }) => Some(q),
+        _ => None,
+    }
+}
+
+/// Quantizes `rows` rows of `x` (`k` columns, a multiple of 32) for GEMVs over weights of
+/// format `order` into `out` ([`xq_bytes`] long), once for every GEMV that reads this x.
+pub fn quantize_x<'a>(
+    rec: &mut Recorder,
+    x: View,
+    rows: u32,
+    k: u32,
+    order: QFormat,
+    out: &'a wgpu::Buffer,
+) -> XQuant<'a> {
+    debug_assert!(k.is_multiple_of(32) && out.size() >= xq_bytes(k, rows));
+    let fmt = WFormat::Quant(order);
+    let shader = shader_of("gemv_dot", false);
+    let pipe = rec.gpu().pipeline(shader, "quantize_x_rows", &defines(fmt, dot_knobs(KNOBS.tpr4, 1, true)));
+    let p = Params {
+        k,
+        rows,
+        x_off: x.offset,
+        x_stride: x.stride,
+        ..Params::zeroed()
+    };
+    rec.cost(4 * (rows * k) as u64 + xq_bytes(k, rows), 0, "f32");
+    let grid = rec.gpu().grid((rows * (k / 32)).div_ceil(256));
+    rec.dispatch(&pipe, &p, &[x.buf, out], grid);
+    XQuant { buf: out, k, rows, order }
+}
+
+/// [`matmul`] for one row of x that [`quantize_x`] has quantized: the integer-dot GEMV reads
+/// `xq` instead of quantizing x in every workgroup; where it does not apply (other formats,
+/// layouts), the plain [`matmul`] on `x`.
+pub fn matmul_xq(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View) {
+    if dot_applies(x, w) && xq.rows == 1 && xq.k == w.cols as u32 && w.format == WFormat::Quant(xq.order) {
+        // No workgroup memory for x: MAXB 1.
+        let kind = Dense::GemvDot(dot_lanes(w, w.rows as u32), 1);
+        matmul_as(rec, x, w, y, 1, kind, Some(xq));
+    } else {
+        matmul(rec, x, w, y, 1)
+    }
 }
 
 /// [`matmul`] on the kernel `kind` (tests force each kernel through it).
-fn matmul_as(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, kind: Dense) {
+fn matmul_as(
+    rec: &mut Recorder,
+    x: View,
+    w: &GpuWeight,
+    y: View,
+    rows: u32,
+    kind: Dense,
+    xq: Option<&XQuant>,
+) {
     debug_assert!(x.buf != y.buf, "matmul: x and y must be different buffers");
     if rows == 0 || w.rows == 0 {
         return;
@@ -312,16 +450,7 @@ fn matmul_as(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, kin
             )
         }
         Dense::Gemv4Q(tpr4) => pipeline(rec, "gemv4q", w, Knobs { tpr4, ..KNOBS }),
-        Dense::GemvDot(tpr4, maxb) => pipeline(
-            rec,
-            "gemv_dot",
-            w,
-            Knobs {
-                tpr4,
-                maxb,
-                ..KNOBS
-            },
-        ),
+        Dense::GemvDot(tpr4, maxb) => pipeline(rec, "gemv_dot", w, dot_knobs(tpr4, maxb, xq.is_some())),
         Dense::Gemm(64) => pipeline(rec, "gemm", w, KNOBS),
         Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
     };
@@ -355,7 +484,8 @@ fn matmul_as(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, kin
             2 * r * n * k,
             w.format.name(),
         );
-        rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, scale], grid);
+        let xb = xq.map_or(x.buf, |q| q.buf);
+        rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale], grid);
     }
 }
 
@@ -376,6 +506,38 @@ pub struct Routed<'a> {
 pub fn matmul_experts(
     rec: &mut Recorder,
     x: View,
+    x_per_slot: bool,
+    w: &GpuWeight,
+    routed: &Routed,
+    y: View,
+    rows: u32,
+) {
+    experts_as(rec, x, None, x_per_slot, w, routed, y, rows)
+}
+
+/// [`matmul_experts`] at decode with x quantized by [`quantize_x`] (its rows: one, or one
+/// per slot with `x_per_slot`): the integer-dot GEMV reads `xq` where it applies, else the
+/// plain kernels read `x`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_experts_xq(
+    rec: &mut Recorder,
+    xq: &XQuant,
+    x: View,
+    x_per_slot: bool,
+    w: &GpuWeight,
+    routed: &Routed,
+    y: View,
+    rows: u32,
+) {
+    let ok = rows == 1 && xq.k == w.cols as u32 && w.format == WFormat::Quant(xq.order);
+    experts_as(rec, x, ok.then_some(xq), x_per_slot, w, routed, y, rows)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn experts_as(
+    rec: &mut Recorder,
+    x: View,
+    xq: Option<&XQuant>,
     x_per_slot: bool,
     w: &GpuWeight,
     routed: &Routed,
@@ -405,24 +567,23 @@ pub fn matmul_experts(
     let gemv4 = gemv && gemv4_ok(2, x, w);
     // q8 / q4: integer dot products, 4 rows per lane (gemv_dot_experts); other 4-bit
     // weights: 4 rows per lane (gemv4q_experts), else RR rows.
-    let dot = gemv4.then(|| dot_blocks(rec.gpu(), x, w)).flatten();
+    let dot = match xq {
+        Some(_) if gemv4 && dot_applies(x, w) => Some(1),
+        _ => gemv4.then(|| dot_blocks(rec.gpu(), x, w)).flatten(),
+    };
     let quad = gemv4 && (dot.is_some() || quad_rows(w));
     let (tpr4, rr) = if quad {
         (gemv4_knobs(w, 1, rpe.saturating_mul(slots) / 2).0, 4)
     } else {
         gemv4_knobs(w, 1, rpe.saturating_mul(slots))
     };
+    let xq = xq.filter(|_| dot.is_some());
+    let tpr4 = match dot {
+        Some(_) => dot_lanes_for(tpr4),
+        None => tpr4,
+    };
     let pipe = if let Some(maxb) = dot {
-        pipeline(
-            rec,
-            "gemv_dot_experts",
-            w,
-            Knobs {
-                tpr4,
-                maxb,
-                ..KNOBS
-            },
-        )
+        pipeline(rec, "gemv_dot_experts", w, dot_knobs(tpr4, maxb, xq.is_some()))
     } else if quad {
         pipeline(rec, "gemv4q_experts", w, Knobs { tpr4, ..KNOBS })
     } else if gemv4 {
@@ -486,7 +647,8 @@ pub fn matmul_experts(
             2 * sl * n * k,
             w.format.name(),
         );
-        rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, scale, experts], grid);
+        let xb = xq.map_or(x.buf, |q| q.buf);
+        rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale, experts], grid);
     }
 }
 
@@ -610,9 +772,25 @@ mod tests {
         dtype: impl Into<WFormat>,
         chunk: Option<usize>,
         kind: Option<Dense>,
-        (x_off, x_stride): (usize, usize),
+        xv: (usize, usize),
     ) {
-        let dtype: WFormat = dtype.into();
+        run_matmul_xq(seed, rows, k, n, dtype.into(), chunk, kind, xv, false)
+    }
+
+    /// [`run_matmul`]; with `xq`, x quantized beforehand (`quantize_x` + `matmul_xq`, one
+    /// row; `kind` must be None).
+    #[allow(clippy::too_many_arguments)]
+    fn run_matmul_xq(
+        seed: u64,
+        rows: usize,
+        k: usize,
+        n: usize,
+        dtype: WFormat,
+        chunk: Option<usize>,
+        kind: Option<Dense>,
+        (x_off, x_stride): (usize, usize),
+        xq: bool,
+    ) {
         let g = gpu();
         let mut rng = Rng::new(seed);
         let (y_off, y_stride) = (7usize, n + 2);
@@ -628,8 +806,14 @@ mod tests {
         let xv = View::new(&xb, x_off as u32, x_stride as u32);
         let yv = View::new(&yb, y_off as u32, y_stride as u32);
         let mut rec = g.recorder();
+        let qb = g.buffer(xq_bytes(k as u32, 1).max(16), "xq").unwrap();
         match kind {
-            Some(kind) => matmul_as(&mut rec, xv, &wgt, yv, rows as u32, kind),
+            Some(kind) => matmul_as(&mut rec, xv, &wgt, yv, rows as u32, kind, None),
+            None if xq => {
+                let order = takes_xq(xv, &wgt).expect("x quantized beforehand applies");
+                let q = quantize_x(&mut rec, xv, 1, k as u32, order, &qb);
+                matmul_xq(&mut rec, &q, xv, &wgt, yv);
+            }
             None => matmul(&mut rec, xv, &wgt, yv, rows as u32),
         }
         rec.finish().unwrap();
@@ -826,7 +1010,20 @@ mod tests {
         align_rows: usize,
         chunk: Option<usize>,
     ) {
-        let dtype: WFormat = dtype.into();
+        let shape = (rows, topk, n_experts, rpe, k);
+        check_experts_xq(seed, shape, dtype.into(), x_per_slot, align_rows, chunk, false)
+    }
+
+    /// [`check_experts`]; with `xq`, x quantized beforehand (`matmul_experts_xq`).
+    fn check_experts_xq(
+        seed: u64,
+        (rows, topk, n_experts, rpe, k): (usize, usize, usize, usize, usize),
+        dtype: WFormat,
+        x_per_slot: bool,
+        align_rows: usize,
+        chunk: Option<usize>,
+        xq: bool,
+    ) {
         let g = gpu();
         let mut rng = Rng::new(seed);
         let slots = rows * topk;
@@ -863,7 +1060,14 @@ mod tests {
             topk: topk as u32,
         };
         let yv = View::new(&yb, y_off as u32, y_stride as u32);
-        matmul_experts(&mut rec, xv, x_per_slot, &wgt, &routed, yv, rows as u32);
+        let qb = g.buffer(xq_bytes(k as u32, xr_n as u32).max(16), "xq").unwrap();
+        if xq {
+            let order = takes_xq(xv, &wgt).expect("x quantized beforehand applies");
+            let q = quantize_x(&mut rec, xv, xr_n as u32, k as u32, order, &qb);
+            matmul_experts_xq(&mut rec, &q, xv, x_per_slot, &wgt, &routed, yv, rows as u32);
+        } else {
+            matmul_experts(&mut rec, xv, x_per_slot, &wgt, &routed, yv, rows as u32);
+        }
         rec.finish().unwrap();
         let got = g.read_f32(&yb, 0, ylen).unwrap();
         let mut want = vec![SENTINEL; ylen];
@@ -1024,6 +1228,21 @@ mod tests {
                     let kind = Dense::GemvDot(tpr, (k as u32 / 32).next_power_of_two().max(8));
                     run_matmul(s + tpr as u64, 1, k, n, f, chunk, Some(kind), (4, k));
                 }
+            }
+        }
+        // x quantized once beforehand (the decode path's quantize_x + matmul_xq): the same
+        // products, K over one and several workgroups' worth of blocks, odd block counts.
+        for (i, (k, n, chunk)) in [(32, 5, None), (96, 9, None), (544, 37, Some(7)), (6176, 70, Some(33))]
+            .into_iter()
+            .enumerate()
+        {
+            let f = WFormat::Quant(QFormat::Q4 { block: 32 });
+            run_matmul_xq(1300 + i as u64, 1, k, n, f, chunk, None, (8, k + 4), true);
+            // Routed experts: one x row for all slots, and one per slot (as the down
+            // projection's), stacked experts split across chunks.
+            for per_slot in [false, true] {
+                let seed = 1400 + 2 * i as u64 + per_slot as u64;
+                check_experts_xq(seed, (1, 3, 4, n, k), f, per_slot, 1, Some(2 * n), true);
             }
         }
         // Other formats keep the float GEMVs.

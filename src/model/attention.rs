@@ -7,11 +7,13 @@
 //! layer on IndexShare layers ([`Session::select`]); attention runs in absorbed form over
 //! those latent rows only.
 
+use super::forward::gemv;
 use super::load::{Indexer, Layer};
 use super::session::Session;
 use crate::gpu::Recorder;
 use crate::kernels::attention::{MlaDims, MlaQueries};
 use crate::kernels::cache::{self, Source};
+use crate::kernels::matmul::XQuant;
 use crate::kernels::topk::Selection;
 use crate::kernels::{attention, elementwise, indexer, matmul, norm, rope, topk, Causal, View};
 
@@ -44,13 +46,16 @@ impl Session {
         // Queries: q_resid = RMSNorm(x·W_qa), q = q_resid·W_qb, RoPE on the last dr dims per head.
         let (qa_raw, qa) = (View::rows(&s.qa_raw, ql), View::rows(&s.qa, ql));
         let q = View::rows(&s.q, heads * (dn + dr));
-        matmul::matmul(rec, x, &layer.q_a, qa_raw, t);
+        // At decode, x and the q LoRA row are quantized once for the GEMVs that read them.
+        let xq = self.quantize(rec, x, t, 1, &layer.q_a, &s.xq_x);
+        gemv(rec, xq.as_ref(), x, &layer.q_a, qa_raw, t);
         norm::rms_norm(rec, qa_raw, &layer.q_a_norm, qa, t, ql, LATENT_NORM_EPS);
-        matmul::matmul(rec, qa, &layer.q_b, q, t);
+        let qaq = self.quantize(rec, qa, t, 1, &layer.q_b, &s.xq_qa);
+        gemv(rec, qaq.as_ref(), qa, &layer.q_b, q, t);
         rope::rope(rec, None, q, t, &d.rope_q, &s.cos_sin);
         // Latent cache rows: [RMSNorm(c_kv) | RoPE(k_pe)].
         let kva = View::rows(&s.kva, row);
-        matmul::matmul(rec, x, &layer.kv_a, kva, t);
+        gemv(rec, xq.as_ref(), x, &layer.kv_a, kva, t);
         norm::rms_norm(rec, kva, &layer.kv_a_norm, latent, t, kl, LATENT_NORM_EPS);
         rope::rope(
             rec,
@@ -72,7 +77,7 @@ impl Session {
             k: self.topk as u32,
         };
         if let Some(ix) = &layer.indexer {
-            self.select(rec, i, ix, t, pos0, &sel);
+            self.select(rec, i, ix, t, pos0, &sel, (xq.as_ref(), qaq.as_ref()));
         }
 
         // Absorbed sparse MLA over the selected latent rows.
@@ -89,13 +94,16 @@ impl Session {
         let most = sel.k.min(pos0 + t);
         attention::sparse_mla(rec, &queries, &cache, &sel, most, o_lat, &d.mla);
         attention::up_v(rec, o_lat, &layer.kv_b, attn, t, &d.mla);
-        matmul::matmul(rec, attn, &layer.o, out, t);
+        let aq = self.quantize(rec, attn, t, 1, &layer.o, &s.xq_qa);
+        gemv(rec, aq.as_ref(), attn, &layer.o, out, t);
         elementwise::add(rec, out, h, t, hd);
     }
 
     /// The lightning indexer of full layer `i`: writes the chunk's key rows into the layer's
     /// key cache, scores every cached position for each row and keeps the top-k in `sel`
-    /// (every position, while there are no more than k).
+    /// (every position, while there are no more than k). `xq`: x and the q LoRA row
+    /// quantized for the GEMVs, where they were.
+    #[allow(clippy::too_many_arguments)]
     fn select(
         &self,
         rec: &mut Recorder,
@@ -104,6 +112,7 @@ impl Session {
         t: u32,
         pos0: u32,
         sel: &Selection,
+        (xq, qaq): (Option<&XQuant>, Option<&XQuant>),
     ) {
         let cfg = &self.model.config;
         let (s, d) = (&self.s, &self.dims);
@@ -118,9 +127,9 @@ impl Session {
             .keys(i, n_keys as usize)
             .expect("full layer has a key cache");
         let key_rows = View::rows(&s.ik_new, id);
-        matmul::matmul(rec, qa, &ix.wq_b, iq, t);
+        gemv(rec, qaq, qa, &ix.wq_b, iq, t);
         rope::rope(rec, None, iq, t, &d.rope_index_q, &s.cos_sin);
-        matmul::matmul(rec, x, &ix.wk, ik, t);
+        gemv(rec, xq, x, &ix.wk, ik, t);
         let k_norm = (&ix.k_norm_w, &ix.k_norm_b);
         norm::layer_norm(rec, ik, k_norm, key_rows, t, id, K_NORM_EPS);
         rope::rope(rec, None, key_rows, t, &d.rope_index_k, &s.cos_sin);

@@ -21,7 +21,9 @@ use super::pick::Pick;
 use super::session::{Input, Session};
 use crate::error::Result;
 use crate::gpu::Recorder;
+use crate::kernels::matmul::XQuant;
 use crate::kernels::{elementwise, embed, matmul, norm, View};
+use crate::weights::GpuWeight;
 
 impl Session {
     /// One chunk; leaves the logits of its last `want_logits` rows in `s.logits`, and with
@@ -93,24 +95,48 @@ impl Session {
         let (h, x) = (View::rows(&self.s.h, hd), View::rows(&self.s.x, hd));
         norm::rms_norm(rec, h, &layer.post_norm, x, t, hd, cfg.rms_norm_eps);
         match &layer.mlp {
-            Mlp::Dense(m) => self.swiglu(rec, m, t),
+            Mlp::Dense(m) => {
+                let xq = self.quantize(rec, x, t, 1, &m.gate_up, &self.s.xq_x);
+                self.swiglu(rec, m, t, xq.as_ref())
+            }
             Mlp::Moe(m) => self.moe(rec, i, m, t)?,
         }
         Ok(())
     }
 
-    /// `h += down(silu(gate(x)) * up(x))` for a dense MLP or the shared expert.
-    pub(super) fn swiglu(&self, rec: &mut Recorder, m: &SwiGlu, t: u32) {
+    /// `h += down(silu(gate(x)) * up(x))` for a dense MLP or the shared expert (`xq`: x
+    /// quantized for its GEMVs, see [`Session::quantize`]).
+    pub(super) fn swiglu(&self, rec: &mut Recorder, m: &SwiGlu, t: u32, xq: Option<&XQuant>) {
         let s = &self.s;
         let hd = self.model.config.hidden_size as u32;
         let i = m.inter as u32;
         let gu = View::rows(&s.mlp_gate_up, 2 * i);
         let act = View::rows(&s.mlp_act, i);
         let out = View::rows(&s.tmp_h, hd);
-        matmul::matmul(rec, View::rows(&s.x, hd), &m.gate_up, gu, t);
+        gemv(rec, xq, View::rows(&s.x, hd), &m.gate_up, gu, t);
         elementwise::swiglu(rec, gu, gu.col(i), act, t, i);
-        matmul::matmul(rec, act, &m.down, out, t);
+        let aq = self.quantize(rec, act, t, 1, &m.down, &s.xq_act);
+        gemv(rec, aq.as_ref(), act, &m.down, out, t);
         elementwise::add(rec, out, View::rows(&s.h, hd), t, hd);
+    }
+
+    /// At a decode step (`t` = 1), the `rows` rows of `x` quantized once into `buf` for the
+    /// integer-dot GEMVs that read them next, when `w` (one of those weights) takes them;
+    /// else None, and each GEMV reads x as it is.
+    pub(super) fn quantize<'a>(
+        &self,
+        rec: &mut Recorder,
+        x: View,
+        t: u32,
+        rows: u32,
+        w: &GpuWeight,
+        buf: &'a wgpu::Buffer,
+    ) -> Option<XQuant<'a>> {
+        if t != 1 || !matmul::xq_enabled() {
+            return None;
+        }
+        let order = matmul::takes_xq(x, w)?;
+        Some(matmul::quantize_x(rec, x, rows, w.cols as u32, order, buf))
     }
 
     /// The final RMSNorm and the LM head over the last `rows` of the chunk's `t` rows, into
@@ -131,11 +157,20 @@ impl Session {
         norm::rms_norm(rec, first, &w.norm, x, rows, hd, cfg.rms_norm_eps);
         let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         let logits = View::rows(&s.logits, vocab);
-        matmul::matmul(rec, x, head, logits, rows);
+        let xq = self.quantize(rec, x, rows, 1, head, &s.xq_x);
+        gemv(rec, xq.as_ref(), x, head, logits, rows);
         if let Some((slot, pick)) = pick {
             self.record_pick(rec, logits.row(rows - 1), pick)?;
             rec.copy(&s.ids, 0, &s.picked[slot], 0, 4);
         }
         Ok(())
+    }
+}
+
+/// `y = x · Wᵀ` for the chunk's `t` rows; from `xq` (x quantized beforehand) where given.
+pub(super) fn gemv(rec: &mut Recorder, xq: Option<&XQuant>, x: View, w: &GpuWeight, y: View, t: u32) {
+    match xq {
+        Some(q) => matmul::matmul_xq(rec, q, x, w, y),
+        None => matmul::matmul(rec, x, w, y, t),
     }
 }

@@ -17,7 +17,7 @@ use super::session::Session;
 use crate::error::Result;
 use crate::experts::{ExpertSource, Offload};
 use crate::gpu::Recorder;
-use crate::kernels::matmul::Routed;
+use crate::kernels::matmul::{Routed, XQuant};
 use crate::kernels::{elementwise, matmul, router, View};
 
 impl Session {
@@ -28,12 +28,14 @@ impl Session {
         let hd = cfg.hidden_size as u32;
         let k = cfg.num_experts_per_tok as u32;
         self.route(rec, m, t, &s.router_idx, &s.router_weights);
+        // At decode, x quantized once for the expert GEMVs and the shared expert's.
+        let xq = self.quantize(rec, View::rows(&s.x, hd), t, 1, &m.gate_up, &s.xq_x);
         match (&m.source, &self.model.offload) {
-            (Some(src), Some(off)) => self.stream_experts(rec, off, i, src, m, t)?,
-            _ => self.experts(rec, m, &s.router_idx, cfg.n_routed_experts as u32, t),
+            (Some(src), Some(off)) => self.stream_experts(rec, off, i, src, m, t, xq.as_ref())?,
+            _ => self.experts(rec, m, &s.router_idx, cfg.n_routed_experts as u32, t, xq.as_ref()),
         }
         if let Some(sh) = &m.shared {
-            self.swiglu(rec, sh, t);
+            self.swiglu(rec, sh, t, xq.as_ref());
         }
         let out = View::rows(&s.moe_out, hd);
         let h = View::rows(&s.h, hd);
@@ -61,7 +63,15 @@ impl Session {
 
     /// The routed experts named by `idx` (expert ids, or slots of the expert cache; `n` of
     /// them in `m`'s matrices) on `x`, each routed pair's output into `s.moe_out`.
-    fn experts(&self, rec: &mut Recorder, m: &Moe, idx: &wgpu::Buffer, n: u32, t: u32) {
+    fn experts(
+        &self,
+        rec: &mut Recorder,
+        m: &Moe,
+        idx: &wgpu::Buffer,
+        n: u32,
+        t: u32,
+        xq: Option<&XQuant>,
+    ) {
         let cfg = &self.model.config;
         let s = &self.s;
         let hd = cfg.hidden_size as u32;
@@ -76,9 +86,15 @@ impl Session {
             n_experts: n,
             topk: k,
         };
-        matmul::matmul_experts(rec, x, false, &m.gate_up, &routed, gu, t);
+        match xq {
+            Some(q) => matmul::matmul_experts_xq(rec, q, x, false, &m.gate_up, &routed, gu, t),
+            None => matmul::matmul_experts(rec, x, false, &m.gate_up, &routed, gu, t),
+        }
         elementwise::swiglu(rec, gu, gu.col(mi), act, t * k, mi);
-        matmul::matmul_experts(rec, act, true, &m.down, &routed, out, t);
+        match self.quantize(rec, act, t, k, &m.down, &s.xq_act) {
+            Some(q) => matmul::matmul_experts_xq(rec, &q, act, true, &m.down, &routed, out, t),
+            None => matmul::matmul_experts(rec, act, true, &m.down, &routed, out, t),
+        }
     }
 
     /// Layer `i`'s routed experts from the expert cache: submit, wait for the router's
@@ -94,6 +110,7 @@ impl Session {
         src: &ExpertSource,
         m: &Moe,
         t: u32,
+        xq: Option<&XQuant>,
     ) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]
         {
@@ -125,7 +142,7 @@ impl Session {
             off.count_sync(t as usize, t0.elapsed().as_secs_f64(), first);
             off.serve(gpu, i, src, ids, t as usize, &m.gate_up, &m.down, |table| {
                 gpu.write(&s.expert_slots, 0, bytemuck::cast_slice(table));
-                self.experts(rec, m, &s.expert_slots, slots, t);
+                self.experts(rec, m, &s.expert_slots, slots, t, xq);
                 rec.flush();
                 Ok(())
             })?;
@@ -137,7 +154,7 @@ impl Session {
         }
         #[cfg(target_arch = "wasm32")]
         {
-            let _ = (rec, off, i, src, m, t);
+            let _ = (rec, off, i, src, m, t, xq);
             Err(crate::error::Error::msg(
                 "expert offloading needs to wait for the GPU mid-step, which the browser cannot",
             ))

@@ -143,6 +143,13 @@ scratch! {
         mlp_gate_up: z.c * 2 * z.mlp_inter(),
         mlp_act: z.c * z.mlp_inter(),
         logits: z.c * z.cfg.vocab_size,
+        /// Decode GEMVs' x quantized once for the integer-dot GEMVs that read it
+        /// (`matmul::quantize_x`): the block input, then the q LoRA row or the attention
+        /// output, then the SwiGLU output (one row per routed pair).
+        xq_x: xq_words(z.cfg.hidden_size, 1),
+        xq_qa: xq_words(z.cfg.q_lora_rank.max(z.cfg.num_attention_heads * z.cfg.v_head_dim), 1),
+        xq_act: xq_words(z.mlp_inter(), 1)
+            .max(xq_words(z.cfg.moe_intermediate_size, z.cfg.num_experts_per_tok)),
     }
     other {
         /// The indexer's top-k over `[c, ctx]` scores.
@@ -156,6 +163,11 @@ scratch! {
         picked: [wgpu::Buffer; 2] = [0, 1].map(|_| picked_slot(gpu)),
             bytes 2 * 4;
     }
+}
+
+/// f32 words of `rows` quantized rows of `k` columns.
+fn xq_words(k: usize, rows: usize) -> usize {
+    (crate::kernels::matmul::xq_bytes(k as u32, rows as u32) / 4) as usize
 }
 
 /// A mappable 4-byte slot for one picked token.

@@ -72,7 +72,10 @@ impl Gpu {
                     layout: layout.as_ref(),
                     module: &module,
                     entry_point: Some(entry),
-                    compilation_options: Default::default(),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        zero_initialize_workgroup_memory: zero_workgroup_memory(),
+                        ..Default::default()
+                    },
                     cache: None,
                 }),
         );
@@ -228,6 +231,14 @@ pub fn shader_prelude(features: wgpu::Features, web: bool) -> String {
 /// Whether shaders get wgpu's buffer bounds checks (on unless SPARSA_SHADER_BOUNDS_CHECKS=0).
 fn shader_bounds_checks() -> bool {
     std::env::var("SPARSA_SHADER_BOUNDS_CHECKS").map_or(true, |v| v != "0")
+}
+
+/// Whether wgpu zeroes a kernel's workgroup memory before it runs (its default: every
+/// workgroup stores zeros over all of it first, then waits at a barrier).
+/// SPARSA_ZERO_WORKGROUP_MEMORY=0 turns that off (a measurement aid).
+fn zero_workgroup_memory() -> bool {
+    cfg!(target_arch = "wasm32")
+        || std::env::var("SPARSA_ZERO_WORKGROUP_MEMORY").map_or(true, |v| v != "0")
 }
 
 #[cfg(test)]
