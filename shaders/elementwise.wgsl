@@ -3,6 +3,9 @@
 //   add          o[r, c] += a[r, c]
 //   swiglu       o[r, c] = silu(a[r, c]) * a[u_off + r * u_stride + c]  (g and u in one buffer)
 //   swiglu2      o[r, c] = silu(a[r, c]) * b[r, c]                      (g, u in two buffers)
+//   swiglu_q     swiglu, one invocation per 32 columns, and o's rows quantized for the
+//                integer-dot GEMVs (xquant.wgsl) into binding 3, row r at r · xq_stride(dim);
+//                P.topk = 1: q4's element order
 //   moe_combine  o[r, c] += Σ_j b[r * topk + j] · a[r * topk + j, c]
 //   fill_random  o[r, c] = uniform in [-√3, √3) (unit variance) from a hash of (seed, r, c);
 //                the seed travels in `topk`. For synthetic caches in `sparsa bench`.
@@ -13,6 +16,7 @@
 @group(0) @binding(1) var<storage, read_write> o: array<f32>;
 @group(0) @binding(2) var<storage, read> a: array<f32>;
 @group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> xq_out: array<vec4<u32>>;
 
 const WG: u32 = 256u;
 
@@ -59,6 +63,31 @@ fn swiglu2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let g = a[P.a_off + p.x * P.a_stride + p.y];
     let u = b[P.b_off + p.x * P.b_stride + p.y];
     o[P.o_off + p.x * P.o_stride + p.y] = silu(g) * u;
+}
+
+@compute @workgroup_size(256)
+fn swiglu_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let nb = P.dim / 32u;
+    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+    let r = i / nb;
+    if (r >= P.rows) {
+        return;
+    }
+    let bk = i - r * nb;
+    var v: array<vec4<f32>, 8>;
+    for (var j = 0u; j < 8u; j++) {
+        var e: vec4<f32>;
+        for (var l = 0u; l < 4u; l++) {
+            let c = 32u * bk + 4u * j + l;
+            let g = a[P.a_off + r * P.a_stride + c];
+            let u = a[P.b_off + r * P.b_stride + c];
+            e[l] = silu(g) * u;
+            o[P.o_off + r * P.o_stride + c] = e[l];
+        }
+        v[j] = e;
+    }
+    xq_store(r * xq_stride(P.dim), nb, bk, quant_block_of(v, P.topk == 1u));
 }
 
 @compute @workgroup_size(256)

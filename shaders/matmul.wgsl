@@ -427,13 +427,18 @@ fn quad_partial(wo: vec4<u32>, xb: u32, lane: u32) -> vec4<f32> {
     return acc;
 }
 
-// Reduces the lanes' partial dots and writes the rows that exist: y[base + n0 + j].
+// Reduces the lanes' partial dots and writes (or adds to) the rows that exist: y[base + n0 + j].
 fn quad_store(acc: vec4<f32>, wo: vec4<u32>, base: u32, n0: u32, lid: u32) {
     let r = reduce_pair(acc, vec4<f32>(0.0), lid);
     if (lid % TPR4 == 0u) {
         for (var j = 0u; j < 4u; j++) {
             if (wo[j] != NONE) {
-                y[base + n0 + j] = r.lo[j];
+                // P.accumulate: y += x · Wᵀ (the residual add folded in).
+                var v = r.lo[j];
+                if (P.accumulate == 1u) {
+                    v += y[base + n0 + j];
+                }
+                y[base + n0 + j] = v;
             }
         }
     }

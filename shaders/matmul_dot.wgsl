@@ -4,18 +4,12 @@
 // device has them) instead of decoding every weight to f32: the decode's integer work, not
 // DRAM, bounds gemv4q over 4- and 8-bit weights.
 //
-// x is split per block of 32 elements into two int8 vectors, x ≈ s · (hi + lo / 254) with
-// s = max|x| / 127 (|error| ≤ s / 508, about 2^-16 of the block's largest value, which is
-// finer than f16), so the result stays within f32-reference tolerances; llama.cpp's q8_1
-// activations keep only `hi`. For q4 the bytes are stored in the order the nibble masks
-// produce (elements 0, 2, 4, 6 then 1, 3, 5, 7 of each 8), and `xm` holds
-// 8 · (Σhi + Σlo / 254) for the codes' offset of 8.
+// x is split per block of 32 elements into two int8 vectors (xquant.wgsl), which keeps the
+// result within f32-reference tolerances; llama.cpp's q8_1 activations keep only `hi`.
 //
 // Where x comes from (define XQ): 0 = each workgroup quantizes its x row into workgroup
-// memory first; 1 = `quantize_x_rows` wrote it to a buffer once (bound as `xq`, read through
-// the cache by every workgroup: no per-workgroup prologue). A row of the buffer holds, for
-// its nb = k / 32 blocks, hi at vec4 [0, 2nb), lo at [2nb, 4nb), then (scale, xm) pairs,
-// two blocks per vec4 (XQ_STRIDE vec4s per row).
+// memory first; 1 = a producer wrote it to a buffer once (`quantize_x_rows`, or a fused
+// RMSNorm / SwiGLU), read through x4's binding by every workgroup: no per-workgroup prologue.
 // Extra defines: MAXB, the blocks the workgroup arrays hold (≥ k / 32 when XQ = 0); UNROLL,
 // 16-byte words per row a lane loads before using them (1 or 2).
 
@@ -33,11 +27,6 @@ fn xq(i: u32) -> vec4<u32> {
 
 // vec4 offset of this invocation's quantized x row in `xq` (XQ = 1).
 var<private> xqb: u32;
-
-fn xq_stride(k: u32) -> u32 {
-    let nb = k / 32u;
-    return 4u * nb + (nb + 1u) / 2u;
-}
 
 fn get_xh(i: u32) -> vec4<u32> {
     if (XQ == 1u) {
@@ -60,54 +49,14 @@ fn get_xsm(b: u32) -> vec2<f32> {
     return vec2<f32>(xs[b], xm[b]);
 }
 
-fn pack_i8(v: vec4<f32>) -> u32 {
-    let i = vec4<u32>(vec4<i32>(v)) & vec4<u32>(255u);
-    return i.x | (i.y << 8u) | (i.z << 16u) | (i.w << 24u);
-}
-
-struct QBlock {
-    h0: vec4<u32>,
-    h1: vec4<u32>,
-    l0: vec4<u32>,
-    l1: vec4<u32>,
-    s: f32,
-    m: f32,
-}
-
-// Block b of the x row at float offset `xo`, quantized.
+// Block b of the x row at float offset `xo`, quantized in the order W_DTYPE reads.
 fn quant_block(xo: u32, b: u32) -> QBlock {
     let v0 = xo / 4u + b * 8u;
     var v: array<vec4<f32>, 8>;
-    var amax = 0.0;
     for (var j = 0u; j < 8u; j++) {
         v[j] = x4[v0 + j];
-        let a = abs(v[j]);
-        amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
     }
-    let inv = select(0.0, 127.0 / amax, amax > 0.0);
-    var sh = 0.0;
-    var sl = 0.0;
-    var hw: array<u32, 8>;
-    var lw: array<u32, 8>;
-    for (var j = 0u; j < 8u; j++) {
-        // q4: words of elements (0, 2, 4, 6) and (1, 3, 5, 7) of each 8; q8: natural.
-        var e = v[j];
-        if (W_DTYPE == 5u) {
-            let p = v[j & 6u];
-            let q = v[(j & 6u) + 1u];
-            e = select(vec4<f32>(p.x, p.z, q.x, q.z), vec4<f32>(p.y, p.w, q.y, q.w), (j & 1u) == 1u);
-        }
-        let f = e * inv;
-        let h = clamp(round(f), vec4<f32>(-127.0), vec4<f32>(127.0));
-        let l = clamp(round((f - h) * 254.0), vec4<f32>(-127.0), vec4<f32>(127.0));
-        sh += (h.x + h.y) + (h.z + h.w);
-        sl += (l.x + l.y) + (l.z + l.w);
-        hw[j] = pack_i8(h);
-        lw[j] = pack_i8(l);
-    }
-    return QBlock(vec4<u32>(hw[0], hw[1], hw[2], hw[3]), vec4<u32>(hw[4], hw[5], hw[6], hw[7]),
-                  vec4<u32>(lw[0], lw[1], lw[2], lw[3]), vec4<u32>(lw[4], lw[5], lw[6], lw[7]),
-                  amax / 127.0, 8.0 * (sh + sl / 254.0));
+    return quant_block_of(v, W_DTYPE == 5u);
 }
 
 // Quantizes the x row at float offset `xo` (k floats) into xh / xl / xs / xm (XQ = 0).
@@ -140,23 +89,7 @@ fn quantize_x_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     }
     let r = id / nb;
     let b = id % nb;
-    let q = quant_block(P.x_off + r * P.x_stride, b);
-    let o = r * xq_stride(P.k);
-    xq_out[o + 2u * b] = q.h0;
-    xq_out[o + 2u * b + 1u] = q.h1;
-    xq_out[o + 2u * nb + 2u * b] = q.l0;
-    xq_out[o + 2u * nb + 2u * b + 1u] = q.l1;
-    // The (scale, xm) pairs: the even block of a pair writes both lanes' words.
-    let sm = vec2<u32>(bitcast<u32>(q.s), bitcast<u32>(q.m));
-    let at = o + 4u * nb + b / 2u;
-    if ((b & 1u) == 0u) {
-        var pair = vec4<u32>(sm, 0u, 0u);
-        if (b + 1u < nb) {
-            let q2 = quant_block(P.x_off + r * P.x_stride, b + 1u);
-            pair = vec4<u32>(sm, bitcast<u32>(q2.s), bitcast<u32>(q2.m));
-        }
-        xq_out[at] = pair;
-    }
+    xq_store(r * xq_stride(P.k), nb, b, quant_block(P.x_off + r * P.x_stride, b));
 }
 
 // dot(w, hi) and dot(w, lo) of 16 bytes of int8 weights with x vec4 pair index `xi`.

@@ -1,5 +1,7 @@
 //! Small elementwise kernels (`shaders/elementwise.wgsl`).
+use super::matmul::{xq_bytes, XQuant};
 use super::{Recorder, View};
+use crate::weights::QFormat;
 use crate::gpu::{kernel_params, Shader, ShaderCode};
 
 kernel_params! {
@@ -21,7 +23,10 @@ kernel_params! {
 
 const ELEMENTWISE: Shader<Params> = Shader::new(
     "elementwise",
-    include_str!("../../shaders/elementwise.wgsl"),
+    concat!(
+        include_str!("../../shaders/xquant.wgsl"),
+        include_str!("../../shaders/elementwise.wgsl")
+    ),
 );
 
 /// This module's shaders (for [`super::shaders`]).
@@ -91,6 +96,40 @@ pub fn swiglu(rec: &mut Recorder, g: View, u: View, out: View, rows: u32, dim: u
         run(rec, "swiglu", &p, &[out.buf, g.buf]);
     } else {
         run(rec, "swiglu2", &p, &[out.buf, g.buf, u.buf]);
+    }
+}
+
+/// [`swiglu`] with `g` and `u` in one buffer that also writes `out`'s rows quantized for
+/// the integer-dot GEMVs into `xq` ([`xq_bytes`] of `dim` × `rows`), in `order`'s element
+/// order: what `matmul::quantize_x` would make of `out`, without its dispatch. `dim` a
+/// multiple of 32.
+#[allow(clippy::too_many_arguments)]
+pub fn swiglu_q<'a>(
+    rec: &mut Recorder,
+    g: View,
+    u: View,
+    out: View,
+    rows: u32,
+    dim: u32,
+    order: QFormat,
+    xq: &'a wgpu::Buffer,
+) -> XQuant<'a> {
+    debug_assert!(g.buf == u.buf && out.buf != g.buf && dim.is_multiple_of(32));
+    debug_assert!(xq.size() >= xq_bytes(dim, rows));
+    let q4 = matches!(order, QFormat::Q4 { .. }) as u32;
+    // One invocation per 32 columns: `dim` in the parameters stays the columns.
+    let p = Params::new(g, Some(u), out, rows, dim, q4);
+    let n = rows * (dim / 32);
+    if n > 0 {
+        let gpu = rec.gpu();
+        let pipe = gpu.pipeline(&ELEMENTWISE, "swiglu_q", &[]);
+        rec.dispatch(&pipe, &p, &[out.buf, g.buf, xq], gpu.grid(n.div_ceil(256)));
+    }
+    XQuant {
+        buf: xq,
+        k: dim,
+        rows,
+        order,
     }
 }
 
@@ -226,6 +265,36 @@ mod tests {
                     1e-5,
                     &format!("swiglu rows={rows} dim={dim} two_buffers={two}"),
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn swiglu_q_is_swiglu_then_quantize_x() {
+        // Bit for bit, several rows (the routed pairs' down-projection inputs), odd block
+        // counts, offsets and strides; both element orders.
+        let g = gpu();
+        for (i, (rows, dim)) in [(1u32, 32u32), (3, 96), (8, 2080)].into_iter().enumerate() {
+            for order in [QFormat::Q4 { block: 32 }, QFormat::Q8 { block: 32 }] {
+                let mut rng = Rng::new(700 + i as u64);
+                let stride = 2 * dim + 5;
+                let gu = rng.vec((2 + rows * stride) as usize, 3.0);
+                let gb = g.buffer_from(&gu, "gu").unwrap();
+                let ob = [0, 1].map(|_| g.buffer(4 * (rows * dim) as u64, "act").unwrap());
+                let qb = [0, 1].map(|_| g.buffer(xq_bytes(dim, rows), "xq").unwrap());
+                let gv = View::new(&gb, 2, stride);
+                let uv = gv.col(dim);
+                let mut rec = g.recorder();
+                swiglu(&mut rec, gv, uv, View::rows(&ob[0], dim), rows, dim);
+                let o0 = View::rows(&ob[0], dim);
+                crate::kernels::matmul::quantize_x(&mut rec, o0, rows, dim, order, &qb[0]);
+                swiglu_q(&mut rec, gv, uv, View::rows(&ob[1], dim), rows, dim, order, &qb[1]);
+                rec.finish().unwrap();
+                let n = (rows * dim) as usize;
+                assert_eq!(g.read_f32(&ob[0], 0, n).unwrap(), g.read_f32(&ob[1], 0, n).unwrap());
+                let q = xq_bytes(dim, rows) as usize / 4;
+                let words = |b: &wgpu::Buffer| g.read_u32(b, 0, q).unwrap();
+                assert_eq!(words(&qb[0]), words(&qb[1]), "{rows}x{dim} {order:?}");
             }
         }
     }

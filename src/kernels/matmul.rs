@@ -57,7 +57,8 @@ kernel_params! {
         n_experts: u32,
         /// Elements per weight row in the chunk (k, or k padded to the block)
         ws: u32,
-        _pad0: u32,
+        /// Dense gemv4q / gemv_dot: 1 = add to y instead of writing it.
+        accumulate: u32,
         _pad1: u32,
     }
 }
@@ -82,6 +83,7 @@ const MATMUL_DOT: Shader<Params> = Shader::new(
         include_str!("../../shaders/quant.wgsl"),
         include_str!("../../shaders/matmul.wgsl"),
         include_str!("../../shaders/matmul_tile.wgsl"),
+        include_str!("../../shaders/xquant.wgsl"),
         include_str!("../../shaders/matmul_dot.wgsl")
     ),
 );
@@ -332,12 +334,12 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
         while t < rows {
             let r = (rows - t).min(GEMV_MAX_ROWS);
             let xv = x.row(t);
-            matmul_as(rec, xv, w, y.row(t), r, pick(r, xv), None);
+            matmul_as(rec, xv, w, y.row(t), r, pick(r, xv), None, false);
             t += r;
         }
         return;
     }
-    matmul_as(rec, x, w, y, rows, pick(rows, x), None);
+    matmul_as(rec, x, w, y, rows, pick(rows, x), None, false);
 }
 
 /// Rows of x quantized for the integer-dot GEMV by [`quantize_x`]: `rows` rows of `k`
@@ -407,13 +409,27 @@ pub fn quantize_x<'a>(
 /// `xq` instead of quantizing x in every workgroup; where it does not apply (other formats,
 /// layouts), the plain [`matmul`] on `x`.
 pub fn matmul_xq(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View) {
-    if dot_applies(x, w) && xq.rows == 1 && xq.k == w.cols as u32 && w.format == WFormat::Quant(xq.order) {
-        // No workgroup memory for x: MAXB 1.
-        let kind = Dense::GemvDot(dot_lanes(w, w.rows as u32), 1);
-        matmul_as(rec, x, w, y, 1, kind, Some(xq));
-    } else {
+    if !xq_gemv(rec, xq, x, w, y, false) {
         matmul(rec, x, w, y, 1)
     }
+}
+
+/// `y += x · Wᵀ` for one row of x that [`quantize_x`] has quantized, in one dispatch (the
+/// residual add folded into the GEMV's store), where the integer-dot GEMV applies; returns
+/// false, recording nothing, where it does not.
+pub fn matmul_xq_add(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View) -> bool {
+    xq_gemv(rec, xq, x, w, y, true)
+}
+
+fn xq_gemv(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View, add: bool) -> bool {
+    let fits = xq.rows == 1 && xq.k == w.cols as u32 && w.format == WFormat::Quant(xq.order);
+    if !(fits && dot_applies(x, w)) {
+        return false;
+    }
+    // No workgroup memory for x: MAXB 1.
+    let kind = Dense::GemvDot(dot_lanes(w, w.rows as u32), 1);
+    matmul_as(rec, x, w, y, 1, kind, Some(xq), add);
+    true
 }
 
 /// [`matmul`] on the kernel `kind` (tests force each kernel through it).
@@ -425,6 +441,7 @@ fn matmul_as(
     rows: u32,
     kind: Dense,
     xq: Option<&XQuant>,
+    accumulate: bool,
 ) {
     debug_assert!(x.buf != y.buf, "matmul: x and y must be different buffers");
     if rows == 0 || w.rows == 0 {
@@ -468,6 +485,7 @@ fn matmul_as(
             y_off: y.offset + c.row0 as u32,
             y_stride: y.stride,
             ws: w.stride as u32,
+            accumulate: accumulate as u32,
             ..Params::zeroed()
         };
         let groups = match kind {
@@ -626,7 +644,7 @@ fn experts_as(
             e0,
             n_experts,
             ws: w.stride as u32,
-            _pad0: 0,
+            accumulate: 0,
             _pad1: 0,
         };
         let groups = if gemv4 {
@@ -808,7 +826,7 @@ mod tests {
         let mut rec = g.recorder();
         let qb = g.buffer(xq_bytes(k as u32, 1).max(16), "xq").unwrap();
         match kind {
-            Some(kind) => matmul_as(&mut rec, xv, &wgt, yv, rows as u32, kind, None),
+            Some(kind) => matmul_as(&mut rec, xv, &wgt, yv, rows as u32, kind, None, false),
             None if xq => {
                 let order = takes_xq(xv, &wgt).expect("x quantized beforehand applies");
                 let q = quantize_x(&mut rec, xv, 1, k as u32, order, &qb);
@@ -1248,6 +1266,34 @@ mod tests {
         // Other formats keep the float GEMVs.
         let f8 = make_weight(&[0.5; 3 * 64], 3, 64, WFormat::Quant(QFormat::Fp8), 1, None).0;
         assert_eq!(dot_blocks(g, x, &f8), None);
+    }
+
+    #[test]
+    fn xq_gemv_add_is_gemv_then_add() {
+        // y += x · Wᵀ in the GEMV's store: bit for bit the GEMV's row plus y's old values.
+        let g = gpu();
+        let (n, k) = (70usize, 544usize);
+        let mut rng = Rng::new(1500);
+        let f = WFormat::Quant(QFormat::Q4 { block: 32 });
+        let (wgt, _) = make_weight(&rng.vec(n * k, 1.0), n, k, f, 1, Some(33));
+        let xb = g.buffer_from(&rng.vec(k, 1.0), "x").unwrap();
+        let y0 = rng.vec(n, 5.0);
+        let ya = g.buffer(4 * n as u64, "y").unwrap();
+        let yb = g.buffer_from(&y0, "y + old").unwrap();
+        let qb = g.buffer(xq_bytes(k as u32, 1), "xq").unwrap();
+        let xv = View::rows(&xb, k as u32);
+        let mut rec = g.recorder();
+        let q = quantize_x(&mut rec, xv, 1, k as u32, takes_xq(xv, &wgt).unwrap(), &qb);
+        matmul_xq(&mut rec, &q, xv, &wgt, View::rows(&ya, n as u32));
+        assert!(matmul_xq_add(&mut rec, &q, xv, &wgt, View::rows(&yb, n as u32)));
+        rec.finish().unwrap();
+        let plain = g.read_f32(&ya, 0, n).unwrap();
+        let want: Vec<f32> = plain.iter().zip(&y0).map(|(a, b)| a + b).collect();
+        assert_eq!(g.read_f32(&yb, 0, n).unwrap(), want);
+        // Where the integer-dot GEMV does not apply, nothing is recorded.
+        let (bf, _) = make_weight(&rng.vec(n * k, 1.0), n, k, DType::BF16.into(), 1, None);
+        let mut rec = g.recorder();
+        assert!(!matmul_xq_add(&mut rec, &q, xv, &bf, View::rows(&yb, n as u32)));
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! RMSNorm and LayerNorm (`shaders/norm.wgsl`). Input and output buffers must differ.
+use super::matmul::{xq_bytes, XQuant};
 use super::{Recorder, View};
+use crate::weights::QFormat;
 use crate::gpu::{kernel_params, Shader, ShaderCode};
 
 kernel_params! {
@@ -11,11 +13,18 @@ kernel_params! {
         rows: u32,
         dim: u32,
         eps: f32,
-        _pad: u32,
+        /// rms_norm_q: quantize in q4's element order.
+        q4: u32,
     }
 }
 
-const NORM: Shader<Params> = Shader::new("norm", include_str!("../../shaders/norm.wgsl"));
+const NORM: Shader<Params> = Shader::new(
+    "norm",
+    concat!(
+        include_str!("../../shaders/xquant.wgsl"),
+        include_str!("../../shaders/norm.wgsl")
+    ),
+);
 
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[NORM.code()];
@@ -30,13 +39,15 @@ struct Rows<'a> {
     eps: f32,
 }
 
-/// One workgroup per row; the weight `w` and (LayerNorm) the bias `b`.
+/// One workgroup per row; the weight `w` and (LayerNorm) the bias `b`, or (rms_norm_q) the
+/// quantized output and its element order.
 fn launch(
     rec: &mut Recorder,
     entry: &'static str,
     r: Rows,
     w: &wgpu::Buffer,
     b: Option<&wgpu::Buffer>,
+    q4: bool,
 ) {
     let Rows {
         x,
@@ -59,7 +70,7 @@ fn launch(
         rows,
         dim,
         eps,
-        _pad: 0,
+        q4: q4 as u32,
     };
     match b {
         None => rec.dispatch(&pipe, &p, &[x.buf, w, y.buf], grid),
@@ -85,7 +96,39 @@ pub fn rms_norm(
         dim,
         eps,
     };
-    launch(rec, "rms_norm", r, w, None);
+    launch(rec, "rms_norm", r, w, None, false);
+}
+
+/// [`rms_norm`] of one row that also writes it quantized for the integer-dot GEMVs into
+/// `out` ([`xq_bytes`] of `dim`), in `order`'s element order: what `matmul::quantize_x`
+/// would make of `y`, without its dispatch. `dim` a multiple of 32.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_q<'a>(
+    rec: &mut Recorder,
+    x: View,
+    w: &wgpu::Buffer,
+    y: View,
+    dim: u32,
+    eps: f32,
+    order: QFormat,
+    out: &'a wgpu::Buffer,
+) -> XQuant<'a> {
+    debug_assert!(dim.is_multiple_of(32) && out.size() >= xq_bytes(dim, 1));
+    let r = Rows {
+        x,
+        y,
+        rows: 1,
+        dim,
+        eps,
+    };
+    let q4 = matches!(order, QFormat::Q4 { .. });
+    launch(rec, "rms_norm_q", r, w, Some(out), q4);
+    XQuant {
+        buf: out,
+        k: dim,
+        rows: 1,
+        order,
+    }
 }
 
 /// LayerNorm with weight and bias `(w, b)`: `y = (x - mean) / sqrt(var + eps) * w + b`
@@ -106,7 +149,7 @@ pub fn layer_norm(
         dim,
         eps,
     };
-    launch(rec, "layer_norm", r, w, Some(b));
+    launch(rec, "layer_norm", r, w, Some(b), false);
 }
 
 #[cfg(test)]
@@ -191,6 +234,36 @@ mod tests {
             .enumerate()
         {
             check(i as u64, rows, dim, 1e-6, 1.0, 0.0, false);
+        }
+    }
+
+    #[test]
+    fn rms_norm_q_is_rms_norm_then_quantize_x() {
+        // Bit for bit: the f32 row rms_norm writes, and the words quantize_x makes of it
+        // (odd block counts; x off a 4-float boundary; both element orders).
+        let g = gpu();
+        for (i, dim) in [32u32, 96, 6176].into_iter().enumerate() {
+            for order in [QFormat::Q4 { block: 32 }, QFormat::Q8 { block: 32 }] {
+                let mut rng = Rng::new(900 + i as u64);
+                let xs = rng.vec(dim as usize + 3, 2.0);
+                let ws = rng.vec(dim as usize, 1.0);
+                let xb = g.buffer_from(&xs, "x").unwrap();
+                let wb = g.buffer_from(&ws, "w").unwrap();
+                let yb = [0, 1].map(|_| g.buffer(4 * dim as u64, "y").unwrap());
+                let qb = [0, 1].map(|_| g.buffer(xq_bytes(dim, 1), "xq").unwrap());
+                let x = View::new(&xb, 3, dim);
+                let mut rec = g.recorder();
+                rms_norm(&mut rec, x, &wb, View::rows(&yb[0], dim), 1, dim, 1e-6);
+                let y0 = View::rows(&yb[0], dim);
+                crate::kernels::matmul::quantize_x(&mut rec, y0, 1, dim, order, &qb[0]);
+                rms_norm_q(&mut rec, x, &wb, View::rows(&yb[1], dim), dim, 1e-6, order, &qb[1]);
+                rec.finish().unwrap();
+                let n = dim as usize;
+                let q = xq_bytes(dim, 1) as usize;
+                assert_eq!(g.read_f32(&yb[0], 0, n).unwrap(), g.read_f32(&yb[1], 0, n).unwrap());
+                let words = |b: &wgpu::Buffer| g.read_u32(b, 0, q / 4).unwrap();
+                assert_eq!(words(&qb[0]), words(&qb[1]), "dim {dim} {order:?}");
+            }
         }
     }
 

@@ -7,7 +7,7 @@
 //! layer on IndexShare layers ([`Session::select`]); attention runs in absorbed form over
 //! those latent rows only.
 
-use super::forward::gemv;
+use super::forward::{gemv, gemv_add};
 use super::load::{Indexer, Layer};
 use super::session::Session;
 use crate::gpu::Recorder;
@@ -15,7 +15,7 @@ use crate::kernels::attention::{MlaDims, MlaQueries};
 use crate::kernels::cache::{self, Source};
 use crate::kernels::matmul::XQuant;
 use crate::kernels::topk::Selection;
-use crate::kernels::{attention, elementwise, indexer, matmul, norm, rope, topk, Causal, View};
+use crate::kernels::{attention, indexer, matmul, norm, rope, topk, Causal, View};
 
 /// eps of `q_a_layernorm` / `kv_a_layernorm` (transformers builds them with the default 1e-6,
 /// not `rms_norm_eps`) and of the indexer's `k_norm` LayerNorm.
@@ -41,16 +41,16 @@ impl Session {
         let row = kl + dr;
         let latent = View::rows(&s.latent_new, row);
         let (h, x) = (View::rows(&s.h, hd), View::rows(&s.x, hd));
-        norm::rms_norm(rec, h, &layer.input_norm, x, t, hd, cfg.rms_norm_eps);
 
         // Queries: q_resid = RMSNorm(x·W_qa), q = q_resid·W_qb, RoPE on the last dr dims per head.
         let (qa_raw, qa) = (View::rows(&s.qa_raw, ql), View::rows(&s.qa, ql));
         let q = View::rows(&s.q, heads * (dn + dr));
-        // At decode, x and the q LoRA row are quantized once for the GEMVs that read them.
-        let xq = self.quantize(rec, x, t, 1, &layer.q_a, &s.xq_x);
+        // At decode, the norms also quantize x and the q LoRA row for the GEMVs that read them.
+        let norm = (&layer.input_norm, cfg.rms_norm_eps);
+        let xq = self.norm_for(rec, h, norm, x, t, &layer.q_a, &s.xq_x);
         gemv(rec, xq.as_ref(), x, &layer.q_a, qa_raw, t);
-        norm::rms_norm(rec, qa_raw, &layer.q_a_norm, qa, t, ql, LATENT_NORM_EPS);
-        let qaq = self.quantize(rec, qa, t, 1, &layer.q_b, &s.xq_qa);
+        let norm = (&layer.q_a_norm, LATENT_NORM_EPS);
+        let qaq = self.norm_for(rec, qa_raw, norm, qa, t, &layer.q_b, &s.xq_qa);
         gemv(rec, qaq.as_ref(), qa, &layer.q_b, q, t);
         rope::rope(rec, None, q, t, &d.rope_q, &s.cos_sin);
         // Latent cache rows: [RMSNorm(c_kv) | RoPE(k_pe)].
@@ -95,8 +95,7 @@ impl Session {
         attention::sparse_mla(rec, &queries, &cache, &sel, most, o_lat, &d.mla);
         attention::up_v(rec, o_lat, &layer.kv_b, attn, t, &d.mla);
         let aq = self.quantize(rec, attn, t, 1, &layer.o, &s.xq_qa);
-        gemv(rec, aq.as_ref(), attn, &layer.o, out, t);
-        elementwise::add(rec, out, h, t, hd);
+        gemv_add(rec, aq.as_ref(), attn, &layer.o, out, h, t);
     }
 
     /// The lightning indexer of full layer `i`: writes the chunk's key rows into the layer's

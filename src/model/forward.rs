@@ -93,13 +93,16 @@ impl Session {
         let cfg = &self.model.config;
         let hd = cfg.hidden_size as u32;
         let (h, x) = (View::rows(&self.s.h, hd), View::rows(&self.s.x, hd));
-        norm::rms_norm(rec, h, &layer.post_norm, x, t, hd, cfg.rms_norm_eps);
+        // At decode, the norm also quantizes x for the GEMVs that read it.
+        let first = match &layer.mlp {
+            Mlp::Dense(m) => &m.gate_up,
+            Mlp::Moe(m) => &m.gate_up,
+        };
+        let norm = (&layer.post_norm, cfg.rms_norm_eps);
+        let xq = self.norm_for(rec, h, norm, x, t, first, &self.s.xq_x);
         match &layer.mlp {
-            Mlp::Dense(m) => {
-                let xq = self.quantize(rec, x, t, 1, &m.gate_up, &self.s.xq_x);
-                self.swiglu(rec, m, t, xq.as_ref())
-            }
-            Mlp::Moe(m) => self.moe(rec, i, m, t)?,
+            Mlp::Dense(m) => self.swiglu(rec, m, t, xq.as_ref()),
+            Mlp::Moe(m) => self.moe(rec, i, m, t, xq.as_ref())?,
         }
         Ok(())
     }
@@ -114,10 +117,65 @@ impl Session {
         let act = View::rows(&s.mlp_act, i);
         let out = View::rows(&s.tmp_h, hd);
         gemv(rec, xq, View::rows(&s.x, hd), &m.gate_up, gu, t);
-        elementwise::swiglu(rec, gu, gu.col(i), act, t, i);
-        let aq = self.quantize(rec, act, t, 1, &m.down, &s.xq_act);
-        gemv(rec, aq.as_ref(), act, &m.down, out, t);
-        elementwise::add(rec, out, View::rows(&s.h, hd), t, hd);
+        let aq = self.swiglu_for(rec, gu, act, t, 1, i, &m.down, &s.xq_act);
+        gemv_add(rec, aq.as_ref(), act, &m.down, out, View::rows(&s.h, hd), t);
+    }
+
+    /// RMSNorm (`norm`: weight and eps) of the chunk's `t` rows of `x` into `y`; at a decode
+    /// step whose next GEMVs (over `w`) take x quantized, the same dispatch quantizes `y`
+    /// into `buf` ([`norm::rms_norm_q`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn norm_for<'a>(
+        &self,
+        rec: &mut Recorder,
+        x: View,
+        (nw, eps): (&wgpu::Buffer, f32),
+        y: View,
+        t: u32,
+        w: &GpuWeight,
+        buf: &'a wgpu::Buffer,
+    ) -> Option<XQuant<'a>> {
+        let dim = w.cols as u32;
+        match self.xq_order(t, y, w) {
+            Some(order) => Some(norm::rms_norm_q(rec, x, nw, y, dim, eps, order, buf)),
+            None => {
+                norm::rms_norm(rec, x, nw, y, t, dim, eps);
+                None
+            }
+        }
+    }
+
+    /// `out = silu(gate) * up` over `gu` (`[gate | up]`, `dim` columns each) for `rows`
+    /// rows; at a decode step whose next GEMV (over `w`) takes them quantized, the same
+    /// dispatch quantizes `out` into `buf` ([`elementwise::swiglu_q`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn swiglu_for<'a>(
+        &self,
+        rec: &mut Recorder,
+        gu: View,
+        out: View,
+        t: u32,
+        rows: u32,
+        dim: u32,
+        w: &GpuWeight,
+        buf: &'a wgpu::Buffer,
+    ) -> Option<XQuant<'a>> {
+        match self.xq_order(t, out, w) {
+            Some(order) => Some(elementwise::swiglu_q(rec, gu, gu.col(dim), out, rows, dim, order, buf)),
+            None => {
+                elementwise::swiglu(rec, gu, gu.col(dim), out, t * rows, dim);
+                None
+            }
+        }
+    }
+
+    /// The element order GEMVs over `w` take x quantized in, at a decode step (`t` = 1)
+    /// where they do.
+    fn xq_order(&self, t: u32, x: View, w: &GpuWeight) -> Option<crate::weights::QFormat> {
+        if t != 1 || !matmul::xq_enabled() {
+            return None;
+        }
+        matmul::takes_xq(x, w)
     }
 
     /// At a decode step (`t` = 1), the `rows` rows of `x` quantized once into `buf` for the
@@ -132,10 +190,7 @@ impl Session {
         w: &GpuWeight,
         buf: &'a wgpu::Buffer,
     ) -> Option<XQuant<'a>> {
-        if t != 1 || !matmul::xq_enabled() {
-            return None;
-        }
-        let order = matmul::takes_xq(x, w)?;
+        let order = self.xq_order(t, x, w)?;
         Some(matmul::quantize_x(rec, x, rows, w.cols as u32, order, buf))
     }
 
@@ -173,4 +228,16 @@ pub(super) fn gemv(rec: &mut Recorder, xq: Option<&XQuant>, x: View, w: &GpuWeig
         Some(q) => matmul::matmul_xq(rec, q, x, w, y),
         None => matmul::matmul(rec, x, w, y, t),
     }
+}
+
+/// `h += x · Wᵀ` for the chunk's `t` rows: in the GEMV's store where x is quantized and the
+/// integer-dot GEMV applies, else the product into `tmp` and an add.
+pub(super) fn gemv_add(rec: &mut Recorder, xq: Option<&XQuant>, x: View, w: &GpuWeight, tmp: View, h: View, t: u32) {
+    if let Some(q) = xq {
+        if matmul::matmul_xq_add(rec, q, x, w, h) {
+            return;
+        }
+    }
+    gemv(rec, xq, x, w, tmp, t);
+    elementwise::add(rec, tmp, h, t, w.rows as u32);
 }

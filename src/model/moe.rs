@@ -22,20 +22,26 @@ use crate::kernels::{elementwise, matmul, router, View};
 
 impl Session {
     /// `h += Σ_k w_k · expert_k(x) + shared(x)` for MoE layer `i` (`x` already normalized).
-    pub(super) fn moe(&self, rec: &mut Recorder, i: usize, m: &Moe, t: u32) -> Result<()> {
+    /// `xq`: x quantized for the expert GEMVs, where it was (decode).
+    pub(super) fn moe(
+        &self,
+        rec: &mut Recorder,
+        i: usize,
+        m: &Moe,
+        t: u32,
+        xq: Option<&XQuant>,
+    ) -> Result<()> {
         let cfg = &self.model.config;
         let s = &self.s;
         let hd = cfg.hidden_size as u32;
         let k = cfg.num_experts_per_tok as u32;
         self.route(rec, m, t, &s.router_idx, &s.router_weights);
-        // At decode, x quantized once for the expert GEMVs and the shared expert's.
-        let xq = self.quantize(rec, View::rows(&s.x, hd), t, 1, &m.gate_up, &s.xq_x);
         match (&m.source, &self.model.offload) {
-            (Some(src), Some(off)) => self.stream_experts(rec, off, i, src, m, t, xq.as_ref())?,
-            _ => self.experts(rec, m, &s.router_idx, cfg.n_routed_experts as u32, t, xq.as_ref()),
+            (Some(src), Some(off)) => self.stream_experts(rec, off, i, src, m, t, xq)?,
+            _ => self.experts(rec, m, &s.router_idx, cfg.n_routed_experts as u32, t, xq),
         }
         if let Some(sh) = &m.shared {
-            self.swiglu(rec, sh, t, xq.as_ref());
+            self.swiglu(rec, sh, t, xq);
         }
         let out = View::rows(&s.moe_out, hd);
         let h = View::rows(&s.h, hd);
@@ -90,8 +96,7 @@ impl Session {
             Some(q) => matmul::matmul_experts_xq(rec, q, x, false, &m.gate_up, &routed, gu, t),
             None => matmul::matmul_experts(rec, x, false, &m.gate_up, &routed, gu, t),
         }
-        elementwise::swiglu(rec, gu, gu.col(mi), act, t * k, mi);
-        match self.quantize(rec, act, t, k, &m.down, &s.xq_act) {
+        match self.swiglu_for(rec, gu, act, t, k, mi, &m.down, &s.xq_act) {
             Some(q) => matmul::matmul_experts_xq(rec, &q, act, true, &m.down, &routed, out, t),
             None => matmul::matmul_experts(rec, act, true, &m.down, &routed, out, t),
         }
