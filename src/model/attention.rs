@@ -7,13 +7,13 @@
 //! layer on IndexShare layers ([`Session::select`]); attention runs in absorbed form over
 //! those latent rows only.
 
-use super::forward::{gemv, gemv_add};
+use super::forward::{gemv_add, project};
+use super::scratch::{qi_cols, qkv_cols};
 use super::load::{Indexer, Layer};
 use super::session::Session;
 use crate::gpu::Recorder;
 use crate::kernels::attention::{MlaDims, MlaQueries};
 use crate::kernels::cache::{self, Source};
-use crate::kernels::matmul::XQuant;
 use crate::kernels::topk::Selection;
 use crate::kernels::{attention, indexer, matmul, norm, rope, topk, Causal, View};
 
@@ -43,19 +43,22 @@ impl Session {
         let (h, x) = (View::rows(&s.h, hd), View::rows(&s.x, hd));
 
         // Queries: q_resid = RMSNorm(x·W_qa), q = q_resid·W_qb, RoPE on the last dr dims per head.
-        let (qa_raw, qa) = (View::rows(&s.qa_raw, ql), View::rows(&s.qa, ql));
-        let q = View::rows(&s.q, heads * (dn + dr));
+        // One matrix each (or a few, where formats differ) for the projections that share
+        // an input: [q_a | kv_a | indexer key] of x, [q | indexer queries] of the q LoRA row.
+        let qkv = View::rows(&s.qkv, qkv_cols(cfg) as u32);
+        let qi = View::rows(&s.qi, qi_cols(cfg) as u32);
+        let (qa_raw, qa) = (qkv, View::rows(&s.qa, ql));
+        let q = qi;
         // At decode, the norms also quantize x and the q LoRA row for the GEMVs that read them.
         let norm = (&layer.input_norm, cfg.rms_norm_eps);
-        let xq = self.norm_for(rec, h, norm, x, t, &layer.q_a, &s.xq_x);
-        gemv(rec, xq.as_ref(), x, &layer.q_a, qa_raw, t);
+        let xq = self.norm_for(rec, h, norm, x, t, layer.qkv_a.first(), &s.xq_x);
+        project(rec, xq.as_ref(), x, &layer.qkv_a, qkv, t);
         let norm = (&layer.q_a_norm, LATENT_NORM_EPS);
-        let qaq = self.norm_for(rec, qa_raw, norm, qa, t, &layer.q_b, &s.xq_qa);
-        gemv(rec, qaq.as_ref(), qa, &layer.q_b, q, t);
+        let qaq = self.norm_for(rec, qa_raw, norm, qa, t, layer.q_b.first(), &s.xq_qa);
+        project(rec, qaq.as_ref(), qa, &layer.q_b, qi, t);
         rope::rope(rec, None, q, t, &d.rope_q, &s.cos_sin);
         // Latent cache rows: [RMSNorm(c_kv) | RoPE(k_pe)].
-        let kva = View::rows(&s.kva, row);
-        gemv(rec, xq.as_ref(), x, &layer.kv_a, kva, t);
+        let kva = qkv.col(ql);
         norm::rms_norm(rec, kva, &layer.kv_a_norm, latent, t, kl, LATENT_NORM_EPS);
         rope::rope(
             rec,
@@ -77,7 +80,9 @@ impl Session {
             k: self.topk as u32,
         };
         if let Some(ix) = &layer.indexer {
-            self.select(rec, i, ix, t, pos0, &sel, (xq.as_ref(), qaq.as_ref()));
+            let ik = qkv.col(ql + row);
+            let iq = qi.col(heads * (dn + dr));
+            self.select(rec, i, ix, t, pos0, &sel, (iq, ik));
         }
 
         // Absorbed sparse MLA over the selected latent rows.
@@ -100,8 +105,8 @@ impl Session {
 
     /// The lightning indexer of full layer `i`: writes the chunk's key rows into the layer's
     /// key cache, scores every cached position for each row and keeps the top-k in `sel`
-    /// (every position, while there are no more than k). `xq`: x and the q LoRA row
-    /// quantized for the GEMVs, where they were.
+    /// (every position, while there are no more than k). `(iq, ik)`: the chunk's indexer
+    /// queries and key rows, computed with the layer's other projections.
     #[allow(clippy::too_many_arguments)]
     fn select(
         &self,
@@ -111,24 +116,20 @@ impl Session {
         t: u32,
         pos0: u32,
         sel: &Selection,
-        (xq, qaq): (Option<&XQuant>, Option<&XQuant>),
+        (iq, ik): (View, View),
     ) {
         let cfg = &self.model.config;
         let (s, d) = (&self.s, &self.dims);
         let hd = cfg.hidden_size as u32;
-        let ql = cfg.q_lora_rank as u32;
         let (ih, id) = (d.indexer.heads, d.indexer.dim);
-        let (x, qa) = (View::rows(&s.x, hd), View::rows(&s.qa, ql));
-        let (iq, ik) = (View::rows(&s.iq, ih * id), View::rows(&s.ik, id));
+        let x = View::rows(&s.x, hd);
         let n_keys = pos0 + t;
         let keys = self
             .caches
             .keys(i, n_keys as usize)
             .expect("full layer has a key cache");
         let key_rows = View::rows(&s.ik_new, id);
-        gemv(rec, qaq, qa, &ix.wq_b, iq, t);
         rope::rope(rec, None, iq, t, &d.rope_index_q, &s.cos_sin);
-        gemv(rec, xq, x, &ix.wk, ik, t);
         let k_norm = (&ix.k_norm_w, &ix.k_norm_b);
         norm::layer_norm(rec, ik, k_norm, key_rows, t, id, K_NORM_EPS);
         rope::rope(rec, None, key_rows, t, &d.rope_index_k, &s.cos_sin);

@@ -16,7 +16,7 @@
 //! Everything is recorded into one [`Recorder`] and submitted at the end of the chunk; the
 //! host waits for the GPU only where the loop says so.
 
-use super::load::{Layer, Mlp, SwiGlu};
+use super::load::{Layer, Mlp, Proj, SwiGlu};
 use super::pick::Pick;
 use super::session::{Input, Session};
 use crate::error::Result;
@@ -240,4 +240,14 @@ pub(super) fn gemv_add(rec: &mut Recorder, xq: Option<&XQuant>, x: View, w: &Gpu
     }
     gemv(rec, xq, x, w, tmp, t);
     elementwise::add(rec, tmp, h, t, w.rows as u32);
+}
+
+/// `y = x · [W_1 | W_2 | …]ᵀ` for the chunk's `t` rows: each part of `p` into the next
+/// columns of `y`.
+pub(super) fn project(rec: &mut Recorder, xq: Option<&XQuant>, x: View, p: &Proj, y: View, t: u32) {
+    let mut col = 0;
+    for w in &p.parts {
+        gemv(rec, xq, x, w, y.col(col), t);
+        col += w.rows as u32;
+    }
 }

@@ -19,12 +19,31 @@ use crate::gpu::Gpu;
 use crate::weights::quant::stored_format;
 use crate::weights::{GpuWeight, QFormat, QuantPart, RowSource, TensorRef, WFormat, WeightFiles};
 
+/// The lightning indexer's own weights (its `wq_b` and `wk` are parts of the layer's
+/// [`Layer::q_b`] and [`Layer::qkv_a`]).
 pub struct Indexer {
-    pub wq_b: GpuWeight,
-    pub wk: GpuWeight,
     pub k_norm_w: wgpu::Buffer,
     pub k_norm_b: wgpu::Buffer,
     pub weights_proj: GpuWeight,
+}
+
+/// Matrices that multiply the same input, their outputs consecutive columns of one result:
+/// stacked by rows into one matrix where their formats agree (one product instead of
+/// several: fewer dispatches at decode), else one matrix each.
+pub struct Proj {
+    pub parts: Vec<GpuWeight>,
+}
+
+impl Proj {
+    /// Output columns: every part's rows.
+    pub fn rows(&self) -> usize {
+        self.parts.iter().map(|w| w.rows).sum()
+    }
+
+    /// The first part (its format and columns stand for all: the input is shared).
+    pub fn first(&self) -> &GpuWeight {
+        &self.parts[0]
+    }
 }
 
 /// A SwiGLU MLP with gate and up fused into one `[2I, H]` matrix (gate rows first).
@@ -55,10 +74,11 @@ pub enum Mlp {
 pub struct Layer {
     pub input_norm: wgpu::Buffer,
     pub post_norm: wgpu::Buffer,
-    pub q_a: GpuWeight,
+    /// `[q_a | kv_a | indexer wk (full layers)]` over the normalized input.
+    pub qkv_a: Proj,
     pub q_a_norm: wgpu::Buffer,
-    pub q_b: GpuWeight,
-    pub kv_a: GpuWeight,
+    /// `[q_b | indexer wq_b (full layers)]` over the normalized q LoRA row.
+    pub q_b: Proj,
     pub kv_a_norm: wgpu::Buffer,
     pub kv_b: GpuWeight,
     pub o: GpuWeight,
@@ -105,6 +125,21 @@ impl<'a> Loader<'a, '_> {
     /// A matrix `[rows, cols]` from one tensor.
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<GpuWeight> {
         self.stacked(&[name.to_string()], &[rows], cols, 1, name)
+    }
+
+    /// The tensors `names` (`[rows_i, cols]` each) as one [`Proj`]: stacked where they
+    /// share a format, else loaded one by one.
+    fn proj(&mut self, names: &[String], rows_each: &[usize], cols: usize, label: &str) -> Result<Proj> {
+        if names.len() > 1 && self.collect(names, rows_each, cols).is_ok() {
+            let w = self.stacked(names, rows_each, cols, 1, label)?;
+            return Ok(Proj { parts: vec![w] });
+        }
+        let parts = names
+            .iter()
+            .zip(rows_each)
+            .map(|(n, r)| self.matrix(n, *r, cols))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Proj { parts })
     }
 
     /// A floating-point matrix (the embedding table).
@@ -383,27 +418,32 @@ pub fn load(
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let a = format!("{p}.self_attn");
-        let indexer = match cfg.indexer_types[i] {
-            IndexerKind::Full => {
-                let x = format!("{a}.indexer");
-                Some(Indexer {
-                    wq_b: l.matrix(
-                        &format!("{x}.wq_b.weight"),
-                        cfg.index_n_heads * cfg.index_head_dim,
-                        ql,
-                    )?,
-                    wk: l.matrix(&format!("{x}.wk.weight"), cfg.index_head_dim, h)?,
-                    k_norm_w: l.vector(&format!("{x}.k_norm.weight"), cfg.index_head_dim)?,
-                    k_norm_b: l.vector(&format!("{x}.k_norm.bias"), cfg.index_head_dim)?,
-                    weights_proj: l.matrix(
-                        &format!("{x}.weights_proj.weight"),
-                        cfg.index_n_heads,
-                        h,
-                    )?,
-                })
-            }
-            IndexerKind::Shared => None,
+        let full = cfg.indexer_types[i] == IndexerKind::Full;
+        let x = format!("{a}.indexer");
+        let indexer = if full {
+            Some(Indexer {
+                k_norm_w: l.vector(&format!("{x}.k_norm.weight"), cfg.index_head_dim)?,
+                k_norm_b: l.vector(&format!("{x}.k_norm.bias"), cfg.index_head_dim)?,
+                weights_proj: l.matrix(&format!("{x}.weights_proj.weight"), cfg.index_n_heads, h)?,
+            })
+        } else {
+            None
         };
+        // The projections that share an input, with the indexer's on full layers.
+        let mut names = vec![format!("{a}.q_a_proj.weight"), format!("{a}.kv_a_proj_with_mqa.weight")];
+        let mut rows = vec![ql, kl + dr];
+        if full {
+            names.push(format!("{x}.wk.weight"));
+            rows.push(cfg.index_head_dim);
+        }
+        let qkv_a = l.proj(&names, &rows, h, &format!("{a}.qkv_a"))?;
+        let mut names = vec![format!("{a}.q_b_proj.weight")];
+        let mut rows = vec![heads * (dn + dr)];
+        if full {
+            names.push(format!("{x}.wq_b.weight"));
+            rows.push(cfg.index_n_heads * cfg.index_head_dim);
+        }
+        let q_b = l.proj(&names, &rows, ql, &format!("{a}.q_b"))?;
         let mlp = if cfg.is_dense_layer(i) {
             Mlp::Dense(l.swiglu(&format!("{p}.mlp"), h, cfg.intermediate_size)?)
         } else {
@@ -437,10 +477,9 @@ pub fn load(
         layers.push(Layer {
             input_norm: l.vector(&format!("{p}.input_layernorm.weight"), h)?,
             post_norm: l.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            q_a: l.matrix(&format!("{a}.q_a_proj.weight"), ql, h)?,
+            qkv_a,
             q_a_norm: l.vector(&format!("{a}.q_a_layernorm.weight"), ql)?,
-            q_b: l.matrix(&format!("{a}.q_b_proj.weight"), heads * (dn + dr), ql)?,
-            kv_a: l.matrix(&format!("{a}.kv_a_proj_with_mqa.weight"), kl + dr, h)?,
+            q_b,
             kv_a_norm: l.vector(&format!("{a}.kv_a_layernorm.weight"), kl)?,
             kv_b: l.single_binding(&format!("{a}.kv_b_proj.weight"), heads * (dn + dv), kl)?,
             o: l.matrix(&format!("{a}.o_proj.weight"), h, heads * dv)?,

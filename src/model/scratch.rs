@@ -102,19 +102,18 @@ scratch! {
         x: z.c * z.cfg.hidden_size,
         /// A block's output before it is added to `h`.
         tmp_h: z.c * z.cfg.hidden_size,
-        qa_raw: z.c * z.cfg.q_lora_rank,
+        /// `[q_a | kv_a | indexer key]` of each row (the layer's `qkv_a`).
+        qkv: z.c * qkv_cols(z.cfg),
         qa: z.c * z.cfg.q_lora_rank,
-        q: z.c * z.cfg.num_attention_heads * z.cfg.qk_head_dim(),
-        kva: z.c * (z.cfg.kv_lora_rank + z.cfg.qk_rope_head_dim),
+        /// `[q | indexer queries]` of each row (the layer's `q_b`).
+        qi: z.c * qi_cols(z.cfg),
         /// The chunk's latent rows `[RMSNorm(c_kv) | RoPE(k_pe)]` in f32, before they are
         /// stored in the cache's format.
         latent_new: z.c * (z.cfg.kv_lora_rank + z.cfg.qk_rope_head_dim),
         q_abs: z.c * z.cfg.num_attention_heads * z.cfg.kv_lora_rank,
         o_lat: z.c * z.cfg.num_attention_heads * z.cfg.kv_lora_rank,
         attn: z.c * z.cfg.num_attention_heads * z.cfg.v_head_dim,
-        /// Indexer queries, key and head weights.
-        iq: z.c * z.cfg.index_n_heads * z.cfg.index_head_dim,
-        ik: z.c * z.cfg.index_head_dim,
+        /// Indexer head weights.
         /// The chunk's key rows after `k_norm` and RoPE, before they are stored.
         ik_new: z.c * z.cfg.index_head_dim,
         iw: z.c * z.cfg.index_n_heads,
@@ -163,6 +162,16 @@ scratch! {
         picked: [wgpu::Buffer; 2] = [0, 1].map(|_| picked_slot(gpu)),
             bytes 2 * 4;
     }
+}
+
+/// Columns of `qkv`: q_a, kv_a and the indexer's key of a row.
+pub(super) fn qkv_cols(c: &Config) -> usize {
+    c.q_lora_rank + c.kv_lora_rank + c.qk_rope_head_dim + c.index_head_dim
+}
+
+/// Columns of `qi`: a row's queries and the indexer's queries.
+pub(super) fn qi_cols(c: &Config) -> usize {
+    c.num_attention_heads * c.qk_head_dim() + c.index_n_heads * c.index_head_dim
 }
 
 /// f32 words of `rows` quantized rows of `k` columns.
