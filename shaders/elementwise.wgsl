@@ -3,7 +3,7 @@
 //   add          o[r, c] += a[r, c]
 //   swiglu       o[r, c] = silu(a[r, c]) * a[u_off + r * u_stride + c]  (g and u in one buffer)
 //   swiglu2      o[r, c] = silu(a[r, c]) * b[r, c]                      (g, u in two buffers)
-//   swiglu_q     swiglu, one invocation per 32 columns, and o's rows quantized for the
+//   swiglu_q     swiglu, eight invocations per 32 columns, and o's rows quantized for the
 //                integer-dot GEMVs (xquant.wgsl) into binding 3, row r at r · xq_stride(dim);
 //                P.topk = 1: q4's element order
 //   moe_combine  o[r, c] += Σ_j b[r * topk + j] · a[r * topk + j, c]
@@ -65,29 +65,27 @@ fn swiglu2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     o[P.o_off + p.x * P.o_stride + p.y] = silu(g) * u;
 }
 
+// Eight invocations per 32-column block, each the 4 values of one quantized word.
 @compute @workgroup_size(256)
 fn swiglu_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     let nb = P.dim / 32u;
-    let i = (wid.x + wid.y * nwg.x) * WG + lid;
-    let r = i / nb;
-    if (r >= P.rows) {
-        return;
-    }
-    let bk = i - r * nb;
-    var v: array<vec4<f32>, 8>;
-    for (var j = 0u; j < 8u; j++) {
-        var e: vec4<f32>;
-        for (var l = 0u; l < 4u; l++) {
-            let c = 32u * bk + 4u * j + l;
+    let blk = ((wid.x + wid.y * nwg.x) * WG + lid) / 8u;
+    let r = blk / nb;
+    let b = blk - r * nb;
+    let j = lid & 7u;
+    let live = r < P.rows;
+    var v = vec4<f32>(0.0);
+    if (live) {
+        for (var i = 0u; i < 4u; i++) {
+            let c = 32u * b + word_elem(j, i, P.topk == 1u);
             let g = a[P.a_off + r * P.a_stride + c];
             let u = a[P.b_off + r * P.b_stride + c];
-            e[l] = silu(g) * u;
-            o[P.o_off + r * P.o_stride + c] = e[l];
+            v[i] = silu(g) * u;
+            o[P.o_off + r * P.o_stride + c] = v[i];
         }
-        v[j] = e;
     }
-    xq_store(r * xq_stride(P.dim), nb, bk, quant_block_of(v, P.topk == 1u));
+    quant_word(v, lid, live, r * xq_stride(P.dim), nb, b);
 }
 
 @compute @workgroup_size(256)

@@ -78,18 +78,26 @@ fn quantize_x(xo: u32, lid: u32) {
 }
 
 // The `rows` rows of x (P.x_off, P.x_stride) quantized into xq_out, row r at r · XQ_STRIDE,
-// one invocation per 32-element block (XQ = 1's producer).
+// eight invocations per 32-element block (XQ = 1's producer where no RMSNorm or SwiGLU
+// makes it).
 @compute @workgroup_size(256)
 fn quantize_x_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let id = (wid.x + wid.y * nwg.x) * WG + lid;
     let nb = P.k / 32u;
-    if (id >= P.rows * nb) {
-        return;
+    let blk = ((wid.x + wid.y * nwg.x) * WG + lid) / 8u;
+    let r = blk / nb;
+    let b = blk - r * nb;
+    let j = lid & 7u;
+    let live = r < P.rows;
+    var v = vec4<f32>(0.0);
+    if (live) {
+        let xo = P.x_off + r * P.x_stride + 32u * b;
+        for (var i = 0u; i < 4u; i++) {
+            let e = xo + word_elem(j, i, W_DTYPE == 5u);
+            v[i] = x4[e / 4u][e % 4u];
+        }
     }
-    let r = id / nb;
-    let b = id % nb;
-    xq_store(r * xq_stride(P.k), nb, b, quant_block(P.x_off + r * P.x_stride, b));
+    quant_word(v, lid, live, r * xq_stride(P.k), nb, b);
 }
 
 // dot(w, hi) and dot(w, lo) of 16 bytes of int8 weights with x vec4 pair index `xi`.

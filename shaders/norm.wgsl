@@ -76,33 +76,29 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
+// One row (decode); workgroup g quantizes blocks 32g .. 32g + 32, eight invocations per
+// block, after computing the row's scale itself (the row is small and cached: cheaper than a
+// second dispatch).
 @compute @workgroup_size(256)
 fn rms_norm_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= P.rows) {
-        return;
-    }
-    let xb = P.x_off + row * P.x_stride;
-    let yb = P.y_off + row * P.y_stride;
+    let xb = P.x_off;
+    let yb = P.y_off;
     let scale = rms_scale(xb, lid);
-    // One 32-element block per invocation: y as rms_norm computes it, then quantized.
     let nb = P.dim / 32u;
-    for (var bk = lid; bk < nb; bk += WG) {
-        var v: array<vec4<f32>, 8>;
-        for (var j = 0u; j < 8u; j++) {
-            let c = 32u * bk + 4u * j;
-            let xv = vec4<f32>(x[xb + c], x[xb + c + 1u], x[xb + c + 2u], x[xb + c + 3u]);
-            let g = vec4<f32>(w[c], w[c + 1u], w[c + 2u], w[c + 3u]);
-            let o = xv * scale * g;
-            y[yb + c] = o.x;
-            y[yb + c + 1u] = o.y;
-            y[yb + c + 2u] = o.z;
-            y[yb + c + 3u] = o.w;
-            v[j] = o;
+    let b = (wid.x + wid.y * nwg.x) * (WG / 8u) + lid / 8u;
+    let j = lid & 7u;
+    let live = b < nb;
+    var v = vec4<f32>(0.0);
+    if (live) {
+        for (var i = 0u; i < 4u; i++) {
+            let c = 32u * b + word_elem(j, i, P.q4 == 1u);
+            // As rms_norm computes it.
+            v[i] = x[xb + c] * scale * w[c];
+            y[yb + c] = v[i];
         }
-        xq_store(row * xq_stride(P.dim), nb, bk, quant_block_of(v, P.q4 == 1u));
     }
+    quant_word(v, lid, live, 0u, nb, b);
 }
 
 @compute @workgroup_size(256)

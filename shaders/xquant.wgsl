@@ -5,6 +5,11 @@
 // of 8. Prepended to the kernels that produce or read it; the producers declare
 // `xq_out: array<vec4<u32>>`.
 //
+// Two ways to make one: `quant_block_of` (one invocation per block, 32 values at hand) and
+// `quant_word` (eight invocations per block, each with the 4 values of one word: the
+// producers use this, so no invocation runs a long serial chain). Both give the same bits:
+// the sums behind `m` are of small integers, exact in f32 in any order.
+//
 // A quantized row of nb = k / 32 blocks: hi at vec4 [0, 2nb), lo at [2nb, 4nb), then the
 // (s, m) pairs of two blocks per vec4 ([`xq_stride`] vec4s per row).
 
@@ -71,4 +76,53 @@ fn xq_store(o: u32, nb: u32, b: u32, q: QBlock) {
     let c = 2u * (b & 1u);
     xq_out[at][c] = bitcast<u32>(q.s);
     xq_out[at][c + 1u] = bitcast<u32>(q.m);
+}
+
+// The block's element behind value i (0..4) of its word j (0..8): q4's order or natural.
+fn word_elem(j: u32, i: u32, q4: bool) -> u32 {
+    if (q4) {
+        return 8u * (j >> 1u) + (j & 1u) + 2u * i;
+    }
+    return 4u * j + i;
+}
+
+// Eight consecutive invocations (lid & ~7 .. + 8) hold the words j = lid & 7 of block b: `v`,
+// the 4 values word_elem(j, 0..4). Quantizes the block and stores it at vec4 `o` of xq_out
+// (nb blocks per row). Workgroup-uniform control flow (barriers): invocations without a
+// block pass live = false.
+var<workgroup> xq_red: array<vec4<f32>, 256>;
+fn quant_word(v: vec4<f32>, lid: u32, live: bool, o: u32, nb: u32, b: u32) {
+    let a = abs(v);
+    xq_red[lid] = vec4<f32>(max(max(a.x, a.y), max(a.z, a.w)), 0.0, 0.0, 0.0);
+    workgroupBarrier();
+    let g = lid & ~7u;
+    var amax = 0.0;
+    for (var i = 0u; i < 8u; i++) {
+        amax = max(amax, xq_red[g + i].x);
+    }
+    workgroupBarrier();
+    let inv = select(0.0, 127.0 / amax, amax > 0.0);
+    let f = v * inv;
+    let h = clamp(round(f), vec4<f32>(-127.0), vec4<f32>(127.0));
+    let l = clamp(round((f - h) * 254.0), vec4<f32>(-127.0), vec4<f32>(127.0));
+    xq_red[lid] = vec4<f32>((h.x + h.y) + (h.z + h.w), (l.x + l.y) + (l.z + l.w), 0.0, 0.0);
+    workgroupBarrier();
+    let j = lid & 7u;
+    if (live) {
+        xq_out[o + 2u * b + (j >> 2u)][j & 3u] = pack_i8(h);
+        xq_out[o + 2u * nb + 2u * b + (j >> 2u)][j & 3u] = pack_i8(l);
+        if (j == 0u) {
+            var sh = 0.0;
+            var sl = 0.0;
+            for (var i = 0u; i < 8u; i++) {
+                sh += xq_red[g + i].x;
+                sl += xq_red[g + i].y;
+            }
+            let at = o + 4u * nb + b / 2u;
+            let c = 2u * (b & 1u);
+            xq_out[at][c] = bitcast<u32>(amax / 127.0);
+            xq_out[at][c + 1u] = bitcast<u32>(8.0 * (sh + sl / 254.0));
+        }
+    }
+    workgroupBarrier();
 }

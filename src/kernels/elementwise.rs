@@ -117,13 +117,14 @@ pub fn swiglu_q<'a>(
     debug_assert!(g.buf == u.buf && out.buf != g.buf && dim.is_multiple_of(32));
     debug_assert!(xq.size() >= xq_bytes(dim, rows));
     let q4 = matches!(order, QFormat::Q4 { .. }) as u32;
-    // One invocation per 32 columns: `dim` in the parameters stays the columns.
+    // `dim` in the parameters stays the columns.
     let p = Params::new(g, Some(u), out, rows, dim, q4);
     let n = rows * (dim / 32);
     if n > 0 {
         let gpu = rec.gpu();
         let pipe = gpu.pipeline(&ELEMENTWISE, "swiglu_q", &[]);
-        rec.dispatch(&pipe, &p, &[out.buf, g.buf, xq], gpu.grid(n.div_ceil(256)));
+        // Eight invocations per block.
+        rec.dispatch(&pipe, &p, &[out.buf, g.buf, xq], gpu.grid(n.div_ceil(32)));
     }
     XQuant {
         buf: xq,

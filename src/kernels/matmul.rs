@@ -400,7 +400,8 @@ pub fn quantize_x<'a>(
         ..Params::zeroed()
     };
     rec.cost(4 * (rows * k) as u64 + xq_bytes(k, rows), 0, "f32");
-    let grid = rec.gpu().grid((rows * (k / 32)).div_ceil(256));
+    // Eight invocations per 32-element block.
+    let grid = rec.gpu().grid((rows * (k / 32)).div_ceil(32));
     rec.dispatch(&pipe, &p, &[x.buf, out], grid);
     XQuant { buf: out, k, rows, order }
 }

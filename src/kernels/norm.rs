@@ -61,7 +61,9 @@ fn launch(
         return;
     }
     let pipe = rec.gpu().pipeline(&NORM, entry, &[]);
-    let grid = rec.gpu().grid(rows);
+    // rms_norm_q (one row): a workgroup per 32 blocks of 32 columns; else one per row.
+    let groups = if entry == "rms_norm_q" { (dim / 32).div_ceil(32) } else { rows };
+    let grid = rec.gpu().grid(groups);
     let p = Params {
         x_off: x.offset,
         x_stride: x.stride,
