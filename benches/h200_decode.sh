@@ -25,8 +25,6 @@ if [ -x /tmp/gemv ]; then
     env "$@" timeout 120 /tmp/gemv ${FORMATS:-q4} 20 >> $OUT/gemv.txt 2>&1
   }
   FORMATS=q4,q8,bf16 G default
-  G tpr32 SPARSA_GEMV_TPR=32
-  G tpr32_unroll2 SPARSA_GEMV_TPR=32 SPARSA_GEMV_UNROLL=2
   G noxq SPARSA_GEMV_XQ=0
   grep -E "^==|all|dispatch chain" $OUT/gemv.txt >> $SUM
 fi
@@ -35,18 +33,15 @@ wait $SYN; tail -3 $OUT/synth.txt >> $SUM
 B() { # model, name, env...
   local m=$1 name=$2; shift 2
   echo "== bench $name: $*" >> $OUT/bench.txt
-  env "$@" timeout 150 $S bench --model $m --context 4096 --decode 32 --prompt-len 0 ${PROFILE:---no-profile} >> $OUT/bench.txt 2>&1
+  env "$@" timeout 150 $S bench --model $m --context ${CTX:-4096} --decode 32 --prompt-len 0 ${PROFILE:---no-profile} >> $OUT/bench.txt 2>&1
 }
 PROFILE=" " B $D profiled
-B $D default
-B $D tpr32 SPARSA_GEMV_TPR=32
-B $D tpr32_unroll2 SPARSA_GEMV_TPR=32 SPARSA_GEMV_UNROLL=2
-B $D nozero SPARSA_ZERO_WORKGROUP_MEMORY=0
+CTX=131072 B $D default_128k
 B $D noxq SPARSA_GEMV_XQ=0
+B $D default
 rm -rf $D
 ( time $S synth --like deepseek-v3.2 --layers 61 --experts 16 --format q4 --out /tmp/ds ) >> $OUT/synth.txt 2>&1
 PROFILE=" " B /tmp/ds ds_profiled
-B /tmp/ds ds_tpr32 SPARSA_GEMV_TPR=32
 rm -rf /tmp/ds
 grep -E "^== bench|^bench: decode|rror" $OUT/bench.txt >> $SUM
 cat $SUM
