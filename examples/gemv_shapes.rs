@@ -78,7 +78,9 @@ fn main() -> sparsa::Result<()> {
         "copy bandwidth {:.1} GB/s; {reps} dispatches per shape",
         bw / 1e9
     );
-    let xv: Vec<f32> = (0..154880).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+    let xv: Vec<f32> = (0..154880)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
     let x = gpu.buffer_from(&xv, "x")?;
     let y = gpu.buffer(4 * 154880, "y")?;
     let xq_on = std::env::var("SPARSA_GEMV_XQ").is_ok_and(|v| v == "1");
@@ -95,7 +97,8 @@ fn main() -> sparsa::Result<()> {
             let order = xq_on.then(|| matmul::takes_xq(xview, &w)).flatten();
             let run = |n: u32| -> sparsa::Result<()> {
                 let mut rec = gpu.recorder();
-                let q = order.map(|o| matmul::quantize_x(&mut rec, xview, 1, cols as u32, o, &xq_buf));
+                let q =
+                    order.map(|o| matmul::quantize_x(&mut rec, xview, 1, cols as u32, o, &xq_buf));
                 for _ in 0..n {
                     let yv = View::rows(&y, rows as u32);
                     match &q {
@@ -119,7 +122,10 @@ fn main() -> sparsa::Result<()> {
             let secs: f64 = k.iter().filter(gemv).map(|s| s.seconds).sum::<f64>() / reps as f64;
             let b = k.iter().filter(gemv).map(|s| s.bytes).sum::<u64>() as f64 / reps as f64;
             if let Some(q) = k.iter().find(|s| s.name.contains("quantize")) {
-                println!("{fmt}: {name:<16} x quantized once: {:.1} us", q.seconds * 1e6 / q.count as f64);
+                println!(
+                    "{fmt}: {name:<16} x quantized once: {:.1} us",
+                    q.seconds * 1e6 / q.count as f64
+                );
             }
             all_b += b;
             all_t += secs;
@@ -153,35 +159,46 @@ fn dispatch_cost(gpu: &Gpu) -> sparsa::Result<()> {
     let b = gpu.buffer_from(&vec![0.25f32; d as usize], "b")?;
     let wn = gpu.buffer_from(&vec![1.0f32; d as usize], "norm w")?;
     let n = 1000u32;
-    let chain = |what: &str, profiled: bool| -> sparsa::Result<()> {
-        let run = |n: u32| -> sparsa::Result<()> {
-            let mut rec = gpu.recorder();
-            for i in 0..n {
-                let (src, dst) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
-                match what {
-                    "rms_norm" => norm::rms_norm(&mut rec, View::rows(src, d), &wn, View::rows(dst, d), 1, d, 1e-6),
-                    _ => elementwise::add(&mut rec, View::rows(src, d), View::rows(dst, d), 1, 1),
+    let chain =
+        |what: &str, profiled: bool| -> sparsa::Result<()> {
+            let run = |n: u32| -> sparsa::Result<()> {
+                let mut rec = gpu.recorder();
+                for i in 0..n {
+                    let (src, dst) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+                    match what {
+                        "rms_norm" => norm::rms_norm(
+                            &mut rec,
+                            View::rows(src, d),
+                            &wn,
+                            View::rows(dst, d),
+                            1,
+                            d,
+                            1e-6,
+                        ),
+                        _ => {
+                            elementwise::add(&mut rec, View::rows(src, d), View::rows(dst, d), 1, 1)
+                        }
+                    }
                 }
-            }
-            rec.finish()?;
-            gpu.sync()
-        };
-        run(50)?;
-        gpu.set_profiling(profiled);
-        let t = std::time::Instant::now();
-        run(n)?;
-        let secs = t.elapsed().as_secs_f64();
-        let k = gpu.take_profile();
-        gpu.set_profiling(false);
-        let gpu_us: f64 = k.iter().map(|s| s.seconds).sum::<f64>() * 1e6 / n as f64;
-        println!(
+                rec.finish()?;
+                gpu.sync()
+            };
+            run(50)?;
+            gpu.set_profiling(profiled);
+            let t = std::time::Instant::now();
+            run(n)?;
+            let secs = t.elapsed().as_secs_f64();
+            let k = gpu.take_profile();
+            gpu.set_profiling(false);
+            let gpu_us: f64 = k.iter().map(|s| s.seconds).sum::<f64>() * 1e6 / n as f64;
+            println!(
             "dispatch chain {what:<9} timestamps {:<3}: {:.2} us per dispatch by the host clock{}",
             if profiled { "on" } else { "off" },
             secs * 1e6 / n as f64,
             if profiled { format!(", {gpu_us:.2} us by timestamps") } else { String::new() }
         );
-        Ok(())
-    };
+            Ok(())
+        };
     println!();
     for what in ["rms_norm", "add"] {
         chain(what, false)?;

@@ -260,7 +260,12 @@ impl Gpu {
             Ok(())
         } else {
             // wgpu's first line is only "Validation Error"; what failed follows it.
-            let first: Vec<&str> = e[0].lines().map(str::trim).filter(|l| !l.is_empty()).take(40).collect();
+            let first: Vec<&str> = e[0]
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .take(40)
+                .collect();
             let first = first.join(" ");
             let all = std::mem::take(&mut *e);
             log::debug!("all GPU errors: {all:?}");

@@ -1,8 +1,8 @@
 //! Small elementwise kernels (`shaders/elementwise.wgsl`).
 use super::matmul::{xq_bytes, XQuant};
 use super::{Recorder, View};
-use crate::weights::QFormat;
 use crate::gpu::{kernel_params, Shader, ShaderCode};
+use crate::weights::QFormat;
 
 kernel_params! {
     struct Params {
@@ -289,10 +289,22 @@ mod tests {
                 swiglu(&mut rec, gv, uv, View::rows(&ob[0], dim), rows, dim);
                 let o0 = View::rows(&ob[0], dim);
                 crate::kernels::matmul::quantize_x(&mut rec, o0, rows, dim, order, &qb[0]);
-                swiglu_q(&mut rec, gv, uv, View::rows(&ob[1], dim), rows, dim, order, &qb[1]);
+                swiglu_q(
+                    &mut rec,
+                    gv,
+                    uv,
+                    View::rows(&ob[1], dim),
+                    rows,
+                    dim,
+                    order,
+                    &qb[1],
+                );
                 rec.finish().unwrap();
                 let n = (rows * dim) as usize;
-                assert_eq!(g.read_f32(&ob[0], 0, n).unwrap(), g.read_f32(&ob[1], 0, n).unwrap());
+                assert_eq!(
+                    g.read_f32(&ob[0], 0, n).unwrap(),
+                    g.read_f32(&ob[1], 0, n).unwrap()
+                );
                 let q = xq_bytes(dim, rows) as usize / 4;
                 let words = |b: &wgpu::Buffer| g.read_u32(b, 0, q).unwrap();
                 assert_eq!(words(&qb[0]), words(&qb[1]), "{rows}x{dim} {order:?}");

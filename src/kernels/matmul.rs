@@ -285,7 +285,11 @@ fn dot_lanes_for(tpr4: u32) -> u32 {
 fn env_tpr() -> Option<u32> {
     use std::sync::OnceLock;
     static TPR: OnceLock<Option<u32>> = OnceLock::new();
-    *TPR.get_or_init(|| env_knob("SPARSA_GEMV_TPR", |v| v.is_power_of_two() && (4..=64).contains(&v)))
+    *TPR.get_or_init(|| {
+        env_knob("SPARSA_GEMV_TPR", |v| {
+            v.is_power_of_two() && (4..=64).contains(&v)
+        })
+    })
 }
 
 /// Whether decode GEMVs over `w` take 4 rows per lane (gemv4q): for 4-bit weights, whose
@@ -391,7 +395,11 @@ pub fn quantize_x<'a>(
     debug_assert!(k.is_multiple_of(32) && out.size() >= xq_bytes(k, rows));
     let fmt = WFormat::Quant(order);
     let shader = shader_of("gemv_dot", false);
-    let pipe = rec.gpu().pipeline(shader, "quantize_x_rows", &defines(fmt, dot_knobs(KNOBS.tpr4, 1, true)));
+    let pipe = rec.gpu().pipeline(
+        shader,
+        "quantize_x_rows",
+        &defines(fmt, dot_knobs(KNOBS.tpr4, 1, true)),
+    );
     let p = Params {
         k,
         rows,
@@ -403,7 +411,12 @@ pub fn quantize_x<'a>(
     // Eight invocations per 32-element block.
     let grid = rec.gpu().grid((rows * (k / 32)).div_ceil(32));
     rec.dispatch(&pipe, &p, &[x.buf, out], grid);
-    XQuant { buf: out, k, rows, order }
+    XQuant {
+        buf: out,
+        k,
+        rows,
+        order,
+    }
 }
 
 /// [`matmul`] for one row of x that [`quantize_x`] has quantized: the integer-dot GEMV reads
@@ -434,6 +447,7 @@ fn xq_gemv(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View, add
 }
 
 /// [`matmul`] on the kernel `kind` (tests force each kernel through it).
+#[allow(clippy::too_many_arguments)]
 fn matmul_as(
     rec: &mut Recorder,
     x: View,
@@ -468,7 +482,9 @@ fn matmul_as(
             )
         }
         Dense::Gemv4Q(tpr4) => pipeline(rec, "gemv4q", w, Knobs { tpr4, ..KNOBS }),
-        Dense::GemvDot(tpr4, maxb) => pipeline(rec, "gemv_dot", w, dot_knobs(tpr4, maxb, xq.is_some())),
+        Dense::GemvDot(tpr4, maxb) => {
+            pipeline(rec, "gemv_dot", w, dot_knobs(tpr4, maxb, xq.is_some()))
+        }
         Dense::Gemm(64) => pipeline(rec, "gemm", w, KNOBS),
         Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
     };
@@ -602,7 +618,12 @@ fn experts_as(
         None => tpr4,
     };
     let pipe = if let Some(maxb) = dot {
-        pipeline(rec, "gemv_dot_experts", w, dot_knobs(tpr4, maxb, xq.is_some()))
+        pipeline(
+            rec,
+            "gemv_dot_experts",
+            w,
+            dot_knobs(tpr4, maxb, xq.is_some()),
+        )
     } else if quad {
         pipeline(rec, "gemv4q_experts", w, Knobs { tpr4, ..KNOBS })
     } else if gemv4 {
@@ -1030,7 +1051,15 @@ mod tests {
         chunk: Option<usize>,
     ) {
         let shape = (rows, topk, n_experts, rpe, k);
-        check_experts_xq(seed, shape, dtype.into(), x_per_slot, align_rows, chunk, false)
+        check_experts_xq(
+            seed,
+            shape,
+            dtype.into(),
+            x_per_slot,
+            align_rows,
+            chunk,
+            false,
+        )
     }
 
     /// [`check_experts`]; with `xq`, x quantized beforehand (`matmul_experts_xq`).
@@ -1079,7 +1108,9 @@ mod tests {
             topk: topk as u32,
         };
         let yv = View::new(&yb, y_off as u32, y_stride as u32);
-        let qb = g.buffer(xq_bytes(k as u32, xr_n as u32).max(16), "xq").unwrap();
+        let qb = g
+            .buffer(xq_bytes(k as u32, xr_n as u32).max(16), "xq")
+            .unwrap();
         if xq {
             let order = takes_xq(xv, &wgt).expect("x quantized beforehand applies");
             let q = quantize_x(&mut rec, xv, xr_n as u32, k as u32, order, &qb);
@@ -1251,9 +1282,14 @@ mod tests {
         }
         // x quantized once beforehand (the decode path's quantize_x + matmul_xq): the same
         // products, K over one and several workgroups' worth of blocks, odd block counts.
-        for (i, (k, n, chunk)) in [(32, 5, None), (96, 9, None), (544, 37, Some(7)), (6176, 70, Some(33))]
-            .into_iter()
-            .enumerate()
+        for (i, (k, n, chunk)) in [
+            (32, 5, None),
+            (96, 9, None),
+            (544, 37, Some(7)),
+            (6176, 70, Some(33)),
+        ]
+        .into_iter()
+        .enumerate()
         {
             let f = WFormat::Quant(QFormat::Q4 { block: 32 });
             run_matmul_xq(1300 + i as u64, 1, k, n, f, chunk, None, (8, k + 4), true);
@@ -1286,7 +1322,13 @@ mod tests {
         let mut rec = g.recorder();
         let q = quantize_x(&mut rec, xv, 1, k as u32, takes_xq(xv, &wgt).unwrap(), &qb);
         matmul_xq(&mut rec, &q, xv, &wgt, View::rows(&ya, n as u32));
-        assert!(matmul_xq_add(&mut rec, &q, xv, &wgt, View::rows(&yb, n as u32)));
+        assert!(matmul_xq_add(
+            &mut rec,
+            &q,
+            xv,
+            &wgt,
+            View::rows(&yb, n as u32)
+        ));
         rec.finish().unwrap();
         let plain = g.read_f32(&ya, 0, n).unwrap();
         let want: Vec<f32> = plain.iter().zip(&y0).map(|(a, b)| a + b).collect();
@@ -1294,7 +1336,13 @@ mod tests {
         // Where the integer-dot GEMV does not apply, nothing is recorded.
         let (bf, _) = make_weight(&rng.vec(n * k, 1.0), n, k, DType::BF16.into(), 1, None);
         let mut rec = g.recorder();
-        assert!(!matmul_xq_add(&mut rec, &q, xv, &bf, View::rows(&yb, n as u32)));
+        assert!(!matmul_xq_add(
+            &mut rec,
+            &q,
+            xv,
+            &bf,
+            View::rows(&yb, n as u32)
+        ));
     }
 
     #[test]

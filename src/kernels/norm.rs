@@ -1,8 +1,8 @@
 //! RMSNorm and LayerNorm (`shaders/norm.wgsl`). Input and output buffers must differ.
 use super::matmul::{xq_bytes, XQuant};
 use super::{Recorder, View};
-use crate::weights::QFormat;
 use crate::gpu::{kernel_params, Shader, ShaderCode};
+use crate::weights::QFormat;
 
 kernel_params! {
     struct Params {
@@ -62,7 +62,11 @@ fn launch(
     }
     let pipe = rec.gpu().pipeline(&NORM, entry, &[]);
     // rms_norm_q (one row): a workgroup per 32 blocks of 32 columns; else one per row.
-    let groups = if entry == "rms_norm_q" { (dim / 32).div_ceil(32) } else { rows };
+    let groups = if entry == "rms_norm_q" {
+        (dim / 32).div_ceil(32)
+    } else {
+        rows
+    };
     let grid = rec.gpu().grid(groups);
     let p = Params {
         x_off: x.offset,
@@ -258,11 +262,23 @@ mod tests {
                 rms_norm(&mut rec, x, &wb, View::rows(&yb[0], dim), 1, dim, 1e-6);
                 let y0 = View::rows(&yb[0], dim);
                 crate::kernels::matmul::quantize_x(&mut rec, y0, 1, dim, order, &qb[0]);
-                rms_norm_q(&mut rec, x, &wb, View::rows(&yb[1], dim), dim, 1e-6, order, &qb[1]);
+                rms_norm_q(
+                    &mut rec,
+                    x,
+                    &wb,
+                    View::rows(&yb[1], dim),
+                    dim,
+                    1e-6,
+                    order,
+                    &qb[1],
+                );
                 rec.finish().unwrap();
                 let n = dim as usize;
                 let q = xq_bytes(dim, 1) as usize;
-                assert_eq!(g.read_f32(&yb[0], 0, n).unwrap(), g.read_f32(&yb[1], 0, n).unwrap());
+                assert_eq!(
+                    g.read_f32(&yb[0], 0, n).unwrap(),
+                    g.read_f32(&yb[1], 0, n).unwrap()
+                );
                 let words = |b: &wgpu::Buffer| g.read_u32(b, 0, q / 4).unwrap();
                 assert_eq!(words(&qb[0]), words(&qb[1]), "dim {dim} {order:?}");
             }

@@ -8,8 +8,8 @@
 //! those latent rows only.
 
 use super::forward::{gemv_add, project};
-use super::scratch::{qi_cols, qkv_cols};
 use super::load::{Indexer, Layer};
+use super::scratch::{qi_cols, qkv_cols};
 use super::session::Session;
 use crate::gpu::Recorder;
 use crate::kernels::attention::{MlaDims, MlaQueries};

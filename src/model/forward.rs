@@ -161,7 +161,16 @@ impl Session {
         buf: &'a wgpu::Buffer,
     ) -> Option<XQuant<'a>> {
         match self.xq_order(t, out, w) {
-            Some(order) => Some(elementwise::swiglu_q(rec, gu, gu.col(dim), out, rows, dim, order, buf)),
+            Some(order) => Some(elementwise::swiglu_q(
+                rec,
+                gu,
+                gu.col(dim),
+                out,
+                rows,
+                dim,
+                order,
+                buf,
+            )),
             None => {
                 elementwise::swiglu(rec, gu, gu.col(dim), out, t * rows, dim);
                 None
@@ -223,7 +232,14 @@ impl Session {
 }
 
 /// `y = x · Wᵀ` for the chunk's `t` rows; from `xq` (x quantized beforehand) where given.
-pub(super) fn gemv(rec: &mut Recorder, xq: Option<&XQuant>, x: View, w: &GpuWeight, y: View, t: u32) {
+pub(super) fn gemv(
+    rec: &mut Recorder,
+    xq: Option<&XQuant>,
+    x: View,
+    w: &GpuWeight,
+    y: View,
+    t: u32,
+) {
     match xq {
         Some(q) => matmul::matmul_xq(rec, q, x, w, y),
         None => matmul::matmul(rec, x, w, y, t),
@@ -232,7 +248,15 @@ pub(super) fn gemv(rec: &mut Recorder, xq: Option<&XQuant>, x: View, w: &GpuWeig
 
 /// `h += x · Wᵀ` for the chunk's `t` rows: in the GEMV's store where x is quantized and the
 /// integer-dot GEMV applies, else the product into `tmp` and an add.
-pub(super) fn gemv_add(rec: &mut Recorder, xq: Option<&XQuant>, x: View, w: &GpuWeight, tmp: View, h: View, t: u32) {
+pub(super) fn gemv_add(
+    rec: &mut Recorder,
+    xq: Option<&XQuant>,
+    x: View,
+    w: &GpuWeight,
+    tmp: View,
+    h: View,
+    t: u32,
+) {
     if let Some(q) = xq {
         if matmul::matmul_xq_add(rec, q, x, w, h) {
             return;

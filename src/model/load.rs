@@ -129,7 +129,13 @@ impl<'a> Loader<'a, '_> {
 
     /// The tensors `names` (`[rows_i, cols]` each) as one [`Proj`]: stacked where they
     /// share a format, else loaded one by one.
-    fn proj(&mut self, names: &[String], rows_each: &[usize], cols: usize, label: &str) -> Result<Proj> {
+    fn proj(
+        &mut self,
+        names: &[String],
+        rows_each: &[usize],
+        cols: usize,
+        label: &str,
+    ) -> Result<Proj> {
         if names.len() > 1 && self.collect(names, rows_each, cols).is_ok() {
             let w = self.stacked(names, rows_each, cols, 1, label)?;
             return Ok(Proj { parts: vec![w] });
@@ -424,13 +430,20 @@ pub fn load(
             Some(Indexer {
                 k_norm_w: l.vector(&format!("{x}.k_norm.weight"), cfg.index_head_dim)?,
                 k_norm_b: l.vector(&format!("{x}.k_norm.bias"), cfg.index_head_dim)?,
-                weights_proj: l.matrix(&format!("{x}.weights_proj.weight"), cfg.index_n_heads, h)?,
+                weights_proj: l.matrix(
+                    &format!("{x}.weights_proj.weight"),
+                    cfg.index_n_heads,
+                    h,
+                )?,
             })
         } else {
             None
         };
         // The projections that share an input, with the indexer's on full layers.
-        let mut names = vec![format!("{a}.q_a_proj.weight"), format!("{a}.kv_a_proj_with_mqa.weight")];
+        let mut names = vec![
+            format!("{a}.q_a_proj.weight"),
+            format!("{a}.kv_a_proj_with_mqa.weight"),
+        ];
         let mut rows = vec![ql, kl + dr];
         if full {
             names.push(format!("{x}.wk.weight"));

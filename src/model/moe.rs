@@ -107,6 +107,7 @@ impl Session {
     /// slot table, in as many rounds as the cache needs (see [`crate::experts`]). With
     /// `--expert-prefetch` at decode, the next layer's router also runs on this layer's
     /// input, and the experts it predicts are uploaded while the GPU works on.
+    #[allow(clippy::too_many_arguments)]
     fn stream_experts(
         &self,
         rec: &mut Recorder,
