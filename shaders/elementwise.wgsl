@@ -70,9 +70,9 @@ fn swiglu2(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 fn swiglu_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     let nb = P.dim / 32u;
-    let blk = ((wid.x + wid.y * nwg.x) * WG + lid) / 8u;
-    let r = blk / nb;
-    let b = blk - r * nb;
+    let rb = word_slot((wid.x + wid.y * nwg.x) * WG + lid, nb);
+    let r = rb.x;
+    let b = rb.y;
     let j = lid & 7u;
     let live = r < P.rows;
     var v = vec4<f32>(0.0);

@@ -86,6 +86,14 @@ fn word_elem(j: u32, i: u32, q4: bool) -> u32 {
     return 4u * j + i;
 }
 
+// (row, block) of the global invocation `i` of a producer with eight invocations per block
+// and rows of nb blocks (its word is i & 7).
+fn word_slot(i: u32, nb: u32) -> vec2<u32> {
+    let blk = i / 8u;
+    let r = blk / nb;
+    return vec2<u32>(r, blk - r * nb);
+}
+
 // Eight consecutive invocations (lid & ~7 .. + 8) hold the words j = lid & 7 of block b: `v`,
 // the 4 values word_elem(j, 0..4). Quantizes the block and stores it at vec4 `o` of xq_out
 // (nb blocks per row). Workgroup-uniform control flow (barriers): invocations without a

@@ -34,7 +34,7 @@ use sparsa::generate::generate;
 use sparsa::gpu::{
     device_features, shader_prelude, tensor_cores_possible, Gpu, ShaderCode, ShaderVariant,
 };
-use sparsa::kernels::matmul::{matmul, matmul_experts, Routed};
+use sparsa::kernels::matmul::{self, matmul_experts, Routed};
 use sparsa::kernels::View;
 use sparsa::model::{Model, ModelSource, Session};
 use sparsa::sampling::{Sampler, SamplingParams};
@@ -225,14 +225,24 @@ fn exercise_matmul(gpu: &Gpu, all: bool) {
         }
         .unwrap()
     };
-    // y = x · wᵀ for `rows` rows, and the routed-expert product of `rows` tokens.
+    let xq = gpu.buffer(matmul::xq_bytes(long as u32, 2), "xq").unwrap();
+    // y = x · wᵀ for `rows` rows, and the routed-expert product of `rows` tokens; for one row
+    // also with x quantized beforehand (decode's quantize_x, matmul_xq and its add).
     let both = |w: &GpuWeight, rows: u32| {
         let (k, n) = (w.cols as u32, w.rows as u32);
         let mut rec = gpu.recorder();
-        matmul(&mut rec, View::rows(&x, k), w, View::rows(&y, n), rows);
+        let (xv, yv) = (View::rows(&x, k), View::rows(&y, n));
+        matmul::matmul(&mut rec, xv, w, yv, rows);
         if rows <= 64 {
             let slot_y = View::rows(&y, n / experts);
-            matmul_experts(&mut rec, View::rows(&x, k), false, w, &routed, slot_y, rows);
+            matmul_experts(&mut rec, xv, false, w, &routed, slot_y, rows);
+        }
+        if let (1, Some(order)) = (rows, matmul::takes_xq(xv, w)) {
+            let q = matmul::quantize_x(&mut rec, xv, 1, k, order, &xq);
+            matmul::matmul_xq(&mut rec, &q, xv, w, yv);
+            matmul::matmul_xq_add(&mut rec, &q, xv, w, yv);
+            let slot_y = View::rows(&y, n / experts);
+            matmul::matmul_experts_xq(&mut rec, &q, xv, false, w, &routed, slot_y, 1);
         }
         rec.finish().unwrap();
     };

@@ -166,7 +166,7 @@ fn shader_of(entry: &str, tensor_cores: bool) -> &'static Shader<Params> {
     // BENCHMARKS.md, "Tensor cores"), so routed experts keep the f32 tile.
     if entry == "gemm" && tensor_cores {
         &MATMUL_COOP
-    } else if entry.starts_with("gemv_dot") {
+    } else if entry.starts_with("gemv_dot") || entry == "quantize_x_rows" {
         &MATMUL_DOT
     } else {
         &MATMUL
@@ -394,7 +394,7 @@ pub fn quantize_x<'a>(
 ) -> XQuant<'a> {
     debug_assert!(k.is_multiple_of(32) && out.size() >= xq_bytes(k, rows));
     let fmt = WFormat::Quant(order);
-    let shader = shader_of("gemv_dot", false);
+    let shader = shader_of("quantize_x_rows", false);
     let pipe = rec.gpu().pipeline(
         shader,
         "quantize_x_rows",
