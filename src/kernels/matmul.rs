@@ -128,16 +128,9 @@ const KNOBS: Knobs = Knobs {
 /// Measurement aids for tuning the integer-dot GEMV on a real GPU (examples/gemv_shapes.rs):
 /// `SPARSA_GEMV_UNROLL` (1 or 2) and `SPARSA_GEMV_TPR` (lanes per row: 4 ..= 64, a power
 /// of two) override the chosen knobs when set.
+/// (In the browser no variable is ever set.)
 fn env_knob(name: &str, ok: impl Fn(u32) -> bool) -> Option<u32> {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        std::env::var(name).ok()?.parse().ok().filter(|v| ok(*v))
-    }
-    #[cfg(target_arch = "wasm32")]
-    {
-        let _ = (name, ok);
-        None
-    }
+    std::env::var(name).ok()?.parse().ok().filter(|v| ok(*v))
 }
 
 /// gemv_dot's knobs after the measurement overrides.
@@ -277,11 +270,6 @@ fn dot_lanes(w: &GpuWeight, out_rows: u32) -> u32 {
     env_tpr().unwrap_or_else(|| gemv4_knobs(w, 1, out_rows / 2).0)
 }
 
-/// `tpr4` unless `SPARSA_GEMV_TPR` says otherwise (the expert GEMV's lanes).
-fn dot_lanes_for(tpr4: u32) -> u32 {
-    env_tpr().unwrap_or(tpr4)
-}
-
 fn env_tpr() -> Option<u32> {
     use std::sync::OnceLock;
     static TPR: OnceLock<Option<u32>> = OnceLock::new();
@@ -356,6 +344,13 @@ pub struct XQuant<'a> {
     pub order: QFormat,
 }
 
+impl XQuant<'_> {
+    /// Whether GEMVs over `w` can read these rows: its columns, its element order.
+    fn serves(&self, w: &GpuWeight) -> bool {
+        self.k == w.cols as u32 && w.format == WFormat::Quant(self.order)
+    }
+}
+
 /// Bytes [`quantize_x`] writes for `rows` rows of `k` columns (k a multiple of 32).
 pub fn xq_bytes(k: u32, rows: u32) -> u64 {
     let nb = k as u64 / 32;
@@ -373,11 +368,8 @@ pub fn xq_enabled() -> bool {
 /// Whether `w`'s decode GEMV can take x quantized beforehand (the integer-dot GEMV applies
 /// and reads x in this element order).
 pub fn takes_xq(x: View, w: &GpuWeight) -> Option<QFormat> {
-    if !dot_applies(x, w) {
-        return None;
-    }
     match w.format {
-        WFormat::Quant(q @ QFormat::Q4 { .. }) => Some(q),
+        WFormat::Quant(q) if dot_applies(x, w) => Some(q),
         _ => None,
     }
 }
@@ -436,8 +428,7 @@ pub fn matmul_xq_add(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y:
 }
 
 fn xq_gemv(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View, add: bool) -> bool {
-    let fits = xq.rows == 1 && xq.k == w.cols as u32 && w.format == WFormat::Quant(xq.order);
-    if !(fits && dot_applies(x, w)) {
+    if !(xq.rows == 1 && xq.serves(w) && dot_applies(x, w)) {
         return false;
     }
     // No workgroup memory for x: MAXB 1.
@@ -564,7 +555,7 @@ pub fn matmul_experts_xq(
     y: View,
     rows: u32,
 ) {
-    let ok = rows == 1 && xq.k == w.cols as u32 && w.format == WFormat::Quant(xq.order);
+    let ok = rows == 1 && xq.serves(w);
     experts_as(rec, x, ok.then_some(xq), x_per_slot, w, routed, y, rows)
 }
 
@@ -614,7 +605,7 @@ fn experts_as(
     };
     let xq = xq.filter(|_| dot.is_some());
     let tpr4 = match dot {
-        Some(_) => dot_lanes_for(tpr4),
+        Some(_) => env_tpr().unwrap_or(tpr4),
         None => tpr4,
     };
     let pipe = if let Some(maxb) = dot {

@@ -108,7 +108,7 @@ impl Session {
     }
 
     /// `h += down(silu(gate(x)) * up(x))` for a dense MLP or the shared expert (`xq`: x
-    /// quantized for its GEMVs, see [`Session::quantize`]).
+    /// quantized for its GEMVs, see [`Session::norm_for`]).
     pub(super) fn swiglu(&self, rec: &mut Recorder, m: &SwiGlu, t: u32, xq: Option<&XQuant>) {
         let s = &self.s;
         let hd = self.model.config.hidden_size as u32;
@@ -218,10 +218,11 @@ impl Session {
         let (hd, vocab) = (cfg.hidden_size as u32, cfg.vocab_size as u32);
         let first = View::rows(&s.h, hd).row(t - rows);
         let x = View::rows(&s.x, hd);
-        norm::rms_norm(rec, first, &w.norm, x, rows, hd, cfg.rms_norm_eps);
         let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         let logits = View::rows(&s.logits, vocab);
-        let xq = self.quantize(rec, x, rows, 1, head, &s.xq_x);
+        // One row: the norm also quantizes it for the LM head's GEMV.
+        let norm = (&w.norm, cfg.rms_norm_eps);
+        let xq = self.norm_for(rec, first, norm, x, rows, head, &s.xq_x);
         gemv(rec, xq.as_ref(), x, head, logits, rows);
         if let Some((slot, pick)) = pick {
             self.record_pick(rec, logits.row(rows - 1), pick)?;
