@@ -35,13 +35,25 @@ B() { # model, name, env...
   echo "== bench $name: $*" >> $OUT/bench.txt
   env "$@" timeout 150 $S bench --model $m --context ${CTX:-4096} --decode 32 --prompt-len 0 ${PROFILE:---no-profile} >> $OUT/bench.txt 2>&1
 }
+# Knobs side by side with the default (BENCH_SET, space-separated names, picks them).
 PROFILE=" " B $D profiled
-CTX=131072 B $D default_128k
-B $D noxq SPARSA_GEMV_XQ=0
-B $D default
+for k in ${BENCH_SET:-default_128k noxq default}; do
+  case $k in
+    default) PROFILE="--no-profile --calibrate" B $D default ;;
+    default_128k) CTX=131072 B $D default_128k ;;
+    default_32k) CTX=32768 B $D default_32k ;;
+    noxq) B $D noxq SPARSA_GEMV_XQ=0 ;;
+    shared_dense) B $D shared_dense SPARSA_SHARED_ROUTED=0 ;;
+    mla_hg4) B $D mla_hg4 SPARSA_MLA_HG=4 ;;
+    mla_hg8) B $D mla_hg8 SPARSA_MLA_HG=8 ;;
+    topk_wide) B $D topk_wide SPARSA_TOPK_WIDE_MIN=2048 ;;
+  esac
+done
 rm -rf $D
-( time $S synth --like deepseek-v3.2 --layers 61 --experts 16 --format q4 --out /tmp/ds ) >> $OUT/synth.txt 2>&1
-PROFILE=" " B /tmp/ds ds_profiled
-rm -rf /tmp/ds
+if [ -z "${SKIP_DS:-}" ]; then
+  ( time $S synth --like deepseek-v3.2 --layers 61 --experts 16 --format q4 --out /tmp/ds ) >> $OUT/synth.txt 2>&1
+  PROFILE=" " B /tmp/ds ds_profiled
+  rm -rf /tmp/ds
+fi
 grep -E "^== bench|^bench: decode|rror" $OUT/bench.txt >> $SUM
 cat $SUM

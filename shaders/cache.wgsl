@@ -11,23 +11,34 @@
 //                 q·k is unchanged when the keys are rotated).
 // With RANDOM = 1 the store kernels ignore `src` and write seeded pseudo-random values of
 // unit variance (uniform in [−√3, √3)) for positions pos0 + r: synthetic caches for
-// `sparsa bench`.
+// `sparsa bench`. With PREP = 1 they store row r of `src` after normalizing its first
+// norm_dim values (RMSNorm with weight `nw`, or LayerNorm with `nw` and `nbias`) and
+// rotating rot_half pairs from rot_off (RoPE, cos/sin row cs_row + r of `cs`): what a norm,
+// a RoPE and the store did in three dispatches (`prepare`).
 //
-// One workgroup per row (per (row, head) for rotate). Defines: LFMT, KFMT, RANDOM.
+// One workgroup per row (per (row, head) for rotate). Defines: LFMT, KFMT, RANDOM, PREP.
 
 // Params (binding 0): declared once, in src/kernels/cache.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read_write> src: array<f32>;
+@group(0) @binding(1) var<storage, read> src: array<f32>;
+// rotate's rows, rotated in place (read-only `src` for the stores: a read-only binding
+// needs no barrier after other readers of the buffer).
+@group(0) @binding(1) var<storage, read_write> vecs: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(3) var<storage, read> nw: array<f32>;
+@group(0) @binding(4) var<storage, read> nbias: array<f32>;
+@group(0) @binding(5) var<storage, read> cs: array<f32>;
 
 const WG: u32 = 128u;
 const BLK: u32 = 128u; // FP8 scale block
 const MAXD: u32 = 256u; // longest key row the rotation takes
+const MAXROW: u32 = 2048u; // longest prepared row (MAX_PREPARED_ROW in cache.rs)
 
 var<workgroup> xs: array<f32, MAXD>;
 var<workgroup> codes: array<u32, MAXD>;
 var<workgroup> red: array<f32, WG>;
+var<workgroup> prow: array<f32, MAXROW>;
 
 fn hash32(x0: u32) -> u32 {
     var x = x0;
@@ -36,13 +47,57 @@ fn hash32(x0: u32) -> u32 {
     return x ^ (x >> 16u);
 }
 
-// Element c of the chunk's row r (or the synthetic value of position pos0 + r).
+// Element c of the chunk's row r (or the synthetic value of position pos0 + r, or the
+// prepared row).
 fn value(r: u32, c: u32) -> f32 {
+    if (PREP == 1u) {
+        return prow[c];
+    }
     if (RANDOM == 1u) {
         let h = hash32(hash32((P.pos0 + r) ^ hash32(P.seed)) ^ (c * 0x9e3779b9u));
         return (2.0 * (f32(h >> 8u) * (1.0 / 16777216.0)) - 1.0) * 1.7320508;
     }
     return src[P.src_off + r * P.src_stride + c];
+}
+
+// PREP = 1: the n values of row r of `src` into prow, the first norm_dim normalized, then
+// the RoPE pairs rotated (as norm.wgsl and rope.wgsl compute them).
+fn prepare(r: u32, n: u32, lid: u32) {
+    let sb = P.src_off + r * P.src_stride;
+    var s = 0.0;
+    for (var c = lid; c < n; c += WG) {
+        let v = src[sb + c];
+        prow[c] = v;
+        if (c < P.norm_dim) {
+            s += v;
+        }
+    }
+    var mean = 0.0;
+    if (P.layer_norm == 1u) {
+        mean = wg_sum(s, lid) / f32(P.norm_dim);
+    }
+    var sq = 0.0;
+    for (var c = lid; c < P.norm_dim; c += WG) {
+        let d = prow[c] - mean;
+        sq += d * d;
+    }
+    let scale = inverseSqrt(wg_sum(sq, lid) / f32(P.norm_dim) + P.eps);
+    for (var c = lid; c < P.norm_dim; c += WG) {
+        var y = (prow[c] - mean) * scale * nw[c];
+        if (P.layer_norm == 1u) {
+            y += nbias[c];
+        }
+        prow[c] = y;
+    }
+    workgroupBarrier();
+    for (var i = lid; i < P.rot_half; i += WG) {
+        let d = rotary_dims(i, P.rot_off, P.rot_half, P.interleave != 0u);
+        let ci = ((P.cs_row + r) * P.rot_half + i) * 2u;
+        let o = rotary(prow[d.x], prow[d.y], cs[ci], cs[ci + 1u]);
+        prow[d.x] = o.x;
+        prow[d.y] = o.y;
+    }
+    workgroupBarrier();
 }
 
 fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
@@ -108,6 +163,9 @@ fn store_latent(
     }
     let n = P.kv_lora + P.dr;
     let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
+    if (PREP == 1u) {
+        prepare(r, n, lid);
+    }
     if (LFMT <= 1u) {
         store_plain(r, base, 0u, n, LFMT == 1u, lid);
         return;
@@ -175,6 +233,9 @@ fn store_keys(
     }
     let n = P.dim;
     let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
+    if (PREP == 1u) {
+        prepare(r, n, lid);
+    }
     if (KFMT <= 1u) {
         store_plain(r, base, 0u, n, KFMT == 1u, lid);
         return;
@@ -219,10 +280,10 @@ fn rotate(
     }
     let base = P.src_off + (g / P.heads) * P.src_stride + (g % P.heads) * P.dim;
     for (var c = lid; c < P.dim; c = c + WG) {
-        xs[c] = src[base + c];
+        xs[c] = vecs[base + c];
     }
     hadamard(lid, P.dim);
     for (var c = lid; c < P.dim; c = c + WG) {
-        src[base + c] = xs[c];
+        vecs[base + c] = xs[c];
     }
 }

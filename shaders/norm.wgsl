@@ -1,9 +1,9 @@
-// RMSNorm and LayerNorm, one workgroup per row, f32.
-// Entry points (bindings: 1 = x, 2 = weight, 3 = y, 4 = bias or quantized y):
+// RMSNorm, one workgroup per row, f32 (the indexer key's LayerNorm is done by the cache
+// writer that stores the key, cache.wgsl). Entry points (bindings: 1 = x, 2 = weight,
+// 3 = y, 4 = quantized y):
 //   rms_norm    y = x * rsqrt(mean(x²) + eps) * w
 //   rms_norm_q  rms_norm, and y quantized for the integer-dot GEMVs (xquant.wgsl) into
 //               binding 4, row r at r · xq_stride(dim); P.q4: q4's element order
-//   layer_norm  y = (x - mean) * rsqrt(var + eps) * w + b   (biased variance, two passes)
 
 // Params (binding 0): declared once, in src/kernels/norm.rs (`Params`), and put before this source.
 
@@ -11,27 +11,11 @@
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> b: array<f32>;
 @group(0) @binding(4) var<storage, read_write> xq_out: array<vec4<u32>>;
 
 const WG: u32 = 256u;
 
 var<workgroup> red: array<f32, WG>;
-
-// Workgroup sum of `v` (every invocation gets the result). Uniform control flow only.
-fn wg_sum(v: f32, lid: u32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
-}
 
 // rsqrt(mean(x²) + eps) of the row at xb, for every invocation.
 fn rms_scale(xb: u32, lid: u32) -> f32 {
@@ -99,29 +83,4 @@ fn rms_norm_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         }
     }
     quant_word(v, lid, live, 0u, nb, b);
-}
-
-@compute @workgroup_size(256)
-fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-              @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= P.rows) {
-        return;
-    }
-    let xb = P.x_off + row * P.x_stride;
-    let yb = P.y_off + row * P.y_stride;
-    var s = 0.0;
-    for (var c = lid; c < P.dim; c += WG) {
-        s += x[xb + c];
-    }
-    let mean = wg_sum(s, lid) / f32(P.dim);
-    var sq = 0.0;
-    for (var c = lid; c < P.dim; c += WG) {
-        let d = x[xb + c] - mean;
-        sq += d * d;
-    }
-    let scale = inverseSqrt(wg_sum(sq, lid) / f32(P.dim) + P.eps);
-    for (var c = lid; c < P.dim; c += WG) {
-        y[yb + c] = (x[xb + c] - mean) * scale * w[c] + b[c];
-    }
 }

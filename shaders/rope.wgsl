@@ -1,7 +1,10 @@
 // Rotary position embedding on dims [rot_off, rot_off + 2 * half) of each head.
 // One invocation per (row, head, frequency). Bindings: 1 = dst, 2 = cos_sin, 3 = src.
-//   rope_inplace  reads and writes dst
-//   rope_copy     reads src, writes only the rotated dims of dst
+//   rope_inplace  reads and writes dst; a second slice of the same rows (heads2, ..;
+//                 heads2 = 0 for none) is rotated in the same dispatch, after the first's
+//                 rows · heads · half invocations
+//   rope_copy     reads src, writes only the rotated dims of dst (one slice)
+// The pairing and the rotation are rotary.wgsl's.
 
 // Params (binding 0): declared once, in src/kernels/rope.rs (`Params`), and put before this source.
 
@@ -15,33 +18,41 @@ const WG: u32 = 256u;
 struct Job {
     ok: bool,
     t: u32,
-    ia: u32,   // element offset of a within its head
-    ib: u32,   // element offset of b within its head
-    head: u32, // offset of the head within its row
+    d: vec2<u32>, // the pair's element offsets within the row
+    dst: u32,     // offset of the row in dst
     c: f32,
     s: f32,
 }
 
 fn job(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> Job {
     var j: Job;
-    let gid = (wid.x + wid.y * nwg.x) * WG + lid;
-    let per_row = P.heads * P.half;
-    j.ok = gid < P.rows * per_row;
+    var g = (wid.x + wid.y * nwg.x) * WG + lid;
+    var heads = P.heads;
+    var head_stride = P.head_stride;
+    var rot_off = P.rot_off;
+    var interleave = P.interleave;
+    var off = P.dst_off;
+    var stride = P.dst_stride;
+    let first = P.rows * P.heads * P.half;
+    if (g >= first) {
+        g -= first;
+        heads = P.heads2;
+        head_stride = P.head_stride2;
+        rot_off = P.rot_off2;
+        interleave = P.interleave2;
+        off = P.dst_off2;
+        stride = P.dst_stride2;
+    }
+    let per_row = heads * P.half;
+    j.ok = g < P.rows * per_row;
     if (!j.ok) {
         return j;
     }
-    j.t = gid / per_row;
-    let r = gid % per_row;
-    let h = r / P.half;
+    j.t = g / per_row;
+    let r = g % per_row;
     let i = r % P.half;
-    if (P.interleave != 0u) {
-        j.ia = P.rot_off + 2u * i;
-        j.ib = j.ia + 1u;
-    } else {
-        j.ia = P.rot_off + i;
-        j.ib = j.ia + P.half;
-    }
-    j.head = h * P.head_stride;
+    j.d = (r / P.half) * head_stride + rotary_dims(i, rot_off, P.half, interleave != 0u);
+    j.dst = off + j.t * stride;
     let ci = (j.t * P.half + i) * 2u;
     j.c = cs[ci];
     j.s = cs[ci + 1u];
@@ -55,11 +66,10 @@ fn rope_inplace(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     if (!j.ok) {
         return;
     }
-    let base = P.dst_off + j.t * P.dst_stride + j.head;
-    let a = dst[base + j.ia];
-    let b = dst[base + j.ib];
-    dst[base + j.ia] = a * j.c - b * j.s;
-    dst[base + j.ib] = b * j.c + a * j.s;
+    let d = j.dst + j.d;
+    let o = rotary(dst[d.x], dst[d.y], j.c, j.s);
+    dst[d.x] = o.x;
+    dst[d.y] = o.y;
 }
 
 @compute @workgroup_size(256)
@@ -69,10 +79,9 @@ fn rope_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     if (!j.ok) {
         return;
     }
-    let sb = P.src_off + j.t * P.src_stride + j.head;
-    let db = P.dst_off + j.t * P.dst_stride + j.head;
-    let a = src[sb + j.ia];
-    let b = src[sb + j.ib];
-    dst[db + j.ia] = a * j.c - b * j.s;
-    dst[db + j.ib] = b * j.c + a * j.s;
+    let sd = P.src_off + j.t * P.src_stride + j.d;
+    let d = j.dst + j.d;
+    let o = rotary(src[sd.x], src[sd.y], j.c, j.s);
+    dst[d.x] = o.x;
+    dst[d.y] = o.y;
 }

@@ -1,6 +1,8 @@
 // MoE router, DeepSeek-V3 "noaux_tc": sigmoid scores, bias for the choice only, group
 // limiting (sum of top-2 per group, keep topk_group groups, others masked), top-k with
-// ties to the lower expert index, unbiased weights (normalized, scaled).
+// ties to the lower expert index, unbiased weights (normalized, scaled). Row t's picks go
+// to idx / weights from t · stride; with extra = 1 one more pair follows them: expert
+// extra_id with weight 1 (the shared expert, run as a routed one).
 //
 // One workgroup (WG = 256) per row. Choice scores are held as order-preserving u32 keys
 // (masked experts get key 0, below every real score, so they order like -inf with ties to
@@ -160,7 +162,11 @@ fn route(
         if (P.norm != 0u) {
             s = s / wsum;
         }
-        idx[t * P.topk + lid] = ids[lid];
-        weights[t * P.topk + lid] = s * P.scaling;
+        idx[t * P.stride + lid] = ids[lid];
+        weights[t * P.stride + lid] = s * P.scaling;
+    }
+    if (P.extra == 1u && lid == 0u) {
+        idx[t * P.stride + P.topk] = P.extra_id;
+        weights[t * P.stride + P.topk] = 1.0;
     }
 }

@@ -206,6 +206,10 @@ pub struct DecodeResult {
     /// Median of single synchronous steps (logits read back and argmax on the host, the GPU
     /// idle meanwhile): what the host adds when it does not run ahead.
     pub ms_sync_median: f64,
+    /// Median host time of a greedy step: recording it and submitting it, without waiting
+    /// for the GPU (which runs behind). Where it reaches `ms_median`, the host bounds the
+    /// step, not the GPU.
+    pub ms_host_median: f64,
     /// Time between tokens sampled with `chat`'s defaults (temperature 0.8, top-p 0.95,
     /// top-k 40, repetition penalty 1.1 over 64 tokens; picked on the GPU as well).
     pub ms_sampled_median: f64,
@@ -458,6 +462,18 @@ pub fn run(
                     sync.push(t.elapsed().as_secs_f64() * 1e3);
                 }
             }
+            // The host's share: steps recorded and submitted back to back without waiting
+            // (each picks its token on the GPU for the next), then one wait for all.
+            s.truncate(ctx);
+            s.forward_pick(&[tok], Some((0, &crate::model::Pick::Argmax)))?;
+            let mut host = Vec::with_capacity(opts.decode);
+            for i in 0..opts.decode {
+                let t = Instant::now();
+                s.step_pick(i % 2, &crate::model::Pick::Argmax)?;
+                host.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            gpu.sync()?;
+            host.sort_by(f64::total_cmp);
             // Generation: one token of prompt at the context, then decode + 2 tokens; the
             // first two intervals are warm-up.
             s.truncate(ctx);
@@ -519,8 +535,9 @@ pub fn run(
             sync.sort_by(f64::total_cmp);
             let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
             let (med, sync_med, smp_med) = (median(&times), median(&sync), median(&sampled));
+            let host_med = median(&host);
             log(&format!(
-                "decode at {ctx} ({attention}): {med:.3} ms/token median of {} (sampled {smp_med:.3} ms; single synchronous steps {sync_med:.3} ms)",
+                "decode at {ctx} ({attention}): {med:.3} ms/token median of {} (sampled {smp_med:.3} ms; single synchronous steps {sync_med:.3} ms; host {host_med:.3} ms to record and submit a step)",
                 times.len()
             ));
             report.decode.push(DecodeResult {
@@ -538,6 +555,7 @@ pub fn run(
                 ms_max: times.last().copied().unwrap_or(f64::NAN),
                 tok_per_s: 1e3 / med,
                 ms_sync_median: sync_med,
+                ms_host_median: host_med,
                 ms_sampled_median: smp_med,
                 kernels,
                 experts,
@@ -585,8 +603,8 @@ pub fn format_report(r: &BenchReport) -> String {
     for d in &r.decode {
         let _ = writeln!(
             o,
-            "\ndecode at context {} ({}, caches {} at {} B/token, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s; sampled (chat defaults) {:.3} ms; single synchronous steps {:.3} ms",
-            d.context, d.attention, d.cache, d.cache_bytes_per_token, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s, d.ms_sampled_median, d.ms_sync_median
+            "\ndecode at context {} ({}, caches {} at {} B/token, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s; sampled (chat defaults) {:.3} ms; single synchronous steps {:.3} ms; host {:.3} ms to record and submit a step",
+            d.context, d.attention, d.cache, d.cache_bytes_per_token, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s, d.ms_sampled_median, d.ms_sync_median, d.ms_host_median
         );
         if let Some(x) = &d.experts {
             let st = &x.stats;

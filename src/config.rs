@@ -475,6 +475,10 @@ impl Config {
             "fields `kv_lora_rank` + `qk_rope_head_dim` must be ≤ 2048 (one latent cache row per workgroup)",
         )?;
         chk(
+            self.index_head_dim <= 2048,
+            "field `index_head_dim` must be ≤ 2048 (one indexer key row per workgroup)",
+        )?;
+        chk(
             self.indexer_types.first() == Some(&IndexerKind::Full),
             "layer 0 must run its own indexer (indexer_types[0] must be \"full\")",
         )?;

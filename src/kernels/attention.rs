@@ -288,7 +288,15 @@ impl MlaShape {
     /// tile fit in the adapter's workgroup memory.
     fn new(heads: u32, kv_lora: u32, dr: u32, wg_bytes: u32) -> MlaShape {
         let qd4 = (kv_lora + dr).div_ceil(4);
-        let mut hg = 16u32.min(1 << (31 - heads.max(1).leading_zeros()));
+        // SPARSA_MLA_HG (1, 2, 4, 8 or 16) caps the heads per workgroup: a measurement knob
+        // (fewer heads, more workgroups, each cache row read more often).
+        use std::sync::OnceLock;
+        static CAP: OnceLock<u32> = OnceLock::new();
+        let cap = *CAP.get_or_init(|| {
+            super::matmul::env_knob("SPARSA_MLA_HG", |v| v.is_power_of_two() && v <= 16)
+                .unwrap_or(16)
+        });
+        let mut hg = cap.min(1 << (31 - heads.max(1).leading_zeros()));
         // queries + logit tile + positions and softmax state.
         while hg > 1 && hg * qd4 * 16 + hg * MLA_TILE * 4 + 1024 > wg_bytes {
             hg /= 2;

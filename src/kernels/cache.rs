@@ -20,6 +20,7 @@
 //! The CPU conversions here ([`encode_latent`], [`decode_latent`], [`encode_key`],
 //! [`decode_key`]) are the references the kernel tests compare against.
 
+use super::rope::RopeSlice;
 use super::{Recorder, View};
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 use crate::weights::quant::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
@@ -28,6 +29,8 @@ use crate::weights::quant::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 pub const FP8_CACHE_BLOCK: usize = 128;
 /// The longest key row the int8 format takes (the rotation runs in workgroup memory).
 pub const MAX_I8_KEY_DIM: usize = 256;
+/// The longest row a store prepares itself ([`Prepare`]; the row sits in workgroup memory).
+pub const MAX_PREPARED_ROW: usize = 2048;
 
 /// How a latent cache row is stored (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -304,6 +307,16 @@ kernel_params! {
         /// Vectors per row (rotate).
         heads: u32,
         seed: u32,
+        /// Prepared rows (see [`Prepare`]): the norm's length, 1 for LayerNorm, its eps.
+        norm_dim: u32,
+        layer_norm: u32,
+        eps: f32,
+        /// Prepared rows: the RoPE pairs (as [`RopeSlice`] names them, one head) and the
+        /// cos/sin row of the dispatch's first row.
+        rot_off: u32,
+        rot_half: u32,
+        interleave: u32,
+        cs_row: u32,
     }
 }
 
@@ -311,6 +324,8 @@ const CACHE: Shader<Params> = Shader::new(
     "cache",
     concat!(
         include_str!("../../shaders/fp8.wgsl"),
+        include_str!("../../shaders/reduce.wgsl"),
+        include_str!("../../shaders/rotary.wgsl"),
         include_str!("../../shaders/cache.wgsl")
     ),
 );
@@ -318,16 +333,37 @@ const CACHE: Shader<Params> = Shader::new(
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[CACHE.code()];
 
-/// Where the rows written come from: a chunk's f32 rows, or seeded pseudo-random values of
-/// unit variance (synthetic caches for benchmarks).
+/// Where the rows written come from: a chunk's f32 rows, the same rows normalized and
+/// rotated by the store itself, or seeded pseudo-random values of unit variance (synthetic
+/// caches for benchmarks).
 #[derive(Clone, Copy)]
 pub enum Source<'a> {
     Rows(View<'a>),
+    Prepared(Prepare<'a>),
     Random(u32),
 }
 
+/// Rows the store normalizes and rotates before encoding them, in the same dispatch (what
+/// a norm, a RoPE and the store did in three): row `r` of `rows`, its first `norm_dim`
+/// values through RMSNorm with `weight` (LayerNorm with `weight` and `bias` where `bias` is
+/// given; `eps`), then the dims `rope` names rotated (its `heads` is 1, `rot_off` counted
+/// from the row's start) with row `r` of `cos_sin` (laid out as [`super::rope::rope`] takes
+/// it). Rows of at most [`MAX_PREPARED_ROW`] values.
+#[derive(Clone, Copy)]
+pub struct Prepare<'a> {
+    pub rows: View<'a>,
+    pub norm_dim: u32,
+    pub weight: &'a wgpu::Buffer,
+    pub bias: Option<&'a wgpu::Buffer>,
+    pub eps: f32,
+    pub rope: &'a RopeSlice,
+    pub cos_sin: &'a wgpu::Buffer,
+}
+
 /// Dispatches `entry` once per segment that positions `pos0 .. pos0 + rows` touch
-/// (`defines`: LFMT and KFMT; every pipeline of cache.wgsl sets all three defines).
+/// (`defines`: LFMT and KFMT; every pipeline of cache.wgsl sets all four defines); `n`: the
+/// values per row.
+#[allow(clippy::too_many_arguments)]
 fn store<F: Copy>(
     rec: &mut Recorder,
     entry: &'static str,
@@ -335,19 +371,50 @@ fn store<F: Copy>(
     src: Source,
     cache: &CacheRows<F>,
     (pos0, rows): (u32, u32),
+    n_values: u32,
     base: Params,
 ) {
     if rows == 0 {
         return;
     }
     let gpu = rec.gpu();
-    let (random, seed, sv) = match src {
-        Source::Rows(v) => (0u32, 0, Some(v)),
-        Source::Random(seed) => (1, seed, None),
+    let (random, seed, sv, prep) = match src {
+        Source::Rows(v) => (0u32, 0, Some(v), None),
+        Source::Prepared(p) => (0, 0, Some(p.rows), Some(p)),
+        Source::Random(seed) => (1, seed, None, None),
     };
     let mut defs = defines.to_vec();
     defs.push(("RANDOM", u(random)));
+    defs.push(("PREP", u(prep.is_some() as u32)));
+    let base = match prep {
+        Some(p) => {
+            assert!(
+                n_values as usize <= MAX_PREPARED_ROW && p.norm_dim <= n_values,
+                "{entry}: a prepared row of {n_values} values (at most {MAX_PREPARED_ROW}), normalized over {}",
+                p.norm_dim
+            );
+            assert!(
+                p.rope.heads == 1 && p.rope.rot_off + p.rope.rot_dim <= n_values,
+                "{entry}: the prepared row's RoPE dims lie outside its {n_values} values"
+            );
+            Params {
+                norm_dim: p.norm_dim,
+                layer_norm: p.bias.is_some() as u32,
+                eps: p.eps,
+                rot_off: p.rope.rot_off,
+                rot_half: p.rope.rot_dim / 2,
+                interleave: p.rope.interleave as u32,
+                ..base
+            }
+        }
+        None => base,
+    };
     let p = gpu.pipeline(&CACHE, entry, &defs);
+    let dummy = gpu.dummy();
+    let side = match prep {
+        Some(p) => [p.weight, p.bias.unwrap_or(dummy), p.cos_sin],
+        None => [dummy; 3],
+    };
     let end = pos0 + rows;
     for seg in cache.segs {
         let (lo, hi) = (pos0.max(seg.lo), end.min(seg.lo + seg.len));
@@ -365,11 +432,13 @@ fn store<F: Copy>(
             pos0: lo,
             seg_lo: seg.lo,
             seed,
+            cs_row: r,
             ..base
         };
         rec.cost(n as u64 * cache.row_words as u64 * 4 * 2, 0, "");
-        let srcb = sv.map_or(gpu.dummy(), |v| v.buf);
-        rec.dispatch(&p, &params, &[srcb, &seg.buf], gpu.grid(n));
+        let srcb = sv.map_or(dummy, |v| v.buf);
+        let bufs = [srcb, &seg.buf, side[0], side[1], side[2]];
+        rec.dispatch(&p, &params, &bufs, gpu.grid(n));
     }
     let covered = cache.segs.last().map_or(0, |s| s.lo + s.len);
     assert!(
@@ -393,7 +462,17 @@ pub fn store_latent(
         ..bytemuck::Zeroable::zeroed()
     };
     let defs = [("LFMT", u(cache.format.code())), ("KFMT", u(0u32))];
-    store(rec, "store_latent", &defs, src, cache, (pos0, rows), base);
+    let n = kv_lora + dr;
+    store(
+        rec,
+        "store_latent",
+        &defs,
+        src,
+        cache,
+        (pos0, rows),
+        n,
+        base,
+    );
 }
 
 /// Writes indexer key rows (`dim` values each) for positions `pos0 .. pos0 + rows` into
@@ -410,7 +489,16 @@ pub fn store_keys(
         ..bytemuck::Zeroable::zeroed()
     };
     let defs = [("LFMT", u(0u32)), ("KFMT", u(cache.format.code()))];
-    store(rec, "store_keys", &defs, src, cache, (pos0, rows), base);
+    store(
+        rec,
+        "store_keys",
+        &defs,
+        src,
+        cache,
+        (pos0, rows),
+        dim,
+        base,
+    );
 }
 
 /// The normalized Walsh–Hadamard rotation, in place, of each of the `heads` vectors of
@@ -423,7 +511,12 @@ pub fn rotate(rec: &mut Recorder, x: View, rows: u32, heads: u32, dim: u32) {
     let p = gpu.pipeline(
         &CACHE,
         "rotate",
-        &[("RANDOM", u(0u32)), ("LFMT", u(0u32)), ("KFMT", u(0u32))],
+        &[
+            ("RANDOM", u(0u32)),
+            ("PREP", u(0u32)),
+            ("LFMT", u(0u32)),
+            ("KFMT", u(0u32)),
+        ],
     );
     let params = Params {
         src_off: x.offset,
@@ -646,6 +739,191 @@ mod tests {
                 hadamard(v);
             }
             assert_close(&got, &want, 1e-5, 1e-4, &format!("rotate dim {dim}"));
+        }
+    }
+
+    /// Row `r` of `src` as a prepared store computes it: the first `norm_dim` values
+    /// through RMSNorm (LayerNorm with `bias`), then RoPE on `rope`'s dims.
+    fn prepared_ref(
+        row: &[f32],
+        norm_dim: usize,
+        (w, bias): (&[f32], Option<&[f32]>),
+        rope: &RopeSlice,
+        cs: &[f32],
+    ) -> Vec<f32> {
+        let eps = 1e-6f64;
+        let x: Vec<f64> = row.iter().map(|&v| v as f64).collect();
+        let n = norm_dim as f64;
+        let mean = match bias {
+            Some(_) => x[..norm_dim].iter().sum::<f64>() / n,
+            None => 0.0,
+        };
+        let var = x[..norm_dim]
+            .iter()
+            .map(|v| (v - mean).powi(2))
+            .sum::<f64>()
+            / n;
+        let scale = 1.0 / (var + eps).sqrt();
+        let mut y = x.clone();
+        for c in 0..norm_dim {
+            y[c] = (x[c] - mean) * scale * w[c] as f64 + bias.map_or(0.0, |b| b[c] as f64);
+        }
+        let (off, half) = (rope.rot_off as usize, rope.rot_dim as usize / 2);
+        for i in 0..half {
+            let (a, b) = if rope.interleave {
+                (off + 2 * i, off + 2 * i + 1)
+            } else {
+                (off + i, off + i + half)
+            };
+            let (c, s) = (cs[2 * i] as f64, cs[2 * i + 1] as f64);
+            let (ya, yb) = (y[a], y[b]);
+            y[a] = ya * c - yb * s;
+            y[b] = yb * c + ya * s;
+        }
+        y.iter().map(|&v| v as f32).collect()
+    }
+
+    /// A prepared store (norm + RoPE + store in one dispatch) writes what the CPU writes
+    /// for the normalized, rotated rows: latent rows (RMSNorm over kv_lora, RoPE on the
+    /// last dr) and key rows (LayerNorm, RoPE on the first dr), every format, both
+    /// pairings, rows straddling segments.
+    #[test]
+    fn prepared_stores_normalize_and_rotate() {
+        let g = gpu();
+        let mut rng = Rng::new(13);
+        let (pos0, n) = (3u32, 11usize);
+        // (values per row, normalized, RoPE from, RoPE dims, interleave, key row)
+        let cases = [
+            (210usize, 200usize, 200usize, 10usize, false, false),
+            (80, 64, 64, 16, true, false),
+            (576, 512, 512, 64, true, false),
+            (32, 32, 0, 8, true, true),
+            (128, 128, 0, 64, false, true),
+        ];
+        for &(width, norm_dim, rot_off, rot_dim, interleave, key) in &cases {
+            // Key rows far from zero mean: a LayerNorm without its mean would show.
+            let shift = if key { 3.0 } else { 0.0 };
+            let src: Vec<f32> = rows(&mut rng, n, width + 5)
+                .into_iter()
+                .map(|v| v + shift)
+                .collect();
+            let w: Vec<f32> = (0..norm_dim).map(|_| 1.0 + 0.5 * rng.uniform()).collect();
+            let b = rng.vec(norm_dim, 0.3);
+            let half = rot_dim / 2;
+            let cs: Vec<f32> = (0..n * half)
+                .flat_map(|_| {
+                    let a = rng.uniform() * 3.0;
+                    [a.cos(), a.sin()]
+                })
+                .collect();
+            let (sb, wb, bb) = (
+                g.buffer_from(&src, "src").unwrap(),
+                g.buffer_from(&w, "w").unwrap(),
+                g.buffer_from(&b, "b").unwrap(),
+            );
+            let csb = g.buffer_from(&cs, "cos_sin").unwrap();
+            let rope = RopeSlice {
+                heads: 1,
+                head_stride: width as u32,
+                rot_off: rot_off as u32,
+                rot_dim: rot_dim as u32,
+                interleave,
+            };
+            // Rows start 2 values into each row of the source (a view into a wider row).
+            let prep = Prepare {
+                rows: View::new(&sb, 2, (width + 5) as u32),
+                norm_dim: norm_dim as u32,
+                weight: &wb,
+                bias: key.then_some(&bb),
+                eps: 1e-6,
+                rope: &rope,
+                cos_sin: &csb,
+            };
+            let formats: Vec<(usize, u32)> = if key {
+                KeyFormat::ALL
+                    .iter()
+                    .map(|f| (f.row_words(width), f.code()))
+                    .collect()
+            } else {
+                let kl = norm_dim;
+                LatentFormat::ALL
+                    .iter()
+                    .map(|f| (f.row_words(kl, width - kl), f.code()))
+                    .collect()
+            };
+            for (fi, &(words, _)) in formats.iter().enumerate() {
+                let segs = empty_segments(15, 5, words);
+                let mut rec = g.recorder();
+                if key {
+                    let cache = CacheRows {
+                        segs: &segs,
+                        format: KeyFormat::ALL[fi],
+                        row_words: words as u32,
+                    };
+                    let src = Source::Prepared(prep);
+                    store_keys(&mut rec, src, &cache, (pos0, n as u32), width as u32);
+                } else {
+                    let cache = CacheRows {
+                        segs: &segs,
+                        format: LatentFormat::ALL[fi],
+                        row_words: words as u32,
+                    };
+                    let dims = (norm_dim as u32, (width - norm_dim) as u32);
+                    let src = Source::Prepared(prep);
+                    store_latent(&mut rec, src, &cache, (pos0, n as u32), dims);
+                }
+                rec.finish().unwrap();
+                let all = read_segments(&segs, words);
+                for r in 0..n {
+                    let raw = &src[r * (width + 5) + 2..][..width];
+                    let bias = key.then_some(&b[..]);
+                    let row = prepared_ref(raw, norm_dim, (&w, bias), &rope, &cs[r * 2 * half..]);
+                    let p = pos0 as usize + r;
+                    let stored = &all[p * words..(p + 1) * words];
+                    let (got, want, step) = if key {
+                        let f = KeyFormat::ALL[fi];
+                        let want_w = encode_key(f, &row);
+                        let step = match f {
+                            KeyFormat::I8 => f32::from_bits(want_w[width / 4]) + 1e-5,
+                            _ => 0.0,
+                        };
+                        (
+                            decode_key(f, stored, width),
+                            decode_key(f, &want_w, width),
+                            vec![step; width],
+                        )
+                    } else {
+                        let (f, kl, dr) = (LatentFormat::ALL[fi], norm_dim, width - norm_dim);
+                        let want_w = encode_latent(f, &row, kl);
+                        let want = decode_latent(f, &want_w, kl, dr);
+                        let step = (0..width)
+                            .map(|c| match f {
+                                LatentFormat::Fp8 if c < kl => {
+                                    want[c].abs() / 8.0
+                                        + f32::from_bits(want_w[kl / 4 + c / 128]) / 512.0
+                                }
+                                _ => 0.0,
+                            })
+                            .collect();
+                        (decode_latent(f, stored, kl, dr), want, step)
+                    };
+                    // Float rounding of the norm (reduction order) and of bf16 ties: a
+                    // relative 1e-5, or one bf16 step.
+                    let step: Vec<f32> = step
+                        .iter()
+                        .zip(&want)
+                        .map(|(s, w)| {
+                            s.max(w.abs() / 128.0 * (fi == 1) as u32 as f32) + w.abs() * 1e-5
+                        })
+                        .collect();
+                    check_rows(
+                        &got,
+                        &want,
+                        &step,
+                        &format!("prepared width {width} format {fi} key {key} position {p}"),
+                    );
+                }
+            }
         }
     }
 

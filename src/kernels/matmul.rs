@@ -129,7 +129,7 @@ const KNOBS: Knobs = Knobs {
 /// `SPARSA_GEMV_UNROLL` (1 or 2) and `SPARSA_GEMV_TPR` (lanes per row: 4 ..= 64, a power
 /// of two) override the chosen knobs when set.
 /// (In the browser no variable is ever set.)
-fn env_knob(name: &str, ok: impl Fn(u32) -> bool) -> Option<u32> {
+pub(super) fn env_knob(name: &str, ok: impl Fn(u32) -> bool) -> Option<u32> {
     std::env::var(name).ok()?.parse().ok().filter(|v| ok(*v))
 }
 

@@ -22,6 +22,7 @@ const NORM: Shader<Params> = Shader::new(
     "norm",
     concat!(
         include_str!("../../shaders/xquant.wgsl"),
+        include_str!("../../shaders/reduce.wgsl"),
         include_str!("../../shaders/norm.wgsl")
     ),
 );
@@ -39,8 +40,8 @@ struct Rows<'a> {
     eps: f32,
 }
 
-/// One workgroup per row; the weight `w` and (LayerNorm) the bias `b`, or (rms_norm_q) the
-/// quantized output and its element order.
+/// One workgroup per row; the weight `w` and (rms_norm_q) the quantized output `b` and
+/// its element order.
 fn launch(
     rec: &mut Recorder,
     entry: &'static str,
@@ -137,27 +138,6 @@ pub fn rms_norm_q<'a>(
     }
 }
 
-/// LayerNorm with weight and bias `(w, b)`: `y = (x - mean) / sqrt(var + eps) * w + b`
-/// (biased variance), f32.
-pub fn layer_norm(
-    rec: &mut Recorder,
-    x: View,
-    (w, b): (&wgpu::Buffer, &wgpu::Buffer),
-    y: View,
-    rows: u32,
-    dim: u32,
-    eps: f32,
-) {
-    let r = Rows {
-        x,
-        y,
-        rows,
-        dim,
-        eps,
-    };
-    launch(rec, "layer_norm", r, w, Some(b), false);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,21 +154,9 @@ mod tests {
             .collect()
     }
 
-    fn ln_ref(x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
-        let n = x.len() as f64;
-        let mean = x.iter().map(|v| *v as f64).sum::<f64>() / n;
-        let var = x.iter().map(|v| (*v as f64 - mean).powi(2)).sum::<f64>() / n;
-        let s = 1.0 / (var + eps as f64).sqrt();
-        x.iter()
-            .zip(w)
-            .zip(b)
-            .map(|((v, w), b)| ((*v as f64 - mean) * s * *w as f64 + *b as f64) as f32)
-            .collect()
-    }
-
     /// x rows scaled by `scale` and shifted by `shift`; x at offset 3 / stride dim+5,
     /// y at offset 9 / stride dim+2. Checks all of y's buffer (sentinel outside the rows).
-    fn check(seed: u64, rows: usize, dim: usize, eps: f32, scale: f32, shift: f32, layer: bool) {
+    fn check(seed: u64, rows: usize, dim: usize, eps: f32, scale: f32, shift: f32) {
         let g = gpu();
         let mut rng = Rng::new(seed);
         let (x_off, x_stride, y_off, y_stride) = (3usize, dim + 5, 9usize, dim + 2);
@@ -198,10 +166,8 @@ mod tests {
             .map(|v| v + shift)
             .collect();
         let w: Vec<f32> = rng.vec(dim, 1.0).into_iter().map(|v| v + 1.0).collect();
-        let b = rng.vec(dim, 1.0);
         let xb = g.buffer_from(&xs, "x").unwrap();
         let wb = g.buffer_from(&w, "w").unwrap();
-        let bb = g.buffer_from(&b, "b").unwrap();
         let ylen = y_off + rows * y_stride + 1;
         let yb = g.buffer_from(&vec![SENTINEL; ylen], "y").unwrap();
         let (xv, yv) = (
@@ -209,27 +175,15 @@ mod tests {
             View::new(&yb, y_off as u32, y_stride as u32),
         );
         let mut rec = g.recorder();
-        if layer {
-            layer_norm(&mut rec, xv, (&wb, &bb), yv, rows as u32, dim as u32, eps);
-        } else {
-            rms_norm(&mut rec, xv, &wb, yv, rows as u32, dim as u32, eps);
-        }
+        rms_norm(&mut rec, xv, &wb, yv, rows as u32, dim as u32, eps);
         rec.finish().unwrap();
         let got = g.read_f32(&yb, 0, ylen).unwrap();
         let mut want = vec![SENTINEL; ylen];
         for r in 0..rows {
             let xr = &xs[x_off + r * x_stride..][..dim];
-            let o = if layer {
-                ln_ref(xr, &w, &b, eps)
-            } else {
-                rms_ref(xr, &w, eps)
-            };
-            want[y_off + r * y_stride..][..dim].copy_from_slice(&o);
+            want[y_off + r * y_stride..][..dim].copy_from_slice(&rms_ref(xr, &w, eps));
         }
-        let what = format!(
-            "{} rows={rows} dim={dim} eps={eps}",
-            if layer { "layer_norm" } else { "rms_norm" }
-        );
+        let what = format!("rms_norm rows={rows} dim={dim} eps={eps}");
         assert_close(&got, &want, 1e-5, 1e-4, &what);
     }
 
@@ -239,7 +193,7 @@ mod tests {
             .into_iter()
             .enumerate()
         {
-            check(i as u64, rows, dim, 1e-6, 1.0, 0.0, false);
+            check(i as u64, rows, dim, 1e-6, 1.0, 0.0);
         }
     }
 
@@ -288,25 +242,13 @@ mod tests {
     #[test]
     fn rms_norm_eps_matters() {
         // mean(x²) ≈ 3e-3: eps = 1e-2 dominates, so a dropped or misplaced eps fails.
-        check(11, 3, 300, 1e-2, 0.1, 0.0, false);
-    }
-
-    #[test]
-    fn layer_norm_sizes() {
-        for (i, (rows, dim)) in [(1, 577), (3, 7), (37, 1000), (4, 7168)]
-            .into_iter()
-            .enumerate()
-        {
-            // A large mean: a missing mean subtraction or a one-pass variance would show.
-            check(20 + i as u64, rows, dim, 1e-5, 1.0, 3.0, true);
-        }
-        check(30, 3, 300, 1e-2, 0.1, -0.5, true);
+        check(11, 3, 300, 1e-2, 0.1, 0.0);
     }
 
     #[test]
     fn norm_many_rows_2d_grid() {
         // More rows than workgroups per grid dimension.
         let rows = gpu().max_groups() as usize + 37;
-        check(40, rows, 3, 1e-6, 1.0, 0.0, false);
+        check(40, rows, 3, 1e-6, 1.0, 0.0);
     }
 }

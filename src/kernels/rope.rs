@@ -14,12 +14,23 @@ kernel_params! {
         src_stride: u32,
         dst_off: u32,
         dst_stride: u32,
-        _pad0: u32,
-        _pad1: u32,
+        /// rope_inplace's second slice of the same rows (`heads2` = 0: none).
+        heads2: u32,
+        head_stride2: u32,
+        rot_off2: u32,
+        interleave2: u32,
+        dst_off2: u32,
+        dst_stride2: u32,
     }
 }
 
-const ROPE: Shader<Params> = Shader::new("rope", include_str!("../../shaders/rope.wgsl"));
+const ROPE: Shader<Params> = Shader::new(
+    "rope",
+    concat!(
+        include_str!("../../shaders/rotary.wgsl"),
+        include_str!("../../shaders/rope.wgsl")
+    ),
+);
 
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[ROPE.code()];
@@ -84,8 +95,7 @@ pub fn rope(
         src_stride: s.stride,
         dst_off: dst.offset,
         dst_stride: dst.stride,
-        _pad0: 0,
-        _pad1: 0,
+        ..Default::default()
     };
     let gpu = rec.gpu();
     let grid = gpu.grid((total as u32).div_ceil(256));
@@ -99,6 +109,52 @@ pub fn rope(
             rec.dispatch(&pipe, &p, &[dst.buf, cos_sin, src.buf], grid);
         }
     }
+}
+
+/// [`rope`] in place on two slices of the same `rows` rows in one dispatch: `a`'s dims
+/// `ra` names and `b`'s dims `rb` names (views of one buffer, the same `rot_dim`, so one
+/// `cos_sin`), as two calls of [`rope`] would rotate them. The slices must not overlap.
+pub fn rope_pair(
+    rec: &mut Recorder,
+    (a, ra): (View, &RopeSlice),
+    (b, rb): (View, &RopeSlice),
+    rows: u32,
+    cos_sin: &wgpu::Buffer,
+) {
+    assert!(
+        a.buf == b.buf && ra.rot_dim == rb.rot_dim,
+        "rope_pair: slices of one buffer with one rot_dim"
+    );
+    let half = ra.rot_dim / 2;
+    let total = rows as u64 * (ra.heads + rb.heads) as u64 * half as u64;
+    if total == 0 {
+        return;
+    }
+    assert!(
+        total <= u32::MAX as u64,
+        "rope: {total} rotations exceed u32"
+    );
+    let p = Params {
+        rows,
+        heads: ra.heads,
+        head_stride: ra.head_stride,
+        rot_off: ra.rot_off,
+        half,
+        interleave: ra.interleave as u32,
+        dst_off: a.offset,
+        dst_stride: a.stride,
+        heads2: rb.heads,
+        head_stride2: rb.head_stride,
+        rot_off2: rb.rot_off,
+        interleave2: rb.interleave as u32,
+        dst_off2: b.offset,
+        dst_stride2: b.stride,
+        ..Default::default()
+    };
+    let gpu = rec.gpu();
+    let pipe = gpu.pipeline(&ROPE, "rope_inplace", &[]);
+    let grid = gpu.grid((total as u32).div_ceil(256));
+    rec.dispatch(&pipe, &p, &[a.buf, cos_sin], grid);
 }
 
 #[cfg(test)]
@@ -237,6 +293,65 @@ mod tests {
                     check(seed, k, interleave, in_place);
                 }
             }
+        }
+    }
+
+    /// rope_pair rotates both slices as two rope calls would: MLA query heads (half-split)
+    /// and indexer heads (interleaved) after them in the same rows, as the forward pass
+    /// lays them out, with awkward sizes.
+    #[test]
+    fn rope_pair_is_two_ropes() {
+        let g = gpu();
+        let mut rng = Rng::new(77);
+        for &(rows, interleave) in &[(1usize, (false, true)), (5, (true, false))] {
+            let (ha, hsa, offa, dim) = (3usize, 14usize, 6usize, 8usize);
+            let (hb, hsb) = (5usize, 11usize);
+            let stride = ha * hsa + hb * hsb + 3;
+            let half = dim / 2;
+            let cs: Vec<f32> = (0..rows * half)
+                .flat_map(|_| {
+                    let a = rng.uniform() * 3.0;
+                    [a.cos(), a.sin()]
+                })
+                .collect();
+            let x0 = rng.vec(2 + rows * stride, 1.0);
+            let xb = g.buffer_from(&x0, "x").unwrap();
+            let csb = g.buffer_from(&cs, "cos_sin").unwrap();
+            let a = View::new(&xb, 2, stride as u32);
+            let b = View::new(&xb, (2 + ha * hsa) as u32, stride as u32);
+            let ra = RopeSlice {
+                heads: ha as u32,
+                head_stride: hsa as u32,
+                rot_off: offa as u32,
+                rot_dim: dim as u32,
+                interleave: interleave.0,
+            };
+            let rb = RopeSlice {
+                heads: hb as u32,
+                head_stride: hsb as u32,
+                rot_off: 0,
+                rot_dim: dim as u32,
+                interleave: interleave.1,
+            };
+            let mut rec = g.recorder();
+            rope_pair(&mut rec, (a, &ra), (b, &rb), rows as u32, &csb);
+            rec.finish().unwrap();
+            let got = g.read_f32(&xb, 0, x0.len()).unwrap();
+            let mut want = x0.clone();
+            for t in 0..rows {
+                let c = &cs[t * half * 2..][..half * 2];
+                for (base, heads, hs, off, il) in [
+                    (2 + t * stride, ha, hsa, offa, interleave.0),
+                    (2 + t * stride + ha * hsa, hb, hsb, 0, interleave.1),
+                ] {
+                    for h in 0..heads {
+                        let at = base + h * hs;
+                        let from = x0[at..][..hs].to_vec();
+                        rotate(&mut want[at..][..hs], &from, c, off, dim, il);
+                    }
+                }
+            }
+            assert_close(&got, &want, 1e-6, 1e-5, &format!("rope_pair rows {rows}"));
         }
     }
 }

@@ -14,9 +14,11 @@ kernel_params! {
         topk: u32,
         norm: u32,
         scaling: f32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
+        /// Pairs per row in idx / weights: topk, plus 1 with `extra`.
+        stride: u32,
+        /// 1: expert `extra_id` follows each row's picks with weight 1.
+        extra: u32,
+        extra_id: u32,
     }
 }
 
@@ -59,8 +61,10 @@ impl Routing {
 /// largest `c` (its largest when groups have one expert); keep the `topk_group` best groups,
 /// the others' `c` become -inf; pick the `topk` largest `c` (ties: lower expert index wins);
 /// weights are the unbiased `s` of the picks, divided by their sum (+1e-20) when
-/// `norm_topk_prob`, times `scaling`. Writes `idx[t*topk + j]` (u32) and `weights[t*topk + j]`
-/// (f32) in descending order of `c`.
+/// `norm_topk_prob`, times `scaling`. Writes `idx[t*stride + j]` (u32) and
+/// `weights[t*stride + j]` (f32) in descending order of `c`, `stride` = `topk`; with
+/// `extra` (the shared expert's id, run as one more routed expert), `stride` = `topk + 1`
+/// and pair `topk` of each row is that expert with weight 1.
 ///
 /// Ties between group scores also go to the lower group index. When `topk` exceeds the
 /// experts of the kept groups, the remaining picks are masked experts in index order.
@@ -71,8 +75,8 @@ pub fn route(
     bias: &wgpu::Buffer,
     rows: u32,
     r: &Routing,
-    idx: &wgpu::Buffer,
-    weights: &wgpu::Buffer,
+    (idx, weights): (&wgpu::Buffer, &wgpu::Buffer),
+    extra: Option<u32>,
 ) {
     let Routing {
         n_experts,
@@ -111,9 +115,9 @@ pub fn route(
         topk,
         norm: norm_topk_prob as u32,
         scaling,
-        _pad0: 0,
-        _pad1: 0,
-        _pad2: 0,
+        stride: topk + extra.is_some() as u32,
+        extra: extra.is_some() as u32,
+        extra_id: extra.unwrap_or(0),
     };
     rec.dispatch(
         &p,
@@ -210,27 +214,44 @@ mod tests {
         // Logit rows padded to a larger stride at an offset.
         let lb = Placed::new(g, logits, n_experts, (3, n_experts + 5), f32::NAN);
         let bbuf = g.buffer_from(bias, "bias").unwrap();
-        let ibuf = g.buffer((rows * topk * 4) as u64, "idx").unwrap();
-        let wbuf = g.buffer((rows * topk * 4) as u64, "weights").unwrap();
-        let mut rec = g.recorder();
-        route(&mut rec, lb.view(), &bbuf, rows as u32, &r, &ibuf, &wbuf);
-        rec.finish().unwrap();
-        let gi = g.read_u32(&ibuf, 0, rows * topk).unwrap();
-        let gw = g.read_f32(&wbuf, 0, rows * topk).unwrap();
-        for t in 0..rows {
-            let (wi, ww) = route_ref(&logits[t * n_experts..(t + 1) * n_experts], bias, &r);
-            assert_eq!(
-                &gi[t * topk..(t + 1) * topk],
-                wi.as_slice(),
-                "row {t}: experts (n_group {n_group}, topk_group {topk_group})"
+        // Without and with the shared expert appended to each row's picks.
+        for extra in [None, Some(n_experts as u32)] {
+            let stride = topk + extra.is_some() as usize;
+            let ibuf = g.buffer((rows * stride * 4) as u64, "idx").unwrap();
+            let wbuf = g.buffer((rows * stride * 4) as u64, "weights").unwrap();
+            let mut rec = g.recorder();
+            route(
+                &mut rec,
+                lb.view(),
+                &bbuf,
+                rows as u32,
+                &r,
+                (&ibuf, &wbuf),
+                extra,
             );
-            assert_close(
-                &gw[t * topk..(t + 1) * topk],
-                &ww,
-                1e-6,
-                1e-5,
-                &format!("row {t} weights"),
-            );
+            rec.finish().unwrap();
+            let gi = g.read_u32(&ibuf, 0, rows * stride).unwrap();
+            let gw = g.read_f32(&wbuf, 0, rows * stride).unwrap();
+            for t in 0..rows {
+                let (mut wi, mut ww) =
+                    route_ref(&logits[t * n_experts..(t + 1) * n_experts], bias, &r);
+                if let Some(e) = extra {
+                    wi.push(e);
+                    ww.push(1.0);
+                }
+                assert_eq!(
+                    &gi[t * stride..(t + 1) * stride],
+                    wi.as_slice(),
+                    "row {t}: experts (n_group {n_group}, topk_group {topk_group}, extra {extra:?})"
+                );
+                assert_close(
+                    &gw[t * stride..(t + 1) * stride],
+                    &ww,
+                    1e-6,
+                    1e-5,
+                    &format!("row {t} weights (extra {extra:?})"),
+                );
+            }
         }
     }
 

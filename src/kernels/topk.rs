@@ -24,6 +24,15 @@ use crate::gpu::{kernel_params, Gpu, Shader, ShaderCode};
 /// wide kernel's five dispatches cost; above it the single workgroup's serial passes grow
 /// with the row while the wide kernel's stay spread over the GPU.
 pub const WIDE_MIN_KEYS: u32 = 8192;
+/// [`WIDE_MIN_KEYS`], or SPARSA_TOPK_WIDE_MIN (a measurement knob, at least 2048).
+fn wide_min_keys() -> u32 {
+    use std::sync::OnceLock;
+    static MIN: OnceLock<u32> = OnceLock::new();
+    *MIN.get_or_init(|| {
+        super::matmul::env_knob("SPARSA_TOPK_WIDE_MIN", |v| v >= 2048).unwrap_or(WIDE_MIN_KEYS)
+    })
+}
+
 /// Fewest positions per workgroup segment of the wide kernel.
 const WIDE_MIN_SEG: u32 = 1024;
 /// Workgroups the wide kernel aims at over all rows on a GPU (a few per compute unit of a
@@ -172,7 +181,7 @@ pub fn topk(
         return;
     }
     assert!(sel.k > 0, "topk: topk must be at least 1");
-    if chunk.n_keys >= WIDE_MIN_KEYS && chunk.rows <= scratch.max_rows {
+    if chunk.n_keys >= wide_min_keys() && chunk.rows <= scratch.max_rows {
         let plan = wide_plan(chunk.rows, chunk.n_keys, scratch.groups);
         topk_wide(rec, scores, chunk, sel, scratch, plan);
         return;

@@ -13,9 +13,9 @@ use super::scratch::{qi_cols, qkv_cols};
 use super::session::Session;
 use crate::gpu::Recorder;
 use crate::kernels::attention::{MlaDims, MlaQueries};
-use crate::kernels::cache::{self, Source};
+use crate::kernels::cache::{self, Prepare, Source};
 use crate::kernels::topk::Selection;
-use crate::kernels::{attention, indexer, matmul, norm, rope, topk, Causal, View};
+use crate::kernels::{attention, indexer, matmul, rope, topk, Causal, View};
 
 /// eps of `q_a_layernorm` / `kv_a_layernorm` (transformers builds them with the default 1e-6,
 /// not `rms_norm_eps`) and of the indexer's `k_norm` LayerNorm.
@@ -39,7 +39,6 @@ impl Session {
             ..
         } = d.mla;
         let row = kl + dr;
-        let latent = View::rows(&s.latent_new, row);
         let (h, x) = (View::rows(&s.h, hd), View::rows(&s.x, hd));
 
         // Queries: q_resid = RMSNorm(x·W_qa), q = q_resid·W_qb, RoPE on the last dr dims per head.
@@ -56,21 +55,27 @@ impl Session {
         let norm = (&layer.q_a_norm, LATENT_NORM_EPS);
         let qaq = self.norm_for(rec, qa_raw, norm, qa, t, layer.q_b.first(), &s.xq_qa);
         project(rec, qaq.as_ref(), qa, &layer.q_b, qi, t);
-        rope::rope(rec, None, q, t, &d.rope_q, &s.cos_sin);
-        // Latent cache rows: [RMSNorm(c_kv) | RoPE(k_pe)].
-        let kva = qkv.col(ql);
-        norm::rms_norm(rec, kva, &layer.kv_a_norm, latent, t, kl, LATENT_NORM_EPS);
-        rope::rope(
-            rec,
-            Some(kva.col(kl)),
-            latent.col(kl),
-            t,
-            &d.rope_k_pe,
-            &s.cos_sin,
-        );
+        // RoPE on the queries' last dr dims per head, and on the indexer's queries (one
+        // dispatch for both on a full layer).
+        let iq = qi.col(heads * (dn + dr));
+        match &layer.indexer {
+            Some(_) => rope::rope_pair(rec, (q, &d.rope_q), (iq, &d.rope_index_q), t, &s.cos_sin),
+            None => rope::rope(rec, None, q, t, &d.rope_q, &s.cos_sin),
+        }
+        // Latent cache rows [RMSNorm(c_kv) | RoPE(k_pe)], normalized and rotated by the
+        // store itself.
+        let latent = Prepare {
+            rows: qkv.col(ql),
+            norm_dim: kl,
+            weight: &layer.kv_a_norm,
+            bias: None,
+            eps: LATENT_NORM_EPS,
+            rope: &d.rope_k_pe,
+            cos_sin: &s.cos_sin,
+        };
         let cached = (pos0 + t) as usize;
         let cache = self.caches.latent(i, cached);
-        cache::store_latent(rec, Source::Rows(latent), &cache, (pos0, t), (kl, dr));
+        cache::store_latent(rec, Source::Prepared(latent), &cache, (pos0, t), (kl, dr));
 
         // Which positions each row attends: this layer's indexer on a full layer; on an
         // IndexShare layer s.sel_idx / s.sel_cnt keep the last full layer's selection.
@@ -81,7 +86,6 @@ impl Session {
         };
         if let Some(ix) = &layer.indexer {
             let ik = qkv.col(ql + row);
-            let iq = qi.col(heads * (dn + dr));
             self.select(rec, i, ix, t, pos0, &sel, (iq, ik));
         }
 
@@ -106,7 +110,7 @@ impl Session {
     /// The lightning indexer of full layer `i`: writes the chunk's key rows into the layer's
     /// key cache, scores every cached position for each row and keeps the top-k in `sel`
     /// (every position, while there are no more than k). `(iq, ik)`: the chunk's indexer
-    /// queries and key rows, computed with the layer's other projections.
+    /// queries (RoPE applied) and raw key rows, computed with the layer's other projections.
     #[allow(clippy::too_many_arguments)]
     fn select(
         &self,
@@ -128,12 +132,17 @@ impl Session {
             .caches
             .keys(i, n_keys as usize)
             .expect("full layer has a key cache");
-        let key_rows = View::rows(&s.ik_new, id);
-        rope::rope(rec, None, iq, t, &d.rope_index_q, &s.cos_sin);
-        let k_norm = (&ix.k_norm_w, &ix.k_norm_b);
-        norm::layer_norm(rec, ik, k_norm, key_rows, t, id, K_NORM_EPS);
-        rope::rope(rec, None, key_rows, t, &d.rope_index_k, &s.cos_sin);
-        cache::store_keys(rec, Source::Rows(key_rows), &keys, (pos0, t), id);
+        // Key rows: RoPE(LayerNorm(k)), normalized and rotated by the store itself.
+        let key_rows = Prepare {
+            rows: ik,
+            norm_dim: id,
+            weight: &ix.k_norm_w,
+            bias: Some(&ix.k_norm_b),
+            eps: K_NORM_EPS,
+            rope: &d.rope_index_k,
+            cos_sin: &s.cos_sin,
+        };
+        cache::store_keys(rec, Source::Prepared(key_rows), &keys, (pos0, t), id);
         if n_keys <= sel.k {
             topk::select_all(rec, t, pos0, sel);
         } else {

@@ -13,7 +13,7 @@ pub(super) struct Dims {
     pub routing: Routing,
     /// RoPE on the last `qk_rope_head_dim` dims of each query head.
     pub rope_q: RopeSlice,
-    /// RoPE on `k_pe`, copied from `kv_a`'s output into the latent cache row.
+    /// RoPE on `k_pe`, the last `qk_rope_head_dim` values of a latent cache row.
     pub rope_k_pe: RopeSlice,
     /// RoPE on the first `qk_rope_head_dim` dims of each indexer query head.
     pub rope_index_q: RopeSlice,
@@ -45,7 +45,7 @@ impl Dims {
             indexer,
             routing: Routing::of(cfg),
             rope_q: mla_rope(mla.heads, dn + dr, dn),
-            rope_k_pe: mla_rope(1, mla.kv_lora + dr, 0),
+            rope_k_pe: mla_rope(1, mla.kv_lora + dr, mla.kv_lora),
             rope_index_q: index_rope(indexer.heads),
             rope_index_k: index_rope(1),
         }

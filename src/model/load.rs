@@ -60,10 +60,26 @@ pub struct Moe {
     pub gate_up: GpuWeight,
     /// `[E * H, I]`.
     pub down: GpuWeight,
+    /// The shared expert as a dense SwiGLU, where it does not run as a routed expert
+    /// (`shared_routed`).
     pub shared: Option<SwiGlu>,
+    /// The shared expert is expert E of `gate_up` / `down` (the routed experts are 0..E):
+    /// the router appends it to every row's picks with weight 1, and it runs in the same
+    /// expert dispatches as the routed ones instead of three of its own. Set where the
+    /// experts are resident, the shared expert has their width (`n_shared_experts` = 1) and
+    /// its tensors are stored as theirs are.
+    pub shared_routed: bool,
     /// Set when the experts stay in the files and `gate_up` / `down` hold only the slots
     /// of [`crate::experts`]'s cache (`[slots * 2I, H]`, `[slots * H, I]`).
     pub source: Option<ExpertSource>,
+}
+
+impl Moe {
+    /// Expert pairs per row: the router's `k` picks, and the shared expert where it runs
+    /// as a routed one.
+    pub fn pairs(&self, k: usize) -> usize {
+        k + self.shared_routed as usize
+    }
 }
 
 pub enum Mlp {
@@ -300,14 +316,24 @@ impl<'a> Loader<'a, '_> {
         })
     }
 
+    /// How tensor `name` is stored: its quantized format, if any, and its dtype.
+    fn storage(&self, name: &str) -> Result<(Option<QFormat>, safetensors::Dtype)> {
+        let t = self.files.get(name)?;
+        Ok((stored_format(&t, self.qconfig)?, t.dtype))
+    }
+
     /// The routed experts of the MLP at `p`: all of them, or with `slots` < n_routed_experts
-    /// that many empty slots and where each expert's tensors are (checked, not read).
+    /// that many empty slots and where each expert's tensors are (checked, not read). With
+    /// `shared` (the shared expert's prefix), resident per-expert tensors and a shared
+    /// expert stored as they are, the shared expert is appended as expert E; the flag says
+    /// whether it was.
     fn experts(
         &mut self,
         p: &str,
         cfg: &Config,
         slots: Option<usize>,
-    ) -> Result<(GpuWeight, GpuWeight, Option<ExpertSource>)> {
+        shared: Option<&str>,
+    ) -> Result<(GpuWeight, GpuWeight, Option<ExpertSource>, bool)> {
         let (e, h, i) = (
             cfg.n_routed_experts,
             cfg.hidden_size,
@@ -345,6 +371,7 @@ impl<'a> Loader<'a, '_> {
                         gate_up: fused,
                         down: dn,
                     }),
+                    false,
                 ));
             }
             let gu = GpuWeight::upload(self.gpu, &[t], h, 2 * i, &fused)?;
@@ -352,7 +379,7 @@ impl<'a> Loader<'a, '_> {
             // (float only, so GPU bytes equal file bytes)
             let dw = GpuWeight::upload(self.gpu, &[d], i, h, &dn)?;
             self.tick(dw.bytes())?;
-            return Ok((gu, dw, None));
+            return Ok((gu, dw, None, false));
         }
         let mut gu_names = Vec::with_capacity(2 * e);
         let mut dn_names = Vec::with_capacity(e);
@@ -383,11 +410,26 @@ impl<'a> Loader<'a, '_> {
                 Some(ExpertSource::PerExpert {
                     prefix: format!("{p}.experts"),
                 }),
+                false,
             ));
         }
-        let gu = self.stacked(&gu_names, &vec![i; 2 * e], h, 2 * i, &gl)?;
-        let d = self.stacked(&dn_names, &vec![h; e], i, h, &dl)?;
-        Ok((gu, d, None))
+        let mut n = e;
+        if let Some(sp) = shared {
+            let names = ["gate_proj", "up_proj", "down_proj"].map(|m| format!("{sp}.{m}.weight"));
+            let mut same = true;
+            for (name, like) in names.iter().zip([&gu_names[0], &gu_names[1], &dn_names[0]]) {
+                same &= self.files.contains(name) && self.storage(name)? == self.storage(like)?;
+            }
+            if same {
+                let [g, u, d] = names;
+                gu_names.extend([g, u]);
+                dn_names.push(d);
+                n += 1;
+            }
+        }
+        let gu = self.stacked(&gu_names, &vec![i; 2 * n], h, 2 * i, &gl)?;
+        let d = self.stacked(&dn_names, &vec![h; n], i, h, &dl)?;
+        Ok((gu, d, None, n > e))
     }
 }
 
@@ -468,13 +510,14 @@ pub fn load(
             } else {
                 gpu.buffer_from(&vec![0f32; cfg.n_routed_experts], &bname)?
             };
-            let (gate_up, down, source) = l.experts(&m, cfg, slots.map(|s| s[i]))?;
-            let shared = if cfg.n_shared_experts > 0 {
-                Some(l.swiglu(
-                    &format!("{m}.shared_experts"),
-                    h,
-                    cfg.moe_intermediate_size * cfg.n_shared_experts,
-                )?)
+            let sp = format!("{m}.shared_experts");
+            // SPARSA_SHARED_ROUTED=0 keeps the shared expert dense (a measurement knob).
+            let knob = std::env::var("SPARSA_SHARED_ROUTED").map_or(true, |v| v != "0");
+            let fuse = (cfg.n_shared_experts == 1 && knob).then_some(sp.as_str());
+            let (gate_up, down, source, shared_routed) =
+                l.experts(&m, cfg, slots.map(|s| s[i]), fuse)?;
+            let shared = if cfg.n_shared_experts > 0 && !shared_routed {
+                Some(l.swiglu(&sp, h, cfg.moe_intermediate_size * cfg.n_shared_experts)?)
             } else {
                 None
             };
@@ -484,6 +527,7 @@ pub fn load(
                 gate_up,
                 down,
                 shared,
+                shared_routed,
                 source,
             }))
         };

@@ -3,8 +3,9 @@
 //! The router scores the experts of each row and picks k of them on the GPU (sigmoid
 //! scores plus the correction bias, router groups where the config has them). The routed
 //! experts then run as two expert matmuls around a SwiGLU, reading each row's expert ids
-//! from the router's output; the shared expert is a dense SwiGLU; `moe_combine` adds the
-//! weighted expert outputs to `h`.
+//! from the router's output. The shared expert runs with them as one more routed expert
+//! (expert E, weight 1, appended by the router) where the experts are resident, else as a
+//! dense SwiGLU; `moe_combine` adds the weighted expert outputs to `h`.
 //!
 //! Where the layer's experts do not all fit the GPU (`--gpu-memory`), the host must know
 //! which experts the router picked before it can upload them: [`Session::stream_experts`]
@@ -34,11 +35,14 @@ impl Session {
         let cfg = &self.model.config;
         let s = &self.s;
         let hd = cfg.hidden_size as u32;
-        let k = cfg.num_experts_per_tok as u32;
-        self.route(rec, m, t, &s.router_idx, &s.router_weights);
+        let k = m.pairs(cfg.num_experts_per_tok) as u32;
+        let e = cfg.n_routed_experts as u32;
+        // The shared expert, where it runs as routed expert E, follows each row's picks.
+        let shared = m.shared_routed.then_some(e);
+        self.route(rec, m, t, &s.router_idx, &s.router_weights, shared);
         match (&m.source, &self.model.offload) {
             (Some(src), Some(off)) => self.stream_experts(rec, off, i, src, m, t, xq)?,
-            _ => self.experts(rec, m, &s.router_idx, cfg.n_routed_experts as u32, t, xq),
+            _ => self.experts(rec, m, &s.router_idx, e + m.shared_routed as u32, t, xq),
         }
         if let Some(sh) = &m.shared {
             self.swiglu(rec, sh, t, xq);
@@ -50,7 +54,7 @@ impl Session {
     }
 
     /// The router of `m` on `x`: each row's k experts into `idx` and their weights into
-    /// `weights`.
+    /// `weights` (then expert `extra` with weight 1, where given).
     fn route(
         &self,
         rec: &mut Recorder,
@@ -58,17 +62,19 @@ impl Session {
         t: u32,
         idx: &wgpu::Buffer,
         weights: &wgpu::Buffer,
+        extra: Option<u32>,
     ) {
         let s = &self.s;
         let r = &self.dims.routing;
         let hd = self.model.config.hidden_size as u32;
         let logits = View::rows(&s.router_logits, r.n_experts);
         matmul::matmul(rec, View::rows(&s.x, hd), &m.router, logits, t);
-        router::route(rec, logits, &m.bias, t, r, idx, weights);
+        router::route(rec, logits, &m.bias, t, r, (idx, weights), extra);
     }
 
     /// The routed experts named by `idx` (expert ids, or slots of the expert cache; `n` of
-    /// them in `m`'s matrices) on `x`, each routed pair's output into `s.moe_out`.
+    /// them in `m`'s matrices) on `x`, each routed pair's output into `s.moe_out` (the
+    /// shared expert's too, where it runs as a routed one).
     fn experts(
         &self,
         rec: &mut Recorder,
@@ -81,7 +87,7 @@ impl Session {
         let cfg = &self.model.config;
         let s = &self.s;
         let hd = cfg.hidden_size as u32;
-        let k = cfg.num_experts_per_tok as u32;
+        let k = m.pairs(cfg.num_experts_per_tok) as u32;
         let mi = cfg.moe_intermediate_size as u32;
         let x = View::rows(&s.x, hd);
         let gu = View::rows(&s.moe_gate_up, 2 * mi);
@@ -134,7 +140,7 @@ impl Session {
             };
             if let Some((nm, _)) = next {
                 // The next layer's router on this layer's input predicts its choices.
-                self.route(rec, nm, t, &s.prefetch_idx, &s.prefetch_weights);
+                self.route(rec, nm, t, &s.prefetch_idx, &s.prefetch_weights, None);
             }
             rec.flush();
             let t0 = std::time::Instant::now();

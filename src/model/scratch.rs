@@ -40,8 +40,8 @@ impl<'a> Shape<'a> {
             ctx,
             cfg.vocab_size,
             cfg.num_attention_heads * cfg.kv_lora_rank,
-            cfg.num_experts_per_tok * 2 * cfg.moe_intermediate_size.max(1),
-            cfg.num_experts_per_tok * cfg.hidden_size,
+            pairs(cfg) * 2 * cfg.moe_intermediate_size.max(1),
+            pairs(cfg) * cfg.hidden_size,
             2 * cfg.intermediate_size,
         ]
         .into_iter()
@@ -55,6 +55,12 @@ impl<'a> Shape<'a> {
         cfg.intermediate_size
             .max(cfg.moe_intermediate_size * cfg.n_shared_experts)
     }
+}
+
+/// Expert pairs per row at most: the router's picks, and the shared expert where it runs
+/// as a routed one (`load::Moe::shared_routed`).
+fn pairs(cfg: &Config) -> usize {
+    cfg.num_experts_per_tok + (cfg.n_shared_experts == 1) as usize
 }
 
 /// Declares the scratch struct from one list: f32 buffers by element count, then other
@@ -107,15 +113,10 @@ scratch! {
         qa: z.c * z.cfg.q_lora_rank,
         /// `[q | indexer queries]` of each row (the layer's `q_b`).
         qi: z.c * qi_cols(z.cfg),
-        /// The chunk's latent rows `[RMSNorm(c_kv) | RoPE(k_pe)]` in f32, before they are
-        /// stored in the cache's format.
-        latent_new: z.c * (z.cfg.kv_lora_rank + z.cfg.qk_rope_head_dim),
         q_abs: z.c * z.cfg.num_attention_heads * z.cfg.kv_lora_rank,
         o_lat: z.c * z.cfg.num_attention_heads * z.cfg.kv_lora_rank,
         attn: z.c * z.cfg.num_attention_heads * z.cfg.v_head_dim,
         /// Indexer head weights.
-        /// The chunk's key rows after `k_norm` and RoPE, before they are stored.
-        ik_new: z.c * z.cfg.index_head_dim,
         iw: z.c * z.cfg.index_n_heads,
         /// Indexer scores, `[c, ctx]`.
         scores: z.c * z.ctx,
@@ -124,8 +125,8 @@ scratch! {
         sel_cnt: z.c,
         router_logits: z.c * z.cfg.n_routed_experts.max(1),
         /// The routed experts of each row (u32) and their weights.
-        router_idx: z.c * z.cfg.num_experts_per_tok,
-        router_weights: z.c * z.cfg.num_experts_per_tok,
+        router_idx: z.c * pairs(z.cfg),
+        router_weights: z.c * pairs(z.cfg),
         /// The expert slot of each routed pair, for layers that stream their experts
         /// (natively; the browser never streams).
         #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
@@ -135,10 +136,10 @@ scratch! {
         prefetch_idx: z.c * z.cfg.num_experts_per_tok,
         #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
         prefetch_weights: z.c * z.cfg.num_experts_per_tok,
-        moe_gate_up: z.c * z.cfg.num_experts_per_tok * 2 * z.cfg.moe_intermediate_size.max(1),
-        moe_act: z.c * z.cfg.num_experts_per_tok * z.cfg.moe_intermediate_size.max(1),
+        moe_gate_up: z.c * pairs(z.cfg) * 2 * z.cfg.moe_intermediate_size.max(1),
+        moe_act: z.c * pairs(z.cfg) * z.cfg.moe_intermediate_size.max(1),
         /// Each routed pair's expert output, before the weighted sum.
-        moe_out: z.c * z.cfg.num_experts_per_tok * z.cfg.hidden_size,
+        moe_out: z.c * pairs(z.cfg) * z.cfg.hidden_size,
         mlp_gate_up: z.c * 2 * z.mlp_inter(),
         mlp_act: z.c * z.mlp_inter(),
         logits: z.c * z.cfg.vocab_size,
@@ -148,7 +149,7 @@ scratch! {
         xq_x: xq_words(z.cfg.hidden_size, 1),
         xq_qa: xq_words(z.cfg.q_lora_rank.max(z.cfg.num_attention_heads * z.cfg.v_head_dim), 1),
         xq_act: xq_words(z.mlp_inter(), 1)
-            .max(xq_words(z.cfg.moe_intermediate_size, z.cfg.num_experts_per_tok)),
+            .max(xq_words(z.cfg.moe_intermediate_size, pairs(z.cfg))),
     }
     other {
         /// The indexer's top-k over `[c, ctx]` scores.
