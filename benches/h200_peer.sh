@@ -9,14 +9,16 @@
 #    $OUT/llama-bin.tar.xz for later calls (split in 15 MB parts .0, .1 if over 16 MB).
 #    A sparsa q4 synth is written meanwhile, for step 2.
 # 2. (hook, SKIP_SPARSA=1 skips) sparsa bench on that q4 synth -> sparsa_bench.txt; deleted.
-# 3. `sparsa synth --zeros` (bf16, holes: no disk) -> GGUF bf16 (holes, benches/gguf_from_synth.py)
+# 3. The GGUF: from .h200/gguf.tar.xz if carried (full depth; see step 3 below), else
+#    `sparsa synth --zeros` (bf16, holes: no disk) -> GGUF bf16 (holes, benches/gguf_from_synth.py)
 #    -> `llama-quantize --dry-run` plan -> GGUF Q4_K_M with those types (holes again). With
 #    QUANT=real, llama-quantize writes the real Q4_K_M (~39 GB on /tmp, timed) and that is the
 #    one benched. Q8=1 also makes (holes) and benches Q8_0 (~69 GB: only as holes on this disk).
 # 4. llama-bench -fa 1 -ngl 99: pp2048 + tg128 (-r 2), then tg32 at depths $DEPTHS -> llama_bench.txt.
 # Every step checks the time left (BUDGET_S, default 510 s from the start) and is skipped or
 # cut short rather than overrunning. Logs of steps 1b/3 -> steps.txt; a summary -> summary.txt.
-# Env: LIKE (glm-5), LAYERS (78), EXPERTS (16), DEPTHS (4096,32768), SKIP_SPARSA, SKIP_BUILD_PACK,
+# Env: LIKE (glm-5), LAYERS (78; 61 for deepseek-v3.2), GGUF=device, EXPERTS (16),
+#      DEPTHS (4096,32768), SKIP_SPARSA, SKIP_BUILD_PACK,
 #      QUANT (holes|real), Q8, BUDGET_S, JOBS (16), SPARSA_CTX (4096), REPS (2), PP (2048),
 #      TG (128), TGD (32), LB_ARGS (more llama-bench flags, e.g. "-mmp 0"), CUDA=0 (CPU build:
 #      for trying the script on a machine without a GPU).
@@ -28,7 +30,7 @@ pos() { [ "$1" -gt 1 ] && echo "$1" || echo 1; } # a timeout of at least 1 s
 el() { echo $(($(date +%s) - T0)); }
 SUM=$OUT/summary.txt; STEPS=$OUT/steps.txt; LBT=$OUT/llama_bench.txt
 note() { echo "[$(el)s] $*" | tee -a $SUM; }
-LIKE=${LIKE:-glm-5}; LAYERS=${LAYERS:-78}; EXPERTS=${EXPERTS:-16}; DEPTHS=${DEPTHS:-4096,32768}
+LIKE=${LIKE:-glm-5}; FULL=78; [ "$LIKE" = deepseek-v3.2 ] && FULL=61; LAYERS=${LAYERS:-$FULL}; EXPERTS=${EXPERTS:-16}; DEPTHS=${DEPTHS:-4096,32768}
 REPS=${REPS:-2}; JOBS=${JOBS:-16}
 export XDG_RUNTIME_DIR=/tmp/x; mkdir -p -m 700 /tmp/x
 note "peer: $LIKE layers=$LAYERS experts=$EXPERTS depths=$DEPTHS quant=${QUANT:-holes} budget=${BUDGET}s"
@@ -109,7 +111,9 @@ if [ -n "$SYN" ]; then
   rm -rf $SQ
 fi
 
-# 3. GGUF
+# 3. GGUF: carried (.h200/gguf.tar.xz: full-depth, 16-expert glm-5 q4km + q8_0 and
+# deepseek-v3.2 q4km, made by gguf_from_synth.py as holes and packed with tar --sparse), or
+# made here (GGUF=device, or another depth / expert count).
 [ -x $LB/llama-bench ] || { note "no llama-bench: stop"; cat $SUM; exit 1; }
 G=/tmp/gguf; rm -rf $G; mkdir -p $G
 Z=$G/zeros
@@ -121,23 +125,35 @@ step() { # name, command...
   return $rc
 }
 export PYTHONUNBUFFERED=1
-step synth_zeros $S synth --like $LIKE --layers $LAYERS --experts $EXPERTS --format bf16 --zeros --out $Z
-step convert_bf16 python3 benches/gguf_from_synth.py $PYSRC $Z $G/bf16.gguf
-step plan_q4km sh -c "$LB/llama-quantize --dry-run $G/bf16.gguf Q4_K_M > $G/plan_q4km.txt 2>&1"
-grep -E "quant size|model size" $G/plan_q4km.txt >> $SUM
-grep -oE "\([a-zA-Z0-9_]+\)$" $G/plan_q4km.txt | sort | uniq -c | tr '\n' ' ' >> $SUM; echo >> $SUM
 MODELS=()
-if [ "${QUANT:-holes}" = real ]; then
-  step quantize_real timeout $(pos $(($(left) - 120))) $LB/llama-quantize $G/bf16.gguf $G/q4km.gguf Q4_K_M $JOBS
+if [ -f .h200/gguf.tar.xz ] && [ "${GGUF:-}" != device ] && [ $LAYERS = $FULL ] && [ $EXPERTS = 16 ] \
+    && [ "${QUANT:-holes}" = holes ]; then
+  # only the files needed (were holes not kept here, each would take its full size on disk)
+  W="./$LIKE-q4km.gguf ./$LIKE-plan-q4km.txt"; [ -n "${Q8:-}" ] && W="$W ./$LIKE-q8_0.gguf"
+  step untar_gguf tar -xJf .h200/gguf.tar.xz -C $G $W
+  note "GGUF on disk: $(du -sh $G | cut -f1) for $(du -sh --apparent-size $G | cut -f1)"
+  grep -E "quant size" $G/$LIKE-plan-q4km.txt >> $SUM
+  MODELS+=($G/$LIKE-q4km.gguf)
+  [ -n "${Q8:-}" ] && [ -f $G/$LIKE-q8_0.gguf ] && MODELS+=($G/$LIKE-q8_0.gguf)
 else
-  step convert_q4km python3 benches/gguf_from_synth.py $PYSRC $Z $G/q4km.gguf --types $G/plan_q4km.txt --ftype Q4_K_M
-fi
-MODELS+=($G/q4km.gguf)
-if [ -n "${Q8:-}" ]; then
-  step plan_q8 sh -c "$LB/llama-quantize --dry-run $G/bf16.gguf Q8_0 > $G/plan_q8.txt 2>&1"
-  grep -E "quant size" $G/plan_q8.txt >> $SUM
-  step convert_q8 python3 benches/gguf_from_synth.py $PYSRC $Z $G/q8.gguf --types $G/plan_q8.txt --ftype Q8_0
-  MODELS+=($G/q8.gguf)
+  step synth_zeros $S synth --like $LIKE --layers $LAYERS --experts $EXPERTS --format bf16 --zeros --out $Z
+  note "zero synth on disk: $(du -sh $Z | cut -f1) for $(du -sh --apparent-size $Z | cut -f1)"
+  step convert_bf16 python3 benches/gguf_from_synth.py $PYSRC $Z $G/bf16.gguf
+  step plan_q4km sh -c "$LB/llama-quantize --dry-run $G/bf16.gguf Q4_K_M > $G/plan_q4km.txt 2>&1"
+  grep -E "quant size|model size" $G/plan_q4km.txt >> $SUM
+  grep -oE "\([a-zA-Z0-9_]+\)$" $G/plan_q4km.txt | sort | uniq -c | tr '\n' ' ' >> $SUM; echo >> $SUM
+  if [ "${QUANT:-holes}" = real ]; then
+    step quantize_real timeout $(pos $(($(left) - 120))) $LB/llama-quantize $G/bf16.gguf $G/q4km.gguf Q4_K_M $JOBS
+  else
+    step convert_q4km python3 benches/gguf_from_synth.py $PYSRC $Z $G/q4km.gguf --types $G/plan_q4km.txt --ftype Q4_K_M
+  fi
+  MODELS+=($G/q4km.gguf)
+  if [ -n "${Q8:-}" ]; then
+    step plan_q8 sh -c "$LB/llama-quantize --dry-run $G/bf16.gguf Q8_0 > $G/plan_q8.txt 2>&1"
+    grep -E "quant size" $G/plan_q8.txt >> $SUM
+    step convert_q8 python3 benches/gguf_from_synth.py $PYSRC $Z $G/q8.gguf --types $G/plan_q8.txt --ftype Q8_0
+    MODELS+=($G/q8.gguf)
+  fi
 fi
 ls -las $G >> $SUM; df -h /tmp | tail -1 >> $SUM
 
