@@ -290,6 +290,7 @@ fn opts(format: Option<QFormat>, seed: u64, threads: usize) -> Options {
         seed,
         shard_bytes: 1_000_000,
         threads,
+        zeros: false,
     }
 }
 
@@ -332,6 +333,52 @@ fn same_seed_same_bytes_whatever_the_threads() {
             "{format:?}: seed 8 wrote seed 7's weights"
         );
         for d in [a, b, c] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// `zeros`: the same files (names, safetensors headers, sizes, side files) as the random
+/// model, with every tensor byte zero; quantized formats refused.
+#[test]
+fn zeros_has_the_same_headers_and_reads_as_zeros() {
+    for like in [Like::Glm5, Like::DeepseekV32] {
+        let j = shrunk(like, 2);
+        let (a, z) = (tmp("zeros-a"), tmp("zeros-z"));
+        let ra = synth_dir(&j, &a, &opts(None, 7, 2), &mut |_, _| {}).unwrap();
+        let zo = Options {
+            zeros: true,
+            ..opts(None, 7, 2)
+        };
+        let rz = synth_dir(&j, &z, &zo, &mut |_, _| {}).unwrap();
+        assert_eq!(ra, rz);
+        assert!(rz.shards > 1, "{rz:?}");
+        let (fa, fz) = (files_of(&a), files_of(&z));
+        assert_eq!(
+            fa.iter().map(|f| &f.0).collect::<Vec<_>>(),
+            fz.iter().map(|f| &f.0).collect::<Vec<_>>()
+        );
+        for ((name, ba), (_, bz)) in fa.iter().zip(&fz) {
+            if !name.ends_with(".safetensors") {
+                assert!(ba == bz, "{name} differs");
+                continue;
+            }
+            assert_eq!(ba.len(), bz.len(), "{name}: size");
+            let h = 8 + u64::from_le_bytes(ba[..8].try_into().unwrap()) as usize;
+            assert!(ba[..h] == bz[..h], "{name}: header differs");
+            assert!(bz[h..].iter().all(|&b| b == 0), "{name}: data not zero");
+            assert!(
+                ba[h..].iter().any(|&b| b != 0),
+                "{name}: random data all zero"
+            );
+        }
+        let q = Options {
+            zeros: true,
+            ..opts(Some(QFormat::Q4 { block: 32 }), 7, 2)
+        };
+        let e = synth_dir(&j, &tmp("zeros-q"), &q, &mut |_, _| {}).unwrap_err();
+        assert!(e.to_string().contains("--zeros"), "{e}");
+        for d in [a, z] {
             let _ = std::fs::remove_dir_all(d);
         }
     }
@@ -481,6 +528,12 @@ fn cli_refuses_bad_flags_and_reports_sizes() {
                 "--like", "glm-5", "--layers", "2", "--format", "q5", "--out", "/tmp/x",
             ][..],
             "q5",
+        ),
+        (
+            &[
+                "--like", "glm-5", "--layers", "2", "--format", "q4", "--zeros", "--out", "/tmp/x",
+            ][..],
+            "--zeros",
         ),
     ] {
         let o = run(args);

@@ -95,6 +95,11 @@ struct SynthArgs {
     /// Print the size it would write, and write nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Write every tensor as zeros, as holes in the shards (File::set_len): the same headers
+    /// and file sizes, no disk space, no time. For benchmarks where only the shapes matter,
+    /// e.g. a full-depth model on a small disk; bf16 only.
+    #[arg(long)]
+    zeros: bool,
 }
 
 #[derive(Args)]
@@ -536,6 +541,11 @@ fn cmd_synth(a: SynthArgs) -> Result<()> {
     if a.shard_gb.is_nan() || a.shard_gb <= 0.0 {
         return Err(Error::msg("--shard-gb: expected a positive size"));
     }
+    if a.zeros && format.is_some() {
+        return Err(Error::msg(
+            "--zeros: only with --format bf16 (the quantized formats' scales are not zeros)",
+        ));
+    }
     if a.threads == Some(0) {
         return Err(Error::msg("--threads: expected at least 1"));
     }
@@ -573,6 +583,7 @@ fn cmd_synth(a: SynthArgs) -> Result<()> {
         seed: a.seed,
         shard_bytes,
         threads,
+        zeros: a.zeros,
     };
     eprintln!(
         "writing {} ({} layers, {} parameters, {:.2} GB) to {} with {threads} threads",

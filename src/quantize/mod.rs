@@ -33,7 +33,9 @@ use partial::{
     finish, manifest_key, open_partial, sample_checksum, verify_shard, Finished, Manifest,
 };
 pub use partial::{partial_dir, MANIFEST};
-pub(crate) use shards::{check_out_empty, plan_shards, write_sharded, TensorHeader};
+pub(crate) use shards::{
+    check_out_empty, plan_shards, write_sharded, write_sharded_holes, TensorHeader,
+};
 use shards::{copy_side_files, write_index, write_shard, ShardPlan};
 
 pub struct Options {

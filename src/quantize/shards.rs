@@ -272,6 +272,38 @@ pub(crate) fn write_sharded(
     })
 }
 
+/// Like [`write_sharded`] with every tensor's bytes zero, written as holes: each shard is
+/// its header followed by a `set_len` to its full size, so the files have their real sizes
+/// and read as zeros but take no disk space and no time (on file systems with sparse
+/// files). For benchmarks where only the shapes matter (`sparsa synth --zeros`).
+pub(crate) fn write_sharded_holes(
+    out: &Path,
+    tensors: &[TensorHeader],
+    shard_bytes: u64,
+    always_index: bool,
+    meta: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Written> {
+    let plan = ShardPlan::new(tensors, shard_bytes, always_index, meta);
+    std::fs::create_dir_all(out)
+        .map_err(|e| Error::msg(format!("--out {}: cannot create: {e}", out.display())))?;
+    let mut total = 0u64;
+    for si in 0..plan.names.len() {
+        let path = out.join(&plan.names[si]);
+        let err = |e: std::io::Error| Error::msg(format!("{}: cannot write: {e}", path.display()));
+        let mut f = std::fs::File::create(&path).map_err(err)?;
+        f.write_all(&plan.heads[si]).map_err(err)?;
+        f.set_len(plan.sizes[si]).map_err(err)?;
+        total += plan.sizes[si] - plan.heads[si].len() as u64;
+    }
+    if plan.names.len() > 1 || always_index {
+        write_index(out, tensors, &plan)?;
+    }
+    Ok(Written {
+        shards: plan.names.len(),
+        bytes: total,
+    })
+}
+
 /// Copy every non-weight file; rewrite config.json's quantization_config. `config.json` is
 /// written last, so a directory with one has everything else.
 pub(super) fn copy_side_files(src: &Path, out: &Path, fmt: QFormat) -> Result<()> {

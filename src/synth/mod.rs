@@ -34,7 +34,9 @@ pub use config_dir::{check_index, has_weights, tensor_list, ConfigDir, IndexChec
 
 use crate::config::{Config, IndexerKind};
 use crate::error::{Error, Result};
-use crate::quantize::{check_out_empty, write_sharded, TensorHeader, WriteErr};
+use crate::quantize::{
+    check_out_empty, write_sharded, write_sharded_holes, TensorHeader, WriteErr,
+};
 use crate::weights::QFormat;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -55,6 +57,11 @@ pub struct Options {
     pub shard_bytes: u64,
     /// Worker threads generating row blocks (at least 1).
     pub threads: usize,
+    /// Every tensor all zeros, written as holes (the shards' headers are the same as
+    /// without; the data takes no disk and no time): for benchmarks where only the shapes
+    /// matter, such as a full-depth model on a small disk. bf16 only (`format` None): a
+    /// quantized format's all-zero scales would not be what its writer produces.
+    pub zeros: bool,
 }
 
 /// The default seed.
@@ -148,6 +155,11 @@ pub fn synth_dir(
             QFormat::check_block(q.block(), "--block")?;
         }
     }
+    if opts.zeros && opts.format.is_some() {
+        return Err(Error::msg(
+            "--zeros: only with --format bf16 (the quantized formats' scales are not zeros)",
+        ));
+    }
     let cfg = parse_config(config)?;
     check_out_empty(out)?;
     let tensors = stored_tensors(&cfg, opts.format);
@@ -208,6 +220,18 @@ pub fn synth_dir(
     write_file(&out.join("generation_config.json"), pretty(&gen).as_bytes())?;
     write_file(&out.join("tokenizer.json"), TOKENIZER_JSON)?;
     write_file(&out.join("tokenizer_config.json"), TOKENIZER_CONFIG)?;
+    if opts.zeros {
+        let mut meta = serde_json::Map::new();
+        meta.insert("format".into(), "pt".into());
+        let headers: Vec<TensorHeader> = tensors.iter().map(|t| t.header.clone()).collect();
+        let written = write_sharded_holes(out, &headers, opts.shard_bytes, true, &meta)?;
+        progress(written.bytes, report.bytes);
+        return Ok(Report {
+            shards: written.shards,
+            bytes: written.bytes,
+            ..report
+        });
+    }
 
     // Jobs: row blocks of every tensor, in file order.
     let keys: Vec<u64> = tensors
