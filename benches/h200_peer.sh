@@ -33,6 +33,11 @@ note() { echo "[$(el)s] $*" | tee -a $SUM; }
 LIKE=${LIKE:-glm-5}; FULL=78; [ "$LIKE" = deepseek-v3.2 ] && FULL=61; LAYERS=${LAYERS:-$FULL}; EXPERTS=${EXPERTS:-16}; DEPTHS=${DEPTHS:-4096,32768}
 REPS=${REPS:-2}; JOBS=${JOBS:-16}
 export XDG_RUNTIME_DIR=/tmp/x; mkdir -p -m 700 /tmp/x
+# The Vulkan loader for sparsa (carry .gl, see the device README).
+if ls .gl/*.deb > /dev/null 2>&1; then
+  for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+  F=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; [ -f $F ] && export VK_DRIVER_FILES=$F
+fi
 note "peer: $LIKE layers=$LAYERS experts=$EXPERTS depths=$DEPTHS quant=${QUANT:-holes} budget=${BUDGET}s"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >> $SUM 2>&1
 nvcc --version 2>&1 | tail -2 >> $SUM; df -h /tmp | tail -1 >> $SUM; nproc >> $SUM
