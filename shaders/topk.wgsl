@@ -28,7 +28,6 @@ var<workgroup> hist: array<atomic<u32>, 256u * HC>;
 var<workgroup> scan: array<u32, 256>;
 var<workgroup> sel_bin: u32;
 var<workgroup> sel_below: u32;
-var<workgroup> bcast: u32;
 
 @compute @workgroup_size(256)
 fn topk(

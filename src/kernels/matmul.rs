@@ -228,7 +228,9 @@ fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32) -> (u32, u32) {
     while tpr > min && words < 8 * tpr {
         tpr /= 2;
     }
-    while tpr < 64 && out_rows.div_ceil(256 / tpr * 2) < 256 {
+    // Few rows (a router, the indexer's head weights): more lanes per row, up to a whole
+    // workgroup, so that the row's words spread over more workgroups than a few.
+    while tpr < 256 && out_rows.div_ceil(256 / tpr * 2) < 256 {
         tpr *= 2;
     }
     (tpr, 2)
