@@ -108,7 +108,7 @@ if [ -n "$SYN" ]; then
   if [ $(left) -gt 200 ]; then
     echo "== sparsa bench $LIKE --context ${SPARSA_CTX:-4096} --decode 32" >> $OUT/sparsa_bench.txt
     timeout $(pos $(($(left) - 170))) $S bench --model $SQ --context ${SPARSA_CTX:-4096} --decode 32 \
-      --prompt-len 0 --no-profile >> $OUT/sparsa_bench.txt 2>&1
+      --prompt-len 0 ${SPARSA_BENCH_FLAGS:---no-profile} >> $OUT/sparsa_bench.txt 2>&1
     note "sparsa bench rc=$?: $(grep -E '^bench: decode' $OUT/sparsa_bench.txt | tail -1)"
   else
     note "sparsa bench skipped: $(left) s left"
