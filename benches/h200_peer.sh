@@ -3,12 +3,13 @@
 # Carried in .h200/: llama.cpp.tar.xz (trimmed llama.cpp source of llama-cpp-python 0.3.36's
 # vendor/llama.cpp) or llama-bin.tar.xz (what an earlier run of this script built: then no
 # build), and sparsa.xz (stripped release sparsa with `synth --zeros`).
+# 2 (run first; SKIP_SPARSA=1 skips). sparsa bench on a q4 synth of the same shape (all
+#    zeros as holes unless SPARSA_RANDOM=1) -> sparsa_bench.txt; deleted.
 # 1. Build llama.cpp with CUDA for sm_90 (llama-bench, llama-quantize; shared libs, so the
-#    CUDA code is in one libggml-cuda.so) in .h200/llama.cpp (a warm machine keeps it) ->
+#    CUDA code is in one libggml-cuda.so; 354 s on the H200 with -j16) in .h200/llama.cpp ->
 #    build.txt; pack the binaries, libraries and the converter's Python into
-#    $OUT/llama-bin.tar.xz for later calls (split in 15 MB parts .0, .1 if over 16 MB).
-#    A sparsa q4 synth is written meanwhile, for step 2.
-# 2. (hook, SKIP_SPARSA=1 skips) sparsa bench on that q4 synth -> sparsa_bench.txt; deleted.
+#    $OUT/llama-bin.tar.xz (42.8 MB in three 15 MB parts: too large to carry beside
+#    sparsa.xz, so every call builds; SKIP_BUILD_PACK=1 skips the packing).
 # 3. The GGUF: from .h200/gguf.tar.xz if carried (full depth; see step 3 below), else
 #    `sparsa synth --zeros` (bf16, holes: no disk) -> GGUF bf16 (holes, benches/gguf_from_synth.py)
 #    -> `llama-quantize --dry-run` plan -> GGUF Q4_K_M with those types (holes again). With
@@ -46,13 +47,23 @@ python3 -c "import torch, numpy, yaml, tqdm, transformers, safetensors; print('p
 S=/tmp/sparsa
 [ -f .h200/sparsa.xz ] && { xz -dc .h200/sparsa.xz > $S; chmod +x $S; }
 $S synth --help 2>&1 | grep -q -- --zeros || note "WARNING: $S has no synth --zeros (build it from a tree with branch llama-peer)"
-SQ=/tmp/sq4 # the sparsa q4 synth (38 GB at full GLM-5 depth)
-SYN=
+SQ=/tmp/sq4 # the sparsa q4 synth (38 GB at full GLM-5 depth; holes with --zeros)
+# 2 (first). sparsa bench, before the build: a synth written beside the build took 7 min
+# instead of 1.5 (both want every core), and the bench's host thread would compete too.
+# SPARSA_RANDOM=1: random q4 weights (~100 s to write); else all zeros, as holes (no time, no
+# disk), like the zero-weight GGUF llama.cpp runs (the same ties in the routers).
 if [ -z "${SKIP_SPARSA:-}" ] && [ -x $S ]; then
   rm -rf $SQ
-  ( time $S synth --like $LIKE --layers $LAYERS --experts $EXPERTS --format q4 --threads 6 --out $SQ ) \
-    > /tmp/sq4.log 2>&1 &
-  SYN=$!
+  Z=--zeros; [ -n "${SPARSA_RANDOM:-}" ] && Z=
+  ( time $S synth --like $LIKE --layers $LAYERS --experts $EXPERTS --format q4 $Z --out $SQ ) \
+    > /tmp/sq4.log 2>&1
+  tr '\r' '\n' < /tmp/sq4.log | tail -4 >> $STEPS
+  note "sparsa q4 synth ${Z:-random}: $(grep -E '^real' /tmp/sq4.log)"
+  echo "== sparsa bench $LIKE ${Z:-random} --context ${SPARSA_CTX:-4096} --decode 32" >> $OUT/sparsa_bench.txt
+  timeout $(pos $(($(left) - 400))) $S bench --model $SQ --context ${SPARSA_CTX:-4096} --decode 32 \
+    --prompt-len 0 ${SPARSA_BENCH_FLAGS:---no-profile} >> $OUT/sparsa_bench.txt 2>&1
+  note "sparsa bench rc=$?: $(grep -E '^bench: decode' $OUT/sparsa_bench.txt | tr '\n' ' ')"
+  rm -rf $SQ
 fi
 
 # 1. llama.cpp
@@ -100,21 +111,6 @@ fi
 export LD_LIBRARY_PATH=$LB:${LD_LIBRARY_PATH:-}
 PYSRC=$LB/py
 ls -la $LB >> $SUM
-
-# 2. sparsa (hook)
-if [ -n "$SYN" ]; then
-  wait $SYN; tr '\r' '\n' < /tmp/sq4.log | tail -4 >> $STEPS
-  note "sparsa q4 synth: $(grep -E '^real' /tmp/sq4.log)"
-  if [ $(left) -gt 200 ]; then
-    echo "== sparsa bench $LIKE --context ${SPARSA_CTX:-4096} --decode 32" >> $OUT/sparsa_bench.txt
-    timeout $(pos $(($(left) - 170))) $S bench --model $SQ --context ${SPARSA_CTX:-4096} --decode 32 \
-      --prompt-len 0 ${SPARSA_BENCH_FLAGS:---no-profile} >> $OUT/sparsa_bench.txt 2>&1
-    note "sparsa bench rc=$?: $(grep -E '^bench: decode' $OUT/sparsa_bench.txt | tail -1)"
-  else
-    note "sparsa bench skipped: $(left) s left"
-  fi
-  rm -rf $SQ
-fi
 
 # 3. GGUF: carried (.h200/gguf.tar.xz: full-depth, 16-expert glm-5 q4km + q8_0 and
 # deepseek-v3.2 q4km, made by gguf_from_synth.py as holes and packed with tar --sparse), or

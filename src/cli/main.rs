@@ -96,8 +96,9 @@ struct SynthArgs {
     #[arg(long)]
     dry_run: bool,
     /// Write every tensor as zeros, as holes in the shards (File::set_len): the same headers
-    /// and file sizes, no disk space, no time. For benchmarks where only the shapes matter,
-    /// e.g. a full-depth model on a small disk; bf16 only.
+    /// and file sizes, no disk space, no time (in a quantized format the scales are zero
+    /// too: every weight is zero). For benchmarks where only the shapes matter, e.g. a
+    /// full-depth model on a small disk, or beside a peer's zero-weight model.
     #[arg(long)]
     zeros: bool,
 }
@@ -540,11 +541,6 @@ fn cmd_synth(a: SynthArgs) -> Result<()> {
     }
     if a.shard_gb.is_nan() || a.shard_gb <= 0.0 {
         return Err(Error::msg("--shard-gb: expected a positive size"));
-    }
-    if a.zeros && format.is_some() {
-        return Err(Error::msg(
-            "--zeros: only with --format bf16 (the quantized formats' scales are not zeros)",
-        ));
     }
     if a.threads == Some(0) {
         return Err(Error::msg("--threads: expected at least 1"));

@@ -59,8 +59,8 @@ pub struct Options {
     pub threads: usize,
     /// Every tensor all zeros, written as holes (the shards' headers are the same as
     /// without; the data takes no disk and no time): for benchmarks where only the shapes
-    /// matter, such as a full-depth model on a small disk. bf16 only (`format` None): a
-    /// quantized format's all-zero scales would not be what its writer produces.
+    /// matter, such as a full-depth model on a small disk. In a quantized format the scales
+    /// are zero too, so every weight is zero.
     pub zeros: bool,
 }
 
@@ -154,11 +154,6 @@ pub fn synth_dir(
         if q != QFormat::Fp8 {
             QFormat::check_block(q.block(), "--block")?;
         }
-    }
-    if opts.zeros && opts.format.is_some() {
-        return Err(Error::msg(
-            "--zeros: only with --format bf16 (the quantized formats' scales are not zeros)",
-        ));
     }
     let cfg = parse_config(config)?;
     check_out_empty(out)?;
