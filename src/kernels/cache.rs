@@ -810,12 +810,7 @@ mod tests {
             let w: Vec<f32> = (0..norm_dim).map(|_| 1.0 + 0.5 * rng.uniform()).collect();
             let b = rng.vec(norm_dim, 0.3);
             let half = rot_dim / 2;
-            let cs: Vec<f32> = (0..n * half)
-                .flat_map(|_| {
-                    let a = rng.uniform() * 3.0;
-                    [a.cos(), a.sin()]
-                })
-                .collect();
+            let cs = rng.cos_sin(n, half);
             let (sb, wb, bb) = (
                 g.buffer_from(&src, "src").unwrap(),
                 g.buffer_from(&w, "w").unwrap(),

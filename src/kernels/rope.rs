@@ -197,12 +197,7 @@ mod tests {
         let g = gpu();
         let mut rng = Rng::new(seed);
         let half = k.rot_dim / 2;
-        let cs: Vec<f32> = (0..k.rows * half)
-            .flat_map(|_| {
-                let a = rng.uniform() * 3.0;
-                [a.cos(), a.sin()]
-            })
-            .collect();
+        let cs = rng.cos_sin(k.rows, half);
         let row_len = k.heads * k.head_stride;
         let (d_off, d_stride) = (5usize, row_len + 3);
         let (s_off, s_stride) = (2usize, row_len + 7);
@@ -308,12 +303,7 @@ mod tests {
             let (hb, hsb) = (5usize, 11usize);
             let stride = ha * hsa + hb * hsb + 3;
             let half = dim / 2;
-            let cs: Vec<f32> = (0..rows * half)
-                .flat_map(|_| {
-                    let a = rng.uniform() * 3.0;
-                    [a.cos(), a.sin()]
-                })
-                .collect();
+            let cs = rng.cos_sin(rows, half);
             let x0 = rng.vec(2 + rows * stride, 1.0);
             let xb = g.buffer_from(&x0, "x").unwrap();
             let csb = g.buffer_from(&cs, "cos_sin").unwrap();

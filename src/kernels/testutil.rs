@@ -43,6 +43,17 @@ impl Rng {
     pub fn uniform(&mut self) -> f32 {
         (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
+    /// RoPE's cos/sin for `rows` rows of `half` frequencies (rope.rs's layout), at random
+    /// angles in [0, 3).
+    pub fn cos_sin(&mut self, rows: usize, half: usize) -> Vec<f32> {
+        (0..rows * half)
+            .flat_map(|_| {
+                let a = self.uniform() * 3.0;
+                [a.cos(), a.sin()]
+            })
+            .collect()
+    }
+
     pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.uniform() * scale).collect()
     }

@@ -249,26 +249,15 @@ pub(crate) fn write_sharded(
     write: &mut dyn FnMut(usize, &mut dyn Write) -> std::result::Result<u64, WriteErr>,
 ) -> Result<Written> {
     let plan = ShardPlan::new(tensors, shard_bytes, always_index, meta);
-    std::fs::create_dir_all(out)
-        .map_err(|e| Error::msg(format!("--out {}: cannot create: {e}", out.display())))?;
-    let mut total = 0u64;
-    for si in 0..plan.names.len() {
-        let path = out.join(&plan.names[si]);
-        total += write_shard(
-            &path,
+    write_plan(out, tensors, &plan, always_index, &mut |si, path| {
+        write_shard(
+            path,
             &plan.heads[si],
             tensors,
             &plan.tensors[si],
             false,
             write,
-        )?;
-    }
-    if plan.names.len() > 1 || always_index {
-        write_index(out, tensors, &plan)?;
-    }
-    Ok(Written {
-        shards: plan.names.len(),
-        bytes: total,
+        )
     })
 }
 
@@ -284,19 +273,33 @@ pub(crate) fn write_sharded_holes(
     meta: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<Written> {
     let plan = ShardPlan::new(tensors, shard_bytes, always_index, meta);
+    write_plan(out, tensors, &plan, always_index, &mut |si, path| {
+        let err = |e: std::io::Error| Error::msg(format!("{}: cannot write: {e}", path.display()));
+        let mut f = std::fs::File::create(path).map_err(err)?;
+        f.write_all(&plan.heads[si]).map_err(err)?;
+        f.set_len(plan.sizes[si]).map_err(err)?;
+        Ok(plan.sizes[si] - plan.heads[si].len() as u64)
+    })
+}
+
+/// Writes `plan`'s shards into `out` (created) with `shard(i, path)`, which returns the
+/// tensor bytes it wrote, then the index where there is more than one shard (or
+/// `always_index`).
+fn write_plan(
+    out: &Path,
+    tensors: &[TensorHeader],
+    plan: &ShardPlan,
+    always_index: bool,
+    shard: &mut dyn FnMut(usize, &Path) -> Result<u64>,
+) -> Result<Written> {
     std::fs::create_dir_all(out)
         .map_err(|e| Error::msg(format!("--out {}: cannot create: {e}", out.display())))?;
     let mut total = 0u64;
     for si in 0..plan.names.len() {
-        let path = out.join(&plan.names[si]);
-        let err = |e: std::io::Error| Error::msg(format!("{}: cannot write: {e}", path.display()));
-        let mut f = std::fs::File::create(&path).map_err(err)?;
-        f.write_all(&plan.heads[si]).map_err(err)?;
-        f.set_len(plan.sizes[si]).map_err(err)?;
-        total += plan.sizes[si] - plan.heads[si].len() as u64;
+        total += shard(si, &out.join(&plan.names[si]))?;
     }
     if plan.names.len() > 1 || always_index {
-        write_index(out, tensors, &plan)?;
+        write_index(out, tensors, plan)?;
     }
     Ok(Written {
         shards: plan.names.len(),
