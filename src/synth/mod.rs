@@ -215,10 +215,14 @@ pub fn synth_dir(
     write_file(&out.join("generation_config.json"), pretty(&gen).as_bytes())?;
     write_file(&out.join("tokenizer.json"), TOKENIZER_JSON)?;
     write_file(&out.join("tokenizer_config.json"), TOKENIZER_CONFIG)?;
+    let headers: Vec<TensorHeader> = tensors.iter().map(|t| t.header.clone()).collect();
+    let mut meta = serde_json::Map::new();
+    meta.insert("format".into(), "pt".into());
+    if let Some(q @ (QFormat::Q8 { .. } | QFormat::Q4 { .. })) = opts.format {
+        meta.insert("sparsa_quant".into(), q.name().into());
+        meta.insert("block_size".into(), q.block().to_string().into());
+    }
     if opts.zeros {
-        let mut meta = serde_json::Map::new();
-        meta.insert("format".into(), "pt".into());
-        let headers: Vec<TensorHeader> = tensors.iter().map(|t| t.header.clone()).collect();
         let written = write_sharded_holes(out, &headers, opts.shard_bytes, true, &meta)?;
         progress(written.bytes, report.bytes);
         return Ok(Report {
@@ -263,13 +267,6 @@ pub fn synth_dir(
         let (ti, r0, n) = jobs[j];
         gen_block(&tensors[ti], keys[ti], r0, n, format, ue8m0)
     };
-    let headers: Vec<TensorHeader> = tensors.iter().map(|t| t.header.clone()).collect();
-    let mut meta = serde_json::Map::new();
-    meta.insert("format".into(), "pt".into());
-    if let Some(q @ (QFormat::Q8 { .. } | QFormat::Q4 { .. })) = opts.format {
-        meta.insert("sparsa_quant".into(), q.name().into());
-        meta.insert("block_size".into(), q.block().to_string().into());
-    }
     let total = report.bytes;
     let written = std::thread::scope(|s| {
         for _ in 0..threads {
