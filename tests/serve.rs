@@ -697,6 +697,9 @@ fn serve_queue_limit_and_shutdown() {
     drop(second);
     srv.wait_idle();
     assert_eq!(post("/v1/completions", ok.as_bytes()).status, 200);
+    // The engine counts that request's slot as busy until its next loop turn, after the
+    // reply went out: wait for it, so that "busy" below is the stream's slot.
+    srv.wait_idle();
 
     // Shutdown: SIGTERM while a stream runs; it finishes, new requests are refused, and the
     // server exits by itself.
