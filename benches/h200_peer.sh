@@ -21,7 +21,7 @@
 # Env: LIKE (glm-5), LAYERS (78; 61 for deepseek-v3.2), GGUF=device, EXPERTS (16),
 #      DEPTHS (4096,32768), SKIP_SPARSA, SKIP_BUILD_PACK,
 #      QUANT (holes|real), Q8, BUDGET_S, JOBS (16), SPARSA_CTX (4096), REPS (2), PP (2048),
-#      TG (128), TGD (32), LB_ARGS (more llama-bench flags, e.g. "-mmp 0"), CUDA=0 (CPU build:
+#      TG (128), TGD (32), SKIP_PP (no pp+tg run, only tg at depth), LB_ARGS (more llama-bench flags, e.g. "-mmp 0"), CUDA=0 (CPU build:
 #      for trying the script on a machine without a GPU).
 set -u
 OUT="${OUT:-benches/results/new}"; mkdir -p "$OUT"
@@ -166,7 +166,7 @@ lbench() { # label, args...
   note "llama-bench $label: rc=$?, $(($(date +%s) - t)) s"
 }
 for M in "${MODELS[@]}"; do
-  [ $(left) -gt 60 ] && lbench "pp+tg $(basename $M)" -m $M -p ${PP:-2048} -n ${TG:-128} -r $REPS \
+  [ -z "${SKIP_PP:-}" ] && [ $(left) -gt 60 ] && lbench "pp+tg $(basename $M)" -m $M -p ${PP:-2048} -n ${TG:-128} -r $REPS \
     -fa 1 -ngl 99 ${LB_ARGS:-}
   [ $(left) -gt 60 ] && lbench "tg at depth $(basename $M)" -m $M -p 0 -n ${TGD:-32} -d $DEPTHS \
     -r $REPS -fa 1 -ngl 99 ${LB_ARGS:-}
