@@ -1,6 +1,6 @@
 #!/bin/bash
 # Issue 21: llama.cpp beside `sparsa bench` on the H200, in one device call (meant for <= 9 min).
-# Carried in .h200/: llama.cpp.tar.xz (trimmed llama.cpp source of llama-cpp-python 0.3.36's
+# Carried in .h200/ (benches/peer_prepare.sh makes them): llama.cpp.tar.xz (trimmed llama.cpp source of llama-cpp-python 0.3.36's
 # vendor/llama.cpp) or llama-bin.tar.xz (what an earlier run of this script built: then no
 # build), and sparsa.xz (stripped release sparsa with `synth --zeros`).
 # 2 (run first; SKIP_SPARSA=1 skips). sparsa bench on a q4 synth of the same shape (all
