@@ -210,6 +210,10 @@ pub struct DecodeResult {
     /// for the GPU (which runs behind). Where it reaches `ms_median`, the host bounds the
     /// step, not the GPU.
     pub ms_host_median: f64,
+    /// Compute dispatches a greedy step records (the embedding, every layer, the head and
+    /// the pick), and that divided by the layers.
+    pub dispatches_per_token: u64,
+    pub dispatches_per_layer: f64,
     /// Time between tokens sampled with `chat`'s defaults (temperature 0.8, top-p 0.95,
     /// top-k 40, repetition penalty 1.1 over 64 tokens; picked on the GPU as well).
     pub ms_sampled_median: f64,
@@ -467,11 +471,13 @@ pub fn run(
             s.truncate(ctx);
             s.forward_pick(&[tok], Some((0, &crate::model::Pick::Argmax)))?;
             let mut host = Vec::with_capacity(opts.decode);
+            let d0 = gpu.dispatches_recorded();
             for i in 0..opts.decode {
                 let t = Instant::now();
                 s.step_pick(i % 2, &crate::model::Pick::Argmax)?;
                 host.push(t.elapsed().as_secs_f64() * 1e3);
             }
+            let dispatches = (gpu.dispatches_recorded() - d0) / opts.decode.max(1) as u64;
             gpu.sync()?;
             host.sort_by(f64::total_cmp);
             // Generation: one token of prompt at the context, then decode + 2 tokens; the
@@ -536,8 +542,9 @@ pub fn run(
             let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
             let (med, sync_med, smp_med) = (median(&times), median(&sync), median(&sampled));
             let host_med = median(&host);
+            let per_layer = dispatches as f64 / model.config.num_hidden_layers.max(1) as f64;
             log(&format!(
-                "decode at {ctx} ({attention}): {med:.3} ms/token median of {} (sampled {smp_med:.3} ms; single synchronous steps {sync_med:.3} ms; host {host_med:.3} ms to record and submit a step)",
+                "decode at {ctx} ({attention}): {med:.3} ms/token median of {} (sampled {smp_med:.3} ms; single synchronous steps {sync_med:.3} ms; host {host_med:.3} ms to record and submit a step; {dispatches} dispatches, {per_layer:.1} per layer)",
                 times.len()
             ));
             report.decode.push(DecodeResult {
@@ -556,6 +563,8 @@ pub fn run(
                 tok_per_s: 1e3 / med,
                 ms_sync_median: sync_med,
                 ms_host_median: host_med,
+                dispatches_per_token: dispatches,
+                dispatches_per_layer: per_layer,
                 ms_sampled_median: smp_med,
                 kernels,
                 experts,
@@ -603,8 +612,8 @@ pub fn format_report(r: &BenchReport) -> String {
     for d in &r.decode {
         let _ = writeln!(
             o,
-            "\ndecode at context {} ({}, caches {} at {} B/token, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s; sampled (chat defaults) {:.3} ms; single synchronous steps {:.3} ms; host {:.3} ms to record and submit a step",
-            d.context, d.attention, d.cache, d.cache_bytes_per_token, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s, d.ms_sampled_median, d.ms_sync_median, d.ms_host_median
+            "\ndecode at context {} ({}, caches {} at {} B/token, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s; sampled (chat defaults) {:.3} ms; single synchronous steps {:.3} ms; host {:.3} ms to record and submit a step; {} dispatches per token, {:.1} per layer",
+            d.context, d.attention, d.cache, d.cache_bytes_per_token, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s, d.ms_sampled_median, d.ms_sync_median, d.ms_host_median, d.dispatches_per_token, d.dispatches_per_layer
         );
         if let Some(x) = &d.experts {
             let st = &x.stats;

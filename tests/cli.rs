@@ -220,6 +220,17 @@ fn bench_reports_dsa_dense_kernels_and_calibration() {
         .map(|k| k["bytes"].as_u64().unwrap())
         .sum();
     assert!(bytes > 1_000_000, "bytes moved per step: {bytes}");
+    // The dispatches a greedy step records are the profiled step's kernel calls.
+    for d in decode {
+        let calls: u64 = d["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(d["dispatches_per_token"].as_u64(), Some(calls), "{d}");
+        assert!(d["ms_host_median"].as_f64().unwrap() > 0.0, "{d}");
+    }
 }
 
 #[test]

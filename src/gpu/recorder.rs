@@ -88,6 +88,10 @@ impl<'g> Recorder<'g> {
         if wg.contains(&0) {
             return;
         }
+        self.gpu
+            .counters
+            .dispatches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let bytes = bytemuck::bytes_of(params);
         assert!(
             bytes.len() as u64 <= PARAM_STRIDE,

@@ -12,6 +12,8 @@ pub(super) struct Counters {
     pub(super) buffers_created: AtomicU64,
     pub(super) buffer_bytes_created: AtomicU64,
     pub(super) bind_groups_created: AtomicU64,
+    /// Dispatches recorded ([`Gpu::dispatches_recorded`]).
+    pub(super) dispatches: AtomicU64,
 }
 
 impl Counters {
@@ -22,6 +24,7 @@ impl Counters {
             buffers_created: AtomicU64::new(buffers),
             buffer_bytes_created: AtomicU64::new(bytes),
             bind_groups_created: AtomicU64::new(0),
+            dispatches: AtomicU64::new(0),
         }
     }
 }
@@ -74,6 +77,12 @@ impl Gpu {
     /// Buffers and bind groups created so far and alive now, and the allocator's totals (a
     /// few atomic loads; the allocator report walks its allocations, so this is for
     /// `/stats` and tests, not for every token).
+    /// Compute dispatches recorded since the device was opened (what `sparsa bench` divides
+    /// by the tokens of a step: dispatches per token and per layer).
+    pub fn dispatches_recorded(&self) -> u64 {
+        self.counters.dispatches.load(Ordering::Relaxed)
+    }
+
     pub fn stats(&self) -> GpuStats {
         let hal = self.device.get_internal_counters().hal;
         let n = |v: isize| v.max(0) as u64;
