@@ -302,7 +302,8 @@ kernel_params! {
         seg_lo: u32,
         kv_lora: u32,
         dr: u32,
-        /// Key row length (store_keys, rotate).
+        /// Values per row: a key row's (store_keys), a vector's (rotate), kv_lora + dr
+        /// (store_latent).
         dim: u32,
         /// Vectors per row (rotate).
         heads: u32,
@@ -361,9 +362,7 @@ pub struct Prepare<'a> {
 }
 
 /// Dispatches `entry` once per segment that positions `pos0 .. pos0 + rows` touch
-/// (`defines`: LFMT and KFMT; every pipeline of cache.wgsl sets all four defines); `n`: the
-/// values per row.
-#[allow(clippy::too_many_arguments)]
+/// (`defines`: LFMT and KFMT; every pipeline of cache.wgsl sets all four defines).
 fn store<F: Copy>(
     rec: &mut Recorder,
     entry: &'static str,
@@ -371,12 +370,12 @@ fn store<F: Copy>(
     src: Source,
     cache: &CacheRows<F>,
     (pos0, rows): (u32, u32),
-    n_values: u32,
     base: Params,
 ) {
     if rows == 0 {
         return;
     }
+    let n_values = base.dim;
     let gpu = rec.gpu();
     let (random, seed, sv, prep) = match src {
         Source::Rows(v) => (0u32, 0, Some(v), None),
@@ -459,20 +458,11 @@ pub fn store_latent(
     let base = Params {
         kv_lora,
         dr,
+        dim: kv_lora + dr,
         ..bytemuck::Zeroable::zeroed()
     };
     let defs = [("LFMT", u(cache.format.code())), ("KFMT", u(0u32))];
-    let n = kv_lora + dr;
-    store(
-        rec,
-        "store_latent",
-        &defs,
-        src,
-        cache,
-        (pos0, rows),
-        n,
-        base,
-    );
+    store(rec, "store_latent", &defs, src, cache, (pos0, rows), base);
 }
 
 /// Writes indexer key rows (`dim` values each) for positions `pos0 .. pos0 + rows` into
@@ -489,16 +479,7 @@ pub fn store_keys(
         ..bytemuck::Zeroable::zeroed()
     };
     let defs = [("LFMT", u(0u32)), ("KFMT", u(cache.format.code()))];
-    store(
-        rec,
-        "store_keys",
-        &defs,
-        src,
-        cache,
-        (pos0, rows),
-        dim,
-        base,
-    );
+    store(rec, "store_keys", &defs, src, cache, (pos0, rows), base);
 }
 
 /// The normalized Walsh–Hadamard rotation, in place, of each of the `heads` vectors of
