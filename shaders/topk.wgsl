@@ -20,11 +20,7 @@ const WG: u32 = 256u;
 @group(0) @binding(2) var<storage, read_write> cnt: array<u32>;
 @group(0) @binding(3) var<storage, read> scores: array<u32>;
 
-// HC copies of the histogram, invocation lid counting into copy lid % HC: the first
-// passes see most keys in a few bins (scores share their sign and exponent), and one
-// copy serialized every invocation's atomic add on those bins.
-const HC: u32 = 8u;
-var<workgroup> hist: array<atomic<u32>, 256u * HC>;
+var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> scan: array<u32, 256>;
 var<workgroup> sel_bin: u32;
 var<workgroup> sel_below: u32;
@@ -60,23 +56,17 @@ fn topk(
     var remaining = k;
     for (var ps = 0u; ps < 4u; ps = ps + 1u) {
         let shift = 24u - 8u * ps;
-        for (var j = 0u; j < HC; j = j + 1u) {
-            atomicStore(&hist[j * 256u + lid], 0u);
-        }
+        atomicStore(&hist[lid], 0u);
         workgroupBarrier();
-        let copy = (lid % HC) * 256u;
         for (var i = lid; i < valid; i = i + WG) {
             let key = key_of(scores[sb + i]);
             if ((key & mask) == prefix) {
-                atomicAdd(&hist[copy + ((key >> shift) & 255u)], 1u);
+                atomicAdd(&hist[(key >> shift) & 255u], 1u);
             }
         }
         workgroupBarrier();
         // Invocation `lid` looks at bin 255 - lid, so the scan runs from the largest bin down.
-        var c = 0u;
-        for (var j = 0u; j < HC; j = j + 1u) {
-            c += atomicLoad(&hist[j * 256u + 255u - lid]);
-        }
+        let c = atomicLoad(&hist[255u - lid]);
         let incl = scan_incl(lid, c);
         let excl = incl - c;
         if (excl < remaining && incl >= remaining) {
