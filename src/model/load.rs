@@ -152,9 +152,11 @@ impl<'a> Loader<'a, '_> {
         cols: usize,
         label: &str,
     ) -> Result<Proj> {
-        if names.len() > 1 && self.collect(names, rows_each, cols).is_ok() {
-            let w = self.stacked(names, rows_each, cols, 1, label)?;
-            return Ok(Proj { parts: vec![w] });
+        if names.len() > 1 {
+            if let Ok(collected) = self.collect(names, rows_each, cols) {
+                let w = self.upload_stacked(collected, cols, 1, label)?;
+                return Ok(Proj { parts: vec![w] });
+            }
         }
         let parts = names
             .iter()
@@ -254,7 +256,18 @@ impl<'a> Loader<'a, '_> {
         align: usize,
         label: &str,
     ) -> Result<GpuWeight> {
-        let (fmt, parts, file_bytes) = self.collect(names, rows_each, cols)?;
+        let collected = self.collect(names, rows_each, cols)?;
+        self.upload_stacked(collected, cols, align, label)
+    }
+
+    /// Uploads what [`Self::collect`] found as one matrix.
+    fn upload_stacked(
+        &mut self,
+        (fmt, parts, file_bytes): (Option<QFormat>, Vec<RowSource<'a>>, u64),
+        cols: usize,
+        align: usize,
+        label: &str,
+    ) -> Result<GpuWeight> {
         let w = match fmt {
             None => {
                 let f: Vec<TensorRef> = parts
