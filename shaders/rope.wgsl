@@ -1,17 +1,13 @@
-// Rotary position embedding on dims [rot_off, rot_off + 2 * half) of each head.
-// One invocation per (row, head, frequency). Bindings: 1 = dst, 2 = cos_sin, 3 = src.
-//   rope_inplace  reads and writes dst; a second slice of the same rows (heads2, ..;
-//                 heads2 = 0 for none) is rotated in the same dispatch, after the first's
-//                 rows · heads · half invocations
-//   rope_copy     reads src, writes only the rotated dims of dst (one slice)
-// The pairing and the rotation are rotary.wgsl's.
+// Rotary position embedding on dims [rot_off, rot_off + 2 * half) of each head, in place.
+// One invocation per (row, head, frequency). Bindings: 1 = dst, 2 = cos_sin. A second slice
+// of the same rows (heads2, ..; heads2 = 0 for none) is rotated in the same dispatch, after
+// the first's rows · heads · half invocations. The pairing and the rotation are rotary.wgsl's.
 
 // Params (binding 0): declared once, in src/kernels/rope.rs (`Params`), and put before this source.
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> dst: array<f32>;
 @group(0) @binding(2) var<storage, read> cs: array<f32>;
-@group(0) @binding(3) var<storage, read> src: array<f32>;
 
 const WG: u32 = 256u;
 
@@ -68,20 +64,6 @@ fn rope_inplace(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
     let d = j.dst + j.d;
     let o = rotary(dst[d.x], dst[d.y], j.c, j.s);
-    dst[d.x] = o.x;
-    dst[d.y] = o.y;
-}
-
-@compute @workgroup_size(256)
-fn rope_copy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) lid: u32) {
-    let j = job(wid, nwg, lid);
-    if (!j.ok) {
-        return;
-    }
-    let sd = P.src_off + j.t * P.src_stride + j.d;
-    let d = j.dst + j.d;
-    let o = rotary(src[sd.x], src[sd.y], j.c, j.s);
     dst[d.x] = o.x;
     dst[d.y] = o.y;
 }

@@ -10,8 +10,6 @@ kernel_params! {
         rot_off: u32,
         half: u32,
         interleave: u32,
-        src_off: u32,
-        src_stride: u32,
         dst_off: u32,
         dst_stride: u32,
         /// rope_inplace's second slice of the same rows (`heads2` = 0: none).
@@ -48,72 +46,18 @@ pub struct RopeSlice {
     pub interleave: bool,
 }
 
-/// Rotate the dims `r` names in each row `t < rows`; row `t` of a view starts at
-/// `view.offset + t * stride`. `cos_sin` (f32) holds, for row `t` and frequency
+/// Rotate, in place, the dims `r` names in each row `t < rows` of `x`; row `t` starts at
+/// `x.offset + t * x.stride`. `cos_sin` (f32) holds, for row `t` and frequency
 /// `i < rot_dim / 2`, `cos` at `(t * rot_dim / 2 + i) * 2` and `sin` right after (the host
 /// computes them per position). Rotation: `(a, b) -> (a cos - b sin, b cos + a sin)`.
-/// `src = None` rotates `dst` in place; otherwise reads `src`, writes `dst` (other buffer),
-/// copying nothing outside the rotated dims.
-pub fn rope(
-    rec: &mut Recorder,
-    src: Option<View>,
-    dst: View,
-    rows: u32,
-    r: &RopeSlice,
-    cos_sin: &wgpu::Buffer,
-) {
-    let RopeSlice {
-        heads,
-        head_stride,
-        rot_off,
-        rot_dim,
-        interleave,
-    } = *r;
-    debug_assert!(rot_dim.is_multiple_of(2), "rope: odd rot_dim {rot_dim}");
-    debug_assert!(
-        src.is_none_or(|s| s.buf != dst.buf),
-        "rope: src and dst must be different buffers (use src = None)"
-    );
-    let half = rot_dim / 2;
-    let total = rows as u64 * heads as u64 * half as u64;
-    if total == 0 {
-        return;
-    }
-    assert!(
-        total <= u32::MAX as u64,
-        "rope: {total} rotations exceed u32"
-    );
-    let s = src.unwrap_or(dst);
-    let p = Params {
-        rows,
-        heads,
-        head_stride,
-        rot_off,
-        half,
-        interleave: interleave as u32,
-        src_off: s.offset,
-        src_stride: s.stride,
-        dst_off: dst.offset,
-        dst_stride: dst.stride,
-        ..Default::default()
-    };
-    let gpu = rec.gpu();
-    let grid = gpu.grid((total as u32).div_ceil(256));
-    match src {
-        None => {
-            let pipe = gpu.pipeline(&ROPE, "rope_inplace", &[]);
-            rec.dispatch(&pipe, &p, &[dst.buf, cos_sin], grid);
-        }
-        Some(src) => {
-            let pipe = gpu.pipeline(&ROPE, "rope_copy", &[]);
-            rec.dispatch(&pipe, &p, &[dst.buf, cos_sin, src.buf], grid);
-        }
-    }
+pub fn rope(rec: &mut Recorder, x: View, rows: u32, r: &RopeSlice, cos_sin: &wgpu::Buffer) {
+    let none = RopeSlice { heads: 0, ..*r };
+    dispatch(rec, (x, r), (x, &none), rows, cos_sin);
 }
 
-/// [`rope`] in place on two slices of the same `rows` rows in one dispatch: `a`'s dims
-/// `ra` names and `b`'s dims `rb` names (views of one buffer, the same `rot_dim`, so one
-/// `cos_sin`), as two calls of [`rope`] would rotate them. The slices must not overlap.
+/// [`rope`] on two slices of the same `rows` rows in one dispatch: `a`'s dims `ra` names
+/// and `b`'s dims `rb` names (views of one buffer, the same `rot_dim`, so one `cos_sin`),
+/// as two calls of [`rope`] would rotate them. The slices must not overlap.
 pub fn rope_pair(
     rec: &mut Recorder,
     (a, ra): (View, &RopeSlice),
@@ -124,6 +68,22 @@ pub fn rope_pair(
     assert!(
         a.buf == b.buf && ra.rot_dim == rb.rot_dim,
         "rope_pair: slices of one buffer with one rot_dim"
+    );
+    dispatch(rec, (a, ra), (b, rb), rows, cos_sin);
+}
+
+/// One `rope_inplace` dispatch over slice `a`, then slice `b` (`heads` 0: none).
+fn dispatch(
+    rec: &mut Recorder,
+    (a, ra): (View, &RopeSlice),
+    (b, rb): (View, &RopeSlice),
+    rows: u32,
+    cos_sin: &wgpu::Buffer,
+) {
+    debug_assert!(
+        ra.rot_dim.is_multiple_of(2),
+        "rope: odd rot_dim {}",
+        ra.rot_dim
     );
     let half = ra.rot_dim / 2;
     let total = rows as u64 * (ra.heads + rb.heads) as u64 * half as u64;
@@ -149,7 +109,6 @@ pub fn rope_pair(
         interleave2: rb.interleave as u32,
         dst_off2: b.offset,
         dst_stride2: b.stride,
-        ..Default::default()
     };
     let gpu = rec.gpu();
     let pipe = gpu.pipeline(&ROPE, "rope_inplace", &[]);
@@ -193,25 +152,19 @@ mod tests {
         }
     }
 
-    fn check(seed: u64, k: &Case, interleave: bool, in_place: bool) {
+    fn check(seed: u64, k: &Case, interleave: bool) {
         let g = gpu();
         let mut rng = Rng::new(seed);
         let half = k.rot_dim / 2;
         let cs = rng.cos_sin(k.rows, half);
         let row_len = k.heads * k.head_stride;
         let (d_off, d_stride) = (5usize, row_len + 3);
-        let (s_off, s_stride) = (2usize, row_len + 7);
         let dlen = d_off + k.rows * d_stride + 4;
-        let slen = s_off + k.rows * s_stride + 1;
         let d0 = rng.vec(dlen, 1.0);
-        let s0 = rng.vec(slen, 1.0);
         let db = g.buffer_from(&d0, "dst").unwrap();
-        let sb = g.buffer_from(&s0, "src").unwrap();
         let csb = g.buffer_from(&cs, "cos_sin").unwrap();
         let dv = View::new(&db, d_off as u32, d_stride as u32);
-        let sv = View::new(&sb, s_off as u32, s_stride as u32);
         let mut rec = g.recorder();
-        let src = if in_place { None } else { Some(sv) };
         let slice = RopeSlice {
             heads: k.heads as u32,
             head_stride: k.head_stride as u32,
@@ -219,18 +172,14 @@ mod tests {
             rot_dim: k.rot_dim as u32,
             interleave,
         };
-        rope(&mut rec, src, dv, k.rows as u32, &slice, &csb);
+        rope(&mut rec, dv, k.rows as u32, &slice, &csb);
         rec.finish().unwrap();
         let got = g.read_f32(&db, 0, dlen).unwrap();
         let mut want = d0.clone();
         for t in 0..k.rows {
             for h in 0..k.heads {
                 let db = d_off + t * d_stride + h * k.head_stride;
-                let from: Vec<f32> = if in_place {
-                    d0[db..][..k.head_stride].to_vec()
-                } else {
-                    s0[s_off + t * s_stride + h * k.head_stride..][..k.head_stride].to_vec()
-                };
+                let from = d0[db..][..k.head_stride].to_vec();
                 rotate(
                     &mut want[db..][..k.head_stride],
                     &from,
@@ -242,14 +191,14 @@ mod tests {
             }
         }
         let what = format!(
-            "rope rows={} heads={} hs={} off={} dim={} interleave={interleave} in_place={in_place}",
+            "rope rows={} heads={} hs={} off={} dim={} interleave={interleave}",
             k.rows, k.heads, k.head_stride, k.rot_off, k.rot_dim
         );
         assert_close(&got, &want, 1e-6, 1e-5, &what);
     }
 
     #[test]
-    fn rope_pairings_offsets_in_and_out_of_place() {
+    fn rope_pairings_and_offsets() {
         let cases = [
             Case {
                 rows: 3,
@@ -283,10 +232,8 @@ mod tests {
         let mut seed = 0;
         for k in &cases {
             for interleave in [false, true] {
-                for in_place in [true, false] {
-                    seed += 1;
-                    check(seed, k, interleave, in_place);
-                }
+                seed += 1;
+                check(seed, k, interleave);
             }
         }
     }

@@ -60,7 +60,7 @@ impl Session {
         let iq = qi.col(heads * (dn + dr));
         match &layer.indexer {
             Some(_) => rope::rope_pair(rec, (q, &d.rope_q), (iq, &d.rope_index_q), t, &s.cos_sin),
-            None => rope::rope(rec, None, q, t, &d.rope_q, &s.cos_sin),
+            None => rope::rope(rec, q, t, &d.rope_q, &s.cos_sin),
         }
         // Latent cache rows [RMSNorm(c_kv) | RoPE(k_pe)], normalized and rotated by the
         // store itself.
