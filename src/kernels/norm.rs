@@ -3,7 +3,6 @@ use super::matmul::{xq_bytes, XQuant};
 use super::{Recorder, View};
 use crate::gpu::{kernel_params, Shader, ShaderCode};
 use crate::weights::QFormat;
-use bytemuck::Zeroable;
 
 kernel_params! {
     struct Params {
@@ -16,11 +15,6 @@ kernel_params! {
         eps: f32,
         /// rms_norm_q: quantize in q4's element order.
         q4: u32,
-        /// combine_norm_q: the experts' output rows (view) and how many.
-        e_off: u32,
-        e_stride: u32,
-        topk: u32,
-        _pad: u32,
     }
 }
 
@@ -84,7 +78,6 @@ fn launch(
         dim,
         eps,
         q4: q4 as u32,
-        ..Params::zeroed()
     };
     match b {
         None => rec.dispatch(&pipe, &p, &[x.buf, w, y.buf], grid),
@@ -137,47 +130,6 @@ pub fn rms_norm_q<'a>(
     };
     let q4 = matches!(order, QFormat::Q4 { .. });
     launch(rec, "rms_norm_q", r, w, Some(out), q4);
-    XQuant {
-        buf: out,
-        k: dim,
-        rows: 1,
-        order,
-    }
-}
-
-/// `h += Σ_j ew[j] · e[j, :]` over the `topk` rows of `e` (what
-/// [`elementwise::moe_combine`](super::elementwise::moe_combine) adds to one row), then
-/// [`rms_norm_q`] of the new `h` into `y` and `out`: a MoE layer's output and the next
-/// layer's input norm in one dispatch (one workgroup), with the same arithmetic as the two.
-#[allow(clippy::too_many_arguments)]
-pub fn combine_norm_q<'a>(
-    rec: &mut Recorder,
-    (e, ew, topk): (View, &wgpu::Buffer, u32),
-    h: View,
-    w: &wgpu::Buffer,
-    y: View,
-    (dim, eps): (u32, f32),
-    order: QFormat,
-    out: &'a wgpu::Buffer,
-) -> XQuant<'a> {
-    debug_assert!(dim.is_multiple_of(32) && out.size() >= xq_bytes(dim, 1));
-    debug_assert!(h.buf != y.buf && h.buf != e.buf && h.buf != ew);
-    let pipe = rec.gpu().pipeline(&NORM, "combine_norm_q", &[]);
-    let p = Params {
-        x_off: h.offset,
-        x_stride: h.stride,
-        y_off: y.offset,
-        y_stride: y.stride,
-        rows: 1,
-        dim,
-        eps,
-        q4: matches!(order, QFormat::Q4 { .. }) as u32,
-        e_off: e.offset,
-        e_stride: e.stride,
-        topk,
-        _pad: 0,
-    };
-    rec.dispatch(&pipe, &p, &[h.buf, w, y.buf, out, e.buf, ew], [1, 1, 1]);
     XQuant {
         buf: out,
         k: dim,
@@ -281,61 +233,6 @@ mod tests {
                     g.read_f32(&yb[0], 0, n).unwrap(),
                     g.read_f32(&yb[1], 0, n).unwrap()
                 );
-                let words = |b: &wgpu::Buffer| g.read_u32(b, 0, q / 4).unwrap();
-                assert_eq!(words(&qb[0]), words(&qb[1]), "dim {dim} {order:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn combine_norm_q_is_moe_combine_then_rms_norm_q() {
-        // Bit for bit against the two dispatches it replaces: the updated row, the normalized
-        // row and the quantized words (odd block counts, a row longer than 4 × 256, rows off
-        // a 4-float boundary, one and nine expert rows, both element orders).
-        let g = gpu();
-        for (i, (dim, topk)) in [(32u32, 1u32), (96, 9), (6176, 9)].into_iter().enumerate() {
-            for order in [QFormat::Q4 { block: 32 }, QFormat::Q8 { block: 32 }] {
-                let mut rng = Rng::new(950 + i as u64);
-                let n = dim as usize;
-                let es = rng.vec(topk as usize * (n + 5) + 2, 1.0);
-                let ews = rng.vec(topk as usize, 1.0);
-                let hs = rng.vec(n + 3, 2.0);
-                let ws = rng.vec(n, 1.0);
-                let eb = g.buffer_from(&es, "e").unwrap();
-                let ewb = g.buffer_from(&ews, "ew").unwrap();
-                let wb = g.buffer_from(&ws, "w").unwrap();
-                let hb = [0, 1].map(|_| g.buffer_from(&hs, "h").unwrap());
-                let yb = [0, 1].map(|_| g.buffer(4 * dim as u64, "y").unwrap());
-                let qb = [0, 1].map(|_| g.buffer(xq_bytes(dim, 1), "xq").unwrap());
-                let e = View::new(&eb, 2, dim + 5);
-                let h = |k: usize| View::new(&hb[k], 3, dim);
-                let mut rec = g.recorder();
-                crate::kernels::elementwise::moe_combine(&mut rec, e, &ewb, topk, h(0), 1, dim);
-                rms_norm_q(
-                    &mut rec,
-                    h(0),
-                    &wb,
-                    View::rows(&yb[0], dim),
-                    dim,
-                    1e-6,
-                    order,
-                    &qb[0],
-                );
-                combine_norm_q(
-                    &mut rec,
-                    (e, &ewb, topk),
-                    h(1),
-                    &wb,
-                    View::rows(&yb[1], dim),
-                    (dim, 1e-6),
-                    order,
-                    &qb[1],
-                );
-                rec.finish().unwrap();
-                let f = |b: &wgpu::Buffer, k| g.read_f32(b, 0, k).unwrap();
-                assert_eq!(f(&hb[0], n + 3), f(&hb[1], n + 3), "h, dim {dim}");
-                assert_eq!(f(&yb[0], n), f(&yb[1], n), "y, dim {dim}");
-                let q = xq_bytes(dim, 1) as usize;
                 let words = |b: &wgpu::Buffer| g.read_u32(b, 0, q / 4).unwrap();
                 assert_eq!(words(&qb[0]), words(&qb[1]), "dim {dim} {order:?}");
             }

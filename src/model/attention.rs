@@ -14,7 +14,6 @@ use super::session::Session;
 use crate::gpu::Recorder;
 use crate::kernels::attention::{MlaDims, MlaQueries};
 use crate::kernels::cache::{self, Prepare, Source};
-use crate::kernels::matmul::XQuant;
 use crate::kernels::topk::Selection;
 use crate::kernels::{attention, indexer, matmul, rope, topk, Causal, View};
 
@@ -26,16 +25,7 @@ const K_NORM_EPS: f32 = 1e-6;
 impl Session {
     /// `h += o_proj(SparseMLA(RMSNorm(h)))` for layer `i` over the chunk's `t` rows at
     /// positions `pos0 ..`.
-    /// `xq`: x (RMSNorm(h), in `s.x`) quantized for the first projections, where it was.
-    pub(super) fn attention(
-        &self,
-        rec: &mut Recorder,
-        i: usize,
-        layer: &Layer,
-        t: u32,
-        pos0: u32,
-        xq: Option<&XQuant>,
-    ) {
+    pub(super) fn attention(&self, rec: &mut Recorder, i: usize, layer: &Layer, t: u32, pos0: u32) {
         let cfg = &self.model.config;
         let (s, d) = (&self.s, &self.dims);
         let hd = cfg.hidden_size as u32;
@@ -58,8 +48,10 @@ impl Session {
         let qi = View::rows(&s.qi, qi_cols(cfg) as u32);
         let (qa_raw, qa) = (qkv, View::rows(&s.qa, ql));
         let q = qi;
-        // At decode, the norm also quantizes the q LoRA row for the GEMVs that read it.
-        project(rec, xq, x, &layer.qkv_a, qkv, t);
+        // At decode, the norms also quantize x and the q LoRA row for the GEMVs that read them.
+        let norm = (&layer.input_norm, cfg.rms_norm_eps);
+        let xq = self.norm_for(rec, h, norm, x, t, layer.qkv_a.first(), &s.xq_x);
+        project(rec, xq.as_ref(), x, &layer.qkv_a, qkv, t);
         let norm = (&layer.q_a_norm, LATENT_NORM_EPS);
         let qaq = self.norm_for(rec, qa_raw, norm, qa, t, layer.q_b.first(), &s.xq_qa);
         project(rec, qaq.as_ref(), qa, &layer.q_b, qi, t);

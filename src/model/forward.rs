@@ -63,20 +63,13 @@ impl Session {
         rec.cache_bind_groups(t == 1);
         let h = View::rows(&s.h, cfg.hidden_size as u32);
         embed::embed(&mut rec, &model.weights.embed, &s.ids, 0, t, h);
-        let layers = &model.weights.layers;
-        // The next layer's input norm, where the last MoE layer's output did it (decode).
-        let mut normed = None;
-        for (i, layer) in layers.iter().enumerate() {
+        for (i, layer) in model.weights.layers.iter().enumerate() {
             // h += attention(RMSNorm(h))
-            let xq = match normed.take() {
-                Some(xq) => Some(xq),
-                None => self.input_norm(&mut rec, layer, t),
-            };
-            self.attention(&mut rec, i, layer, t, pos0, xq.as_ref());
+            self.attention(&mut rec, i, layer, t, pos0);
             // h += MLP(RMSNorm(h)). A MoE layer whose experts stream from the files
             // (`--gpu-memory`) submits what is recorded so far and waits here for its
             // routing (moe.rs); every other layer only records.
-            normed = self.mlp(&mut rec, i, layer, layers.get(i + 1), t)?;
+            self.mlp(&mut rec, i, layer, t)?;
         }
         if want_logits > 0 {
             self.head(&mut rec, t, want_logits as u32, pick)?;
@@ -95,26 +88,8 @@ impl Session {
         Ok(())
     }
 
-    /// `x = RMSNorm(h)` with layer's input norm; at a decode step whose first GEMVs take x
-    /// quantized, also quantized for them.
-    fn input_norm(&self, rec: &mut Recorder, layer: &Layer, t: u32) -> Option<XQuant<'_>> {
-        let cfg = &self.model.config;
-        let hd = cfg.hidden_size as u32;
-        let (h, x) = (View::rows(&self.s.h, hd), View::rows(&self.s.x, hd));
-        let norm = (&layer.input_norm, cfg.rms_norm_eps);
-        self.norm_for(rec, h, norm, x, t, layer.qkv_a.first(), &self.s.xq_x)
-    }
-
-    /// `h += MLP(RMSNorm(h))` with the layer's dense MLP or its experts. Returns the `next`
-    /// layer's input norm where a MoE layer's output did it (see [`Session::moe`]).
-    fn mlp(
-        &self,
-        rec: &mut Recorder,
-        i: usize,
-        layer: &Layer,
-        next: Option<&Layer>,
-        t: u32,
-    ) -> Result<Option<XQuant<'_>>> {
+    /// `h += MLP(RMSNorm(h))` with the layer's dense MLP or its experts.
+    fn mlp(&self, rec: &mut Recorder, i: usize, layer: &Layer, t: u32) -> Result<()> {
         let cfg = &self.model.config;
         let hd = cfg.hidden_size as u32;
         let (h, x) = (View::rows(&self.s.h, hd), View::rows(&self.s.x, hd));
@@ -125,13 +100,11 @@ impl Session {
         };
         let norm = (&layer.post_norm, cfg.rms_norm_eps);
         let xq = self.norm_for(rec, h, norm, x, t, first, &self.s.xq_x);
-        Ok(match &layer.mlp {
-            Mlp::Dense(m) => {
-                self.swiglu(rec, m, t, xq.as_ref());
-                None
-            }
-            Mlp::Moe(m) => self.moe(rec, i, m, t, xq.as_ref(), next)?,
-        })
+        match &layer.mlp {
+            Mlp::Dense(m) => self.swiglu(rec, m, t, xq.as_ref()),
+            Mlp::Moe(m) => self.moe(rec, i, m, t, xq.as_ref())?,
+        }
+        Ok(())
     }
 
     /// `h += down(silu(gate(x)) * up(x))` for a dense MLP or the shared expert (`xq`: x
@@ -207,12 +180,7 @@ impl Session {
 
     /// The element order GEMVs over `w` take x quantized in, at a decode step (`t` = 1)
     /// where they do.
-    pub(super) fn xq_order(
-        &self,
-        t: u32,
-        x: View,
-        w: &GpuWeight,
-    ) -> Option<crate::weights::QFormat> {
+    fn xq_order(&self, t: u32, x: View, w: &GpuWeight) -> Option<crate::weights::QFormat> {
         if t != 1 || !matmul::xq_enabled() {
             return None;
         }

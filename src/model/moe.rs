@@ -13,28 +13,17 @@
 //! the layer's slots and runs the same expert matmuls on a slot table instead of the ids
 //! (see [`crate::experts`]).
 
-use super::load::{Layer, Moe};
+use super::load::Moe;
 use super::session::Session;
 use crate::error::Result;
 use crate::experts::{ExpertSource, Offload};
 use crate::gpu::Recorder;
 use crate::kernels::matmul::{Routed, XQuant};
-use crate::kernels::{elementwise, matmul, norm, router, View};
-
-/// Whether a MoE layer's output dispatch also does the next layer's input norm at decode
-/// (`SPARSA_COMBINE_NORM=0` turns it off: a measurement knob).
-fn combine_norm_enabled() -> bool {
-    use std::sync::OnceLock;
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPARSA_COMBINE_NORM").map_or(true, |v| v != "0"))
-}
+use crate::kernels::{elementwise, matmul, router, View};
 
 impl Session {
     /// `h += Σ_k w_k · expert_k(x) + shared(x)` for MoE layer `i` (`x` already normalized).
-    /// `xq`: x quantized for the expert GEMVs, where it was (decode). At a decode step whose
-    /// `next` layer takes its x quantized, the dispatch that adds the experts' outputs to `h`
-    /// also normalizes and quantizes the new `h` for it ([`norm::combine_norm_q`]), and
-    /// returns that.
+    /// `xq`: x quantized for the expert GEMVs, where it was (decode).
     pub(super) fn moe(
         &self,
         rec: &mut Recorder,
@@ -42,8 +31,7 @@ impl Session {
         m: &Moe,
         t: u32,
         xq: Option<&XQuant>,
-        next: Option<&Layer>,
-    ) -> Result<Option<XQuant<'_>>> {
+    ) -> Result<()> {
         let cfg = &self.model.config;
         let s = &self.s;
         let hd = cfg.hidden_size as u32;
@@ -61,28 +49,8 @@ impl Session {
         }
         let out = View::rows(&s.moe_out, hd);
         let h = View::rows(&s.h, hd);
-        let x = View::rows(&s.x, hd);
-        let fused = next.filter(|_| combine_norm_enabled()).and_then(|nl| {
-            let order = self.xq_order(t, x, nl.qkv_a.first())?;
-            Some((nl, order))
-        });
-        if let Some((nl, order)) = fused {
-            let eps = cfg.rms_norm_eps;
-            let experts = (out, &s.router_weights, k);
-            let xq = norm::combine_norm_q(
-                rec,
-                experts,
-                h,
-                &nl.input_norm,
-                x,
-                (hd, eps),
-                order,
-                &s.xq_x,
-            );
-            return Ok(Some(xq));
-        }
         elementwise::moe_combine(rec, out, &s.router_weights, k, h, t, hd);
-        Ok(None)
+        Ok(())
     }
 
     /// The router of `m` on `x`: each row's k experts into `idx` and their weights into
