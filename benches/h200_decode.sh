@@ -5,7 +5,7 @@
 # Results go to $OUT (default benches/results/new), in a few files (the device returns few).
 # 1. GEMVs of every GLM-5 matrix in isolation, per knob, and the cost of a dispatch
 #    (examples/gemv_shapes.rs) -> gemv.txt.
-# 2. The lib tests on the real driver -> libtest.txt.
+# 2. The lib tests on the real driver -> libtest.txt; the built-in model's greedy ids.
 # 3. Full-depth GLM-5 shape (78 layers, 16 experts, q4): decode at 4096 with each knob
 #    (bench_profiled.txt has the per-kernel table), then DeepSeek-V3.2 (61 layers) -> ds.txt.
 set -u
@@ -28,6 +28,8 @@ if [ -x /tmp/gemv ]; then
   G noxq SPARSA_GEMV_XQ=0
   grep -E "^==|all|dispatch chain" $OUT/gemv.txt >> $SUM
 fi
+# The built-in model's greedy tokens on this driver (compare with the same command on lavapipe).
+$S generate --temperature 0 -n 48 --print-ids --prompt "KING RICHARD:" 2>/dev/null | tail -1 | sed 's/^/greedy ids: /' >> $SUM
 [ -x /tmp/libtest ] && { timeout 200 /tmp/libtest --test-threads 4 > $OUT/libtest.txt 2>&1; grep "test result" $OUT/libtest.txt >> $SUM; }
 wait $SYN; tail -3 $OUT/synth.txt >> $SUM
 B() { # model, name, env...
@@ -47,6 +49,7 @@ for k in ${BENCH_SET:-default_128k noxq default}; do
     mla_hg4) B $D mla_hg4 SPARSA_MLA_HG=4 ;;
     mla_hg8) B $D mla_hg8 SPARSA_MLA_HG=8 ;;
     topk_wide) B $D topk_wide SPARSA_TOPK_WIDE_MIN=2048 ;;
+    *=*) B $D "$k" "$k" ;; # any knob: NAME=VALUE
   esac
 done
 rm -rf $D

@@ -35,6 +35,9 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read> keys: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<u32>;
+// RoPE's cos/sin per chunk row (P.rope != 0: the queries' first 2 · rot_half dims of each
+// head are rotated as they are staged; 1 = half-split pairs, 2 = interleaved).
+@group(0) @binding(5) var<storage, read> cs: array<f32>;
 
 var<workgroup> qc: array<vec4<f32>, DC * NG * HQ4>; // [d][head / 4], heads padded to NG·HPI
 var<workgroup> kc: array<vec4<f32>, DC * KT / 4u>;  // [d][key / 4]
@@ -87,7 +90,14 @@ fn scores(
             let d = i % DC;
             var v = 0.0;
             if (h < HEADS && d0 + d < P.dim) {
-                v = q[qbase + h * P.dim + d0 + d];
+                let hb = qbase + h * P.dim;
+                let j = d0 + d;
+                v = q[hb + j];
+                if (P.rope != 0u && j < 2u * P.rot_half) {
+                    let pr = rotary_partner(j, P.rot_half, P.rope == 2u);
+                    let ci = (t * P.rot_half + pr.x) * 2u;
+                    v = rotary_one(v, q[hb + pr.y], cs[ci], cs[ci + 1u], pr.z == 1u);
+                }
             }
             qc[(d * NG * HPI + h) / 4u][h % 4u] = v;
         }

@@ -47,6 +47,8 @@ const ABSENT: u32 = 0xffffffffu; // a selected position outside this dispatch's 
 @group(0) @binding(4) var<storage, read> cache: array<u32>;
 @group(0) @binding(5) var<storage, read> idx: array<u32>;
 @group(0) @binding(6) var<storage, read> cnt: array<u32>;
+// RoPE's cos/sin per chunk row (P.rope != 0: q_pe is rotated as it is read).
+@group(0) @binding(7) var<storage, read> cs: array<f32>;
 
 var<workgroup> qsh: array<vec4<f32>, HG * QD4>;
 var<workgroup> sp: array<vec4<f32>, HG * PT / 4u>;  // logits, then probabilities, [h][p]
@@ -118,7 +120,8 @@ fn row1(base: u32, c: u32) -> f32 {
     return bitcast<f32>(cache[base + c]);
 }
 
-// Element i of the query of head h: q_abs for i < kv_lora, then q_pe.
+// Element i of the query of head h: q_abs for i < kv_lora, then q_pe (rotated here where
+// P.rope says so).
 fn query(t: u32, h: u32, i: u32) -> f32 {
     if (h >= P.heads || i >= qd()) {
         return 0.0;
@@ -126,7 +129,17 @@ fn query(t: u32, h: u32, i: u32) -> f32 {
     if (i < P.kv_lora) {
         return qa[P.qa_off + t * P.qa_stride + h * P.kv_lora + i];
     }
-    return qin[P.q_off + t * P.q_stride + h * (P.dn + P.dr) + P.dn + (i - P.kv_lora)];
+    let qb = P.q_off + t * P.q_stride + h * (P.dn + P.dr) + P.dn;
+    let j = i - P.kv_lora;
+    let v = qin[qb + j];
+    if (P.rope == 0u) {
+        return v;
+    }
+    // RoPE on the fly (rotary.wgsl): 1 = half-split pairs, 2 = interleaved.
+    let half = P.dr / 2u;
+    let pr = rotary_partner(j, half, P.rope == 2u);
+    let ci = (t * half + pr.x) * 2u;
+    return rotary_one(v, qin[qb + pr.y], cs[ci], cs[ci + 1u], pr.z == 1u);
 }
 
 @compute @workgroup_size(256)

@@ -1,7 +1,6 @@
 // Rotary position embedding on dims [rot_off, rot_off + 2 * half) of each head, in place.
-// One invocation per (row, head, frequency). Bindings: 1 = dst, 2 = cos_sin. A second slice
-// of the same rows (heads2, ..; heads2 = 0 for none) is rotated in the same dispatch, after
-// the first's rows · heads · half invocations. The pairing and the rotation are rotary.wgsl's.
+// One invocation per (row, head, frequency). Bindings: 1 = dst, 2 = cos_sin. The pairing
+// and the rotation are rotary.wgsl's.
 
 // Params (binding 0): declared once, in src/kernels/rope.rs (`Params`), and put before this source.
 
@@ -22,24 +21,8 @@ struct Job {
 
 fn job(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> Job {
     var j: Job;
-    var g = (wid.x + wid.y * nwg.x) * WG + lid;
-    var heads = P.heads;
-    var head_stride = P.head_stride;
-    var rot_off = P.rot_off;
-    var interleave = P.interleave;
-    var off = P.dst_off;
-    var stride = P.dst_stride;
-    let first = P.rows * P.heads * P.half;
-    if (g >= first) {
-        g -= first;
-        heads = P.heads2;
-        head_stride = P.head_stride2;
-        rot_off = P.rot_off2;
-        interleave = P.interleave2;
-        off = P.dst_off2;
-        stride = P.dst_stride2;
-    }
-    let per_row = heads * P.half;
+    let g = (wid.x + wid.y * nwg.x) * WG + lid;
+    let per_row = P.heads * P.half;
     j.ok = g < P.rows * per_row;
     if (!j.ok) {
         return j;
@@ -47,8 +30,8 @@ fn job(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> Job {
     j.t = g / per_row;
     let r = g % per_row;
     let i = r % P.half;
-    j.d = (r / P.half) * head_stride + rotary_dims(i, rot_off, P.half, interleave != 0u);
-    j.dst = off + j.t * stride;
+    j.d = (r / P.half) * P.head_stride + rotary_dims(i, P.rot_off, P.half, P.interleave != 0u);
+    j.dst = P.dst_off + j.t * P.dst_stride;
     let ci = (j.t * P.half + i) * 2u;
     j.c = cs[ci];
     j.s = cs[ci + 1u];

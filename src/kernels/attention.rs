@@ -8,6 +8,7 @@
 //! `wkvb` must be one chunk (it is small: 64·448·512 bf16 = 29 MiB for GLM-5) in F32, BF16
 //! or F16. Output buffers must not be any of the input buffers.
 use super::cache::{CacheRows, LatentFormat};
+use super::rope::QueryRope;
 use super::topk::Selection;
 use super::{Recorder, View};
 use crate::config::Config;
@@ -125,12 +126,14 @@ impl MlaDims {
 
 /// The queries of a chunk's `rows` rows as [`sparse_mla`] reads them: `absorbed`
 /// (`[rows, heads * kv_lora]`, from [`absorb_q`]) scores the latent `c_kv`, and the RoPE
-/// part of `q` (`q[t, h*(dn+dr)+dn ..]`) scores `k_pe`.
+/// part of `q` (`q[t, h*(dn+dr)+dn ..]`) scores `k_pe`: rotated already, or by the kernel
+/// as it reads it where `rope` is given (its slice must be those dims).
 #[derive(Clone, Copy)]
 pub struct MlaQueries<'a> {
     pub absorbed: View<'a>,
     pub q: View<'a>,
     pub rows: u32,
+    pub rope: Option<QueryRope<'a>>,
 }
 
 /// `q_abs[t, h*kv_lora + c] = Σ_{d<dn} q[t, h*(dn+dr) + d] · wkvb[h*(dn+dv) + d, c]`.
@@ -241,7 +244,8 @@ kernel_params! {
         /// Partials written: split_base + split of part_splits (1: normalized output).
         split_base: u32,
         part_splits: u32,
-        _pad0: u32,
+        /// RoPE on q_pe as it is read: 0 = none, 1 = half-split, 2 = interleaved.
+        rope: u32,
         _pad1: u32,
     }
 }
@@ -259,6 +263,7 @@ const MLA: Shader<MlaParams> = Shader::new(
     "mla",
     concat!(
         include_str!("../../shaders/fp8.wgsl"),
+        include_str!("../../shaders/rotary.wgsl"),
         include_str!("../../shaders/mla.wgsl")
     ),
 );
@@ -344,6 +349,7 @@ pub fn sparse_mla(
         absorbed: q_abs,
         q,
         rows,
+        rope,
     } = *qs;
     let MlaDims {
         heads,
@@ -357,6 +363,14 @@ pub fn sparse_mla(
     if rows == 0 || heads == 0 {
         return;
     }
+    if let Some(r) = &rope {
+        let s = &r.slice;
+        assert!(
+            s.heads == heads && s.head_stride == dn + dr && s.rot_off == dn && s.rot_dim == dr,
+            "sparse_mla: it rotates q_pe (dims {dn}.. of each head, {dr} of them) only, not {s:?}"
+        );
+    }
+    let cs = rope.map_or(rec.gpu().dummy(), |r| r.cos_sin);
     let nseg = cache.segs.len() as u32;
     assert!(
         (1..=MLA_MAX_SPLITS).contains(&nseg),
@@ -406,7 +420,7 @@ pub fn sparse_mla(
         seg_n: cache.segs[0].len,
         split_base: 0,
         part_splits,
-        _pad0: 0,
+        rope: QueryRope::mode(qs.rope.as_ref()),
         _pad1: 0,
     };
     let row_bytes = 4 * cache.row_words as u64;
@@ -419,7 +433,15 @@ pub fn sparse_mla(
         rec.dispatch(
             &p,
             &params,
-            &[o_lat.buf, q_abs.buf, q.buf, &cache.segs[0].buf, idx, cnt],
+            &[
+                o_lat.buf,
+                q_abs.buf,
+                q.buf,
+                &cache.segs[0].buf,
+                idx,
+                cnt,
+                cs,
+            ],
             gpu.grid(n),
         );
         return;
@@ -443,7 +465,7 @@ pub fn sparse_mla(
         rec.dispatch(
             &p,
             &params,
-            &[&part, q_abs.buf, q.buf, &seg.buf, idx, cnt],
+            &[&part, q_abs.buf, q.buf, &seg.buf, idx, cnt, cs],
             gpu.grid(n),
         );
     }
@@ -471,6 +493,7 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
 mod tests {
     use super::*;
     use crate::kernels::cache::{decode_latent, encode_latent, Segment};
+    use crate::kernels::rope::{rope_ref, RopeSlice};
     use crate::kernels::testutil::{assert_close, cache_segments, gpu, Placed, Rng};
     use crate::weights::DType;
 
@@ -723,10 +746,14 @@ mod tests {
             sel,
             poison,
             (LatentFormat::F32, n_keys),
+            None,
         )
     }
 
-    /// [`run_sparse`] with the cache in `format`, split into segments of `seg_len` rows.
+    /// [`run_sparse`] with the cache in `format`, split into segments of `seg_len` rows;
+    /// with `rope` (interleaved or not) q_pe is given unrotated and rotated by the kernel
+    /// (the reference rotates it beforehand).
+    #[allow(clippy::too_many_arguments)]
     fn run_sparse_in(
         rng: &mut Rng,
         d: &Dims,
@@ -734,6 +761,7 @@ mod tests {
         sel: &[Vec<u32>],
         poison: bool,
         (format, seg_len): (LatentFormat, usize),
+        rope: Option<bool>,
     ) -> (Vec<f32>, Vec<f32>) {
         let g = gpu();
         let scale = 0.07f32;
@@ -789,6 +817,19 @@ mod tests {
         let ib = g.buffer_from(&idx, "idx").unwrap();
         let nb = g.buffer_from(&cnt, "cnt").unwrap();
         let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
+        let slice = |interleave| RopeSlice {
+            heads: d.heads as u32,
+            head_stride: (d.dn + d.dr) as u32,
+            rot_off: d.dn as u32,
+            rot_dim: d.dr as u32,
+            interleave,
+        };
+        let cs = rng.cos_sin(rows, d.dr / 2);
+        let csb = g.buffer_from(&cs, "cos_sin").unwrap();
+        let mut q_ref = q.clone();
+        if let Some(il) = rope {
+            rope_ref(&mut q_ref, rows, qc, &slice(il), &cs);
+        }
         let mut rec = g.recorder();
         sparse_mla(
             &mut rec,
@@ -796,6 +837,10 @@ mod tests {
                 absorbed: ab.view(),
                 q: View::rows(&qb, qc as u32),
                 rows: rows as u32,
+                rope: rope.map(|il| QueryRope {
+                    slice: slice(il),
+                    cos_sin: &csb,
+                }),
             },
             &cb,
             &Selection {
@@ -809,7 +854,7 @@ mod tests {
         );
         rec.finish().unwrap();
         let got = ob.read(g, "sparse_mla");
-        (got, sparse_ref(&qa, &q, &cache, sel, rows, d, scale))
+        (got, sparse_ref(&qa, &q_ref, &cache, sel, rows, d, scale))
     }
 
     /// An f32 latent cache in one segment.
@@ -828,6 +873,39 @@ mod tests {
     fn f32_cache(cache: &[f32], w: usize) -> F32Cache {
         let words: Vec<u32> = cache.iter().map(|v| v.to_bits()).collect();
         F32Cache(cache_segments(gpu(), &words, w, cache.len() / w), w as u32)
+    }
+
+    #[test]
+    fn sparse_mla_rotates_q_pe_as_it_reads() {
+        // q_pe unrotated in memory, RoPE applied by the kernel: both pairings, decode and a
+        // chunk of rows (each its own cos/sin row), an awkward dr.
+        let mut rng = Rng::new(41);
+        for (rows, dr) in [(1usize, 64usize), (5, 10)] {
+            let d = Dims {
+                heads: 6,
+                dn: 4,
+                dr,
+                dv: 4,
+                kv: 96,
+            };
+            let (n_keys, topk) = (300, 128);
+            let sel: Vec<Vec<u32>> = (0..rows)
+                .map(|t| random_selection(&mut rng, n_keys, 20 + 21 * t))
+                .collect();
+            for interleave in [false, true] {
+                let (got, want) = run_sparse_in(
+                    &mut rng,
+                    &d,
+                    (rows, n_keys, topk),
+                    &sel,
+                    true,
+                    (LatentFormat::F32, n_keys),
+                    Some(interleave),
+                );
+                let what = format!("sparse_mla rope rows {rows} dr {dr} interleave {interleave}");
+                assert_close(&got, &want, 1e-5, 1e-4, &what);
+            }
+        }
     }
 
     #[test]
@@ -858,6 +936,7 @@ mod tests {
                         &sel,
                         true,
                         (format, seg_len),
+                        None,
                     );
                     assert_close(
                         &got,
@@ -996,6 +1075,7 @@ mod tests {
                 absorbed: View::rows(&ab, (d.heads * d.kv) as u32),
                 q: View::rows(&qb, (d.heads * (d.dn + d.dr)) as u32),
                 rows: 1,
+                rope: None,
             },
             &cb.rows(),
             &Selection {
@@ -1066,6 +1146,7 @@ mod tests {
                 absorbed: View::rows(&qa, h * kv),
                 q: View::rows(&qb, qc as u32),
                 rows: rows as u32,
+                rope: None,
             },
             &cb.rows(),
             &Selection {

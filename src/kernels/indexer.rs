@@ -1,5 +1,6 @@
 //! Lightning-indexer scores in f32 (`shaders/indexer.wgsl`).
 use super::cache::{CacheRows, KeyFormat};
+use super::rope::QueryRope;
 use super::{Causal, Recorder, View};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
@@ -30,13 +31,20 @@ kernel_params! {
         scale: f32,
         /// First position of the segment bound.
         seg_lo: u32,
-        _pad0: u32,
-        _pad1: u32,
+        /// RoPE on the queries as they are staged: 0 = none, 1 = half-split, 2 = interleaved.
+        rope: u32,
+        rot_half: u32,
         _pad2: u32,
     }
 }
 
-const INDEXER: Shader<Params> = Shader::new("indexer", include_str!("../../shaders/indexer.wgsl"));
+const INDEXER: Shader<Params> = Shader::new(
+    "indexer",
+    concat!(
+        include_str!("../../shaders/rotary.wgsl"),
+        include_str!("../../shaders/indexer.wgsl")
+    ),
+);
 
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[INDEXER.code()];
@@ -76,6 +84,9 @@ impl IndexerDims {
 /// `out` must be a buffer of its own (the inputs may share one). One workgroup covers one
 /// query row and 128 keys, a tiled [heads × dim]·[dim × 128] product; blocks wholly in the
 /// causal future only write -inf. Each segment is scored by a dispatch of its own.
+/// With `rope`, the queries are rotated as they are read (its slice: the first dims of each
+/// head; not with `I8` keys, whose queries are rotated twice before: RoPE, then Hadamard).
+#[allow(clippy::too_many_arguments)]
 pub fn indexer_scores(
     rec: &mut Recorder,
     q: View,
@@ -84,6 +95,7 @@ pub fn indexer_scores(
     out: View,
     chunk: Causal,
     d: &IndexerDims,
+    rope: Option<QueryRope>,
 ) {
     let Causal { rows, n_keys, pos0 } = chunk;
     let IndexerDims {
@@ -100,6 +112,18 @@ pub fn indexer_scores(
         "indexer_scores: heads = {heads}, supported 1..=256"
     );
     assert!(dim > 0, "indexer_scores: dim must be positive");
+    if let Some(r) = &rope {
+        let s = &r.slice;
+        assert!(
+            s.heads == heads && s.head_stride == dim && s.rot_off == 0 && s.rot_dim <= dim,
+            "indexer_scores: it rotates the first dims of each query head only, not {s:?}"
+        );
+        assert!(
+            !keys.format.rotated(),
+            "indexer_scores: rotated keys need their queries rotated (RoPE first) beforehand"
+        );
+    }
+    let cs = rope.map_or(rec.gpu().dummy(), |r| r.cos_sin);
     let gpu = rec.gpu();
     // Workgroup memory: q chunk DC·NG·HPI floats, key chunk DC·KT floats, sums NG·KT floats.
     let hq4 = heads.div_ceil(4 * NG);
@@ -161,8 +185,8 @@ pub fn indexer_scores(
             w_scale,
             scale,
             seg_lo: seg.lo,
-            _pad0: 0,
-            _pad1: 0,
+            rope: QueryRope::mode(rope.as_ref()),
+            rot_half: rope.map_or(0, |r| r.slice.rot_dim / 2),
             _pad2: 0,
         };
         let groups = rows as u64 * key_blocks as u64;
@@ -173,7 +197,7 @@ pub fn indexer_scores(
         rec.dispatch(
             &p,
             &params,
-            &[q.buf, w.buf, &seg.buf, out.buf],
+            &[q.buf, w.buf, &seg.buf, out.buf, cs],
             gpu.grid(groups as u32),
         );
         blk0 += key_blocks;
@@ -189,6 +213,7 @@ mod tests {
     use super::*;
     use crate::gpu::Gpu;
     use crate::kernels::cache::{decode_key, encode_key, hadamard};
+    use crate::kernels::rope::{rope_ref, RopeSlice};
     use crate::kernels::testutil::{
         assert_close, cache_segments, gpu, gpu_default_limits, Placed, Rng,
     };
@@ -208,7 +233,7 @@ mod tests {
             pos0: 147,
         };
         let (q, w, keys) = c.random_inputs(&mut rng);
-        let (got, want) = run_on(g, &c, &q, &w, &keys, 0.37, 0.125);
+        let (got, want) = run_on(g, &c, &q, &w, &keys, (0.37, 0.125), None);
         assert_close(
             &got,
             &want,
@@ -284,17 +309,19 @@ mod tests {
         w_scale: f32,
         scale: f32,
     ) -> (Vec<f32>, Vec<f32>) {
-        run_on(gpu(), c, q, w, keys, w_scale, scale)
+        run_on(gpu(), c, q, w, keys, (w_scale, scale), None)
     }
 
+    /// [`run`] on `g`; with `rope` (rot_dim, interleaved) the queries are given unrotated and
+    /// the kernel rotates them (the reference rotates them beforehand).
     fn run_on(
         g: &Gpu,
         c: &Case,
         q: &[f32],
         w: &[f32],
         keys: &[f32],
-        w_scale: f32,
-        scale: f32,
+        (w_scale, scale): (f32, f32),
+        rope: Option<(usize, bool)>,
     ) -> (Vec<f32>, Vec<f32>) {
         let (rows, heads, dim, n_keys) = (c.rows, c.heads, c.dim, c.n_keys);
         // q and w share one buffer: q rows of stride heads*dim + 3 at offset 5, w after it.
@@ -318,6 +345,19 @@ mod tests {
         };
         let ob = Placed::filled(g, rows, n_keys, (3, n_keys + 4), 7.5);
         let qwb = g.buffer_from(&qw, "qw").unwrap();
+        let slice = rope.map(|(rot_dim, interleave)| RopeSlice {
+            heads: heads as u32,
+            head_stride: dim as u32,
+            rot_off: 0,
+            rot_dim: rot_dim as u32,
+            interleave,
+        });
+        let cs = Rng::new(5).cos_sin(rows, rope.map_or(1, |r| r.0 / 2));
+        let csb = g.buffer_from(&cs, "cos_sin").unwrap();
+        let mut q_ref = q.to_vec();
+        if let Some(r) = &slice {
+            rope_ref(&mut q_ref, rows, heads * dim, r, &cs);
+        }
         let mut rec = g.recorder();
         indexer_scores(
             &mut rec,
@@ -332,11 +372,45 @@ mod tests {
                 w_scale,
                 scale,
             },
+            slice.map(|slice| QueryRope {
+                slice,
+                cos_sin: &csb,
+            }),
         );
         rec.finish().unwrap();
         let got = ob.read(g, "indexer_scores");
-        let want = cpu_scores(q, w, keys, c, w_scale, scale);
+        let want = cpu_scores(&q_ref, w, keys, c, w_scale, scale);
         (got, want)
+    }
+
+    #[test]
+    fn indexer_rotates_queries_as_it_reads() {
+        // Queries unrotated in memory, RoPE applied as they are staged: both pairings, a
+        // rot_dim spanning two dim chunks, decode and a chunk of rows.
+        let mut rng = Rng::new(61);
+        for (rows, pos0) in [(1usize, 299usize), (6, 200)] {
+            let c = Case {
+                rows,
+                heads: 7,
+                dim: 72,
+                n_keys: 300,
+                pos0,
+            };
+            for interleave in [false, true] {
+                let (q, w, keys) = c.random_inputs(&mut rng);
+                let (got, want) = run_on(
+                    gpu(),
+                    &c,
+                    &q,
+                    &w,
+                    &keys,
+                    (0.37, 0.125),
+                    Some((40, interleave)),
+                );
+                let what = format!("indexer rope rows {rows} interleave {interleave}");
+                assert_close(&got, &want, 1e-4, 1e-4, &what);
+            }
+        }
     }
 
     #[test]
@@ -386,7 +460,7 @@ mod tests {
                     let mut rec = g.recorder();
                     let qv = View::rows(&qb, (c.heads * dim) as u32);
                     let wv = View::rows(&wb, c.heads as u32);
-                    indexer_scores(&mut rec, qv, wv, &kc, ob.view(), c.causal(), &d);
+                    indexer_scores(&mut rec, qv, wv, &kc, ob.view(), c.causal(), &d, None);
                     rec.finish().unwrap();
                     let got = ob.read(g, "indexer_scores");
                     let want = cpu_scores(&q, &w, &decoded, &c, 0.3, 0.2);

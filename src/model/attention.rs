@@ -14,6 +14,7 @@ use super::session::Session;
 use crate::gpu::Recorder;
 use crate::kernels::attention::{MlaDims, MlaQueries};
 use crate::kernels::cache::{self, Prepare, Source};
+use crate::kernels::rope::QueryRope;
 use crate::kernels::topk::Selection;
 use crate::kernels::{attention, indexer, matmul, rope, topk, Causal, View};
 
@@ -55,13 +56,9 @@ impl Session {
         let norm = (&layer.q_a_norm, LATENT_NORM_EPS);
         let qaq = self.norm_for(rec, qa_raw, norm, qa, t, layer.q_b.first(), &s.xq_qa);
         project(rec, qaq.as_ref(), qa, &layer.q_b, qi, t);
-        // RoPE on the queries' last dr dims per head, and on the indexer's queries (one
-        // dispatch for both on a full layer).
+        // RoPE on the queries' last dr dims per head and on the indexer's queries: done by
+        // the kernels that read them, as they read them (sparse MLA, the indexer's scores).
         let iq = qi.col(heads * (dn + dr));
-        match &layer.indexer {
-            Some(_) => rope::rope_pair(rec, (q, &d.rope_q), (iq, &d.rope_index_q), t, &s.cos_sin),
-            None => rope::rope(rec, q, t, &d.rope_q, &s.cos_sin),
-        }
         // Latent cache rows [RMSNorm(c_kv) | RoPE(k_pe)], normalized and rotated by the
         // store itself.
         let latent = Prepare {
@@ -99,6 +96,10 @@ impl Session {
             absorbed: q_abs,
             q,
             rows: t,
+            rope: Some(QueryRope {
+                slice: d.rope_q,
+                cos_sin: &s.cos_sin,
+            }),
         };
         let most = sel.k.min(pos0 + t);
         attention::sparse_mla(rec, &queries, &cache, &sel, most, o_lat, &d.mla);
@@ -154,11 +155,21 @@ impl Session {
                 n_keys,
                 pos0,
             };
-            if keys.format.rotated() {
-                // The keys were rotated before rounding; so are the queries (q·k unchanged).
+            let rope = QueryRope {
+                slice: d.rope_index_q,
+                cos_sin: &s.cos_sin,
+            };
+            // The scores kernel rotates the queries as it reads them, but for keys rotated
+            // before rounding (Hadamard): the queries take RoPE, then the same rotation (q·k
+            // unchanged), beforehand.
+            let rope = if keys.format.rotated() {
+                rope::rope(rec, iq, t, &d.rope_index_q, &s.cos_sin);
                 cache::rotate(rec, iq, t, ih, id);
-            }
-            indexer::indexer_scores(rec, iq, iw, &keys, scores, chunk, &d.indexer);
+                None
+            } else {
+                Some(rope)
+            };
+            indexer::indexer_scores(rec, iq, iw, &keys, scores, chunk, &d.indexer, rope);
             topk::topk(rec, scores, chunk, sel, &s.topk);
         }
     }
