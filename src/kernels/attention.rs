@@ -876,43 +876,12 @@ mod tests {
     }
 
     #[test]
-    fn sparse_mla_rotates_q_pe_as_it_reads() {
-        // q_pe unrotated in memory, RoPE applied by the kernel: both pairings, decode and a
-        // chunk of rows (each its own cos/sin row), an awkward dr.
-        let mut rng = Rng::new(41);
-        for (rows, dr) in [(1usize, 64usize), (5, 10)] {
-            let d = Dims {
-                heads: 6,
-                dn: 4,
-                dr,
-                dv: 4,
-                kv: 96,
-            };
-            let (n_keys, topk) = (300, 128);
-            let sel: Vec<Vec<u32>> = (0..rows)
-                .map(|t| random_selection(&mut rng, n_keys, 20 + 21 * t))
-                .collect();
-            for interleave in [false, true] {
-                let (got, want) = run_sparse_in(
-                    &mut rng,
-                    &d,
-                    (rows, n_keys, topk),
-                    &sel,
-                    true,
-                    (LatentFormat::F32, n_keys),
-                    Some(interleave),
-                );
-                let what = format!("sparse_mla rope rows {rows} dr {dr} interleave {interleave}");
-                assert_close(&got, &want, 1e-5, 1e-4, &what);
-            }
-        }
-    }
-
-    #[test]
     fn sparse_mla_reads_every_cache_format_across_segments() {
         // Each format, in one segment and in segments of 64 and 192 rows (selected positions
         // spread over all of them; unselected rows poisoned with NaN words); GLM-5's row
-        // (512 + 64) and an awkward one (kv 100: a partial FP8 scale block, dr 6).
+        // (512 + 64) and an awkward one (kv 100: a partial FP8 scale block, dr 6). The
+        // segmented runs give q_pe unrotated and let the kernel apply RoPE (half-split pairs
+        // at 64, interleaved at 192; each row its own cos/sin).
         let mut rng = Rng::new(38);
         for (kv, dr) in [(512usize, 64usize), (100, 6)] {
             let d = Dims {
@@ -924,7 +893,7 @@ mod tests {
             };
             let (rows, n_keys, topk) = (2, 700, 300);
             for format in LatentFormat::ALL {
-                for seg_len in [n_keys, 64, 192] {
+                for (seg_len, rope) in [(n_keys, None), (64, Some(false)), (192, Some(true))] {
                     let sel: Vec<Vec<u32>> = [300usize, 37]
                         .iter()
                         .map(|&c| random_selection(&mut rng, n_keys, c))
@@ -936,14 +905,16 @@ mod tests {
                         &sel,
                         true,
                         (format, seg_len),
-                        None,
+                        rope,
                     );
                     assert_close(
                         &got,
                         &want,
                         1e-5,
                         1e-4,
-                        &format!("sparse_mla {format:?} kv {kv} segments of {seg_len}"),
+                        &format!(
+                            "sparse_mla {format:?} kv {kv} segments of {seg_len} rope {rope:?}"
+                        ),
                     );
                 }
             }
