@@ -74,15 +74,15 @@ impl GpuStats {
 }
 
 impl Gpu {
-    /// Buffers and bind groups created so far and alive now, and the allocator's totals (a
-    /// few atomic loads; the allocator report walks its allocations, so this is for
-    /// `/stats` and tests, not for every token).
     /// Compute dispatches recorded since the device was opened (what `sparsa bench` divides
     /// by the tokens of a step: dispatches per token and per layer).
     pub fn dispatches_recorded(&self) -> u64 {
         self.counters.dispatches.load(Ordering::Relaxed)
     }
 
+    /// Buffers and bind groups created so far and alive now, and the allocator's totals (a
+    /// few atomic loads; the allocator report walks its allocations, so this is for
+    /// `/stats` and tests, not for every token).
     pub fn stats(&self) -> GpuStats {
         let hal = self.device.get_internal_counters().hal;
         let n = |v: isize| v.max(0) as u64;
