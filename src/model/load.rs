@@ -475,6 +475,10 @@ pub fn load(
     let heads = cfg.num_attention_heads;
     let (dn, dr, dv) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim);
     let (ql, kl) = (cfg.q_lora_rank, cfg.kv_lora_rank);
+    // The shared expert runs as routed expert E where it can (`Moe::shared_routed`);
+    // SPARSA_SHARED_ROUTED=0 keeps it dense (a measurement knob).
+    let shared_as_routed = cfg.n_shared_experts == 1
+        && std::env::var("SPARSA_SHARED_ROUTED").map_or(true, |v| v != "0");
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
@@ -524,9 +528,7 @@ pub fn load(
                 gpu.buffer_from(&vec![0f32; cfg.n_routed_experts], &bname)?
             };
             let sp = format!("{m}.shared_experts");
-            // SPARSA_SHARED_ROUTED=0 keeps the shared expert dense (a measurement knob).
-            let knob = std::env::var("SPARSA_SHARED_ROUTED").map_or(true, |v| v != "0");
-            let fuse = (cfg.n_shared_experts == 1 && knob).then_some(sp.as_str());
+            let fuse = shared_as_routed.then_some(sp.as_str());
             let (gate_up, down, source, shared_routed) =
                 l.experts(&m, cfg, slots.map(|s| s[i]), fuse)?;
             let shared = if cfg.n_shared_experts > 0 && !shared_routed {
