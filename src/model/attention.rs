@@ -155,20 +155,18 @@ impl Session {
                 n_keys,
                 pos0,
             };
-            let rope = QueryRope {
-                slice: d.rope_index_q,
-                cos_sin: &s.cos_sin,
-            };
             // The scores kernel rotates the queries as it reads them, but for keys rotated
             // before rounding (Hadamard): the queries take RoPE, then the same rotation (q·k
             // unchanged), beforehand.
-            let rope = if keys.format.rotated() {
+            let rotated = keys.format.rotated();
+            if rotated {
                 rope::rope(rec, iq, t, &d.rope_index_q, &s.cos_sin);
                 cache::rotate(rec, iq, t, ih, id);
-                None
-            } else {
-                Some(rope)
-            };
+            }
+            let rope = (!rotated).then_some(QueryRope {
+                slice: d.rope_index_q,
+                cos_sin: &s.cos_sin,
+            });
             indexer::indexer_scores(rec, iq, iw, &keys, scores, chunk, &d.indexer, rope);
             topk::topk(rec, scores, chunk, sel, &s.topk);
         }
