@@ -516,6 +516,7 @@ pub fn rotate(rec: &mut Recorder, x: View, rows: u32, heads: u32, dim: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::rope::rope_ref;
     use crate::kernels::testutil::{assert_close, gpu, Rng};
 
     /// Rows with a few outlier channels, as real latent rows and keys have.
@@ -639,15 +640,7 @@ mod tests {
                     let row = &src[r * (kl + dr)..(r + 1) * (kl + dr)];
                     let want_w = encode_latent(fmt, row, kl);
                     let want = decode_latent(fmt, &want_w, kl, dr);
-                    let step: Vec<f32> = (0..kl + dr)
-                        .map(|c| match fmt {
-                            LatentFormat::Fp8 if c < kl => {
-                                want[c].abs() / 8.0
-                                    + f32::from_bits(want_w[kl / 4 + c / 128]) / 512.0
-                            }
-                            _ => 0.0,
-                        })
-                        .collect();
+                    let step = latent_step(fmt, &want, &want_w, kl);
                     check_rows(
                         &got,
                         &want,
@@ -745,23 +738,26 @@ mod tests {
             .sum::<f64>()
             / n;
         let scale = 1.0 / (var + eps).sqrt();
-        let mut y = x.clone();
+        let mut y: Vec<f32> = row.to_vec();
         for c in 0..norm_dim {
-            y[c] = (x[c] - mean) * scale * w[c] as f64 + bias.map_or(0.0, |b| b[c] as f64);
+            y[c] = ((x[c] - mean) * scale * w[c] as f64 + bias.map_or(0.0, |b| b[c] as f64)) as f32;
         }
-        let (off, half) = (rope.rot_off as usize, rope.rot_dim as usize / 2);
-        for i in 0..half {
-            let (a, b) = if rope.interleave {
-                (off + 2 * i, off + 2 * i + 1)
-            } else {
-                (off + i, off + i + half)
-            };
-            let (c, s) = (cs[2 * i] as f64, cs[2 * i + 1] as f64);
-            let (ya, yb) = (y[a], y[b]);
-            y[a] = ya * c - yb * s;
-            y[b] = yb * c + ya * s;
-        }
-        y.iter().map(|&v| v as f32).collect()
+        rope_ref(&mut y, 1, row.len(), rope, cs);
+        y
+    }
+
+    /// The tolerance per value of a latent row decoded from the cache: an FP8 code's
+    /// rounding step (relative 1/8 of the value, plus its block's scale / 512) on the first
+    /// `kl` values of an FP8 row, else 0.
+    fn latent_step(f: LatentFormat, want: &[f32], want_w: &[u32], kl: usize) -> Vec<f32> {
+        (0..want.len())
+            .map(|c| match f {
+                LatentFormat::Fp8 if c < kl => {
+                    want[c].abs() / 8.0 + f32::from_bits(want_w[kl / 4 + c / 128]) / 512.0
+                }
+                _ => 0.0,
+            })
+            .collect()
     }
 
     /// A prepared store (norm + RoPE + store in one dispatch) writes what the CPU writes
@@ -872,15 +868,7 @@ mod tests {
                         let (f, kl, dr) = (LatentFormat::ALL[fi], norm_dim, width - norm_dim);
                         let want_w = encode_latent(f, &row, kl);
                         let want = decode_latent(f, &want_w, kl, dr);
-                        let step = (0..width)
-                            .map(|c| match f {
-                                LatentFormat::Fp8 if c < kl => {
-                                    want[c].abs() / 8.0
-                                        + f32::from_bits(want_w[kl / 4 + c / 128]) / 512.0
-                                }
-                                _ => 0.0,
-                            })
-                            .collect();
+                        let step = latent_step(f, &want, &want_w, kl);
                         (decode_latent(f, stored, kl, dr), want, step)
                     };
                     // Float rounding of the norm (reduction order) and of bf16 ties: a
