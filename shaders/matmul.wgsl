@@ -33,6 +33,21 @@ const TPR: u32 = 64u;            // GEMV: invocations per weight row
 const RPW: u32 = WG / TPR;       // GEMV: weight rows per workgroup
 const NONE: u32 = 0xffffffffu;
 
+// Routed products: the expert slot `s` runs, read from the ids (binding 5), or s % topk
+// where P.e_direct is set (a per-head product: slot = head, no ids).
+fn expert_of(s: u32) -> u32 {
+    if (P.e_direct != 0u) {
+        return s % P.topk;
+    }
+    return experts[s];
+}
+
+// Stacked weight row of expert e's row n: its block starts at e · e_rows, its rows at r_lo
+// of the block (a window of P.n rows; all of them, from 0, for MoE experts).
+fn expert_row(e: u32, n: u32) -> u32 {
+    return e * P.e_rows + P.r_lo + n;
+}
+
 // ---- weight fetch -------------------------------------------------------------------
 
 fn wload(i: u32) -> f32 {
@@ -176,8 +191,8 @@ fn gemv_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     var wbase = NONE;
     var xbase = 0u;
     if (slot < P.rows && n < P.n) {
-        let e = experts[slot];
-        let gr = e * P.n + n;
+        let e = expert_of(slot);
+        let gr = expert_row(e, n);
         if (e < P.n_experts && gr >= P.row0 && gr < P.row0 + P.crow) {
             wbase = (gr - P.row0) * P.ws;
             var r = slot / P.topk;
@@ -477,11 +492,11 @@ fn gemv4q_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     var wo = vec4<u32>(NONE);
     var xb = 0u;
     if (slot < P.rows) {
-        let e = experts[slot];
+        let e = expert_of(slot);
         if (e < P.n_experts) {
             xb = slot_x(slot) / 4u;
             for (var j = 0u; j < 4u; j++) {
-                let gr = e * P.n + n0 + j;
+                let gr = expert_row(e, n0 + j);
                 if (n0 + j < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
                     wo[j] = (gr - P.row0) * rw;
                 }
@@ -509,10 +524,10 @@ fn gemv4_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     var xb = 0u;
     var e = 0u;
     if (slot < P.rows) {
-        e = experts[slot];
+        e = expert_of(slot);
         if (e < P.n_experts) {
             xb = slot_x(slot) / 4u;
-            let ga = e * P.n + na;
+            let ga = expert_row(e, na);
             if (na < P.n && ga >= P.row0 && ga < P.row0 + P.crow) {
                 wa = (ga - P.row0) * rw;
             }
@@ -792,7 +807,7 @@ fn store_slot(li: u32, m: u32, e: u32, nc: u32, v: vec4<f32>) {
     let base = P.y_off + slot_list[li] * P.y_stride;
     for (var j = 0u; j < 4u; j++) {
         let n = nc + j;
-        let gr = e * P.n + n;
+        let gr = expert_row(e, n);
         if (n < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
             y[base + n] = v[j];
         }
@@ -806,14 +821,14 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let nt = (P.n + BN - 1u) / BN;
     let e = P.e0 + g / nt;
     let n0 = (g % nt) * BN;
-    if (e >= P.n_experts || e * P.n + n0 >= P.row0 + P.crow || (e + 1u) * P.n <= P.row0) {
+    if (e >= P.n_experts || expert_row(e, n0) >= P.row0 + P.crow || expert_row(e, P.n) <= P.row0) {
         return;
     }
     // This invocation's weight rows for the B loads (fixed for the whole workgroup).
     var wr = vec2<u32>(NONE);
     for (var q = 0u; q < 2u; q++) {
         let n = n0 + lid / 8u + 32u * q;
-        let gr = e * P.n + n;
+        let gr = expert_row(e, n);
         if (n < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
             wr[q] = (gr - P.row0) * P.ws;
         }
@@ -835,7 +850,7 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             }
             let s = s0 + lid;
             if (s < P.rows) {
-                if (experts[s] == e) {
+                if (expert_of(s) == e) {
                     let i = atomicAdd(&slot_cnt, 1u);
                     slot_list[i] = s;
                 }

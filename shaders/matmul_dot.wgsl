@@ -194,7 +194,7 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var e = NONE;
     xqb = 0u;
     if (slot < P.rows) {
-        e = experts[slot];
+        e = expert_of(slot);
         xo = slot_x(slot);
         xqb = select(slot / P.topk, slot, P.x_per_slot != 0u) * xq_stride(P.k);
     }
@@ -202,7 +202,7 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     quantize_x(xo, lid);
     if (e < P.n_experts) {
         for (var j = 0u; j < 4u; j++) {
-            let gr = e * P.n + n0 + j;
+            let gr = expert_row(e, n0 + j);
             if (n0 + j < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
                 wo[j] = (gr - P.row0) * rw;
             }

@@ -10,7 +10,7 @@
 use super::cache::{CacheRows, LatentFormat};
 use super::rope::QueryRope;
 use super::topk::Selection;
-use super::{Recorder, View};
+use super::{matmul, Recorder, View};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 use crate::weights::{GpuWeight, WFormat};
@@ -480,13 +480,36 @@ pub fn sparse_mla(
 }
 
 /// `o[t, h*dv + v] = Σ_c wkvb[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c]`.
+/// At decode (one row) the routed GEMV runs it with head h as slot h's expert
+/// ([`matmul::matmul_heads`]: 16-byte weight loads, every row of the head's block once);
+/// `SPARSA_UP_V_GEMV=0` keeps this file's kernel there too (a measurement aid).
 pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u32, d: &MlaDims) {
-    let MlaDims { heads, dn, dv, .. } = *d;
+    let MlaDims {
+        heads,
+        dn,
+        dv,
+        kv_lora,
+        ..
+    } = *d;
     if rows == 0 || heads == 0 || dv == 0 {
+        return;
+    }
+    if rows == 1 && up_v_gemv() {
+        check_wkvb("up_v", wkvb, heads, dn, dv);
+        let x = View::new(o_lat.buf, o_lat.offset, kv_lora);
+        let y = View::new(o.buf, o.offset, dv);
+        let win = matmul::Window { first: dn, n: dv };
+        matmul::matmul_heads(rec, x, wkvb, heads, win, y, rows);
         return;
     }
     let tiles = dv.div_ceil(VT);
     kvb_product(rec, "up_v", o_lat, wkvb, o, [rows, heads, dn, 0, dv], tiles);
+}
+
+fn up_v_gemv() -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| matmul::env_knob("SPARSA_UP_V_GEMV", |v| v <= 1) != Some(0))
 }
 
 #[cfg(test)]
@@ -689,40 +712,51 @@ mod tests {
     fn up_v_all_dtypes() {
         let g = gpu();
         let mut rng = Rng::new(32);
-        let d = Dims {
+        // Odd sizes and offsets (the scalar kernels), then 16-byte rows and 4-float
+        // offsets: at one row the per-head GEMV takes its 16-byte (q4: integer-dot) path.
+        let odd = Dims {
             heads: 2,
             dn: 5,
             dr: 4,
             dv: 37,
             kv: 300,
         };
-        let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
-        for dtype in all_formats() {
-            let (wg, wr) = weight_any(&w, &d, dtype);
-            for rows in [1usize, 4, 10] {
-                let ic = d.heads * d.kv;
-                let ol = rng.vec(rows * ic, 1.0);
-                let ib = Placed::new(g, &ol, ic, (1, ic + 2), f32::NAN);
-                let hv = d.heads * d.dv;
-                let ob = Placed::filled(g, rows, hv, (3, hv + 1), 9.0);
-                let mut rec = g.recorder();
-                up_v(
-                    &mut rec,
-                    ib.view(),
-                    &wg,
-                    ob.view(),
-                    rows as u32,
-                    &d.mla(1.0),
-                );
-                rec.finish().unwrap();
-                let got = ob.read(g, "up_v");
-                assert_close(
-                    &got,
-                    &up_v_ref(&ol, &wr, rows, &d),
-                    1e-4,
-                    1e-4,
-                    &format!("up_v {dtype:?} rows {rows}"),
-                );
+        let aligned = Dims {
+            heads: 3,
+            dn: 24,
+            dr: 4,
+            dv: 40,
+            kv: 512,
+        };
+        for (d, pad) in [(odd, (1, 2)), (aligned, (4, 4))] {
+            let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
+            for dtype in all_formats() {
+                let (wg, wr) = weight_any(&w, &d, dtype);
+                for rows in [1usize, 4, 10] {
+                    let ic = d.heads * d.kv;
+                    let ol = rng.vec(rows * ic, 1.0);
+                    let ib = Placed::new(g, &ol, ic, (pad.0, ic + pad.1), f32::NAN);
+                    let hv = d.heads * d.dv;
+                    let ob = Placed::filled(g, rows, hv, (3, hv + 1), 9.0);
+                    let mut rec = g.recorder();
+                    up_v(
+                        &mut rec,
+                        ib.view(),
+                        &wg,
+                        ob.view(),
+                        rows as u32,
+                        &d.mla(1.0),
+                    );
+                    rec.finish().unwrap();
+                    let got = ob.read(g, "up_v");
+                    assert_close(
+                        &got,
+                        &up_v_ref(&ol, &wr, rows, &d),
+                        1e-4,
+                        1e-4,
+                        &format!("up_v {dtype:?} kv {} rows {rows}", d.kv),
+                    );
+                }
             }
         }
     }

@@ -59,6 +59,12 @@ kernel_params! {
         ws: u32,
         /// Dense gemv4q / gemv_dot: 1 = add to y instead of writing it.
         accumulate: u32,
+        /// Experts: rows of each expert's block in the stacked weight; its `n` rows from
+        /// `r_lo` are the ones multiplied (all, from 0, for MoE experts).
+        e_rows: u32,
+        r_lo: u32,
+        /// Experts: 1 = slot s runs expert s % topk, no ids read (a per-head product).
+        e_direct: u32,
         _pad1: u32,
     }
 }
@@ -540,7 +546,7 @@ pub fn matmul_experts(
     y: View,
     rows: u32,
 ) {
-    experts_as(rec, x, None, x_per_slot, w, routed, y, rows)
+    experts_as(rec, x, None, x_per_slot, w, routed, None, y, rows)
 }
 
 /// [`matmul_experts`] at decode with x quantized by [`quantize_x`] (its rows: one, or one
@@ -558,9 +564,42 @@ pub fn matmul_experts_xq(
     rows: u32,
 ) {
     let ok = rows == 1 && xq.serves(w);
-    experts_as(rec, x, ok.then_some(xq), x_per_slot, w, routed, y, rows)
+    experts_as(rec, x, ok.then_some(xq), x_per_slot, w, routed, None, y, rows)
 }
 
+/// Rows of each stacked block a routed product multiplies: `n` rows from `first` (all of
+/// them, from 0, for MoE experts).
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    pub first: u32,
+    pub n: u32,
+}
+
+/// A per-head product over `rows` ≤ [`GEMV_MAX_ROWS`] token rows: `w` stacks `heads`
+/// blocks of `w.rows / heads` rows, and for each token `t` and head `h`,
+/// `y[t * heads + h, v] = Σ_k x[t * heads + h, k] · w[h * block + win.first + v, k]`,
+/// `v < win.n` (x rows of `x.stride` = `w.cols`, y rows of `y.stride` ≥ `win.n`). The
+/// routed-expert GEMV with head h as slot h's expert: absorbed MLA's value up-projection
+/// (`attention::up_v`) at decode.
+pub fn matmul_heads(
+    rec: &mut Recorder,
+    x: View,
+    w: &GpuWeight,
+    heads: u32,
+    win: Window,
+    y: View,
+    rows: u32,
+) {
+    assert!(rows <= GEMV_MAX_ROWS, "matmul_heads: {rows} rows (a GEMV of at most {GEMV_MAX_ROWS})");
+    let routed = Routed {
+        ids: rec.gpu().dummy(),
+        n_experts: heads,
+        topk: heads,
+    };
+    experts_as(rec, x, None, true, w, &routed, Some(win), y, rows)
+}
+
+/// `win`: None for MoE experts (whole blocks, ids read); Some for [`matmul_heads`].
 #[allow(clippy::too_many_arguments)]
 fn experts_as(
     rec: &mut Recorder,
@@ -569,6 +608,7 @@ fn experts_as(
     x_per_slot: bool,
     w: &GpuWeight,
     routed: &Routed,
+    win: Option<Window>,
     y: View,
     rows: u32,
 ) {
@@ -589,7 +629,17 @@ fn experts_as(
         "matmul_experts: {} rows do not split into {n_experts} experts",
         w.rows
     );
-    let rpe = (w.rows / n_experts as usize) as u32;
+    let block = (w.rows / n_experts as usize) as u32;
+    let direct = win.is_some();
+    let win = win.unwrap_or(Window { first: 0, n: block });
+    assert!(
+        win.first + win.n <= block,
+        "matmul_experts: rows {}..{} are outside blocks of {block}",
+        win.first,
+        win.first + win.n
+    );
+    // Rows multiplied per slot.
+    let rpe = win.n;
     let slots = rows * topk;
     let gemv = rows <= GEMV_MAX_ROWS;
     let gemv4 = gemv && gemv4_ok(2, x, w);
@@ -642,8 +692,8 @@ fn experts_as(
         }
         // Experts with at least one row in this chunk (the whole expert unless the chunk
         // boundaries split one; the kernels handle both).
-        let e0 = (c.row0 / rpe as usize) as u32;
-        let e1 = (c.row0 + c.rows).div_ceil(rpe as usize) as u32;
+        let e0 = (c.row0 / block as usize) as u32;
+        let e1 = (c.row0 + c.rows).div_ceil(block as usize) as u32;
         let p = Params {
             k: w.cols as u32,
             n: rpe,
@@ -660,6 +710,9 @@ fn experts_as(
             n_experts,
             ws: w.stride as u32,
             accumulate: 0,
+            e_rows: block,
+            r_lo: win.first,
+            e_direct: direct as u32,
             _pad1: 0,
         };
         let groups = if gemv4 {
@@ -674,7 +727,7 @@ fn experts_as(
         // Rows read: each slot's expert once (distinct experts may be fewer; this is the
         // bound for decode, where the slots of one token name distinct experts).
         let (k, n, sl) = (w.cols as u64, rpe as u64, slots as u64);
-        let read_rows = (sl * n).min(c.rows as u64);
+        let read_rows = (sl * n).min(c.rows as u64).min(n_experts as u64 * n);
         rec.cost(
             read_rows * w.row_bytes() + 4 * sl * (k + n),
             2 * sl * n * k,
