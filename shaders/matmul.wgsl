@@ -506,6 +506,104 @@ fn gemv4q_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     quad_store(quad_partial(wo, xb, lane), wo, P.y_off + slot * P.y_stride, n0, lid);
 }
 
+// ---- transposed GEMV per slot: y[s, c] = Σ_{d < n} x[s, d] · W_e[d, c] ----------------
+// The rows of a window (expert_row) weighted by x and summed: absorbed MLA's query
+// absorption at decode, one slot per head. Workgroup: one slot × TW 16-byte words of
+// columns. Its invocations walk the window's rows in TG groups (row d in group d % TG), each
+// loading its column word of the row and accumulating the word's EPV columns; the groups'
+// sums meet in workgroup memory, 8 columns of each word per round.
+const TW: u32 = 8u;
+const TG: u32 = WG / TW;
+
+// The 16-byte word at index wi decoded and scaled (one scale per word, as the GEMVs assume):
+// EPV values in order, zeros after them.
+fn word_vals(v: vec4<u32>, wi: u32) -> WQ {
+    let z = vec4<f32>(0.0);
+    if (W_DTYPE >= 3u) {
+        let s = q_scale((wi * EPV) / QB);
+        let q = unpack_q(v);
+        return WQ(q.a * s, q.b * s, q.c * s, q.d * s, q.e * s, q.f * s, q.g * s, q.h * s);
+    }
+    let f = unpack_w(v);
+    return WQ(f.lo, f.hi, z, z, z, z, z, z);
+}
+
+fn wq_axpy(acc: ptr<function, WQ>, a: f32, v: WQ) {
+    (*acc).a += a * v.a;
+    (*acc).b += a * v.b;
+    if (EPV > 8u) {
+        (*acc).c += a * v.c;
+        (*acc).d += a * v.d;
+    }
+    if (EPV > 16u) {
+        (*acc).e += a * v.e;
+        (*acc).f += a * v.f;
+        (*acc).g += a * v.g;
+        (*acc).h += a * v.h;
+    }
+}
+
+fn wq_part(v: WQ, i: u32) -> vec4<f32> {
+    switch i {
+        case 0u: { return v.a; }
+        case 1u: { return v.b; }
+        case 2u: { return v.c; }
+        case 3u: { return v.d; }
+        case 4u: { return v.e; }
+        case 5u: { return v.f; }
+        case 6u: { return v.g; }
+        default: { return v.h; }
+    }
+}
+
+@compute @workgroup_size(256)
+fn gemvt_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let kw = P.k / EPV;
+    let slabs = (kw + TW - 1u) / TW;
+    let slot = g / slabs;
+    let w0 = (g % slabs) * TW;
+    let cw = w0 + lid % TW;
+    let rg = lid / TW;
+    let z = vec4<f32>(0.0);
+    var acc = WQ(z, z, z, z, z, z, z, z);
+    // Uniform across the workgroup: every invocation has the same slot and expert.
+    var live = false;
+    if (slot < P.rows) {
+        let e = expert_of(slot);
+        live = e < P.n_experts;
+        if (live && cw < kw) {
+            let xb = slot_x(slot);
+            let rw = P.ws / EPV;
+            for (var d = rg; d < P.n; d += TG) {
+                let gr = expert_row(e, d);
+                if (gr >= P.row0 && gr < P.row0 + P.crow) {
+                    let wi = (gr - P.row0) * rw + cw;
+                    wq_axpy(&acc, x[xb + d], word_vals(w4[wi], wi));
+                }
+            }
+        }
+    }
+    for (var r = 0u; r < EPV / 4u; r += 2u) {
+        red[2u * lid] = wq_part(acc, r);
+        red[2u * lid + 1u] = wq_part(acc, r + 1u);
+        workgroupBarrier();
+        if (lid < TW * 8u) {
+            let ow = lid / 8u;
+            let j = lid % 8u;
+            var sum = 0.0;
+            for (var q = 0u; q < TG; q++) {
+                sum += red[2u * (q * TW + ow) + j / 4u][j % 4u];
+            }
+            if (live && w0 + ow < kw && 4u * r + j < EPV) {
+                y[P.y_off + slot * P.y_stride + (w0 + ow) * EPV + 4u * r + j] = sum;
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
 // One slot (T = 1) per workgroup, WG / TPR4 * RR rows of its expert.
 @compute @workgroup_size(256)
 fn gemv4_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

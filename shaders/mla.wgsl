@@ -332,9 +332,14 @@ fn mla(
     }
 }
 
-// mla_combine: one workgroup per (row t, head). Merges the splits' partial sums:
+// mla_combine: one workgroup per (row t, head, CW columns). Merges the splits' partial sums:
 //   M = max_s m_s, o = Σ_s e^(m_s - M) acc_s / Σ_s e^(m_s - M) l_s.
+// Each workgroup computes the weights e^(m_s - M) of all splits (a few hundred values), then
+// its SS slices of the splits sum its columns and meet in workgroup memory: one workgroup per
+// head walked every split serially for 2 columns per invocation, 64 workgroups in all.
 // Reads `part` through binding 2 (qa) and writes o_lat through binding 1 (out).
+const CW: u32 = 64u;
+const SS: u32 = WG / CW;
 
 var<workgroup> wsh: array<f32, MAXS>;
 var<workgroup> red: array<f32, WG>;
@@ -346,11 +351,13 @@ fn mla_combine(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let g = wid.x + wid.y * nwg.x;
-    if (g >= P.rows * P.heads) {
+    let slabs = (P.kv_lora + CW - 1u) / CW;
+    if (g >= P.rows * P.heads * slabs) {
         return;
     }
-    let t = g / P.heads;
-    let head = g % P.heads;
+    let slab = g % slabs;
+    let t = g / slabs / P.heads;
+    let head = (g / slabs) % P.heads;
     let row = P.kv_lora + 2u;
     let pb = (t * P.heads + head) * P.part_splits * row;
     var mx = NEG_BIG;
@@ -386,12 +393,21 @@ fn mla_combine(
     if (total > 0.0) {
         inv = 1.0 / total;
     }
-    let ob = P.o_off + t * P.o_stride + head * P.kv_lora;
-    for (var c = lid; c < P.kv_lora; c = c + WG) {
-        var o = 0.0;
-        for (var s = 0u; s < P.part_splits; s = s + 1u) {
+    let c = slab * CW + lid % CW;
+    var o = 0.0;
+    if (c < P.kv_lora) {
+        for (var s = lid / CW; s < P.part_splits; s = s + SS) {
             o = o + wsh[s] * qa[pb + s * row + c];
         }
-        out[ob + c] = o * inv;
+    }
+    workgroupBarrier();
+    red[lid] = o;
+    workgroupBarrier();
+    if (lid < CW && c < P.kv_lora) {
+        var sum = 0.0;
+        for (var i = 0u; i < SS; i = i + 1u) {
+            sum = sum + red[i * CW + lid];
+        }
+        out[P.o_off + t * P.o_stride + head * P.kv_lora + c] = sum * inv;
     }
 }

@@ -19,6 +19,8 @@ use bytemuck::Zeroable;
 const WG: u32 = 256;
 /// up_v: outputs per workgroup.
 const VT: u32 = 16;
+/// mla_combine: latent columns per workgroup (`CW` in mla.wgsl).
+const COMBINE_COLS: u32 = 64;
 
 kernel_params! {
     struct Params {
@@ -137,6 +139,8 @@ pub struct MlaQueries<'a> {
 }
 
 /// `q_abs[t, h*kv_lora + c] = Σ_{d<dn} q[t, h*(dn+dr) + d] · wkvb[h*(dn+dv) + d, c]`.
+/// At decode (one row) the per-head transposed GEMV runs it where kv_b's rows are whole
+/// 16-byte words ([`matmul::matmul_heads_t`]; see [`kvb_gemv`]).
 pub fn absorb_q(
     rec: &mut Recorder,
     q: View,
@@ -150,6 +154,15 @@ pub fn absorb_q(
     } = *d;
     if rows == 0 || heads == 0 {
         return;
+    }
+    if rows == 1 && kvb_gemv() {
+        check_wkvb("absorb_q", wkvb, heads, dn, dv);
+        let x = View::new(q.buf, q.offset, dn + dr);
+        let y = View::new(q_abs.buf, q_abs.offset, wkvb.cols as u32);
+        let win = matmul::Window { first: 0, n: dn };
+        if matmul::matmul_heads_t(rec, x, wkvb, heads, win, y, rows) {
+            return;
+        }
     }
     let tiles = (wkvb.cols as u32).div_ceil(WG / absorb_slices(row_tile(rows)));
     kvb_product(
@@ -475,14 +488,17 @@ pub fn sparse_mla(
         &pc,
         &params,
         &[o_lat.buf, &part],
-        gpu.grid(grid_count("mla_combine", rows as u64 * heads as u64)),
+        gpu.grid(grid_count(
+            "mla_combine",
+            rows as u64 * heads as u64 * kv_lora.div_ceil(COMBINE_COLS) as u64,
+        )),
     );
 }
 
 /// `o[t, h*dv + v] = Σ_c wkvb[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c]`.
 /// At decode (one row) the routed GEMV runs it with head h as slot h's expert
-/// ([`matmul::matmul_heads`]: 16-byte weight loads, every row of the head's block once);
-/// `SPARSA_UP_V_GEMV=0` keeps this file's kernel there too (a measurement aid).
+/// ([`matmul::matmul_heads`]: 16-byte weight loads, every row of the head's block once;
+/// see [`kvb_gemv`]).
 pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u32, d: &MlaDims) {
     let MlaDims {
         heads,
@@ -494,7 +510,7 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
     if rows == 0 || heads == 0 || dv == 0 {
         return;
     }
-    if rows == 1 && up_v_gemv() {
+    if rows == 1 && kvb_gemv() {
         check_wkvb("up_v", wkvb, heads, dn, dv);
         let x = View::new(o_lat.buf, o_lat.offset, kv_lora);
         let y = View::new(o.buf, o.offset, dv);
@@ -506,10 +522,12 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
     kvb_product(rec, "up_v", o_lat, wkvb, o, [rows, heads, dn, 0, dv], tiles);
 }
 
-fn up_v_gemv() -> bool {
+/// Whether absorb_q and up_v run as per-head GEMVs at decode (`SPARSA_KVB_GEMV=0`: this
+/// file's kernels, a measurement aid).
+fn kvb_gemv() -> bool {
     use std::sync::OnceLock;
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| matmul::env_knob("SPARSA_UP_V_GEMV", |v| v <= 1) != Some(0))
+    *ON.get_or_init(|| matmul::env_knob("SPARSA_KVB_GEMV", |v| v <= 1) != Some(0))
 }
 
 #[cfg(test)]
@@ -670,40 +688,44 @@ mod tests {
     fn absorb_q_all_dtypes() {
         let g = gpu();
         let mut rng = Rng::new(31);
-        let d = Dims {
-            heads: 3,
-            dn: 70,
-            dr: 6,
-            dv: 12,
-            kv: 300,
-        };
-        let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
-        for dtype in all_formats() {
-            let (wg, wr) = weight_any(&w, &d, dtype);
-            for rows in [1usize, 3, 11] {
-                let qc = d.heads * (d.dn + d.dr);
-                let q = rng.vec(rows * qc, 1.0);
-                let qb = Placed::new(g, &q, qc, (2, qc + 3), f32::NAN);
-                let hk = d.heads * d.kv;
-                let ob = Placed::filled(g, rows, hk, (5, hk + 7), 9.0);
-                let mut rec = g.recorder();
-                absorb_q(
-                    &mut rec,
-                    qb.view(),
-                    &wg,
-                    ob.view(),
-                    rows as u32,
-                    &d.mla(1.0),
-                );
-                rec.finish().unwrap();
-                let got = ob.read(g, "absorb_q");
-                assert_close(
-                    &got,
-                    &absorb_ref(&q, &wr, rows, &d),
-                    1e-4,
-                    1e-4,
-                    &format!("absorb_q {dtype:?} rows {rows}"),
-                );
+        // kv 300: 16-byte rows for f32 only; 544: for every format, and a last column slab
+        // of the per-head GEMV that is partly past the row (17 q4 words).
+        for kv in [300, 544] {
+            let d = Dims {
+                heads: 3,
+                dn: 70,
+                dr: 6,
+                dv: 12,
+                kv,
+            };
+            let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
+            for dtype in all_formats() {
+                let (wg, wr) = weight_any(&w, &d, dtype);
+                for rows in [1usize, 3, 11] {
+                    let qc = d.heads * (d.dn + d.dr);
+                    let q = rng.vec(rows * qc, 1.0);
+                    let qb = Placed::new(g, &q, qc, (2, qc + 3), f32::NAN);
+                    let hk = d.heads * d.kv;
+                    let ob = Placed::filled(g, rows, hk, (5, hk + 7), 9.0);
+                    let mut rec = g.recorder();
+                    absorb_q(
+                        &mut rec,
+                        qb.view(),
+                        &wg,
+                        ob.view(),
+                        rows as u32,
+                        &d.mla(1.0),
+                    );
+                    rec.finish().unwrap();
+                    let got = ob.read(g, "absorb_q");
+                    assert_close(
+                        &got,
+                        &absorb_ref(&q, &wr, rows, &d),
+                        1e-4,
+                        1e-4,
+                        &format!("absorb_q {dtype:?} kv {kv} rows {rows}"),
+                    );
+                }
             }
         }
     }

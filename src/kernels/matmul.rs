@@ -564,7 +564,17 @@ pub fn matmul_experts_xq(
     rows: u32,
 ) {
     let ok = rows == 1 && xq.serves(w);
-    experts_as(rec, x, ok.then_some(xq), x_per_slot, w, routed, None, y, rows)
+    experts_as(
+        rec,
+        x,
+        ok.then_some(xq),
+        x_per_slot,
+        w,
+        routed,
+        None,
+        y,
+        rows,
+    )
 }
 
 /// Rows of each stacked block a routed product multiplies: `n` rows from `first` (all of
@@ -590,13 +600,102 @@ pub fn matmul_heads(
     y: View,
     rows: u32,
 ) {
-    assert!(rows <= GEMV_MAX_ROWS, "matmul_heads: {rows} rows (a GEMV of at most {GEMV_MAX_ROWS})");
+    assert!(
+        rows <= GEMV_MAX_ROWS,
+        "matmul_heads: {rows} rows (a GEMV of at most {GEMV_MAX_ROWS})"
+    );
     let routed = Routed {
         ids: rec.gpu().dummy(),
         n_experts: heads,
         topk: heads,
     };
     experts_as(rec, x, None, true, w, &routed, Some(win), y, rows)
+}
+
+/// Columns of a `gemvt_experts` workgroup, in 16-byte words (`TW` in the shader).
+const GEMVT_WORDS: u32 = 8;
+
+/// The transposed product of [`matmul_heads`]: over `rows` ≤ [`GEMV_MAX_ROWS`] token rows,
+/// `y[t * heads + h, c] = Σ_{d < win.n} x[t * heads + h, d] · w[h * block + win.first + d, c]`
+/// for every column c of `w` (x rows of `x.stride` ≥ `win.n`, y rows of `y.stride` ≥
+/// `w.cols`): absorbed MLA's query absorption (`attention::absorb_q`) at decode. Reads
+/// each row of the windows once, in 16-byte words; false (nothing recorded) where `w`'s rows
+/// are not whole 16-byte words.
+pub fn matmul_heads_t(
+    rec: &mut Recorder,
+    x: View,
+    w: &GpuWeight,
+    heads: u32,
+    win: Window,
+    y: View,
+    rows: u32,
+) -> bool {
+    assert!(
+        rows <= GEMV_MAX_ROWS,
+        "matmul_heads_t: {rows} rows (a GEMV of at most {GEMV_MAX_ROWS})"
+    );
+    let words =
+        w.cols.is_multiple_of(w.format.per_word()) && w.format.row_bytes(w.cols).is_multiple_of(16);
+    if !words {
+        return false;
+    }
+    if rows == 0 || heads == 0 || w.rows == 0 {
+        return true;
+    }
+    assert!(
+        w.rows.is_multiple_of(heads as usize),
+        "matmul_heads_t: {} rows do not split into {heads} heads",
+        w.rows
+    );
+    let block = (w.rows / heads as usize) as u32;
+    assert!(
+        win.first + win.n <= block,
+        "matmul_heads_t: rows {}..{} are outside blocks of {block}",
+        win.first,
+        win.first + win.n
+    );
+    let pipe = pipeline(rec, "gemvt_experts", w, KNOBS);
+    let slots = rows * heads;
+    let slabs = ((w.cols / w.format.per_word()) as u32).div_ceil(GEMVT_WORDS);
+    for c in &w.chunks {
+        if c.rows == 0 {
+            continue;
+        }
+        let p = Params {
+            k: w.cols as u32,
+            n: win.n,
+            rows: slots,
+            topk: heads,
+            x_off: x.offset,
+            x_stride: x.stride,
+            y_off: y.offset,
+            y_stride: y.stride,
+            row0: c.row0 as u32,
+            crow: c.rows as u32,
+            x_per_slot: 1,
+            n_experts: heads,
+            ws: w.stride as u32,
+            e_rows: block,
+            r_lo: win.first,
+            e_direct: 1,
+            ..Params::zeroed()
+        };
+        let (k, n, sl) = (w.cols as u64, win.n as u64, slots as u64);
+        rec.cost(
+            heads as u64 * n * w.row_bytes() + 4 * sl * (k + n),
+            2 * sl * n * k,
+            w.format.name(),
+        );
+        let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
+        let grid = rec.gpu().grid(slots * slabs);
+        rec.dispatch(
+            &pipe,
+            &p,
+            &[x.buf, &c.buf, y.buf, scale, rec.gpu().dummy()],
+            grid,
+        );
+    }
+    true
 }
 
 /// `win`: None for MoE experts (whole blocks, ids read); Some for [`matmul_heads`].
