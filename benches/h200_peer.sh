@@ -18,7 +18,10 @@
 # 4. llama-bench -fa 1 -ngl 99: pp2048 + tg128 (-r 2), then tg32 at depths $DEPTHS -> llama_bench.txt.
 # Every step checks the time left (BUDGET_S, default 510 s from the start) and is skipped or
 # cut short rather than overrunning. Logs of steps 1b/3 -> steps.txt; a summary -> summary.txt.
-# Env: LIKE (glm-5), LAYERS (78; 61 for deepseek-v3.2), GGUF=device, EXPERTS (16),
+# Env: BUILD_ONLY (step 1 alone: a call before the peer's, on cores taskset gives it, leaves the
+#      build in .h200/llama.cpp/build for the next call on the same warm machine),
+#      SPARSA_FORMATS, SPARSA_CTXS, SPARSA_KEEP_S (step 2, see there),
+#      LIKE (glm-5), LAYERS (78; 61 for deepseek-v3.2), GGUF=device, EXPERTS (16),
 #      DEPTHS (4096,32768), SKIP_SPARSA, SKIP_BUILD_PACK,
 #      QUANT (holes|real), Q8, BUDGET_S, JOBS (16), SPARSA_CTX (4096), REPS (2), PP (2048),
 #      TG (128), TGD (32), SKIP_PP (no pp+tg run, only tg at depth), LB_ARGS (more llama-bench flags, e.g. "-mmp 0"), CUDA=0 (CPU build:
@@ -52,18 +55,26 @@ SQ=/tmp/sq4 # the sparsa q4 synth (38 GB at full GLM-5 depth; holes with --zeros
 # instead of 1.5 (both want every core), and the bench's host thread would compete too.
 # SPARSA_RANDOM=1: random q4 weights (~100 s to write); else all zeros, as holes (no time, no
 # disk), like the zero-weight GGUF llama.cpp runs (the same ties in the routers).
-if [ -z "${SKIP_SPARSA:-}" ] && [ -x $S ]; then
-  rm -rf $SQ
+# SPARSA_FORMATS (default q4, and q8 with Q8=1) x SPARSA_CTXS (default 4096 and 32768, the
+# depths llama-bench runs), each bench cut to what the budget leaves for llama.cpp (SPARSA_KEEP_S,
+# default 400 s).
+if [ -z "${SKIP_SPARSA:-}" ] && [ -z "${BUILD_ONLY:-}" ] && [ -x $S ]; then
   Z=--zeros; [ -n "${SPARSA_RANDOM:-}" ] && Z=
-  ( time $S synth --like $LIKE --layers $LAYERS --experts $EXPERTS --format q4 $Z --out $SQ ) \
-    > /tmp/sq4.log 2>&1
-  tr '\r' '\n' < /tmp/sq4.log | tail -4 >> $STEPS
-  note "sparsa q4 synth ${Z:-random}: $(grep -E '^real' /tmp/sq4.log)"
-  echo "== sparsa bench $LIKE ${Z:-random} --context ${SPARSA_CTX:-4096} --decode 32" >> $OUT/sparsa_bench.txt
-  timeout $(pos $(($(left) - 400))) $S bench --model $SQ --context ${SPARSA_CTX:-4096} --decode 32 \
-    --prompt-len 0 ${SPARSA_BENCH_FLAGS:---no-profile} >> $OUT/sparsa_bench.txt 2>&1
-  note "sparsa bench rc=$?: $(grep -E '^bench: decode' $OUT/sparsa_bench.txt | tr '\n' ' ')"
-  rm -rf $SQ
+  FMTS=${SPARSA_FORMATS:-q4}; [ -n "${Q8:-}" ] && [ -z "${SPARSA_FORMATS:-}" ] && FMTS="q4 q8"
+  for fmt in $FMTS; do
+    rm -rf $SQ
+    ( time $S synth --like $LIKE --layers $LAYERS --experts $EXPERTS --format $fmt $Z --out $SQ ) \
+      > /tmp/sq4.log 2>&1
+    tr '\r' '\n' < /tmp/sq4.log | tail -4 >> $STEPS
+    note "sparsa $fmt synth ${Z:-random}: $(grep -E '^real' /tmp/sq4.log)"
+    for ctx in ${SPARSA_CTXS:-${SPARSA_CTX:-4096 32768}}; do
+      echo "== sparsa bench $LIKE $fmt ${Z:-random} --context $ctx --decode 32" >> $OUT/sparsa_bench.txt
+      timeout $(pos $(($(left) - ${SPARSA_KEEP_S:-400}))) $S bench --model $SQ --context $ctx --decode 32 \
+        --prompt-len 0 ${SPARSA_BENCH_FLAGS:---no-profile} >> $OUT/sparsa_bench.txt 2>&1
+      note "sparsa bench $fmt $ctx rc=$?: $(grep -E '^bench: decode' $OUT/sparsa_bench.txt | tail -1)"
+    done
+    rm -rf $SQ
+  done
 fi
 
 # 1. llama.cpp
@@ -108,6 +119,7 @@ else
     note "packed llama-bin.tar.xz: $SZ bytes ($(ls $OUT | grep llama-bin | tr '\n' ' '))"
   fi
 fi
+[ -n "${BUILD_ONLY:-}" ] && { note "BUILD_ONLY: stop after the build"; exit 0; }
 export LD_LIBRARY_PATH=$LB:${LD_LIBRARY_PATH:-}
 PYSRC=$LB/py
 ls -la $LB >> $SUM

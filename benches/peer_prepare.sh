@@ -50,8 +50,10 @@ if [ "$STEP" = gguf ] || [ "$STEP" = all ]; then
   rm -rf $L; tar xJf $H/llama.cpp.tar.xz -C $H
   sed -i -E '/add_subdirectory\((batched-bench|gguf-split|imatrix|completion|perplexity|ui|cli|server|tokenize|tts|mtmd|rpc|cvector-generator|export-lora|fit-params|tuning|results)\)/d' \
     $L/tools/CMakeLists.txt
+  # (the trimmed tree has no app/ either: LLAMA_BUILD_APP=OFF, as h200_peer.sh configures it)
   cmake -S $L -B $W/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF > /dev/null
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+    -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF > /dev/null
   ninja -C $W/build llama-quantize > /dev/null
   Q=$W/build/bin/llama-quantize
   G=$W/gguf; mkdir -p $G
