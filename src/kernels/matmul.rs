@@ -703,18 +703,7 @@ pub fn matmul_heads_t(
     if rows == 0 || heads == 0 || w.rows == 0 {
         return true;
     }
-    assert!(
-        w.rows.is_multiple_of(heads as usize),
-        "matmul_heads_t: {} rows do not split into {heads} heads",
-        w.rows
-    );
-    let block = (w.rows / heads as usize) as u32;
-    assert!(
-        win.first + win.n <= block,
-        "matmul_heads_t: rows {}..{} are outside blocks of {block}",
-        win.first,
-        win.first + win.n
-    );
+    let block = block_rows("matmul_heads_t", w, heads, Some(win));
     let pipe = pipeline(rec, "gemvt_experts", w, KNOBS);
     let slots = rows * heads;
     let slabs = ((w.cols / w.format.per_word()) as u32).div_ceil(GEMVT_WORDS);
@@ -759,6 +748,25 @@ pub fn matmul_heads_t(
     true
 }
 
+/// Rows of each of the `n` blocks `w` stacks (checked: whole blocks, `win` inside one).
+fn block_rows(what: &str, w: &GpuWeight, n: u32, win: Option<Window>) -> u32 {
+    assert!(
+        w.rows.is_multiple_of(n as usize),
+        "{what}: {} rows do not split into {n} blocks",
+        w.rows
+    );
+    let block = (w.rows / n as usize) as u32;
+    if let Some(win) = win {
+        assert!(
+            win.first + win.n <= block,
+            "{what}: rows {}..{} are outside blocks of {block}",
+            win.first,
+            win.first + win.n
+        );
+    }
+    block
+}
+
 /// What a routed product multiplies besides MoE experts' whole blocks by x.
 #[derive(Clone, Copy, Debug, Default)]
 struct Variant {
@@ -792,20 +800,9 @@ fn experts_as(
     if rows == 0 || topk == 0 || n_experts == 0 || w.rows == 0 {
         return;
     }
-    assert!(
-        w.rows.is_multiple_of(n_experts as usize),
-        "matmul_experts: {} rows do not split into {n_experts} experts",
-        w.rows
-    );
-    let block = (w.rows / n_experts as usize) as u32;
+    let block = block_rows("matmul_experts", w, n_experts, win);
     let direct = win.is_some();
     let win = win.unwrap_or(Window { first: 0, n: block });
-    assert!(
-        win.first + win.n <= block,
-        "matmul_experts: rows {}..{} are outside blocks of {block}",
-        win.first,
-        win.first + win.n
-    );
     // Rows multiplied per slot.
     let rpe = win.n;
     let slots = rows * topk;
