@@ -528,15 +528,6 @@ fn word_vals(v: vec4<u32>, wi: u32) -> WQ {
     return WQ(f.lo, f.hi, z, z, z, z, z, z);
 }
 
-// Word index of column word cw of expert e's window row d in this chunk, NONE outside it.
-fn row_word(e: u32, d: u32, cw: u32, rw: u32) -> u32 {
-    let gr = expert_row(e, d);
-    if (gr >= P.row0 && gr < P.row0 + P.crow) {
-        return (gr - P.row0) * rw + cw;
-    }
-    return NONE;
-}
-
 fn wq_axpy(acc: ptr<function, WQ>, a: f32, v: WQ) {
     (*acc).a += a * v.a;
     (*acc).b += a * v.b;
@@ -585,26 +576,11 @@ fn gemvt_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         if (live && cw < kw) {
             let xb = slot_x(slot);
             let rw = P.ws / EPV;
-            var d = rg;
-            // Four rows' words loaded before any is used (four loads in flight, not one).
-            for (; d + 3u * TG < P.n; d += 4u * TG) {
-                let i = vec4<u32>(row_word(e, d, cw, rw), row_word(e, d + TG, cw, rw),
-                                  row_word(e, d + 2u * TG, cw, rw), row_word(e, d + 3u * TG, cw, rw));
-                let j = select(i, vec4<u32>(0u), i == vec4<u32>(NONE));
-                let v0 = w4[j.x];
-                let v1 = w4[j.y];
-                let v2 = w4[j.z];
-                let v3 = w4[j.w];
-                let xv = vec4<f32>(x[xb + d], x[xb + d + TG], x[xb + d + 2u * TG], x[xb + d + 3u * TG]);
-                if (i.x != NONE) { wq_axpy(&acc, xv.x, word_vals(v0, i.x)); }
-                if (i.y != NONE) { wq_axpy(&acc, xv.y, word_vals(v1, i.y)); }
-                if (i.z != NONE) { wq_axpy(&acc, xv.z, word_vals(v2, i.z)); }
-                if (i.w != NONE) { wq_axpy(&acc, xv.w, word_vals(v3, i.w)); }
-            }
-            for (; d < P.n; d += TG) {
-                let i = row_word(e, d, cw, rw);
-                if (i != NONE) {
-                    wq_axpy(&acc, x[xb + d], word_vals(w4[i], i));
+            for (var d = rg; d < P.n; d += TG) {
+                let gr = expert_row(e, d);
+                if (gr >= P.row0 && gr < P.row0 + P.crow) {
+                    let wi = (gr - P.row0) * rw + cw;
+                    wq_axpy(&acc, x[xb + d], word_vals(w4[wi], wi));
                 }
             }
         }

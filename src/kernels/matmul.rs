@@ -748,12 +748,6 @@ pub fn matmul_heads_t(
     true
 }
 
-fn heads_unroll() -> u32 {
-    use std::sync::OnceLock;
-    static U: OnceLock<u32> = OnceLock::new();
-    *U.get_or_init(|| env_knob("SPARSA_HEADS_UNROLL", |v| v == 1 || v == 2).unwrap_or(2))
-}
-
 /// Rows of each of the `n` blocks `w` stacks (checked: whole blocks, `win` inside one).
 fn block_rows(what: &str, w: &GpuWeight, n: u32, win: Option<Window>) -> u32 {
     assert!(
@@ -836,15 +830,10 @@ fn experts_as(
         None => tpr4,
     };
     let pipe = if let Some(maxb) = dot {
-        let mut k = Knobs {
+        let k = Knobs {
             swiglu: swiglu as u32,
             ..dot_knobs(tpr4, maxb, xq.is_some())
         };
-        if direct {
-            // A per-head product's rows are short (512 columns: 2 words a lane): both
-            // words of all 4 rows in flight at once (SPARSA_HEADS_UNROLL=1: one).
-            k.unroll = heads_unroll();
-        }
         pipeline(rec, "gemv_dot_experts", w, k)
     } else if quad {
         pipeline(rec, "gemv4q_experts", w, Knobs { tpr4, ..KNOBS })
