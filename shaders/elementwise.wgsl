@@ -27,6 +27,10 @@ fn rc(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> vec2<u32> {
     return vec2<u32>(r, i - r * P.dim);
 }
 
+fn silu(v: f32) -> f32 {
+    return v / (1.0 + exp(-v));
+}
+
 @compute @workgroup_size(256)
 fn add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {

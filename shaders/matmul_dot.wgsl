@@ -11,8 +11,7 @@
 // memory first; 1 = a producer wrote it to a buffer once (`quantize_x_rows`, or a fused
 // RMSNorm / SwiGLU), read through x4's binding by every workgroup: no per-workgroup prologue.
 // Extra defines: MAXB, the blocks the workgroup arrays hold (≥ k / 32 when XQ = 0); UNROLL,
-// 16-byte words per row a lane loads before using them (1 or 2); SWIGLU (XQ = 0): x rows
-// are [gate | up], and x is silu(gate) · up (the SwiGLU folded into the down projection).
+// 16-byte words per row a lane loads before using them (1 or 2).
 
 var<workgroup> xh: array<vec4<u32>, 2 * MAXB>;
 var<workgroup> xl: array<vec4<u32>, 2 * MAXB>;
@@ -50,23 +49,12 @@ fn get_xsm(b: u32) -> vec2<f32> {
     return vec2<f32>(xs[b], xm[b]);
 }
 
-// Vec4 i of the x row: x itself, or with SWIGLU silu(gate) · up of the [gate | up] row
-// (up P.k floats after gate), as elementwise.wgsl's swiglu computes it.
-fn x_vec(i: u32) -> vec4<f32> {
-    if (SWIGLU == 1u) {
-        let g = x4[i];
-        let u = x4[i + P.k / 4u];
-        return vec4<f32>(silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z, silu(g.w) * u.w);
-    }
-    return x4[i];
-}
-
 // Block b of the x row at float offset `xo`, quantized in the order W_DTYPE reads.
 fn quant_block(xo: u32, b: u32) -> QBlock {
     let v0 = xo / 4u + b * 8u;
     var v: array<vec4<f32>, 8>;
     for (var j = 0u; j < 8u; j++) {
-        v[j] = x_vec(v0 + j);
+        v[j] = x4[v0 + j];
     }
     return quant_block_of(v, W_DTYPE == 5u);
 }

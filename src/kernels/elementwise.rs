@@ -25,7 +25,6 @@ const ELEMENTWISE: Shader<Params> = Shader::new(
     "elementwise",
     concat!(
         include_str!("../../shaders/xquant.wgsl"),
-        include_str!("../../shaders/activation.wgsl"),
         include_str!("../../shaders/elementwise.wgsl")
     ),
 );

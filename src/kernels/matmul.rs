@@ -90,7 +90,6 @@ const MATMUL_DOT: Shader<Params> = Shader::new(
         include_str!("../../shaders/matmul.wgsl"),
         include_str!("../../shaders/matmul_tile.wgsl"),
         include_str!("../../shaders/xquant.wgsl"),
-        include_str!("../../shaders/activation.wgsl"),
         include_str!("../../shaders/matmul_dot.wgsl")
     ),
 );
@@ -121,9 +120,6 @@ struct Knobs {
     xq: u32,
     /// gemv_dot: 16-byte words per row a lane loads before using them.
     unroll: u32,
-    /// gemv_dot with XQ = 0: x is `[gate | up]` (k columns each) and the workgroup
-    /// quantizes silu(gate) · up (SwiGLU folded into the down projection's prologue).
-    swiglu: u32,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -133,7 +129,6 @@ const KNOBS: Knobs = Knobs {
     maxb: 1,
     xq: 0,
     unroll: 1,
-    swiglu: 0,
 };
 
 /// Measurement aids for tuning the integer-dot GEMV on a real GPU (examples/gemv_shapes.rs):
@@ -183,7 +178,7 @@ pub fn shader_for(entry: &str, tensor_cores: bool) -> ShaderCode {
     shader_of(entry, tensor_cores).code()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 11] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 10] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -195,7 +190,6 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 11] {
         ("MAXB", u(k.maxb)),
         ("XQ", u(k.xq)),
         ("UNROLL", u(k.unroll)),
-        ("SWIGLU", u(k.swiglu)),
     ]
 }
 
@@ -552,17 +546,7 @@ pub fn matmul_experts(
     y: View,
     rows: u32,
 ) {
-    experts_as(
-        rec,
-        x,
-        None,
-        x_per_slot,
-        w,
-        routed,
-        Variant::default(),
-        y,
-        rows,
-    )
+    experts_as(rec, x, None, x_per_slot, w, routed, None, y, rows)
 }
 
 /// [`matmul_experts`] at decode with x quantized by [`quantize_x`] (its rows: one, or one
@@ -587,51 +571,10 @@ pub fn matmul_experts_xq(
         x_per_slot,
         w,
         routed,
-        Variant::default(),
+        None,
         y,
         rows,
     )
-}
-
-/// Whether decode folds the routed experts' SwiGLU into their down projection
-/// ([`matmul_experts_swiglu`]): `SPARSA_SWIGLU_FOLD=1` (off by default until measured).
-pub fn swiglu_fold() -> bool {
-    use std::sync::OnceLock;
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| env_knob("SPARSA_SWIGLU_FOLD", |v| v <= 1) == Some(1))
-}
-
-/// The down projection of routed SwiGLU experts with the SwiGLU folded into its prologue,
-/// at decode (`rows` = 1): [`matmul_experts`] of `act = silu(gate) · up` with `gu` holding
-/// each slot's `[gate | up]` row (`w.cols` columns each), every workgroup quantizing its
-/// slot's `act` itself (the integer-dot GEMV over q4 weights). False, with nothing recorded,
-/// where that GEMV does not apply (the caller runs the SwiGLU and the product then).
-pub fn matmul_experts_swiglu(
-    rec: &mut Recorder,
-    gu: View,
-    w: &GpuWeight,
-    routed: &Routed,
-    y: View,
-    rows: u32,
-) -> bool {
-    let ok = rows == 1 && gemv4_ok(2, gu, w) && dot_blocks(rec.gpu(), gu, w).is_some();
-    if ok {
-        experts_as(
-            rec,
-            gu,
-            None,
-            true,
-            w,
-            routed,
-            Variant {
-                win: None,
-                swiglu: true,
-            },
-            y,
-            rows,
-        );
-    }
-    ok
 }
 
 /// Rows of each stacked block a routed product multiplies: `n` rows from `first` (all of
@@ -666,11 +609,7 @@ pub fn matmul_heads(
         n_experts: heads,
         topk: heads,
     };
-    let v = Variant {
-        win: Some(win),
-        swiglu: false,
-    };
-    experts_as(rec, x, None, true, w, &routed, v, y, rows)
+    experts_as(rec, x, None, true, w, &routed, Some(win), y, rows)
 }
 
 /// Columns of a `gemvt_experts` workgroup, in 16-byte words (`TW` in the shader).
@@ -767,15 +706,7 @@ fn block_rows(what: &str, w: &GpuWeight, n: u32, win: Option<Window>) -> u32 {
     block
 }
 
-/// What a routed product multiplies besides MoE experts' whole blocks by x.
-#[derive(Clone, Copy, Debug, Default)]
-struct Variant {
-    /// Some for [`matmul_heads`]: a window of each block, slot s running block s % topk.
-    win: Option<Window>,
-    /// [`matmul_experts_swiglu`]: x rows are `[gate | up]`, x is their SwiGLU.
-    swiglu: bool,
-}
-
+/// `win`: None for MoE experts (whole blocks, ids read); Some for [`matmul_heads`].
 #[allow(clippy::too_many_arguments)]
 fn experts_as(
     rec: &mut Recorder,
@@ -784,7 +715,7 @@ fn experts_as(
     x_per_slot: bool,
     w: &GpuWeight,
     routed: &Routed,
-    Variant { win, swiglu }: Variant,
+    win: Option<Window>,
     y: View,
     rows: u32,
 ) {
@@ -814,10 +745,6 @@ fn experts_as(
         Some(_) if gemv4 && dot_applies(x, w) => Some(1),
         _ => gemv4.then(|| dot_blocks(rec.gpu(), x, w)).flatten(),
     };
-    assert!(
-        !swiglu || dot.is_some(),
-        "matmul_experts: the SwiGLU fold needs the integer-dot GEMV"
-    );
     let quad = gemv4 && (dot.is_some() || quad_rows(w));
     let (tpr4, rr) = if quad {
         (gemv4_knobs(w, 1, rpe.saturating_mul(slots) / 2).0, 4)
@@ -830,11 +757,12 @@ fn experts_as(
         None => tpr4,
     };
     let pipe = if let Some(maxb) = dot {
-        let k = Knobs {
-            swiglu: swiglu as u32,
-            ..dot_knobs(tpr4, maxb, xq.is_some())
-        };
-        pipeline(rec, "gemv_dot_experts", w, k)
+        pipeline(
+            rec,
+            "gemv_dot_experts",
+            w,
+            dot_knobs(tpr4, maxb, xq.is_some()),
+        )
     } else if quad {
         pipeline(rec, "gemv4q_experts", w, Knobs { tpr4, ..KNOBS })
     } else if gemv4 {
@@ -909,7 +837,6 @@ fn experts_as(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::elementwise;
     use crate::kernels::testutil::{assert_close_plus, gpu, gpu_default_limits, Rng};
     use crate::weights::{quant, DType, QFormat, WFormat};
 
@@ -1353,68 +1280,6 @@ mod tests {
             "matmul_experts rows={rows} topk={topk} experts={n_experts}×{rpe} k={k} {dtype:?} per_slot={x_per_slot} align={align_rows} chunk={chunk:?}"
         );
         assert_close_plus(&got, &want, 1e-4, 1e-4, &extra, &what);
-    }
-
-    /// The SwiGLU folded into the q4 down projection's prologue gives the bits of the SwiGLU
-    /// dispatch followed by the same product (each workgroup quantizing the same values).
-    #[test]
-    fn swiglu_fold_is_swiglu_then_down() {
-        let g = gpu();
-        let mut rng = Rng::new(77);
-        let (topk, n_experts, rpe, k) = (3usize, 5usize, 37usize, 96usize);
-        let fmt = WFormat::Quant(QFormat::Q4 { block: 32 });
-        let wv = rng.vec(n_experts * rpe * k, 1.0);
-        for chunk in [None, Some(2 * rpe)] {
-            let (w, _) = make_weight(&wv, n_experts * rpe, k, fmt, rpe, chunk);
-            // Each slot's [gate | up] row, 4 floats of padding after it.
-            let stride = 2 * k + 4;
-            let gu = rng.vec(4 + topk * stride, 2.0);
-            let ex: Vec<u32> = (0..topk)
-                .map(|_| rng.below(n_experts as u64) as u32)
-                .collect();
-            let gub = g.buffer_from(&gu, "gu").unwrap();
-            let eb = g.buffer_from(&ex, "experts").unwrap();
-            let act = g.buffer_from(&vec![0.0f32; topk * k], "act").unwrap();
-            let guv = View::new(&gub, 4, stride as u32);
-            let routed = Routed {
-                ids: &eb,
-                n_experts: n_experts as u32,
-                topk: topk as u32,
-            };
-            let mut out = Vec::new();
-            for fold in [false, true] {
-                let yb = g.buffer_from(&vec![SENTINEL; topk * rpe], "y").unwrap();
-                let yv = View::rows(&yb, rpe as u32);
-                let mut rec = g.recorder();
-                if fold {
-                    assert!(matmul_experts_swiglu(&mut rec, guv, &w, &routed, yv, 1));
-                } else {
-                    let av = View::rows(&act, k as u32);
-                    elementwise::swiglu(
-                        &mut rec,
-                        guv,
-                        guv.col(k as u32),
-                        av,
-                        topk as u32,
-                        k as u32,
-                    );
-                    matmul_experts(&mut rec, av, true, &w, &routed, yv, 1);
-                }
-                rec.finish().unwrap();
-                out.push(g.read_f32(&yb, 0, topk * rpe).unwrap());
-            }
-            assert!(out[0].iter().all(|v| v.is_finite() && *v != SENTINEL));
-            let same = out[0]
-                .iter()
-                .zip(&out[1])
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(
-                same,
-                "chunk {chunk:?}: folded {:?} vs {:?}",
-                &out[1][..4],
-                &out[0][..4]
-            );
-        }
     }
 
     #[test]

@@ -102,10 +102,6 @@ impl Session {
             Some(q) => matmul::matmul_experts_xq(rec, q, x, false, &m.gate_up, &routed, gu, t),
             None => matmul::matmul_experts(rec, x, false, &m.gate_up, &routed, gu, t),
         }
-        if matmul::swiglu_fold() && matmul::matmul_experts_swiglu(rec, gu, &m.down, &routed, out, t)
-        {
-            return;
-        }
         match self.swiglu_for(rec, gu, act, t, k, mi, &m.down, &s.xq_act) {
             Some(q) => matmul::matmul_experts_xq(rec, &q, act, true, &m.down, &routed, out, t),
             None => matmul::matmul_experts(rec, act, true, &m.down, &routed, out, t),
