@@ -212,10 +212,13 @@ enum Dense {
 /// multiple of the elements per word, so padding is never read), x rows on 4-float
 /// boundaries.
 fn gemv4_ok(rows: u32, x: View, w: &GpuWeight) -> bool {
-    w.cols.is_multiple_of(w.format.per_word())
-        && w.format.row_bytes(w.cols).is_multiple_of(16)
-        && x.offset.is_multiple_of(4)
-        && (rows == 1 || x.stride.is_multiple_of(4))
+    whole_words(w) && x.offset.is_multiple_of(4) && (rows == 1 || x.stride.is_multiple_of(4))
+}
+
+/// Whether `w`'s rows are whole 16-byte words (quantized: K a multiple of the elements per
+/// word, so padding is never read).
+fn whole_words(w: &GpuWeight) -> bool {
+    w.cols.is_multiple_of(w.format.per_word()) && w.format.row_bytes(w.cols).is_multiple_of(16)
 }
 
 /// gemv4's (lanes per row, rows per lane) for `x_rows` rows of x and about `out_rows`
@@ -634,9 +637,7 @@ pub fn matmul_heads_t(
         rows <= GEMV_MAX_ROWS,
         "matmul_heads_t: {rows} rows (a GEMV of at most {GEMV_MAX_ROWS})"
     );
-    let words =
-        w.cols.is_multiple_of(w.format.per_word()) && w.format.row_bytes(w.cols).is_multiple_of(16);
-    if !words {
+    if !whole_words(w) {
         return false;
     }
     if rows == 0 || heads == 0 || w.rows == 0 {
