@@ -525,9 +525,8 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
 /// Whether absorb_q and up_v run as per-head GEMVs at decode (`SPARSA_KVB_GEMV=0`: this
 /// file's kernels, a measurement aid).
 fn kvb_gemv() -> bool {
-    use std::sync::OnceLock;
-    static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| matmul::env_knob("SPARSA_KVB_GEMV", |v| v <= 1) != Some(0))
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    matmul::knob_on(&ON, "SPARSA_KVB_GEMV")
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 use super::{Recorder, View};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
+use crate::weights::{GpuWeight, WFormat};
 
 kernel_params! {
     struct Params {
@@ -19,13 +20,33 @@ kernel_params! {
         /// 1: expert `extra_id` follows each row's picks with weight 1.
         extra: u32,
         extra_id: u32,
+        /// route_gemv: x's offset, its columns, words per row of the router's weight.
+        x_off: u32,
+        k: u32,
+        ws: u32,
     }
 }
 
-const ROUTER: Shader<Params> = Shader::new("router", include_str!("../../shaders/router.wgsl"));
+const ROUTER: Shader<Params> = Shader::new(
+    "router",
+    concat!(
+        include_str!("../../shaders/router_pick.wgsl"),
+        include_str!("../../shaders/router.wgsl")
+    ),
+);
+
+const ROUTER_GEMV: Shader<Params> = Shader::new(
+    "router_gemv",
+    concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/router_pick.wgsl"),
+        include_str!("../../shaders/reduce.wgsl"),
+        include_str!("../../shaders/router_gemv.wgsl")
+    ),
+);
 
 /// This module's shaders (for [`super::shaders`]).
-pub(super) const SHADERS: &[ShaderCode] = &[ROUTER.code()];
+pub(super) const SHADERS: &[ShaderCode] = &[ROUTER.code(), ROUTER_GEMV.code()];
 
 /// A MoE layer's routing rule, from the config once ([`Routing::of`]).
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +99,26 @@ pub fn route(
     (idx, weights): (&wgpu::Buffer, &wgpu::Buffer),
     extra: Option<u32>,
 ) {
+    if rows == 0 {
+        return;
+    }
+    let (n2, mut params) = route_params(r, extra);
+    params.l_off = logits.offset;
+    params.l_stride = logits.stride;
+    params.rows = rows;
+    let gpu = rec.gpu();
+    let p = gpu.pipeline(&ROUTER, "route", &[("N2", u(n2))]);
+    rec.dispatch(
+        &p,
+        &params,
+        &[logits.buf, bias, idx, weights],
+        gpu.grid(rows),
+    );
+}
+
+/// The parameters every routing kernel shares, after checking the rule's limits, and N2
+/// (the sort's size).
+fn route_params(r: &Routing, extra: Option<u32>) -> (u32, Params) {
     let Routing {
         n_experts,
         n_group,
@@ -86,9 +127,6 @@ pub fn route(
         norm_topk_prob,
         scaling,
     } = *r;
-    if rows == 0 {
-        return;
-    }
     assert!(
         (1..=1024).contains(&n_experts),
         "route: n_experts = {n_experts}, supported 1..=1024"
@@ -102,13 +140,10 @@ pub fn route(
         topk >= 1 && topk <= n_experts && topk <= 256,
         "route: topk = {topk} must be in 1..=min(n_experts, 256)"
     );
-    let n2 = n_experts.next_power_of_two().max(2);
-    let gpu = rec.gpu();
-    let p = gpu.pipeline(&ROUTER, "route", &[("N2", u(n2))]);
     let params = Params {
-        l_off: logits.offset,
-        l_stride: logits.stride,
-        rows,
+        l_off: 0,
+        l_stride: 0,
+        rows: 1,
         n_experts,
         n_group,
         topk_group,
@@ -118,13 +153,63 @@ pub fn route(
         stride: topk + extra.is_some() as u32,
         extra: extra.is_some() as u32,
         extra_id: extra.unwrap_or(0),
+        x_off: 0,
+        k: 0,
+        ws: 0,
     };
+    (n_experts.next_power_of_two().max(2), params)
+}
+
+/// Words of [`route_gemv`]'s `tally` buffer for `n_experts` experts.
+pub fn tally_words(n_experts: usize) -> usize {
+    1 + n_experts
+}
+
+/// The router's GEMV on one row `x` (`w`: `[n_experts, k]`) and [`route`] of its logits in
+/// one dispatch: workgroup e computes expert e's logit, the last one to finish routes the
+/// row (`shaders/router_gemv.wgsl`). `tally`: [`tally_words`] u32 words, zero before the
+/// first use (a buffer as created); each dispatch leaves it zero again. Returns false, with
+/// nothing recorded, where it does not apply (a quantized or split router weight, an odd
+/// number of 16-bit columns): then the caller runs the matmul and [`route`].
+#[allow(clippy::too_many_arguments)]
+pub fn route_gemv(
+    rec: &mut Recorder,
+    x: View,
+    w: &GpuWeight,
+    bias: &wgpu::Buffer,
+    r: &Routing,
+    (idx, weights): (&wgpu::Buffer, &wgpu::Buffer),
+    extra: Option<u32>,
+    tally: &wgpu::Buffer,
+) -> bool {
+    let WFormat::Float(d) = w.format else {
+        return false;
+    };
+    let per_word = 4 / d.size();
+    if w.chunks.len() != 1
+        || w.rows != r.n_experts as usize
+        || w.cols % per_word != 0
+        || tally.size() < 4 * tally_words(w.rows) as u64
+    {
+        return false;
+    }
+    let (n2, mut params) = route_params(r, extra);
+    params.x_off = x.offset;
+    params.k = w.cols as u32;
+    params.ws = (w.stride / per_word) as u32;
+    let gpu = rec.gpu();
+    let p = gpu.pipeline(
+        &ROUTER_GEMV,
+        "route_gemv",
+        &[("N2", u(n2)), ("W_DTYPE", u(w.format.code()))],
+    );
     rec.dispatch(
         &p,
         &params,
-        &[logits.buf, bias, idx, weights],
-        gpu.grid(rows),
+        &[x.buf, &w.chunks[0].buf, bias, idx, weights, tally],
+        gpu.grid(r.n_experts),
     );
+    true
 }
 
 #[cfg(test)]
@@ -311,6 +396,86 @@ mod tests {
         let bias: Vec<f32> = (0..n).map(|e| 0.1 * (e % 8) as f32).collect();
         check(&logits, &bias, 1, n, (8, 3), (8, true, 1.0));
         check(&logits, &bias, 1, n, (8, 3), (5, false, 1.0));
+    }
+
+    /// route_gemv against the CPU reference on logits x · Wᵀ computed in f64 from the
+    /// weights as stored: f32, bf16 and f16 routers, GLM-5-like (no groups) and
+    /// DeepSeek-like (groups) rules, awkward sizes; two dispatches in one submission, so the
+    /// second also checks that the first left its tally at zero.
+    #[test]
+    fn route_gemv_is_router_matmul_then_route() {
+        use crate::weights::DType;
+        let g = gpu();
+        let mut rng = Rng::new(26);
+        let cases = [
+            (16, 390, (1, 1), (8, true, 2.5), DType::BF16),
+            (256, 576, (8, 4), (8, true, 2.5), DType::BF16),
+            (40, 130, (5, 2), (6, false, 1.0), DType::F16),
+            (33, 77, (1, 1), (3, true, 1.0), DType::F32),
+            (300, 1030, (1, 1), (8, true, 1.5), DType::F32),
+        ];
+        for (n, k, (n_group, topk_group), (topk, norm, scaling), dtype) in cases {
+            let r = Routing {
+                n_experts: n as u32,
+                n_group: n_group as u32,
+                topk_group: topk_group as u32,
+                topk: topk as u32,
+                norm_topk_prob: norm,
+                scaling,
+            };
+            let wv: Vec<f32> = dtype.to_f32(&dtype.from_f32(&rng.vec(n * k, 0.1)));
+            let w = GpuWeight::from_f32(g, &wv, n, k, dtype, None, "router").unwrap();
+            let bias = rng.vec(n, 0.05);
+            let bbuf = g.buffer_from(&bias, "bias").unwrap();
+            let tally = g.buffer(4 * tally_words(n) as u64, "tally").unwrap();
+            // Two rows of x at an offset; each dispatch routes one.
+            let xs = rng.vec(5 + 2 * k, 1.0);
+            let xb = g.buffer_from(&xs, "x").unwrap();
+            let extra = Some(n as u32);
+            let stride = topk + 1;
+            let outs: Vec<_> = (0..2)
+                .map(|i| {
+                    let ib = g.buffer((stride * 4) as u64, "idx").unwrap();
+                    let wb = g.buffer((stride * 4) as u64, "weights").unwrap();
+                    (ib, wb, i)
+                })
+                .collect();
+            let mut rec = g.recorder();
+            for (ib, wb, i) in &outs {
+                let x = View::new(&xb, (5 + i * k) as u32, k as u32);
+                let ok = route_gemv(&mut rec, x, &w, &bbuf, &r, (ib, wb), extra, &tally);
+                assert!(ok, "route_gemv applies to a {dtype:?} router");
+            }
+            rec.finish().unwrap();
+            for (ib, wb, i) in &outs {
+                let x = &xs[5 + i * k..][..k];
+                let logits: Vec<f32> = (0..n)
+                    .map(|e| {
+                        let row = &wv[e * k..][..k];
+                        row.iter()
+                            .zip(x)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>() as f32
+                    })
+                    .collect();
+                let (mut want_i, mut want_w) = route_ref(&logits, &bias, &r);
+                want_i.push(n as u32);
+                want_w.push(1.0);
+                let what = format!("route_gemv n {n} k {k} {dtype:?} row {i}");
+                assert_eq!(
+                    g.read_u32(ib, 0, stride).unwrap(),
+                    want_i,
+                    "{what}: experts"
+                );
+                let got_w = g.read_f32(wb, 0, stride).unwrap();
+                assert_close(&got_w, &want_w, 1e-5, 1e-4, &format!("{what}: weights"));
+            }
+            assert_eq!(
+                g.read_u32(&tally, 0, 1).unwrap(),
+                vec![0],
+                "tally left at zero"
+            );
+        }
     }
 
     #[test]

@@ -67,8 +67,27 @@ impl Session {
         let s = &self.s;
         let r = &self.dims.routing;
         let hd = self.model.config.hidden_size as u32;
+        let x = View::rows(&s.x, hd);
+        // A decode row: the router's GEMV and the routing in one dispatch where it applies
+        // (`SPARSA_ROUTER_FUSED=0`: two, a measurement aid).
+        static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if t == 1
+            && matmul::knob_on(&FUSED, "SPARSA_ROUTER_FUSED")
+            && router::route_gemv(
+                rec,
+                x,
+                &m.router,
+                &m.bias,
+                r,
+                (idx, weights),
+                extra,
+                &s.router_tally,
+            )
+        {
+            return;
+        }
         let logits = View::rows(&s.router_logits, r.n_experts);
-        matmul::matmul(rec, View::rows(&s.x, hd), &m.router, logits, t);
+        matmul::matmul(rec, x, &m.router, logits, t);
         router::route(rec, logits, &m.bias, t, r, (idx, weights), extra);
     }
 

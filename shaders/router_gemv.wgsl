@@ -1,0 +1,88 @@
+// The router's GEMV and the routing of its one row in the same dispatch (decode).
+// Workgroup e computes expert e's logit x · W[e] (W f32, bf16 or f16 by W_DTYPE,
+// weights.wgsl; row e at word e · ws) and publishes it in `tally`; the last workgroup to
+// finish reads every logit and routes the row (router_pick.wgsl, prepended), pairs from 0.
+//
+// "Last" is counted in tally[0]: a workgroup stores its logit atomically, passes a
+// storageBarrier() (a release at device scope: naga gives storage barriers Device memory
+// scope), then adds itself to the count; the workgroup that brings it to n_experts passes
+// another storageBarrier() (the acquire) before it loads the logits, and sets the count back
+// to zero for the next dispatch (dispatches that share `tally` run one after another).
+
+// Params (binding 0): declared once, in src/kernels/router.rs (`Params`), and put before this source.
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> idx: array<u32>;
+@group(0) @binding(5) var<storage, read_write> weights: array<f32>;
+// [count, logit of expert 0 (f32 bits), logit of expert 1, …]
+@group(0) @binding(6) var<storage, read_write> tally: array<atomic<u32>>;
+
+var<workgroup> red: array<f32, WG>;
+var<workgroup> last: u32;
+
+// This invocation's part of x · W[e], the row at word wb.
+fn row_part(wb: u32, lid: u32) -> f32 {
+    let xo = P.x_off;
+    var acc = vec4<f32>(0.0);
+    if (W_DTYPE == 0u) {
+        for (var c = lid; c < P.k; c += WG) {
+            acc.x += x[xo + c] * bitcast<f32>(w[wb + c]);
+        }
+    } else {
+        // Two 16-bit elements per word; two words in flight per step.
+        let kw = P.k / 2u;
+        var c = lid;
+        for (; c + WG < kw; c += 2u * WG) {
+            let a = w_pair(w[wb + c]);
+            let b = w_pair(w[wb + c + WG]);
+            let d = c + WG;
+            acc += vec4<f32>(x[xo + 2u * c] * a.x, x[xo + 2u * c + 1u] * a.y,
+                             x[xo + 2u * d] * b.x, x[xo + 2u * d + 1u] * b.y);
+        }
+        for (; c < kw; c += WG) {
+            let a = w_pair(w[wb + c]);
+            acc.x += x[xo + 2u * c] * a.x;
+            acc.y += x[xo + 2u * c + 1u] * a.y;
+        }
+    }
+    return (acc.x + acc.y) + (acc.z + acc.w);
+}
+
+@compute @workgroup_size(256)
+fn route_gemv(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let e = wid.x + wid.y * nwg.x;
+    if (e >= P.n_experts) {
+        return;
+    }
+    let logit = wg_sum(row_part(e * P.ws, lid), lid);
+    if (lid == 0u) {
+        atomicStore(&tally[1u + e], bitcast<u32>(logit));
+    }
+    storageBarrier();
+    if (lid == 0u) {
+        last = select(0u, 1u, atomicAdd(&tally[0], 1u) == P.n_experts - 1u);
+    }
+    if (workgroupUniformLoad(&last) == 0u) {
+        return;
+    }
+    storageBarrier();
+    for (var i = lid; i < N2; i += WG) {
+        var l = 0.0;
+        if (i < P.n_experts) {
+            l = bitcast<f32>(atomicLoad(&tally[1u + i]));
+        }
+        set_expert(i, l);
+    }
+    workgroupBarrier();
+    pick_row(lid, 0u);
+    if (lid == 0u) {
+        atomicStore(&tally[0], 0u);
+    }
+}
