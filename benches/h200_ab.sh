@@ -5,8 +5,9 @@
 # on the same warm machine). Then a profiled run of the default, the built-in model's greedy
 # ids, and greedy ids of a random-weight 2-layer q4 synth under each knob (the knobs must not
 # change tokens). Needs .h200/sparsa.xz and .gl/ (see h200_decode.sh); .h200/libtest.xz optional.
-# Env: SETS (space-separated knob sets, "default" = none, else NAME=VALUE[,NAME=VALUE]),
-#      ROUNDS (2), CTX (4096), BUILD.
+# Env: SETS (space-separated knob sets, "default" = none, else NAME=VALUE[,NAME=VALUE];
+#      BIN=NAME runs .h200/NAME.xz instead of .h200/sparsa.xz, e.g. the previous build),
+#      ROUNDS (2), CTX (4096), BUILD, LT_THREADS (the library tests' threads, 2).
 set -u
 OUT="${OUT:-benches/results/new}"; mkdir -p "$OUT"
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
@@ -22,19 +23,24 @@ if [ -n "${BUILD:-}" ]; then
   BPID=$!
 fi
 PIN="taskset -c 14,15"
+# The library's tests on this driver first (on every core unless llama.cpp builds beside).
+LT_PIN=; [ -n "${BUILD:-}" ] && LT_PIN=$PIN
+[ -x /tmp/libtest ] && { timeout 200 $LT_PIN /tmp/libtest --test-threads ${LT_THREADS:-2} > $OUT/libtest.txt 2>&1; note "libtest: $(grep 'test result' $OUT/libtest.txt)"; }
 $S synth --like glm-5 --layers 78 --experts 16 --format q4 --zeros --out $D > /dev/null 2>&1
 B() { # name, comma-separated NAME=VALUE knobs or "default", extra bench flags...
   local name=$1 knobs=$2; shift 2
-  local e=(); [ "$knobs" != default ] && IFS=, read -ra e <<< "$knobs"
+  local e=() bin=$S; [ "$knobs" != default ] && IFS=, read -ra e <<< "$knobs"
+  # BIN=NAME in a set: the binary carried as .h200/NAME.xz instead of sparsa.
+  for v in "${e[@]}"; do [[ $v == BIN=* ]] && bin=/tmp/${v#BIN=}; done
+  [ -x "$bin" ] || { xz -dc .h200/${bin#/tmp/}.xz > $bin; chmod +x $bin; }
   echo "== bench $name: ${e[*]:-}" >> $OUT/bench.txt
-  env "${e[@]}" timeout 150 $PIN $S bench --model $D --context ${CTX:-4096} --decode 32 --prompt-len 0 "$@" >> $OUT/bench.txt 2>&1
+  env "${e[@]}" timeout 150 $PIN $bin bench --model $D --context ${CTX:-4096} --decode 32 --prompt-len 0 "$@" >> $OUT/bench.txt 2>&1
   note "$name: $(grep -E '^bench: decode' $OUT/bench.txt | tail -1)"
 }
 for r in $(seq ${ROUNDS:-2}); do
   for k in ${SETS:-default}; do B "r$r $k" $k --no-profile; done
 done
 B "profiled default" default
-[ -x /tmp/libtest ] && { timeout 200 $PIN /tmp/libtest --test-threads 2 > $OUT/libtest.txt 2>&1; grep "test result" $OUT/libtest.txt >> $SUM; }
 $S generate --temperature 0 -n 48 --print-ids --prompt "KING RICHARD:" 2>/dev/null | tail -1 | sed 's/^/built-in greedy ids: /' >> $SUM
 rm -rf $D
 $S synth --like glm-5 --layers 2 --experts 16 --format q4 --out /tmp/small > /dev/null 2>&1

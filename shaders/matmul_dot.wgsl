@@ -165,69 +165,9 @@ fn quad_partial_i8(wo: vec4<u32>, lane: u32) -> vec4<f32> {
 @compute @workgroup_size(256)
 fn gemv_dot(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
     xqb = 0u;
     quantize_x(P.x_off, lid);
-    dense_rows(wid.x + wid.y * nwg.x, lid);
-}
-
-// gemv_dot over x before its RMSNorm (XQ = 0): each workgroup normalizes the row as it
-// quantizes it (quantize_x_norm), instead of a norm dispatch before the GEMV.
-@compute @workgroup_size(256)
-fn gemv_dot_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_index) lid: u32) {
-    xqb = 0u;
-    quantize_x_norm(P.x_off, lid);
-    dense_rows(wid.x + wid.y * nwg.x, lid);
-}
-
-// RMSNorm's weight for gemv_dot_norm (eps: P.eps).
-@group(0) @binding(5) var<storage, read> nw: array<f32>;
-
-// quantize_x of the x row at float offset `xo` normalized first, as rms_norm_q computes it
-// (x · rsqrt(mean(x²) + eps) · w), eight invocations per block.
-fn quantize_x_norm(xo: u32, lid: u32) {
-    var acc = vec4<f32>(0.0);
-    for (var c = lid; 4u * c < P.k; c += WG) {
-        let v = x4[xo / 4u + c];
-        acc += v * v;
-    }
-    xq_red[lid] = vec4<f32>((acc.x + acc.y) + (acc.z + acc.w), 0.0, 0.0, 0.0);
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            xq_red[lid].x += xq_red[lid + s].x;
-        }
-        workgroupBarrier();
-    }
-    let scale = inverseSqrt(xq_red[0].x / f32(P.k) + P.eps);
-    workgroupBarrier();
-    let nb = P.k / 32u;
-    let j = lid & 7u;
-    for (var b0 = 0u; b0 < nb; b0 += WG / 8u) {
-        let b = b0 + lid / 8u;
-        let live = b < nb;
-        var v = vec4<f32>(0.0);
-        if (live) {
-            for (var i = 0u; i < 4u; i++) {
-                let c = xo + 32u * b + word_elem(j, i, W_DTYPE == 5u);
-                v[i] = x4[c / 4u][c % 4u] * scale * nw[c - xo];
-            }
-        }
-        let q = quant_word_of(v, lid);
-        if (live) {
-            xh[2u * b + (j >> 2u)][j & 3u] = q.h;
-            xl[2u * b + (j >> 2u)][j & 3u] = q.l;
-            if (j == 0u) {
-                xs[b] = q.s;
-                xm[b] = q.m;
-            }
-        }
-    }
-    workgroupBarrier();
-}
-
-// The dense GEMV's rows of workgroup g, x quantized (in workgroup memory or the buffer).
-fn dense_rows(g: u32, lid: u32) {
     let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
     let rw = P.ws / EPV;
     var wo = vec4<u32>(NONE);

@@ -32,20 +32,24 @@ fn row_part(wb: u32, lid: u32) -> f32 {
             acc.x += x[xo + c] * bitcast<f32>(w[wb + c]);
         }
     } else {
-        // Two 16-bit elements per word; two words in flight per step.
+        // Two 16-bit elements per word; sixteen words in flight per step (a 6,144-wide
+        // bf16 row is 12 words per invocation: one round trip).
         let kw = P.k / 2u;
-        var c = lid;
-        for (; c + WG < kw; c += 2u * WG) {
-            let a = w_pair(w[wb + c]);
-            let b = w_pair(w[wb + c + WG]);
-            let d = c + WG;
-            acc += vec4<f32>(x[xo + 2u * c] * a.x, x[xo + 2u * c + 1u] * a.y,
-                             x[xo + 2u * d] * b.x, x[xo + 2u * d + 1u] * b.y);
-        }
-        for (; c < kw; c += WG) {
-            let a = w_pair(w[wb + c]);
-            acc.x += x[xo + 2u * c] * a.x;
-            acc.y += x[xo + 2u * c + 1u] * a.y;
+        for (var c0 = 0u; c0 < kw; c0 += 16u * WG) {
+            var wv: array<u32, 16>;
+            var xv: array<vec2<f32>, 16>;
+            for (var i = 0u; i < 16u; i++) {
+                let c = min(c0 + i * WG + lid, kw - 1u);
+                wv[i] = w[wb + c];
+                xv[i] = vec2<f32>(x[xo + 2u * c], x[xo + 2u * c + 1u]);
+            }
+            for (var i = 0u; i < 16u; i++) {
+                if (c0 + i * WG + lid < kw) {
+                    let a = w_pair(wv[i]);
+                    acc.x += xv[i].x * a.x;
+                    acc.y += xv[i].y * a.y;
+                }
+            }
         }
     }
     return (acc.x + acc.y) + (acc.z + acc.w);

@@ -94,19 +94,12 @@ fn word_slot(i: u32, nb: u32) -> vec2<u32> {
     return vec2<u32>(r, blk - r * nb);
 }
 
+// Eight consecutive invocations (lid & ~7 .. + 8) hold the words j = lid & 7 of block b: `v`,
+// the 4 values word_elem(j, 0..4). Quantizes the block and stores it at vec4 `o` of xq_out
+// (nb blocks per row). Workgroup-uniform control flow (barriers): invocations without a
+// block pass live = false.
 var<workgroup> xq_red: array<vec4<f32>, 256>;
-
-// One word of a block quantized: its hi and lo codes packed, and the block's (s, m).
-struct QWord {
-    h: u32,
-    l: u32,
-    s: f32,
-    m: f32,
-}
-
-// The word `v` of its block (eight consecutive invocations hold a block, see quant_word)
-// quantized; every invocation gets its block's (s, m). Workgroup-uniform control flow.
-fn quant_word_of(v: vec4<f32>, lid: u32) -> QWord {
+fn quant_word(v: vec4<f32>, lid: u32, live: bool, o: u32, nb: u32, b: u32) {
     let a = abs(v);
     xq_red[lid] = vec4<f32>(max(max(a.x, a.y), max(a.z, a.w)), 0.0, 0.0, 0.0);
     workgroupBarrier();
@@ -122,31 +115,22 @@ fn quant_word_of(v: vec4<f32>, lid: u32) -> QWord {
     let l = clamp(round((f - h) * 254.0), vec4<f32>(-127.0), vec4<f32>(127.0));
     xq_red[lid] = vec4<f32>((h.x + h.y) + (h.z + h.w), (l.x + l.y) + (l.z + l.w), 0.0, 0.0);
     workgroupBarrier();
-    var sh = 0.0;
-    var sl = 0.0;
-    for (var i = 0u; i < 8u; i++) {
-        sh += xq_red[g + i].x;
-        sl += xq_red[g + i].y;
-    }
-    workgroupBarrier();
-    return QWord(pack_i8(h), pack_i8(l), amax / 127.0, 8.0 * (sh + sl / 254.0));
-}
-
-// Eight consecutive invocations (lid & ~7 .. + 8) hold the words j = lid & 7 of block b: `v`,
-// the 4 values word_elem(j, 0..4). Quantizes the block and stores it at vec4 `o` of xq_out
-// (nb blocks per row). Workgroup-uniform control flow (barriers): invocations without a
-// block pass live = false.
-fn quant_word(v: vec4<f32>, lid: u32, live: bool, o: u32, nb: u32, b: u32) {
-    let q = quant_word_of(v, lid);
     let j = lid & 7u;
     if (live) {
-        xq_out[o + 2u * b + (j >> 2u)][j & 3u] = q.h;
-        xq_out[o + 2u * nb + 2u * b + (j >> 2u)][j & 3u] = q.l;
+        xq_out[o + 2u * b + (j >> 2u)][j & 3u] = pack_i8(h);
+        xq_out[o + 2u * nb + 2u * b + (j >> 2u)][j & 3u] = pack_i8(l);
         if (j == 0u) {
+            var sh = 0.0;
+            var sl = 0.0;
+            for (var i = 0u; i < 8u; i++) {
+                sh += xq_red[g + i].x;
+                sl += xq_red[g + i].y;
+            }
             let at = o + 4u * nb + b / 2u;
             let c = 2u * (b & 1u);
-            xq_out[at][c] = bitcast<u32>(q.s);
-            xq_out[at][c + 1u] = bitcast<u32>(q.m);
+            xq_out[at][c] = bitcast<u32>(amax / 127.0);
+            xq_out[at][c + 1u] = bitcast<u32>(8.0 * (sh + sl / 254.0));
         }
     }
+    workgroupBarrier();
 }

@@ -65,8 +65,7 @@ kernel_params! {
         r_lo: u32,
         /// Experts: 1 = slot s runs expert s % topk, no ids read (a per-head product).
         e_direct: u32,
-        /// gemv_dot_norm: the RMSNorm's eps.
-        eps: f32,
+        _pad1: u32,
     }
 }
 
@@ -532,58 +531,6 @@ fn matmul_as(
     }
 }
 
-/// Whether [`matmul_norm`] runs `w` on `x`.
-pub fn takes_norm(gpu: &crate::gpu::Gpu, x: View, w: &GpuWeight) -> bool {
-    dot_blocks(gpu, x, w).is_some()
-}
-
-/// `y = RMSNorm(x) · Wᵀ` for one row of `x`, the norm (weight `nw`, f32 of `w.cols`, and
-/// `eps`) done by each GEMV workgroup as it quantizes x for the integer-dot products
-/// (`gemv_dot_norm`) instead of by a dispatch of its own. False, with nothing recorded,
-/// where that GEMV does not apply to `w` (then: the norm, then [`matmul`]).
-pub fn matmul_norm(
-    rec: &mut Recorder,
-    x: View,
-    (nw, eps): (&wgpu::Buffer, f32),
-    w: &GpuWeight,
-    y: View,
-) -> bool {
-    let Some(maxb) = dot_blocks(rec.gpu(), x, w) else {
-        return false;
-    };
-    debug_assert!(
-        x.buf != y.buf,
-        "matmul_norm: x and y must be different buffers"
-    );
-    let tpr4 = dot_lanes(w, w.rows as u32);
-    let pipe = pipeline(rec, "gemv_dot_norm", w, dot_knobs(tpr4, maxb, false));
-    for c in w.chunks.iter().filter(|c| c.rows > 0) {
-        let n = c.rows as u32;
-        let p = Params {
-            k: w.cols as u32,
-            n,
-            rows: 1,
-            x_off: x.offset,
-            x_stride: x.stride,
-            y_off: y.offset + c.row0 as u32,
-            y_stride: y.stride,
-            ws: w.stride as u32,
-            eps,
-            ..Params::zeroed()
-        };
-        let grid = rec.gpu().grid(n.div_ceil(256 / tpr4 * 4));
-        let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
-        let k = w.cols as u64;
-        rec.cost(
-            n as u64 * w.row_bytes() + 4 * (2 * k + n as u64),
-            2 * n as u64 * k,
-            w.format.name(),
-        );
-        rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, scale, nw], grid);
-    }
-    true
-}
-
 /// Which expert each routed pair uses: `ids[t * topk + j]` (u32) for row `t`'s `j`-th pair,
 /// an expert of the `n_experts` stacked in the weight (expert ids, or the expert cache's
 /// slots).
@@ -868,7 +815,7 @@ fn experts_as(
             e_rows: block,
             r_lo: win.first,
             e_direct: direct as u32,
-            eps: 0.0,
+            _pad1: 0,
         };
         let groups = if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
@@ -1504,74 +1451,6 @@ mod tests {
         // Other formats keep the float GEMVs.
         let f8 = make_weight(&[0.5; 3 * 64], 3, 64, WFormat::Quant(QFormat::Fp8), 1, None).0;
         assert_eq!(dot_blocks(g, x, &f8), None);
-    }
-
-    #[test]
-    fn gemv_norm_prologue_is_norm_then_gemv() {
-        // matmul_norm (the RMSNorm in each workgroup's prologue) against rms_norm_q then
-        // matmul_xq: the same products up to the scale's summation order. K over one and
-        // several rounds of 32 blocks, x at an offset, weights split across chunks.
-        let g = gpu();
-        let f = WFormat::Quant(QFormat::Q4 { block: 32 });
-        for (i, (k, n, chunk)) in [(96, 9, None), (2048, 70, Some(33)), (6176, 37, Some(16))]
-            .into_iter()
-            .enumerate()
-        {
-            let mut rng = Rng::new(1550 + i as u64);
-            let (wgt, _) = make_weight(&rng.vec(n * k, 1.0), n, k, f, 1, chunk);
-            let xs: Vec<f32> = rng.vec(8 + k, 3.0).into_iter().map(|v| v + 0.5).collect();
-            let nw: Vec<f32> = rng.vec(k, 0.5).into_iter().map(|v| v + 1.0).collect();
-            let xb = g.buffer_from(&xs, "x").unwrap();
-            let nwb = g.buffer_from(&nw, "norm weight").unwrap();
-            let normed = g.buffer(4 * k as u64, "normed").unwrap();
-            let qb = g.buffer(xq_bytes(k as u32, 1), "xq").unwrap();
-            let ya = g
-                .buffer_from(&vec![-7.0f32; n + 3], "y two dispatches")
-                .unwrap();
-            let yb = g.buffer_from(&vec![-7.0f32; n + 3], "y prologue").unwrap();
-            let xv = View::new(&xb, 8, k as u32);
-            let eps = 1e-5;
-            let mut rec = g.recorder();
-            let order = takes_xq(xv, &wgt).unwrap();
-            let nv = View::rows(&normed, k as u32);
-            let q =
-                crate::kernels::norm::rms_norm_q(&mut rec, xv, &nwb, nv, k as u32, eps, order, &qb);
-            matmul_xq(&mut rec, &q, nv, &wgt, View::new(&ya, 2, n as u32));
-            assert!(takes_norm(g, xv, &wgt));
-            assert!(matmul_norm(
-                &mut rec,
-                xv,
-                (&nwb, eps),
-                &wgt,
-                View::new(&yb, 2, n as u32)
-            ));
-            rec.finish().unwrap();
-            let want = g.read_f32(&ya, 0, n + 3).unwrap();
-            let got = g.read_f32(&yb, 0, n + 3).unwrap();
-            // The two scales may differ in their last bit, which moves a few x codes by one
-            // step of 1 / (127 · 254) of their block's largest value: |Δ| ≲ 1e-5 · √k here.
-            let atol = 1e-5 * (k as f32).sqrt();
-            let what = format!("matmul_norm k {k} n {n}");
-            crate::kernels::testutil::assert_close(&got, &want, atol, 1e-4, &what);
-            assert_eq!(
-                (got[0], got[1], got[n + 2]),
-                (-7.0, -7.0, -7.0),
-                "outside y's rows"
-            );
-        }
-        // Where the integer-dot GEMV does not apply, nothing is recorded.
-        let (bf, _) = make_weight(&[0.5; 3 * 64], 3, 64, DType::BF16.into(), 1, None);
-        let xb = g.buffer(4 * 64, "x").unwrap();
-        let xv = View::rows(&xb, 64);
-        let mut rec = g.recorder();
-        assert!(!takes_norm(g, xv, &bf));
-        assert!(!matmul_norm(
-            &mut rec,
-            xv,
-            (&xb, 1e-6),
-            &bf,
-            View::rows(&xb, 3)
-        ));
     }
 
     #[test]

@@ -188,7 +188,7 @@ pub fn route_gemv(
     let per_word = 4 / d.size();
     if w.chunks.len() != 1
         || w.rows != r.n_experts as usize
-        || w.cols % per_word != 0
+        || !w.cols.is_multiple_of(per_word)
         || tally.size() < 4 * tally_words(w.rows) as u64
     {
         return false;

@@ -8,7 +8,7 @@
 //! those latent rows only.
 
 use super::forward::{gemv_add, project};
-use super::load::{Indexer, Layer, Proj};
+use super::load::{Indexer, Layer};
 use super::scratch::{qi_cols, qkv_cols};
 use super::session::Session;
 use crate::gpu::Recorder;
@@ -22,13 +22,6 @@ use crate::kernels::{attention, indexer, matmul, rope, topk, Causal, View};
 /// not `rms_norm_eps`) and of the indexer's `k_norm` LayerNorm.
 const LATENT_NORM_EPS: f32 = 1e-6;
 const K_NORM_EPS: f32 = 1e-6;
-
-/// Whether a decode step's q LoRA norm runs in the prologue of q_b's GEMVs
-/// (`SPARSA_NORM_PROLOGUE=1`) instead of as a dispatch of its own (default until measured).
-fn norm_prologue() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SPARSA_NORM_PROLOGUE").is_ok_and(|v| v == "1"))
-}
 
 impl Session {
     /// `h += o_proj(SparseMLA(RMSNorm(h)))` for layer `i` over the chunk's `t` rows at
@@ -61,10 +54,8 @@ impl Session {
         let xq = self.norm_for(rec, h, norm, x, t, layer.qkv_a.first(), &s.xq_x);
         project(rec, xq.as_ref(), x, &layer.qkv_a, qkv, t);
         let norm = (&layer.q_a_norm, LATENT_NORM_EPS);
-        if !(t == 1 && norm_prologue() && self.project_norm(rec, qa_raw, norm, &layer.q_b, qi)) {
-            let qaq = self.norm_for(rec, qa_raw, norm, qa, t, layer.q_b.first(), &s.xq_qa);
-            project(rec, qaq.as_ref(), qa, &layer.q_b, qi, t);
-        }
+        let qaq = self.norm_for(rec, qa_raw, norm, qa, t, layer.q_b.first(), &s.xq_qa);
+        project(rec, qaq.as_ref(), qa, &layer.q_b, qi, t);
         // RoPE on the queries' last dr dims per head and on the indexer's queries: done by
         // the kernels that read them, as they read them (sparse MLA, the indexer's scores).
         let iq = qi.col(heads * (dn + dr));
@@ -115,29 +106,6 @@ impl Session {
         attention::up_v(rec, o_lat, &layer.kv_b, attn, t, &d.mla);
         let aq = self.quantize(rec, attn, t, 1, &layer.o, &s.xq_qa);
         gemv_add(rec, aq.as_ref(), attn, &layer.o, out, h, t);
-    }
-
-    /// `y = RMSNorm(x) · [W_1 | W_2 | …]ᵀ` for a decode row with the norm in each GEMV's
-    /// prologue ([`matmul::matmul_norm`]); false, with nothing recorded, unless every part
-    /// of `p` takes it.
-    fn project_norm(
-        &self,
-        rec: &mut Recorder,
-        x: View,
-        norm: (&wgpu::Buffer, f32),
-        p: &Proj,
-        y: View,
-    ) -> bool {
-        if !p.parts.iter().all(|w| matmul::takes_norm(rec.gpu(), x, w)) {
-            return false;
-        }
-        let mut col = 0;
-        for w in &p.parts {
-            let done = matmul::matmul_norm(rec, x, norm, w, y.col(col));
-            debug_assert!(done, "matmul_norm applies where takes_norm says");
-            col += w.rows as u32;
-        }
-        true
     }
 
     /// The lightning indexer of full layer `i`: writes the chunk's key rows into the layer's
