@@ -45,6 +45,12 @@ impl AdapterSummary {
         }
     }
 
+    /// Whether the adapter runs on the CPU (lavapipe, SwiftShader, a browser's fallback
+    /// adapter): a few workgroups fill its cores, and idle lanes cost as much as busy ones.
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == format!("{:?}", wgpu::DeviceType::Cpu)
+    }
+
     /// One line for logs and `sparsa devices`.
     pub fn line(&self) -> String {
         format!(

@@ -229,10 +229,14 @@ fn whole_words(w: &GpuWeight) -> bool {
 
 /// gemv4's (lanes per row, rows per lane) for `x_rows` rows of x and about `out_rows`
 /// weight rows to cover. Each lane should walk at least 8 words of its row (the lane sums'
-/// reduction has a fixed cost: 4-bit rows are short), but fewer lanes per row also mean
-/// fewer workgroups, so lanes are added back while the dispatch would have under 256.
-fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32) -> (u32, u32) {
-    if x_rows == 1 && matches!(w.format, WFormat::Quant(QFormat::Q8 { .. })) {
+/// reduction has a fixed cost: 4-bit rows are short). On a GPU, fewer lanes per row also
+/// mean fewer workgroups, so lanes are added back while the dispatch would have under 256,
+/// and one q8 row takes 64 lanes. On a CPU adapter (`cpu`) neither: a few workgroups fill
+/// its cores, and an idle lane costs as much as a busy one (the built-in model's 256-wide
+/// q8 rows on 64 lanes left three in four idle: 3.5x slower on lavapipe, 8x on SwiftShader;
+/// BENCHMARKS.md, "Kernel choices").
+fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32, cpu: bool) -> (u32, u32) {
+    if !cpu && x_rows == 1 && matches!(w.format, WFormat::Quant(QFormat::Q8 { .. })) {
         // 64 lanes per row: fastest or tied for every GLM-5 shape (examples/gemv_shapes.rs;
         // BENCHMARKS.md, "Kernel choices").
         return (64, 2);
@@ -245,7 +249,7 @@ fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32) -> (u32, u32) {
     }
     // Few rows (a router, the indexer's head weights): more lanes per row, up to a whole
     // workgroup, so that the row's words spread over more workgroups than a few.
-    while tpr < 256 && out_rows.div_ceil(256 / tpr * 2) < 256 {
+    while !cpu && tpr < 256 && out_rows.div_ceil(256 / tpr * 2) < 256 {
         tpr *= 2;
     }
     (tpr, 2)
@@ -283,8 +287,8 @@ fn dot_applies(x: View, w: &GpuWeight) -> bool {
 
 /// gemv_dot's lanes per row (its x quantization costs the same whatever the lanes, so it
 /// uses gemv4q's choice), unless `SPARSA_GEMV_TPR` says otherwise.
-fn dot_lanes(w: &GpuWeight, out_rows: u32) -> u32 {
-    env_tpr().unwrap_or_else(|| gemv4_knobs(w, 1, out_rows / 2).0)
+fn dot_lanes(w: &GpuWeight, out_rows: u32, cpu: bool) -> u32 {
+    env_tpr().unwrap_or_else(|| gemv4_knobs(w, 1, out_rows / 2, cpu).0)
 }
 
 fn env_tpr() -> Option<u32> {
@@ -304,23 +308,42 @@ fn quad_rows(w: &GpuWeight) -> bool {
     matches!(w.format, WFormat::Quant(QFormat::Q4 { .. }))
 }
 
+/// What the kernel choice needs to know of the device.
+#[derive(Clone, Copy, Debug, Default)]
+struct Dev {
+    /// The device runs `gemm`'s tile on tensor cores.
+    tensor_cores: bool,
+    /// A CPU adapter (see [`gemv4_knobs`]).
+    cpu: bool,
+}
+
+impl Dev {
+    fn of(gpu: &crate::gpu::Gpu) -> Dev {
+        Dev {
+            tensor_cores: gpu.tensor_cores(),
+            cpu: gpu.adapter.is_cpu(),
+        }
+    }
+}
+
 impl Dense {
-    /// The kernel for `rows` rows of x; `tensor_cores`: the device runs `gemm`'s tile on
-    /// them, which then serves every GEMM size (gemm128 is the f32 tile's large variant).
-    /// `dot`: what [`dot_blocks`] says for this x and weight.
-    fn pick(rows: u32, x: View, w: &GpuWeight, tensor_cores: bool, dot: Option<u32>) -> Dense {
+    /// The kernel for `rows` rows of x on `dev`; on tensor cores `gemm`'s tile serves every
+    /// GEMM size (gemm128 is the f32 tile's large variant). `dot`: what [`dot_blocks`] says
+    /// for this x and weight.
+    fn pick(rows: u32, x: View, w: &GpuWeight, dev: Dev, dot: Option<u32>) -> Dense {
+        let cpu = dev.cpu;
         if rows <= GEMV_MAX_ROWS {
             if let Some(maxb) = dot.filter(|_| rows == 1) {
-                Dense::GemvDot(dot_lanes(w, w.rows as u32), maxb)
+                Dense::GemvDot(dot_lanes(w, w.rows as u32, cpu), maxb)
             } else if rows == 1 && quad_rows(w) && gemv4_ok(rows, x, w) {
-                Dense::Gemv4Q(gemv4_knobs(w, 1, w.rows as u32 / 2).0)
+                Dense::Gemv4Q(gemv4_knobs(w, 1, w.rows as u32 / 2, cpu).0)
             } else if gemv4_ok(rows, x, w) {
-                let (tpr, rr) = gemv4_knobs(w, rows, w.rows as u32);
+                let (tpr, rr) = gemv4_knobs(w, rows, w.rows as u32, cpu);
                 Dense::Gemv4(tpr, rr)
             } else {
                 Dense::Gemv
             }
-        } else if tensor_cores
+        } else if dev.tensor_cores
             || rows <= 128
             || rows.div_ceil(128) * (w.rows as u32).div_ceil(128) < GEMM128_MIN_TILES
         {
@@ -336,7 +359,7 @@ impl Dense {
 /// different buffers.
 pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
     let gpu = rec.gpu();
-    let pick = |r: u32, xv: View| Dense::pick(r, xv, w, gpu.tensor_cores(), dot_blocks(gpu, xv, w));
+    let pick = |r: u32, xv: View| Dense::pick(r, xv, w, Dev::of(gpu), dot_blocks(gpu, xv, w));
     if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS {
         // A few GEMV passes beat a GEMM whose tiles are mostly empty.
         let mut t = 0;
@@ -448,7 +471,7 @@ fn xq_gemv(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View, add
         return false;
     }
     // No workgroup memory for x: MAXB 1.
-    let kind = Dense::GemvDot(dot_lanes(w, w.rows as u32), 1);
+    let kind = Dense::GemvDot(dot_lanes(w, w.rows as u32, rec.gpu().adapter.is_cpu()), 1);
     matmul_as(rec, x, w, y, 1, kind, Some(xq), add);
     true
 }
@@ -751,11 +774,12 @@ fn experts_as(
         Some(_) if gemv4 && dot_applies(x, w) => Some(1),
         _ => gemv4.then(|| dot_blocks(rec.gpu(), x, w)).flatten(),
     };
+    let cpu = rec.gpu().adapter.is_cpu();
     let quad = gemv4 && (dot.is_some() || quad_rows(w));
     let (tpr4, rr) = if quad {
-        (gemv4_knobs(w, 1, rpe.saturating_mul(slots) / 2).0, 4)
+        (gemv4_knobs(w, 1, rpe.saturating_mul(slots) / 2, cpu).0, 4)
     } else {
-        gemv4_knobs(w, 1, rpe.saturating_mul(slots))
+        gemv4_knobs(w, 1, rpe.saturating_mul(slots), cpu)
     };
     let xq = xq.filter(|_| dot.is_some());
     let tpr4 = match dot {
@@ -1050,25 +1074,51 @@ mod tests {
     }
 
     #[test]
+    fn gemv4_lanes_on_cpu_and_gpu() {
+        // The built-in model's 256-wide q8 rows are 16 words: a GPU gives a row 64 lanes, a
+        // CPU adapter 4 (each lane walks 4 words; the fewest lanes the kernel takes).
+        let q8 = WFormat::Quant(QFormat::Q8 { block: 32 });
+        let w = make_weight(&[0.5; 2 * 256], 2, 256, q8, 1, None).0;
+        assert_eq!(gemv4_knobs(&w, 1, 6144, false), (64, 2));
+        assert_eq!(gemv4_knobs(&w, 1, 6144, true), (4, 2));
+        // 768 bf16 rows of 256 (32 words): lanes added back on a GPU until the dispatch has
+        // 256 workgroups (a whole workgroup per row pair), none on a CPU.
+        let b = make_weight(
+            &[0.5; 2 * 256],
+            2,
+            256,
+            WFormat::Float(DType::BF16),
+            1,
+            None,
+        )
+        .0;
+        assert_eq!(gemv4_knobs(&b, 1, 768, false), (256, 2));
+        assert_eq!(gemv4_knobs(&b, 1, 768, true), (4, 2));
+        // Two x rows: at least 4 lanes a row either way; long rows keep 64 lanes.
+        let long = make_weight(&[0.5; 2 * 6144], 2, 6144, q8, 1, None).0;
+        assert_eq!(gemv4_knobs(&long, 2, 6144, true), (32, 2));
+    }
+
+    #[test]
     fn gemv4_all_dtypes_and_shapes() {
         let g = gpu();
         // The picker takes the 16-byte path only for aligned rows and x.
         let w = GpuWeight::from_f32(g, &[0.0; 16 * 24], 16, 24, DType::BF16, None, "w").unwrap();
         let xb = g.buffer(4 * 1024, "x").unwrap();
         assert!(matches!(
-            Dense::pick(3, View::new(&xb, 4, 28), &w, false, None),
+            Dense::pick(3, View::new(&xb, 4, 28), &w, Dev::default(), None),
             Dense::Gemv4(..)
         ));
         assert_eq!(
-            Dense::pick(3, View::new(&xb, 4, 26), &w, false, None),
+            Dense::pick(3, View::new(&xb, 4, 26), &w, Dev::default(), None),
             Dense::Gemv
         );
         assert_eq!(
-            Dense::pick(3, View::new(&xb, 2, 28), &w, false, None),
+            Dense::pick(3, View::new(&xb, 2, 28), &w, Dev::default(), None),
             Dense::Gemv
         );
         assert!(matches!(
-            Dense::pick(1, View::new(&xb, 4, 26), &w, false, None),
+            Dense::pick(1, View::new(&xb, 4, 26), &w, Dev::default(), None),
             Dense::Gemv4(..)
         ));
         for (i, dtype) in DTYPES.into_iter().enumerate() {
@@ -1129,15 +1179,30 @@ mod tests {
             GpuWeight::from_f32(gpu(), &[0.0; 8 * 1280], 1280, 8, DType::F32, None, "w").unwrap();
         let xb = gpu().buffer(1024, "x").unwrap();
         assert_eq!(
-            Dense::pick(GEMV_MAX_ROWS + 1, View::rows(&xb, 8), &w, false, None),
+            Dense::pick(
+                GEMV_MAX_ROWS + 1,
+                View::rows(&xb, 8),
+                &w,
+                Dev::default(),
+                None
+            ),
             Dense::Gemm(64)
         );
         assert_eq!(
-            Dense::pick(1280, View::rows(&xb, 8), &w, false, None),
+            Dense::pick(1280, View::rows(&xb, 8), &w, Dev::default(), None),
             Dense::Gemm(128)
         );
         assert_eq!(
-            Dense::pick(1280, View::rows(&xb, 8), &w, true, None),
+            Dense::pick(
+                1280,
+                View::rows(&xb, 8),
+                &w,
+                Dev {
+                    tensor_cores: true,
+                    cpu: false
+                },
+                None
+            ),
             Dense::Gemm(64)
         );
         for (i, dtype) in DTYPES.into_iter().enumerate() {
@@ -1398,7 +1463,7 @@ mod tests {
             if let QFormat::Q4 { .. } = q {
                 // One aligned x row over q4 takes it; workgroup memory bounds K.
                 assert!(matches!(
-                    Dense::pick(1, x, &w(64), false, dot_blocks(g, x, &w(64))),
+                    Dense::pick(1, x, &w(64), Dev::default(), dot_blocks(g, x, &w(64))),
                     Dense::GemvDot(_, 8)
                 ));
                 assert_eq!(

@@ -60,7 +60,7 @@ pub struct TopkScratch {
 
 impl TopkScratch {
     pub fn new(gpu: &Gpu, max_rows: u32) -> Result<TopkScratch> {
-        let groups = if gpu.adapter.device_type == format!("{:?}", wgpu::DeviceType::Cpu) {
+        let groups = if gpu.adapter.is_cpu() {
             let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             (threads as u32).saturating_mul(WIDE_GROUPS_PER_CPU_THREAD)
         } else {
