@@ -150,6 +150,9 @@ pub struct BenchOptions {
     pub prompt_lens: Vec<usize>,
     pub contexts: Vec<usize>,
     pub decode: usize,
+    /// Draft lengths k whose verification (a forward of k + 1 positions) is timed at each
+    /// context.
+    pub verify: Vec<usize>,
     pub dense: bool,
     pub fill: Fill,
     pub profile: bool,
@@ -219,8 +222,21 @@ pub struct DecodeResult {
     pub ms_sampled_median: f64,
     /// Per-kernel times of one more step, profiled.
     pub kernels: Vec<Kernel>,
+    /// Speculative verification at this context, one entry per `--verify` draft length.
+    pub verify: Vec<VerifyResult>,
     /// Expert offloading during the greedy generation (None when every expert is resident).
     pub experts: Option<ExpertReport>,
+}
+
+/// The cost of verifying `positions - 1` draft tokens: one synchronous forward of
+/// `positions` rows at the context with every row's logits read back, as a speculative
+/// step does, against a single synchronous decode step measured the same way.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyResult {
+    pub positions: usize,
+    pub ms_median: f64,
+    /// `ms_median` over the single synchronous step's median.
+    pub vs_step: f64,
 }
 
 /// What the routed-expert cache did during a decode measurement.
@@ -338,6 +354,11 @@ pub struct BenchReport {
 }
 
 /// Deterministic token ids below `vocab` (splitmix64).
+/// The middle of sorted times (NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut x = seed;
     (0..n)
@@ -394,7 +415,7 @@ pub fn run(
     let need = opts
         .contexts
         .iter()
-        .map(|c| c + opts.decode + 4)
+        .map(|c| c + opts.decode + 4 + opts.verify.iter().max().map_or(0, |k| k + 1))
         .chain(opts.prompt_lens.iter().copied())
         .max()
         .unwrap_or(1);
@@ -465,6 +486,33 @@ pub fn run(
                 if i >= 2 {
                     sync.push(t.elapsed().as_secs_f64() * 1e3);
                 }
+            }
+            sync.sort_by(f64::total_cmp);
+            let sync_med = median(&sync);
+            let mut verify = Vec::with_capacity(opts.verify.len());
+            for &k in &opts.verify {
+                let toks = random_tokens(k + 1, vocab, opts.seed ^ 0xd4af7);
+                let mut v = Vec::with_capacity(opts.decode);
+                for i in 0..opts.decode + 2 {
+                    s.truncate(ctx);
+                    let t = Instant::now();
+                    s.forward(&toks, true)?;
+                    if i >= 2 {
+                        v.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                v.sort_by(f64::total_cmp);
+                let ms = median(&v);
+                log(&format!(
+                    "verify {} positions at {ctx}: {ms:.3} ms, {:.2}x a single synchronous step ({sync_med:.3} ms)",
+                    k + 1,
+                    ms / sync_med
+                ));
+                verify.push(VerifyResult {
+                    positions: k + 1,
+                    ms_median: ms,
+                    vs_step: ms / sync_med,
+                });
             }
             // The host's share: steps recorded and submitted back to back without waiting
             // (each picks its token on the GPU for the next), then one wait for all.
@@ -538,9 +586,7 @@ pub fn run(
                 s.forward_pick(&[tok], Some((0, &crate::model::Pick::Argmax)))?;
                 pollster::block_on(s.picked_token(0))
             })?;
-            sync.sort_by(f64::total_cmp);
-            let median = |v: &[f64]| v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
-            let (med, sync_med, smp_med) = (median(&times), median(&sync), median(&sampled));
+            let (med, smp_med) = (median(&times), median(&sampled));
             let host_med = median(&host);
             let per_layer = dispatches as f64 / model.config.num_hidden_layers.max(1) as f64;
             log(&format!(
@@ -567,6 +613,7 @@ pub fn run(
                 dispatches_per_layer: per_layer,
                 ms_sampled_median: smp_med,
                 kernels,
+                verify,
                 experts,
             });
         }
@@ -615,6 +662,16 @@ pub fn format_report(r: &BenchReport) -> String {
             "\ndecode at context {} ({}, caches {} at {} B/token, {:?} fill): {:.3} ms/token median ({:.3}–{:.3}, {} steps), {:.1} tok/s; sampled (chat defaults) {:.3} ms; single synchronous steps {:.3} ms; host {:.3} ms to record and submit a step; {} dispatches per token, {:.1} per layer",
             d.context, d.attention, d.cache, d.cache_bytes_per_token, d.fill, d.ms_median, d.ms_min, d.ms_max, d.steps, d.tok_per_s, d.ms_sampled_median, d.ms_sync_median, d.ms_host_median, d.dispatches_per_token, d.dispatches_per_layer
         );
+        for v in &d.verify {
+            let _ = writeln!(
+                o,
+                "  verify {} positions (k = {} drafts): {:.3} ms, {:.2}x a single synchronous step",
+                v.positions,
+                v.positions - 1,
+                v.ms_median,
+                v.vs_step
+            );
+        }
         if let Some(x) = &d.experts {
             let st = &x.stats;
             let _ = writeln!(

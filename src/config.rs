@@ -88,6 +88,14 @@ pub struct Config {
     /// MLA RoPE pairing.
     pub mla_rope_interleave: bool,
     pub indexer_types: Vec<IndexerKind>,
+    /// Multi-token-prediction layers after the decoder (`num_nextn_predict_layers`: layer
+    /// `num_hidden_layers`, a full DSA MoE layer behind `enorm` / `hnorm` / `eh_proj`).
+    /// sparsa runs the first as a draft model; [`crate::model::Model`] sets this to 0 where
+    /// the files lack it or it is not loaded.
+    pub num_nextn_predict_layers: usize,
+    /// GLM-5.2's `index_share_for_mtp_iteration`: draft steps after the first may reuse the
+    /// first's top-k (sparsa runs the MTP layer's indexer at every step, which is exact).
+    pub index_share_for_mtp: bool,
     pub rope: Rope,
     pub rms_norm_eps: f32,
     pub max_position_embeddings: usize,
@@ -399,6 +407,8 @@ impl Config {
             indexer_rope_interleave,
             mla_rope_interleave,
             indexer_types,
+            num_nextn_predict_layers: f.usize_or("num_nextn_predict_layers", 0)?,
+            index_share_for_mtp: f.bool_or("index_share_for_mtp_iteration", false)?,
             rope,
             rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)? as f32,
             max_position_embeddings: f.usize_or("max_position_embeddings", 4096)?,
@@ -492,6 +502,19 @@ impl Config {
     /// Whether layer `i` uses a dense MLP instead of MoE.
     pub fn is_dense_layer(&self, i: usize) -> bool {
         self.dense_layers[i]
+    }
+
+    /// Layers with caches: the decoder's, and the MTP layer where the model runs one (it is
+    /// layer `num_hidden_layers`, a full layer).
+    pub fn cache_layers(&self) -> usize {
+        self.num_hidden_layers + self.num_nextn_predict_layers.min(1)
+    }
+
+    /// Whether cache layer `i` has indexer keys (a full layer, or the MTP layer).
+    pub fn has_keys(&self, i: usize) -> bool {
+        self.indexer_types
+            .get(i)
+            .is_none_or(|k| *k == IndexerKind::Full)
     }
 
     /// The MLA softmax scale: qk_head_dim^-0.5, times mscale² under YaRN with mscale_all_dim.

@@ -102,6 +102,9 @@ pub async fn generate_events_async(
             session.max_ctx()
         )));
     }
+    if session.drafts() > 0 && sampler.params.is_greedy() {
+        return speculative(session, history, prompt, max_tokens, sampler, eos, on_event).await;
+    }
     if sampler.gpu_can_pick() {
         return pipelined(session, history, prompt, max_tokens, sampler, eos, on_event).await;
     }
@@ -161,6 +164,124 @@ fn stop_after(
         Some(Stop::ContextFull)
     } else {
         None
+    }
+}
+
+/// Greedy generation with drafts from the model's MTP layer (`model/draft.rs`): each round
+/// drafts up to `session.drafts()` tokens, verifies them with one forward of the main
+/// model, emits the agreeing prefix and the main model's token after it. Every emitted token
+/// is what the sampler picks from the main model's logits given the tokens before it, so
+/// the output is the non-speculative output. Afterwards the session holds the prompt and
+/// all generated tokens but the last, as on the other paths (the MTP layer's caches too).
+async fn speculative(
+    session: &mut Session,
+    history: &[u32],
+    prompt: &[u32],
+    max_tokens: usize,
+    sampler: &mut Sampler,
+    eos: &[u32],
+    mut on_event: impl FnMut(Event) -> bool,
+) -> Result<(Vec<u32>, Stop)> {
+    let window = sampler.params.repeat_last_n;
+    let mut recent: Vec<u32> = history[history.len().saturating_sub(window)..].to_vec();
+    let keep = |recent: &mut Vec<u32>| {
+        if recent.len() > 2 * window.max(1) {
+            recent.drain(..recent.len() - window);
+        }
+    };
+    let mut out = Vec::new();
+    // Prefill: each chunk through the main model, then through the MTP layer paired with the
+    // tokens one further on (the prompt's, and after the last chunk the token it picks).
+    let parts: Vec<&[u32]> = prompt.chunks(session.chunk.max(1)).collect();
+    let (mut next, mut draft, mut done) = (0, 0, 0);
+    for (c, part) in parts.iter().enumerate() {
+        let pos0 = session.pos;
+        let last = c + 1 == parts.len();
+        let logits = session.forward_keep_hidden(part, usize::from(last)).await?;
+        let mut shifted = part[1..].to_vec();
+        if last {
+            recent.extend_from_slice(&prompt[prompt.len().saturating_sub(window)..]);
+            next = sampler.sample_after(&logits, &recent);
+            shifted.push(next);
+        } else {
+            shifted.push(parts[c + 1][0]);
+        }
+        draft = session.mtp_forward(&shifted, pos0).await?;
+        done += part.len();
+        if !on_event(Event::Prefill {
+            done,
+            total: prompt.len(),
+        }) {
+            return Ok((out, Stop::Callback));
+        }
+    }
+    out.push(next);
+    recent.push(next);
+    let (pos, max_ctx) = (session.pos, session.max_ctx());
+    if let Some(stop) = stop_after(&out, &mut on_event, eos, max_tokens, pos, max_ctx) {
+        return Ok((out, stop));
+    }
+    let vocab = session.model.config.vocab_size;
+    loop {
+        let p = session.pos;
+        // `next` sits at position p, not yet run. Drafts for p + 1 ..: as many as can be
+        // emitted (a round emits at most k + 1 tokens) and verified within the context.
+        let k = session
+            .drafts()
+            .min(max_tokens - out.len() - 1)
+            .min(session.max_ctx() - p - 1);
+        let mut drafts = Vec::with_capacity(k);
+        if k > 0 {
+            drafts.push(draft);
+        }
+        while drafts.len() < k {
+            let j = drafts.len();
+            drafts.push(session.mtp_forward(&[drafts[j - 1]], p - 1 + j).await?);
+        }
+        let mut run = vec![next];
+        run.extend_from_slice(&drafts);
+        let logits = session.forward_keep_hidden(&run, run.len()).await?;
+        // Row j's logits pick the token at p + j + 1 given run[..=j]: accepted while it is
+        // the draft there, and the first that is not ends the round (or the bonus token
+        // after k accepted drafts).
+        let mut emitted = Vec::with_capacity(k + 1);
+        let mut hyp = recent.clone();
+        for (j, row) in logits.chunks_exact(vocab).enumerate() {
+            let g = sampler.sample_after(row, &hyp);
+            emitted.push(g);
+            hyp.push(g);
+            if drafts.get(j) != Some(&g) {
+                break;
+            }
+        }
+        session.count_round(k, emitted.len() - 1);
+        // Emit in order until a stop: m tokens, the main caches keep p .. p + m (next and
+        // the emitted tokens but the last), the MTP layer runs over those rows.
+        let mut stop = None;
+        let mut m = 0;
+        for &g in &emitted {
+            out.push(g);
+            recent.push(g);
+            keep(&mut recent);
+            m += 1;
+            stop = stop_after(
+                &out,
+                &mut on_event,
+                eos,
+                max_tokens,
+                p + m,
+                session.max_ctx(),
+            );
+            if stop.is_some() {
+                break;
+            }
+        }
+        session.truncate(p + m);
+        draft = session.mtp_forward(&emitted[..m], p).await?;
+        next = emitted[m - 1];
+        if let Some(stop) = stop {
+            return Ok((out, stop));
+        }
     }
 }
 

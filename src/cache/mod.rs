@@ -17,7 +17,7 @@
 //! context within one binding is one buffer: the kernels that read a cache take its
 //! segments ([`CacheRows`]) and read each with a dispatch of its own.
 
-use crate::config::{Config, IndexerKind};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 pub use crate::kernels::cache::{CacheRows, KeyFormat, LatentFormat, Segment};
@@ -224,11 +224,9 @@ impl Caches {
             key_cap: seg_cap(kw),
             latent_words: lw,
             key_words: kw,
-            latent: (0..cfg.num_hidden_layers).map(|_| Vec::new()).collect(),
-            keys: cfg
-                .indexer_types
-                .iter()
-                .map(|k| matches!(k, IndexerKind::Full).then(Vec::new))
+            latent: (0..cfg.cache_layers()).map(|_| Vec::new()).collect(),
+            keys: (0..cfg.cache_layers())
+                .map(|i| cfg.has_keys(i).then(Vec::new))
                 .collect(),
         })
     }
@@ -280,15 +278,12 @@ impl Caches {
     }
 
     /// GPU bytes the caches take per token of context in `format`: a latent row on every
-    /// layer and an indexer key row on every full layer.
+    /// layer and an indexer key row on every full layer (the MTP layer counted, where the
+    /// model runs one).
     pub fn bytes_per_token(cfg: &Config, format: CacheFormat) -> u64 {
-        let full = cfg
-            .indexer_types
-            .iter()
-            .filter(|k| matches!(k, IndexerKind::Full))
-            .count();
-        ((cfg.num_hidden_layers * format.latent_words(cfg) + full * format.key_words(cfg)) * 4)
-            as u64
+        let layers = cfg.cache_layers();
+        let full = (0..layers).filter(|i| cfg.has_keys(*i)).count();
+        ((layers * format.latent_words(cfg) + full * format.key_words(cfg)) * 4) as u64
     }
 
     /// The longest context whose caches fit in `bytes` of GPU memory in `format` (the

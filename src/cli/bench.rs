@@ -19,6 +19,11 @@ pub struct BenchArgs {
     /// Decode steps timed at each context (after two warm-up steps).
     #[arg(long, default_value_t = 16)]
     decode: usize,
+    /// Draft lengths k to time speculative verification at (comma-separated): at each
+    /// context, one forward of k + 1 positions with every row's logits read back (what
+    /// verifying k draft tokens costs), against a single synchronous decode step.
+    #[arg(long, value_delimiter = ',')]
+    verify: Vec<usize>,
     /// Also run the dense baseline: the same model and caches with attention over every
     /// cached position (no indexer, no top-k).
     #[arg(long)]
@@ -80,11 +85,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "--context and --prompt-len are both empty: nothing to measure",
         ));
     }
-    bench::check_contexts(&model, &a.context, a.decode)?;
+    if let Some(k) = a.verify.iter().find(|k| **k == 0 || **k > 64) {
+        return Err(Error::msg(format!(
+            "--verify {k}: draft lengths must be 1 to 64"
+        )));
+    }
+    let extra = a.verify.iter().max().map_or(0, |k| k + 1);
+    bench::check_contexts(&model, &a.context, a.decode + extra)?;
     let opts = BenchOptions {
         prompt_lens,
         contexts: a.context.clone(),
         decode: a.decode.max(1),
+        verify: a.verify.clone(),
         dense: a.dense,
         fill: if a.fill == "prefill" {
             Fill::Prefill

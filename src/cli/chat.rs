@@ -419,7 +419,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
             ctx = fits;
         }
     }
-    let session = super::open_session(&a.m, &model, ctx)?;
+    let mut session = super::open_session(&a.m, &model, ctx)?;
+    session.set_drafts(a.s.draft)?;
 
     let ad = &model.gpu.adapter;
     let weights = src.weights.total_bytes();

@@ -147,6 +147,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let ctx = ctx_for(&a.m, &src.config, need, unlimited)?;
     let model = open_model(&a.m, &a.x, &src, ctx)?;
     let mut session = open_session(&a.m, &model, ctx)?;
+    session.set_drafts(a.s.draft)?;
     if a.s.verbose {
         eprintln!("seed {} (repeat with --seed {})", params.seed, params.seed);
     }
@@ -251,6 +252,9 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         }
     } else {
         log::info!("{stats}");
+    }
+    if session.drafts() > 0 {
+        eprintln!("{}", session.draft_stats().line());
     }
     Ok(())
 }

@@ -72,6 +72,11 @@ pub struct SamplingArgs {
     /// are read as escapes).
     #[arg(long, value_name = "TEXT")]
     pub stop: Vec<String>,
+    /// Speculative decoding: draft N tokens per step with the model's multi-token-prediction
+    /// layer and verify them in one forward (0: off). Greedy output is unchanged; with
+    /// --temperature above 0 the drafts are not used yet.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = parse_count)]
+    pub draft: usize,
     /// Keep writing past end-of-sequence tokens (for benchmarks and tests): the output then
     /// ends only at --max-tokens, a --stop text, Ctrl-C or the end of the context.
     #[arg(long)]

@@ -71,6 +71,7 @@ impl Session {
             // routing (moe.rs); every other layer only records.
             self.mlp(&mut rec, i, layer, t)?;
         }
+        self.keep_hidden_rows(&mut rec, t);
         if want_logits > 0 {
             self.head(&mut rec, t, want_logits as u32, pick)?;
         }
@@ -89,7 +90,7 @@ impl Session {
     }
 
     /// `h += MLP(RMSNorm(h))` with the layer's dense MLP or its experts.
-    fn mlp(&self, rec: &mut Recorder, i: usize, layer: &Layer, t: u32) -> Result<()> {
+    pub(super) fn mlp(&self, rec: &mut Recorder, i: usize, layer: &Layer, t: u32) -> Result<()> {
         let cfg = &self.model.config;
         let hd = cfg.hidden_size as u32;
         let (h, x) = (View::rows(&self.s.h, hd), View::rows(&self.s.x, hd));

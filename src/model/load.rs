@@ -4,7 +4,7 @@
 //! Routed experts are accepted per expert (`mlp.experts.{e}.gate_proj.weight`, as the
 //! official releases ship) or fused (`mlp.experts.gate_up_proj` `[E, 2I, H]` and
 //! `mlp.experts.down_proj` `[E, H, I]`, as transformers 5 saves them). Layers past
-//! `num_hidden_layers` (the MTP layer) are not loaded.
+//! `num_hidden_layers` are not loaded, but for the first MTP layer ([`Mtp`]).
 //!
 //! Any matrix may be quantized (FP8 `F8_E4M3` + `<name>_scale_inv`, sparsa q8 `I8` / q4
 //! `U8` + `<name>_scale`): the tensor's dtype says which, `config.json`'s
@@ -108,6 +108,24 @@ pub struct Weights {
     pub lm_head: Option<GpuWeight>,
     pub norm: wgpu::Buffer,
     pub layers: Vec<Layer>,
+    /// The multi-token-prediction layer, where loaded.
+    pub mtp: Option<Mtp>,
+}
+
+/// The multi-token-prediction layer (`model.layers.{num_hidden_layers}`), a draft model:
+/// the row at position i is `eh_proj · [enorm(embed(t_{i+1})) ; hnorm(h_i)]` (embedding
+/// first), with `h_i` the main model's hidden after its final norm; then a full DSA MoE
+/// decoder layer with its own caches, `shared_head.norm` and the main LM head. The main
+/// embedding and LM head serve it (GLM-5 ships no copies; DeepSeek-V3.2's equal them).
+/// Sources: /work/notes/mtp_facts.md, docs/MTP.md.
+pub struct Mtp {
+    pub enorm: wgpu::Buffer,
+    pub hnorm: wgpu::Buffer,
+    /// `[H, 2H]`.
+    pub eh_proj: GpuWeight,
+    /// `shared_head.norm`.
+    pub head_norm: wgpu::Buffer,
+    pub layer: Layer,
 }
 
 /// Progress callback: (bytes uploaded so far, total bytes).
@@ -472,99 +490,130 @@ pub fn load(
         Some(l.matrix("lm_head.weight", v, h)?)
     };
     let norm = l.vector("model.norm.weight", h)?;
-    let heads = cfg.num_attention_heads;
-    let (dn, dr, dv) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim);
-    let (ql, kl) = (cfg.q_lora_rank, cfg.kv_lora_rank);
     // The shared expert runs as routed expert E where it can (`Moe::shared_routed`);
     // SPARSA_SHARED_ROUTED=0 keeps it dense (a measurement knob).
     let shared_as_routed = cfg.n_shared_experts == 1
         && std::env::var("SPARSA_SHARED_ROUTED").map_or(true, |v| v != "0");
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for i in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        let a = format!("{p}.self_attn");
         let full = cfg.indexer_types[i] == IndexerKind::Full;
-        let x = format!("{a}.indexer");
-        let indexer = if full {
-            Some(Indexer {
-                k_norm_w: l.vector(&format!("{x}.k_norm.weight"), cfg.index_head_dim)?,
-                k_norm_b: l.vector(&format!("{x}.k_norm.bias"), cfg.index_head_dim)?,
-                weights_proj: l.matrix(
-                    &format!("{x}.weights_proj.weight"),
-                    cfg.index_n_heads,
-                    h,
-                )?,
-            })
-        } else {
-            None
-        };
-        // The projections that share an input, with the indexer's on full layers.
-        let mut names = vec![
-            format!("{a}.q_a_proj.weight"),
-            format!("{a}.kv_a_proj_with_mqa.weight"),
-        ];
-        let mut rows = vec![ql, kl + dr];
-        if full {
-            names.push(format!("{x}.wk.weight"));
-            rows.push(cfg.index_head_dim);
-        }
-        let qkv_a = l.proj(&names, &rows, h, &format!("{a}.qkv_a"))?;
-        let mut names = vec![format!("{a}.q_b_proj.weight")];
-        let mut rows = vec![heads * (dn + dr)];
-        if full {
-            names.push(format!("{x}.wq_b.weight"));
-            rows.push(cfg.index_n_heads * cfg.index_head_dim);
-        }
-        let q_b = l.proj(&names, &rows, ql, &format!("{a}.q_b"))?;
-        let mlp = if cfg.is_dense_layer(i) {
-            Mlp::Dense(l.swiglu(&format!("{p}.mlp"), h, cfg.intermediate_size)?)
-        } else {
-            let m = format!("{p}.mlp");
-            let router = l.matrix(&format!("{m}.gate.weight"), cfg.n_routed_experts, h)?;
-            let bname = format!("{m}.gate.e_score_correction_bias");
-            let bias = if files.contains(&bname) {
-                l.vector(&bname, cfg.n_routed_experts)?
-            } else {
-                gpu.buffer_from(&vec![0f32; cfg.n_routed_experts], &bname)?
-            };
-            let sp = format!("{m}.shared_experts");
-            let fuse = shared_as_routed.then_some(sp.as_str());
-            let (gate_up, down, source, shared_routed) =
-                l.experts(&m, cfg, slots.map(|s| s[i]), fuse)?;
-            let shared = if cfg.n_shared_experts > 0 && !shared_routed {
-                Some(l.swiglu(&sp, h, cfg.moe_intermediate_size * cfg.n_shared_experts)?)
-            } else {
-                None
-            };
-            Mlp::Moe(Box::new(Moe {
-                router,
-                bias,
-                gate_up,
-                down,
-                shared,
-                shared_routed,
-                source,
-            }))
-        };
-        layers.push(Layer {
-            input_norm: l.vector(&format!("{p}.input_layernorm.weight"), h)?,
-            post_norm: l.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            qkv_a,
-            q_a_norm: l.vector(&format!("{a}.q_a_layernorm.weight"), ql)?,
-            q_b,
-            kv_a_norm: l.vector(&format!("{a}.kv_a_layernorm.weight"), kl)?,
-            kv_b: l.single_binding(&format!("{a}.kv_b_proj.weight"), heads * (dn + dv), kl)?,
-            o: l.matrix(&format!("{a}.o_proj.weight"), h, heads * dv)?,
-            indexer,
-            mlp,
-        });
-        gpu.check()
-            .map_err(|e| e.context(format!("uploading layer {i}")))?;
+        let kind = (full, cfg.is_dense_layer(i), shared_as_routed);
+        layers.push(layer(&mut l, cfg, i, kind, slots.map(|s| s[i]))?);
     }
+    // The MTP layer (a draft model; see `Mtp`), where the files hold it and every expert
+    // is resident (streamed experts have no slots planned for it).
+    let n = cfg.num_hidden_layers;
+    let mtp = if cfg.num_nextn_predict_layers > 0
+        && files.contains(&format!("model.layers.{n}.eh_proj.weight"))
+        && slots.is_none()
+    {
+        let p = format!("model.layers.{n}");
+        Some(Mtp {
+            enorm: l.vector(&format!("{p}.enorm.weight"), h)?,
+            hnorm: l.vector(&format!("{p}.hnorm.weight"), h)?,
+            eh_proj: l.matrix(&format!("{p}.eh_proj.weight"), h, 2 * h)?,
+            head_norm: l.vector(&format!("{p}.shared_head.norm.weight"), h)?,
+            layer: layer(&mut l, cfg, n, (true, false, shared_as_routed), None)?,
+        })
+    } else {
+        None
+    };
     Ok(Weights {
         embed,
         lm_head,
         norm,
         layers,
+        mtp,
     })
+}
+
+/// Decoder layer `i` (`model.layers.{i}`); `(full, dense, shared_as_routed)`: it runs its own
+/// indexer, its MLP is dense, the shared expert may run as a routed one; `slots`: its
+/// expert cache slots where the experts stream.
+fn layer(
+    l: &mut Loader,
+    cfg: &Config,
+    i: usize,
+    (full, dense, shared_as_routed): (bool, bool, bool),
+    slots: Option<usize>,
+) -> Result<Layer> {
+    let (gpu, files) = (l.gpu, l.files);
+    let h = cfg.hidden_size;
+    let heads = cfg.num_attention_heads;
+    let (dn, dr, dv) = (cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim);
+    let (ql, kl) = (cfg.q_lora_rank, cfg.kv_lora_rank);
+    let p = format!("model.layers.{i}");
+    let a = format!("{p}.self_attn");
+    let x = format!("{a}.indexer");
+    let indexer = if full {
+        Some(Indexer {
+            k_norm_w: l.vector(&format!("{x}.k_norm.weight"), cfg.index_head_dim)?,
+            k_norm_b: l.vector(&format!("{x}.k_norm.bias"), cfg.index_head_dim)?,
+            weights_proj: l.matrix(&format!("{x}.weights_proj.weight"), cfg.index_n_heads, h)?,
+        })
+    } else {
+        None
+    };
+    // The projections that share an input, with the indexer's on full layers.
+    let mut names = vec![
+        format!("{a}.q_a_proj.weight"),
+        format!("{a}.kv_a_proj_with_mqa.weight"),
+    ];
+    let mut rows = vec![ql, kl + dr];
+    if full {
+        names.push(format!("{x}.wk.weight"));
+        rows.push(cfg.index_head_dim);
+    }
+    let qkv_a = l.proj(&names, &rows, h, &format!("{a}.qkv_a"))?;
+    let mut names = vec![format!("{a}.q_b_proj.weight")];
+    let mut rows = vec![heads * (dn + dr)];
+    if full {
+        names.push(format!("{x}.wq_b.weight"));
+        rows.push(cfg.index_n_heads * cfg.index_head_dim);
+    }
+    let q_b = l.proj(&names, &rows, ql, &format!("{a}.q_b"))?;
+    let mlp = if dense {
+        Mlp::Dense(l.swiglu(&format!("{p}.mlp"), h, cfg.intermediate_size)?)
+    } else {
+        let m = format!("{p}.mlp");
+        let router = l.matrix(&format!("{m}.gate.weight"), cfg.n_routed_experts, h)?;
+        let bname = format!("{m}.gate.e_score_correction_bias");
+        let bias = if files.contains(&bname) {
+            l.vector(&bname, cfg.n_routed_experts)?
+        } else {
+            gpu.buffer_from(&vec![0f32; cfg.n_routed_experts], &bname)?
+        };
+        let sp = format!("{m}.shared_experts");
+        let fuse = shared_as_routed.then_some(sp.as_str());
+        let (gate_up, down, source, shared_routed) = l.experts(&m, cfg, slots, fuse)?;
+        let shared = if cfg.n_shared_experts > 0 && !shared_routed {
+            Some(l.swiglu(&sp, h, cfg.moe_intermediate_size * cfg.n_shared_experts)?)
+        } else {
+            None
+        };
+        Mlp::Moe(Box::new(Moe {
+            router,
+            bias,
+            gate_up,
+            down,
+            shared,
+            shared_routed,
+            source,
+        }))
+    };
+    let layer = Layer {
+        input_norm: l.vector(&format!("{p}.input_layernorm.weight"), h)?,
+        post_norm: l.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+        qkv_a,
+        q_a_norm: l.vector(&format!("{a}.q_a_layernorm.weight"), ql)?,
+        q_b,
+        kv_a_norm: l.vector(&format!("{a}.kv_a_layernorm.weight"), kl)?,
+        kv_b: l.single_binding(&format!("{a}.kv_b_proj.weight"), heads * (dn + dv), kl)?,
+        o: l.matrix(&format!("{a}.o_proj.weight"), h, heads * dv)?,
+        indexer,
+        mlp,
+    };
+    gpu.check()
+        .map_err(|e| e.context(format!("uploading layer {i}")))?;
+    Ok(layer)
 }

@@ -8,6 +8,7 @@
 
 mod attention;
 mod dims;
+mod draft;
 mod forward;
 pub mod info;
 pub mod load;
@@ -19,6 +20,7 @@ mod scratch;
 mod session;
 pub mod source;
 
+pub use draft::DraftStats;
 pub use pick::Pick;
 pub use plan::{free_memory, longest_ctx, plan, plan_summary, session_room, GpuMemory, Plan};
 pub use session::{Logits, Session};
@@ -131,7 +133,7 @@ impl Model {
     }
 
     fn from_parts_within(
-        config: Config,
+        mut config: Config,
         files: &WeightFiles,
         gpu: Arc<Gpu>,
         label: String,
@@ -151,6 +153,10 @@ impl Model {
         let streamed = plan.as_ref().map(|p| &p.slots).filter(|s| s.offloads());
         let slots = streamed.map(|s| s.per_layer.as_slice());
         let weights = load::load(&gpu, &config, files, progress, slots)?;
+        if weights.mtp.is_none() {
+            // What runs is what was loaded: no MTP layer, no caches for one.
+            config.num_nextn_predict_layers = 0;
+        }
         // Submit the last writes and wait, so that their staging memory is freed now: what
         // is live after loading is what the weights take (sessions are sized from it).
         gpu.submit([]);

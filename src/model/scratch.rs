@@ -145,6 +145,11 @@ scratch! {
         mlp_gate_up: z.c * 2 * z.mlp_inter(),
         mlp_act: z.c * z.mlp_inter(),
         logits: z.c * z.cfg.vocab_size,
+        /// Speculative decoding (draft.rs), where the model runs an MTP layer: the main
+        /// model's hidden rows after its final norm (then the MTP layer's own, after
+        /// `shared_head.norm`), and the MTP input `[enorm(embedding) | hnorm(hidden)]`.
+        mtp_h: z.c * z.cfg.hidden_size * mtp(z.cfg),
+        mtp_cat: z.c * 2 * z.cfg.hidden_size * mtp(z.cfg),
         /// Decode GEMVs' x quantized once for the integer-dot GEMVs that read it
         /// (`matmul::quantize_x`): the block input, then the q LoRA row or the attention
         /// output, then the SwiGLU output (one row per routed pair).
@@ -165,6 +170,11 @@ scratch! {
         picked: [wgpu::Buffer; 2] = [0, 1].map(|_| picked_slot(gpu)),
             bytes 2 * 4;
     }
+}
+
+/// 1 where the model runs an MTP layer, else 0.
+fn mtp(cfg: &Config) -> usize {
+    cfg.num_nextn_predict_layers.min(1)
 }
 
 /// Columns of `qkv`: q_a, kv_a and the indexer's key of a row.

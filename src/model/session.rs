@@ -59,6 +59,11 @@ pub struct Session {
     pub(super) s: Scratch,
     /// The submission that writes each pick slot's token, until it is read.
     pub(super) pending: [Option<wgpu::SubmissionIndex>; 2],
+    /// Draft tokens per step with the MTP layer (draft.rs; 0: off), what they did, and
+    /// whether the chunk running keeps its hidden rows for the MTP layer.
+    pub(super) drafts: usize,
+    pub(super) draft_stats: super::draft::DraftStats,
+    pub(super) keep_hidden: bool,
 }
 
 impl Drop for Session {
@@ -127,6 +132,9 @@ impl Session {
             dims: Dims::of(cfg),
             s,
             pending: [None, None],
+            drafts: 0,
+            draft_stats: Default::default(),
+            keep_hidden: false,
         })
     }
 
@@ -223,7 +231,7 @@ impl Session {
     }
 
     /// Refuses an empty input, one that overflows the context, and ids past the vocabulary.
-    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+    pub(super) fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         let cfg = &self.model.config;
         if tokens.is_empty() {
             return Err(Error::msg("empty prompt: at least one token is needed"));

@@ -1,0 +1,194 @@
+//! Speculative decoding with the model's own multi-token-prediction layer ([`Mtp`]).
+//!
+//! The MTP layer predicts the token after next: its row at position i is
+//! `eh_proj · [enorm(embed(t_{i+1})) ; hnorm(h_i)]`, with `h_i` the main model's hidden row
+//! after the final norm, then a full DSA MoE decoder layer with caches of its own,
+//! `shared_head.norm` and the main LM head. One round, with the main model's caches holding
+//! positions `0 .. P` and `next` (the token at P) chosen but not yet run:
+//!
+//! 1. draft: the MTP layer's last row gave `d_1`; each further draft runs the MTP layer on
+//!    one row `(d_j, its own previous output after shared_head.norm)` at position `P - 1 + j`;
+//! 2. verify: the main model runs `[next, d_1 .. d_k]` at `P .. P + k` in one chunk (the
+//!    prefill path) and every row's logits come back;
+//! 3. accept the longest prefix of drafts the main model agrees with, plus the main model's
+//!    own token after it; the main caches roll back to what was accepted (`truncate`: rows
+//!    past the position are overwritten later, never read);
+//! 4. the MTP layer runs over the accepted rows (`(t_{i+1}, h_i)` for the verified positions),
+//!    which rewrites its caches where the drafts wrote speculative rows, and its last row
+//!    gives the next round's `d_1`.
+//!
+//! Greedy output is the main model's own: every emitted token is the main model's argmax
+//! (under the sampler's penalties) given the tokens before it. Facts and their sources:
+//! docs/MTP.md.
+
+use super::forward::gemv;
+use super::load::Mtp;
+use super::session::{Input, Session};
+use crate::error::{Error, Result};
+use crate::kernels::{embed, norm, View};
+
+/// Drafts proposed and accepted so far in a session.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DraftStats {
+    /// Verification rounds (one main-model forward each).
+    pub rounds: u64,
+    /// Draft tokens proposed and accepted.
+    pub drafted: u64,
+    pub accepted: u64,
+}
+
+impl DraftStats {
+    /// Tokens per main-model forward: accepted drafts plus the main model's own token.
+    pub fn mean_accepted_length(&self) -> f64 {
+        if self.rounds == 0 {
+            0.0
+        } else {
+            (self.accepted + self.rounds) as f64 / self.rounds as f64
+        }
+    }
+
+    /// One line for logs.
+    pub fn line(&self) -> String {
+        format!(
+            "drafts: {} of {} accepted ({:.0} %), {:.2} tokens per verification over {} rounds",
+            self.accepted,
+            self.drafted,
+            100.0 * self.accepted as f64 / self.drafted.max(1) as f64,
+            self.mean_accepted_length(),
+            self.rounds
+        )
+    }
+}
+
+impl Session {
+    /// Draft `k` tokens per step with the model's MTP layer (0: off). Refused where the
+    /// model runs none, or `k` leaves no room in a chunk.
+    pub fn set_drafts(&mut self, k: usize) -> Result<()> {
+        if k > 0 && self.model.weights.mtp.is_none() {
+            return Err(Error::msg(format!(
+                "--draft {k}: {} has no multi-token-prediction layer to draft with (num_nextn_predict_layers 0, its tensors missing, or experts streamed under --gpu-memory)",
+                self.model.label
+            )));
+        }
+        if k + 1 > self.chunk {
+            return Err(Error::msg(format!(
+                "--draft {k}: verifying {} positions at once exceeds this session's chunk of {} rows",
+                k + 1,
+                self.chunk
+            )));
+        }
+        self.drafts = k;
+        Ok(())
+    }
+
+    /// Draft tokens per step (0: no speculative decoding).
+    pub fn drafts(&self) -> usize {
+        self.drafts
+    }
+
+    /// What drafting did so far.
+    pub fn draft_stats(&self) -> DraftStats {
+        self.draft_stats
+    }
+
+    pub(crate) fn count_round(&mut self, drafted: usize, accepted: usize) {
+        let s = &mut self.draft_stats;
+        s.rounds += 1;
+        s.drafted += drafted as u64;
+        s.accepted += accepted as u64;
+    }
+
+    fn mtp(&self) -> &Mtp {
+        self.model
+            .weights
+            .mtp
+            .as_ref()
+            .expect("drafting is only enabled with an MTP layer")
+    }
+
+    /// The MTP layer over `tokens` at positions `pos0 ..`, paired with the hidden rows in
+    /// `s.mtp_h` (row r with token r); returns the draft the last row predicts (the token
+    /// at `pos0 + len + 1`) and leaves that row's output after `shared_head.norm` in
+    /// `s.mtp_h` row 0, for the next draft.
+    pub(crate) async fn mtp_forward(&mut self, tokens: &[u32], pos0: usize) -> Result<u32> {
+        let model = self.model.clone();
+        let (cfg, gpu) = (&model.config, &*model.gpu);
+        let t = tokens.len();
+        self.caches.reserve(gpu, pos0 + t)?;
+        let s = &self.s;
+        gpu.write(&s.ids, 0, bytemuck::cast_slice(tokens));
+        let cs = self.rope.cos_sin(pos0..pos0 + t);
+        gpu.write(&s.cos_sin, 0, bytemuck::cast_slice(&cs));
+        let (hd, t) = (cfg.hidden_size as u32, t as u32);
+        let mtp = self.mtp();
+        let mut rec = gpu.recorder();
+        let h = View::rows(&s.h, hd);
+        let hidden = View::rows(&s.mtp_h, hd);
+        let cat = View::rows(&s.mtp_cat, 2 * hd);
+        let eps = cfg.rms_norm_eps;
+        embed::embed(&mut rec, &model.weights.embed, &s.ids, 0, t, h);
+        norm::rms_norm(&mut rec, h, &mtp.enorm, cat, t, hd, eps);
+        norm::rms_norm(&mut rec, hidden, &mtp.hnorm, cat.col(hd), t, hd, eps);
+        gemv(&mut rec, None, cat, &mtp.eh_proj, h, t);
+        let i = cfg.num_hidden_layers;
+        self.attention(&mut rec, i, &mtp.layer, t, pos0 as u32);
+        self.mlp(&mut rec, i, &mtp.layer, t)?;
+        // The last row after shared_head.norm: the next draft's hidden, and the LM head's
+        // input.
+        let last = h.row(t - 1);
+        norm::rms_norm(&mut rec, last, &mtp.head_norm, hidden, 1, hd, eps);
+        let w = &model.weights;
+        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+        let vocab = cfg.vocab_size as u32;
+        gemv(
+            &mut rec,
+            None,
+            hidden,
+            head,
+            View::rows(&s.logits, vocab),
+            1,
+        );
+        drop(rec);
+        gpu.check()?;
+        let logits = gpu.read_f32_async(&s.logits, 0, vocab as usize).await?;
+        Ok(crate::sampling::argmax(&logits))
+    }
+
+    /// The main model's chunk of `tokens` at `self.pos` with every row's logits read back
+    /// (`want`: how many of the last rows), keeping every row's hidden after the final norm
+    /// in `s.mtp_h` for the MTP layer.
+    pub(crate) async fn forward_keep_hidden(
+        &mut self,
+        tokens: &[u32],
+        want: usize,
+    ) -> Result<Vec<f32>> {
+        self.check_tokens(tokens)?;
+        self.keep_hidden = true;
+        let r = self.chunk_forward(Input::Host(tokens), want, None);
+        self.keep_hidden = false;
+        r?;
+        let vocab = self.model.config.vocab_size;
+        let gpu = &self.model.gpu;
+        gpu.read_f32_async(&self.s.logits, 0, want * vocab).await
+    }
+
+    /// Records the final norm of all `t` rows of the chunk into `s.mtp_h` where the chunk
+    /// keeps its hidden rows for the MTP layer.
+    pub(super) fn keep_hidden_rows(&self, rec: &mut crate::gpu::Recorder, t: u32) {
+        if !self.keep_hidden {
+            return;
+        }
+        let cfg = &self.model.config;
+        let hd = cfg.hidden_size as u32;
+        let (h, out) = (View::rows(&self.s.h, hd), View::rows(&self.s.mtp_h, hd));
+        norm::rms_norm(
+            rec,
+            h,
+            &self.model.weights.norm,
+            out,
+            t,
+            hd,
+            cfg.rms_norm_eps,
+        );
+    }
+}
