@@ -224,6 +224,9 @@ pub struct DecodeResult {
     pub kernels: Vec<Kernel>,
     /// Speculative verification at this context, one entry per `--verify` draft length.
     pub verify: Vec<VerifyResult>,
+    /// With `--verify` on a model with an MTP layer: the median of one draft step (the MTP
+    /// layer on one row and its token read back), synchronous like `ms_sync_median`.
+    pub ms_draft_step: Option<f64>,
     /// Expert offloading during the greedy generation (None when every expert is resident).
     pub experts: Option<ExpertReport>,
 }
@@ -237,6 +240,8 @@ pub struct VerifyResult {
     pub ms_median: f64,
     /// `ms_median` over the single synchronous step's median.
     pub vs_step: f64,
+    /// Per-kernel times of one more verification, profiled.
+    pub kernels: Vec<Kernel>,
 }
 
 /// What the routed-expert cache did during a decode measurement.
@@ -437,7 +442,10 @@ pub fn run(
         let cache = opts.cache.unwrap_or_else(|| model.default_cache(need));
         let mut s = Session::open(model, need, dense, cache)?;
         // Warm-up: compile the pipelines of prefill and decode.
-        s.forward(&random_tokens(s.chunk.min(need), vocab, opts.seed), false)?;
+        s.forward(
+            &random_tokens(s.chunk.min(need - 1).max(1), vocab, opts.seed),
+            false,
+        )?;
         s.forward(&random_tokens(1, vocab, opts.seed + 1), false)?;
         if !dense {
             for &n in &opts.prompt_lens {
@@ -503,6 +511,8 @@ pub fn run(
                 }
                 v.sort_by(f64::total_cmp);
                 let ms = median(&v);
+                s.truncate(ctx);
+                let (_, kernels) = profiled(gpu, opts.profile, || s.forward(&toks, true))?;
                 log(&format!(
                     "verify {} positions at {ctx}: {ms:.3} ms, {:.2}x a single synchronous step ({sync_med:.3} ms)",
                     k + 1,
@@ -512,7 +522,27 @@ pub fn run(
                     positions: k + 1,
                     ms_median: ms,
                     vs_step: ms / sync_med,
+                    kernels,
                 });
+            }
+            let mut ms_draft_step = None;
+            if !opts.verify.is_empty() && model.weights.mtp.is_some() {
+                let mut v = Vec::with_capacity(opts.decode);
+                for i in 0..opts.decode + 2 {
+                    s.truncate(ctx);
+                    let t = Instant::now();
+                    pollster::block_on(s.mtp_forward(&[tok], ctx))?;
+                    if i >= 2 {
+                        v.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+                v.sort_by(f64::total_cmp);
+                let ms = median(&v);
+                log(&format!(
+                    "draft step at {ctx} (the MTP layer on one row): {ms:.3} ms, {:.2}x a single synchronous step",
+                    ms / sync_med
+                ));
+                ms_draft_step = Some(ms);
             }
             // The host's share: steps recorded and submitted back to back without waiting
             // (each picks its token on the GPU for the next), then one wait for all.
@@ -614,6 +644,7 @@ pub fn run(
                 ms_sampled_median: smp_med,
                 kernels,
                 verify,
+                ms_draft_step,
                 experts,
             });
         }
@@ -670,6 +701,14 @@ pub fn format_report(r: &BenchReport) -> String {
                 v.positions - 1,
                 v.ms_median,
                 v.vs_step
+            );
+            kernel_table(&mut o, &v.kernels, r.calibration.as_ref());
+        }
+        if let Some(ms) = d.ms_draft_step {
+            let _ = writeln!(
+                o,
+                "  draft step (MTP layer, one row): {ms:.3} ms, {:.2}x a single synchronous step",
+                ms / d.ms_sync_median
             );
         }
         if let Some(x) = &d.experts {

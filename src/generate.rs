@@ -102,7 +102,7 @@ pub async fn generate_events_async(
             session.max_ctx()
         )));
     }
-    if session.drafts() > 0 && sampler.params.is_greedy() {
+    if session.drafts() > 0 {
         return speculative(session, history, prompt, max_tokens, sampler, eos, on_event).await;
     }
     if sampler.gpu_can_pick() {
@@ -167,12 +167,14 @@ fn stop_after(
     }
 }
 
-/// Greedy generation with drafts from the model's MTP layer (`model/draft.rs`): each round
-/// drafts up to `session.drafts()` tokens, verifies them with one forward of the main
-/// model, emits the agreeing prefix and the main model's token after it. Every emitted token
-/// is what the sampler picks from the main model's logits given the tokens before it, so
-/// the output is the non-speculative output. Afterwards the session holds the prompt and
-/// all generated tokens but the last, as on the other paths (the MTP layer's caches too).
+/// Generation with drafts from the model's MTP layer (`model/draft.rs`): each round drafts
+/// up to `session.drafts()` tokens (greedily), verifies them with one forward of the main
+/// model and emits the accepted prefix and the main model's token after it. Greedy: a draft
+/// is accepted when it is the argmax, so the output is the non-speculative output. Sampling:
+/// speculative sampling's rule ([`Sampler::verify_draft`]), so every token has the
+/// distribution the sampler draws from without drafts (not the same draws). Afterwards the
+/// session holds the prompt and all generated tokens but the last, as on the other paths
+/// (the MTP layer's caches too).
 async fn speculative(
     session: &mut Session,
     history: &[u32],
@@ -241,16 +243,20 @@ async fn speculative(
         let mut run = vec![next];
         run.extend_from_slice(&drafts);
         let logits = session.forward_keep_hidden(&run, run.len()).await?;
-        // Row j's logits pick the token at p + j + 1 given run[..=j]: accepted while it is
-        // the draft there, and the first that is not ends the round (or the bonus token
-        // after k accepted drafts).
+        // Row j's logits give the token at p + j + 1 after run[..=j]: the draft there when
+        // the sampler accepts it (greedy: it is the argmax; sampling: speculative
+        // sampling's rule), and the first token that is not a draft ends the round (or the
+        // bonus token after k accepted drafts).
         let mut emitted = Vec::with_capacity(k + 1);
         let mut hyp = recent.clone();
         for (j, row) in logits.chunks_exact(vocab).enumerate() {
-            let g = sampler.sample_after(row, &hyp);
+            let (g, accepted) = match drafts.get(j) {
+                Some(&d) => sampler.verify_draft(row, &hyp, d),
+                None => (sampler.sample_after(row, &hyp), false),
+            };
             emitted.push(g);
             hyp.push(g);
-            if drafts.get(j) != Some(&g) {
+            if !accepted {
                 break;
             }
         }

@@ -99,6 +99,32 @@ impl Sampler {
         self.sample(&l)
     }
 
+    /// The token after `recent` given a draft `d` for it (see [`accept_draft`]): greedy
+    /// takes the argmax, accepted when it is `d`; sampling accepts `d` with probability p(d),
+    /// else draws from p without `d`. Either way the token has the distribution
+    /// [`Sampler::sample_after`] draws from. Returns the token and whether it is `d`.
+    pub fn verify_draft(&mut self, logits: &[f32], recent: &[u32], d: u32) -> (u32, bool) {
+        let p = self.params.clone();
+        let mut l = logits.to_vec();
+        if p.penalizes() && !recent.is_empty() {
+            let window = &recent[recent.len().saturating_sub(p.repeat_last_n)..];
+            apply_repeat_penalty(&mut l, window, p.repeat_penalty);
+            apply_count_penalties(&mut l, window, p.presence_penalty, p.frequency_penalty);
+        }
+        let dist = if p.is_greedy() {
+            Vec::new()
+        } else {
+            distribution(&p, &l)
+        };
+        if dist.is_empty() {
+            let g = argmax(&l);
+            return (g, g == d);
+        }
+        let u = self.uniform();
+        let r = self.uniform();
+        accept_draft(&dist, d, u, r)
+    }
+
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let params = self.params.clone();
         sample_logits(&params, logits, &mut || self.uniform())
@@ -123,6 +149,16 @@ pub fn sample_logits(p: &SamplingParams, logits: &[f32], draw: &mut dyn FnMut() 
     if p.is_greedy() {
         return argmax(logits);
     }
+    let dist = distribution(p, logits);
+    if dist.is_empty() {
+        return argmax(logits);
+    }
+    pick(&dist, draw())
+}
+
+/// The tokens `p` samples from and their probabilities (summing to 1, most likely first):
+/// temperature, then top-k, min-p and top-p. Empty when no logit is finite.
+pub fn distribution(p: &SamplingParams, logits: &[f32]) -> Vec<(u32, f64)> {
     let mut cand: Vec<(u32, f32)> = logits
         .iter()
         .enumerate()
@@ -130,7 +166,7 @@ pub fn sample_logits(p: &SamplingParams, logits: &[f32], draw: &mut dyn FnMut() 
         .map(|(i, l)| (i as u32, *l / p.temperature))
         .collect();
     if cand.is_empty() {
-        return argmax(logits);
+        return Vec::new();
     }
     cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     if p.top_k > 0 && cand.len() > p.top_k {
@@ -158,18 +194,51 @@ pub fn sample_logits(p: &SamplingParams, logits: &[f32], draw: &mut dyn FnMut() 
             }
         }
         probs.truncate(keep);
-        cand.truncate(keep);
         let t: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|x| *x /= t);
     }
-    let mut r = draw();
-    for (i, x) in probs.iter().enumerate() {
-        if r < *x {
-            return cand[i].0;
+    cand.iter()
+        .zip(probs)
+        .map(|((id, _), q)| (*id, q))
+        .collect()
+}
+
+/// The token of `dist` that the uniform draw `r` in [0, 1) lands on (inverse CDF, in the
+/// distribution's order).
+fn pick(dist: &[(u32, f64)], mut r: f64) -> u32 {
+    for (id, q) in dist {
+        if r < *q {
+            return *id;
         }
-        r -= x;
+        r -= q;
     }
-    cand[cand.len() - 1].0
+    dist[dist.len() - 1].0
+}
+
+/// Speculative sampling's rule for a draft token `d` proposed by a greedy drafter (whose
+/// distribution is one-hot on `d`) against the target distribution `dist`: accepted when
+/// the draw `u` is below p(d); else the token that `r` picks from p with `d` removed and
+/// the rest renormalized, i.e. from norm(max(0, p - onehot(d))). Either way the token has
+/// p's distribution: P(d) = p(d), and P(x) = (1 - p(d)) · p(x) / (1 - p(d)) for x ≠ d
+/// (Leviathan et al. 2023; Chen et al. 2023). Returns the token and whether it is `d`.
+pub fn accept_draft(dist: &[(u32, f64)], d: u32, u: f64, r: f64) -> (u32, bool) {
+    let pd = dist
+        .iter()
+        .find(|(id, _)| *id == d)
+        .map_or(0.0, |(_, q)| *q);
+    if u < pd {
+        return (d, true);
+    }
+    let rest: Vec<(u32, f64)> = dist
+        .iter()
+        .filter(|(id, _)| *id != d)
+        .map(|(id, q)| (*id, q / (1.0 - pd)))
+        .collect();
+    if rest.is_empty() {
+        // p(d) = 1 up to rounding: nothing else can be drawn.
+        return (d, true);
+    }
+    (pick(&rest, r), false)
 }
 
 /// Divides the positive logits of the tokens in `seen` by `penalty` and multiplies the negative
@@ -218,4 +287,78 @@ pub fn argmax(v: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SamplingParams {
+        SamplingParams {
+            temperature: 0.7,
+            top_p: 0.95,
+            top_k: 5,
+            seed: 11,
+            ..Default::default()
+        }
+    }
+
+    const LOGITS: [f32; 8] = [1.0, 2.5, 0.3, 2.2, -1.0, 1.9, 0.0, 2.4];
+
+    #[test]
+    fn accept_draft_on_fixed_draws() {
+        let dist = distribution(&params(), &LOGITS);
+        let p = |id: u32| dist.iter().find(|(i, _)| *i == id).map_or(0.0, |(_, q)| *q);
+        let d = 3;
+        // Accepted exactly when the first draw is below p(d).
+        for u in [0.0, p(d) * 0.999, p(d), p(d) + 1e-6, 0.999] {
+            let (tok, ok) = accept_draft(&dist, d, u, 0.5);
+            assert_eq!(ok, u < p(d), "u {u}, p(d) {}", p(d));
+            assert_eq!(ok, tok == d);
+        }
+        // Rejected: the second draw walks p without d, renormalized.
+        let rest: Vec<(u32, f64)> = dist.iter().filter(|(i, _)| *i != d).copied().collect();
+        let mut acc = 0.0;
+        for (id, q) in &rest {
+            let r = (acc + q / 2.0) / (1.0 - p(d));
+            assert_eq!(accept_draft(&dist, d, 0.999, r), (*id, false), "r {r}");
+            acc += q;
+        }
+        // A draft outside the distribution (cut by top-k) is never accepted.
+        assert!(!accept_draft(&dist, 4, 0.0, 0.3).1);
+    }
+
+    #[test]
+    fn verified_drafts_keep_the_sampling_distribution() {
+        // Whatever the draft, the token verify_draft returns is distributed as sample_after's.
+        let dist = distribution(&params(), &LOGITS);
+        let n = 40_000;
+        for d in [1u32, 3, 6] {
+            let mut s = Sampler::new(params());
+            let mut counts = [0usize; 8];
+            for _ in 0..n {
+                counts[s.verify_draft(&LOGITS, &[], d).0 as usize] += 1;
+            }
+            for (id, q) in &dist {
+                let f = counts[*id as usize] as f64 / n as f64;
+                let sigma = (q * (1.0 - q) / n as f64).sqrt();
+                assert!(
+                    (f - q).abs() < 5.0 * sigma + 1e-9,
+                    "draft {d}: token {id} at {f}, p {q}"
+                );
+            }
+            let outside: usize = (0..8u32)
+                .filter(|i| !dist.iter().any(|(j, _)| j == i))
+                .map(|i| counts[i as usize])
+                .sum();
+            assert_eq!(
+                outside, 0,
+                "draft {d}: tokens outside top-k/top-p were drawn"
+            );
+        }
+        // Greedy: the argmax, accepted when it is the draft.
+        let mut g = Sampler::new(SamplingParams::default());
+        assert_eq!(g.verify_draft(&LOGITS, &[], 1), (1, true));
+        assert_eq!(g.verify_draft(&LOGITS, &[], 7), (1, false));
+    }
 }

@@ -92,17 +92,16 @@ fn with_mtp(name: &str, echo: bool) -> PathBuf {
 
 /// Greedy ids of `generate` on `dir` with `draft` drafts, and its drafts line (if any).
 fn greedy(dir: &PathBuf, prompt: &str, draft: usize, max: usize) -> (String, String) {
+    ids(dir, prompt, draft, max, "0")
+}
+
+/// Ids of `generate` at `temperature` (seed 3), and its drafts line (if any).
+fn ids(dir: &PathBuf, prompt: &str, draft: usize, max: usize, temp: &str) -> (String, String) {
     let mut c = bin();
     c.args(["generate", "--model"])
         .arg(dir)
-        .args([
-            "--tokens",
-            prompt,
-            "--temperature",
-            "0",
-            "--ignore-eos",
-            "--print-ids",
-        ])
+        .args(["--tokens", prompt, "--temperature", temp, "--seed", "3"])
+        .args(["--ignore-eos", "--print-ids"])
         .args([
             "--max-tokens",
             &max.to_string(),
@@ -176,6 +175,17 @@ fn drafts_keep_greedy_output() {
             }
         }
     }
+}
+
+#[test]
+fn drafts_while_sampling() {
+    // Speculative sampling's rule is checked against the sampler in src/sampling.rs; here
+    // the sampled path runs end to end, accepting some of the echo drafter's drafts.
+    let dir = with_mtp("draft-sampled", true);
+    let (out, line) = ids(&dir, "5,17,42,99,3,8", 3, 40, "0.1");
+    assert_eq!(out.split(',').count(), 40, "{out}");
+    let (accepted, drafted) = counts(&line);
+    assert!(drafted > 0 && accepted > 0, "{line}; output {out}");
 }
 
 #[test]

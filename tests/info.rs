@@ -22,7 +22,7 @@ fn release(like: Like) -> Value {
         Like::DeepseekV32 => 61,
         _ => 78,
     };
-    let mut j = release_config(like, layers, None).unwrap().json;
+    let mut j = release_config(like, layers, None, false).unwrap().json;
     let types: Vec<&str> = (0..layers)
         .map(|i| if i < 3 { "dense" } else { "sparse" })
         .collect();

@@ -91,7 +91,7 @@ fn configs_are_the_releases() {
         ),
     ];
     for (like, h, heads, ql, dn, dv, inter, ih, groups, theta, vocab, eps, maxpos) in rows {
-        let c = parse(&release_config(like, 5, None).unwrap().json);
+        let c = parse(&release_config(like, 5, None, false).unwrap().json);
         let what = like.name();
         assert_eq!(
             (
@@ -170,19 +170,19 @@ fn configs_are_the_releases() {
         }
     }
     // A single layer is MoE; IndexShare follows GLM-5.2's rule for the first N layers.
-    let c = parse(&release_config(Like::Glm5, 1, None).unwrap().json);
+    let c = parse(&release_config(Like::Glm5, 1, None, false).unwrap().json);
     assert_eq!(c.dense_layers, [false]);
-    let c = parse(&release_config(Like::Glm52, 78, None).unwrap().json);
+    let c = parse(&release_config(Like::Glm52, 78, None, false).unwrap().json);
     let full: Vec<usize> = (0..78)
         .filter(|&i| c.indexer_types[i] == IndexerKind::Full)
         .collect();
     let mut want = vec![0, 1, 2];
     want.extend((6..78).step_by(4));
     assert_eq!(full, want);
-    let c = parse(&release_config(Like::Glm5, 78, None).unwrap().json);
+    let c = parse(&release_config(Like::Glm5, 78, None, false).unwrap().json);
     assert_eq!(c.n_full_layers(), 78);
     // Fewer experts: DeepSeek's router groups stay valid, and the change is reported.
-    let r = release_config(Like::DeepseekV32, 2, Some(8)).unwrap();
+    let r = release_config(Like::DeepseekV32, 2, Some(8), false).unwrap();
     let c = parse(&r.json);
     assert_eq!(
         (
@@ -198,15 +198,18 @@ fn configs_are_the_releases() {
         "{:?}",
         r.notes
     );
-    let r = release_config(Like::Glm5, 2, Some(4)).unwrap();
+    let r = release_config(Like::Glm5, 2, Some(4), false).unwrap();
     assert_eq!(parse(&r.json).num_experts_per_tok, 4);
     assert_eq!(r.notes.len(), 1, "{:?}", r.notes);
-    assert!(release_config(Like::Glm5, 2, Some(16))
+    assert!(release_config(Like::Glm5, 2, Some(16), false)
         .unwrap()
         .notes
         .is_empty());
     for bad in [(0, None), (2, Some(0)), (2, Some(5000))] {
-        assert!(release_config(Like::Glm5, bad.0, bad.1).is_err(), "{bad:?}");
+        assert!(
+            release_config(Like::Glm5, bad.0, bad.1, false).is_err(),
+            "{bad:?}"
+        );
     }
 }
 
@@ -215,7 +218,7 @@ fn configs_are_the_releases() {
 #[test]
 fn full_size_parameter_counts() {
     for (like, layers, billions) in [(Like::Glm5, 78, 744.0), (Like::DeepseekV32, 61, 671.0)] {
-        let mut j = release_config(like, layers, None).unwrap().json;
+        let mut j = release_config(like, layers, None, false).unwrap().json;
         let types: Vec<&str> = (0..layers)
             .map(|i| if i < 3 { "dense" } else { "sparse" })
             .collect();
@@ -233,7 +236,7 @@ fn full_size_parameter_counts() {
     }
     // Sizes in each format (GLM-5, 4 layers, 16 experts): q4 is 4.5 bits per quantized
     // weight, FP8 8 bits plus a scale per 128×128 block.
-    let j = release_config(Like::Glm5, 4, Some(16)).unwrap().json;
+    let j = release_config(Like::Glm5, 4, Some(16), false).unwrap().json;
     let bf16 = plan(&j, None, 4_000_000_000).unwrap();
     let q4 = plan(&j, Some(QFormat::Q4 { block: 32 }), 4_000_000_000).unwrap();
     let fp8 = plan(&j, Some(QFormat::Fp8), 4_000_000_000).unwrap();
@@ -255,7 +258,7 @@ fn full_size_parameter_counts() {
 /// A GLM-5 / 5.2 / V3.2 config from `release_config` with every dimension shrunk (the
 /// structure — names, dense/MoE layers, IndexShare, router groups, YaRN — unchanged).
 fn shrunk(like: Like, layers: usize) -> Value {
-    let mut j = release_config(like, layers, Some(8)).unwrap().json;
+    let mut j = release_config(like, layers, Some(8), false).unwrap().json;
     for (k, v) in [
         ("hidden_size", 256),
         ("num_attention_heads", 4),

@@ -69,6 +69,11 @@ struct SynthArgs {
     /// Decoder layers (layer 0 dense when more than one, the rest MoE).
     #[arg(long)]
     layers: usize,
+    /// Also write the release's multi-token-prediction layer (layer `--layers`: a full DSA
+    /// MoE layer behind enorm / hnorm / eh_proj, `num_nextn_predict_layers` 1), the draft
+    /// model of `--draft`.
+    #[arg(long)]
+    mtp: bool,
     /// Routed experts per MoE layer (default: the release's 256). Experts per token stay 8
     /// (fewer if E < 8); DeepSeek-V3.2's router groups are adjusted to stay valid.
     #[arg(long)]
@@ -545,7 +550,7 @@ fn cmd_synth(a: SynthArgs) -> Result<()> {
     if a.threads == Some(0) {
         return Err(Error::msg("--threads: expected at least 1"));
     }
-    let rc = release_config(like, a.layers, a.experts)?;
+    let rc = release_config(like, a.layers, a.experts, a.mtp)?;
     for n in &rc.notes {
         eprintln!("note: {n}");
     }

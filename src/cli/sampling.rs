@@ -73,8 +73,8 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "TEXT")]
     pub stop: Vec<String>,
     /// Speculative decoding: draft N tokens per step with the model's multi-token-prediction
-    /// layer and verify them in one forward (0: off). Greedy output is unchanged; with
-    /// --temperature above 0 the drafts are not used yet.
+    /// layer and verify them in one forward (0: off). Greedy output is unchanged; sampled
+    /// output keeps its distribution (speculative sampling's acceptance rule).
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = parse_count)]
     pub draft: usize,
     /// Keep writing past end-of-sequence tokens (for benchmarks and tests): the output then

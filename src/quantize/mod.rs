@@ -5,7 +5,7 @@
 //! kernel reads floats), every norm, the router (`mlp.gate.weight`) and its correction bias,
 //! the indexer's head weights (`indexer.weights_proj`) — small tensors whose precision
 //! decides discrete choices (expert and top-k selection). `--keep PATTERN` keeps more.
-//! Layers past `num_hidden_layers` (the MTP layer, which sparsa does not run) are dropped.
+//! Layers past `num_hidden_layers` are dropped, but for the first MTP layer (the draft model).
 //! The output is sharded (`model-0000i-of-0000n.safetensors` + index when more than one
 //! shard), and every other file of the directory is copied, `config.json` with its
 //! `quantization_config` replaced.
@@ -231,7 +231,7 @@ pub fn quantize_dir(
         let t = files.get(name)?;
         report.in_bytes += t.bytes.len() as u64;
         plan_files.push(t.file);
-        if layer_of(name).is_some_and(|l| l >= cfg.num_hidden_layers) {
+        if layer_of(name).is_some_and(|l| l >= cfg.cache_layers()) {
             report.dropped += 1;
             continue;
         }

@@ -75,8 +75,14 @@ fn merge(mut a: Value, b: Value) -> Value {
 }
 
 /// `config.json` of `like` cut to `layers` layers (layer 0 dense when `layers` > 1, the rest
-/// MoE; no MTP layer) with `experts` routed experts (default: the release's 256).
-pub fn release_config(like: Like, layers: usize, experts: Option<usize>) -> Result<ReleaseConfig> {
+/// MoE; the MTP layer after them with `mtp`) with `experts` routed experts (default: the
+/// release's 256).
+pub fn release_config(
+    like: Like,
+    layers: usize,
+    experts: Option<usize>,
+    mtp: bool,
+) -> Result<ReleaseConfig> {
     if layers == 0 {
         return Err(Error::msg("--layers: expected at least 1 layer"));
     }
@@ -145,7 +151,7 @@ pub fn release_config(like: Like, layers: usize, experts: Option<usize>) -> Resu
                 "num_experts_per_tok": k,
                 "num_hidden_layers": layers,
                 "num_key_value_heads": 64,
-                "num_nextn_predict_layers": 0,
+                "num_nextn_predict_layers": usize::from(mtp),
                 "q_lora_rank": 2048,
                 "qk_head_dim": 256,
                 "qk_nope_head_dim": 192,
@@ -198,7 +204,7 @@ pub fn release_config(like: Like, layers: usize, experts: Option<usize>) -> Resu
                 "num_experts_per_tok": k,
                 "num_hidden_layers": layers,
                 "num_key_value_heads": 128,
-                "num_nextn_predict_layers": 0,
+                "num_nextn_predict_layers": usize::from(mtp),
                 "q_lora_rank": 1536,
                 "qk_nope_head_dim": 128,
                 "qk_rope_head_dim": 64,

@@ -32,7 +32,7 @@ mod values;
 pub use config::{release_config, Like, ReleaseConfig};
 pub use config_dir::{check_index, has_weights, tensor_list, ConfigDir, IndexCheck, ShardIndex};
 
-use crate::config::{Config, IndexerKind};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::quantize::{
     check_out_empty, write_sharded, write_sharded_holes, TensorHeader, WriteErr,
@@ -116,17 +116,23 @@ const TOKENIZER_CONFIG: &[u8] = include_bytes!(concat!(
 /// including its `indexers_proj`, a module that does not exist).
 fn modules_to_not_convert(cfg: &Config) -> Vec<String> {
     let mut m: Vec<String> = vec!["lm_head".into(), "model.embed_tokens".into()];
-    for i in 0..cfg.num_hidden_layers {
+    for i in 0..cfg.cache_layers() {
         let p = format!("model.layers.{i}");
+        let mtp = i == cfg.num_hidden_layers;
+        if mtp {
+            for n in ["enorm", "hnorm", "eh_proj", "shared_head.norm"] {
+                m.push(format!("{p}.{n}"));
+            }
+        }
         m.push(format!("{p}.input_layernorm"));
         m.push(format!("{p}.post_attention_layernorm"));
         m.push(format!("{p}.self_attn.q_a_layernorm"));
         m.push(format!("{p}.self_attn.kv_a_layernorm"));
-        if !cfg.is_dense_layer(i) {
+        if mtp || !cfg.is_dense_layer(i) {
             m.push(format!("{p}.mlp.gate"));
             m.push(format!("{p}.mlp.gate.e_score_correction_bias"));
         }
-        if cfg.indexer_types[i] == IndexerKind::Full {
+        if cfg.has_keys(i) {
             m.push(format!("{p}.self_attn.indexer.k_norm"));
             m.push(format!("{p}.self_attn.indexer.k_norm.bias"));
             m.push(format!("{p}.self_attn.indexers_proj"));

@@ -1,7 +1,7 @@
 //! The tensors of a synthetic model: Hugging Face names, shapes, initial values and how each is
 //! stored in each format.
 
-use crate::config::{Config, IndexerKind};
+use crate::config::Config;
 use crate::quantize::{default_keep, TensorHeader};
 use crate::weights::QFormat;
 
@@ -83,9 +83,17 @@ fn logical_tensors(cfg: &Config) -> Vec<(String, Vec<usize>, Init)> {
         t.push((format!("{p}.up_proj.weight"), vec![inter, h], u(h)));
         t.push((format!("{p}.down_proj.weight"), vec![h, inter], u(inter)));
     };
-    for i in 0..cfg.num_hidden_layers {
+    for i in 0..cfg.cache_layers() {
         let p = format!("model.layers.{i}");
         let a = format!("{p}.self_attn");
+        let mtp = i == cfg.num_hidden_layers;
+        if mtp {
+            // The MTP layer's own tensors, then a full MoE decoder layer.
+            t.push((format!("{p}.enorm.weight"), vec![h], ones));
+            t.push((format!("{p}.hnorm.weight"), vec![h], ones));
+            t.push((format!("{p}.eh_proj.weight"), vec![h, 2 * h], u(2 * h)));
+            t.push((format!("{p}.shared_head.norm.weight"), vec![h], ones));
+        }
         t.push((format!("{p}.input_layernorm.weight"), vec![h], ones));
         t.push((format!("{a}.q_a_proj.weight"), vec![ql, h], u(h)));
         t.push((format!("{a}.q_a_layernorm.weight"), vec![ql], ones));
@@ -110,7 +118,7 @@ fn logical_tensors(cfg: &Config) -> Vec<(String, Vec<usize>, Init)> {
             vec![h, heads * dv],
             u(heads * dv),
         ));
-        if cfg.indexer_types[i] == IndexerKind::Full {
+        if cfg.has_keys(i) {
             let x = format!("{a}.indexer");
             let (ih, id) = (cfg.index_n_heads, cfg.index_head_dim);
             t.push((format!("{x}.wq_b.weight"), vec![ih * id, ql], u(ql)));
@@ -125,7 +133,7 @@ fn logical_tensors(cfg: &Config) -> Vec<(String, Vec<usize>, Init)> {
             ones,
         ));
         let m = format!("{p}.mlp");
-        if cfg.is_dense_layer(i) {
+        if !mtp && cfg.is_dense_layer(i) {
             swiglu(&mut t, &m, cfg.intermediate_size);
         } else {
             let e = cfg.n_routed_experts;
