@@ -17,7 +17,11 @@ D=/tmp/m
 like=${LIKE:-glm-5}; layers=78; [ "$like" = deepseek-v3.2 ] && layers=61
 echo "== $like q4 experts 16 layers $layers zeros, MTP layer" >> $T
 ( time $S synth --like $like --layers $layers --experts 16 --format q4 --zeros --mtp --out $D ) 2>&1 | tail -4 >> $T
-timeout 240 $S bench --model $D --context ${CTX:-4096,32768} --decode 16 --prompt-len 0 ${PROFILE:---no-profile} --verify ${VERIFY:-1,2,3,4,7} >> $T 2>&1
+# SETS: knob sets (NAME=VALUE[,NAME=VALUE]) the bench runs under, one after another.
+for set in ${SETS:-default}; do
+  echo "== bench $set" >> $T
+  env $( [ "$set" = default ] || echo "$set" | tr , ' ' ) timeout 240 $S bench --model $D --context ${CTX:-4096,32768} --decode 16 --prompt-len 0 ${PROFILE:---no-profile} --verify ${VERIFY:-1,2,3,4,7} >> $T 2>&1
+done
 P=$(seq -s, 1 64)
 for k in 0 ${DRAFTS:-1 3 5}; do
   echo "== generate --draft $k" >> $T
@@ -25,3 +29,4 @@ for k in 0 ${DRAFTS:-1 3 5}; do
 done
 rm -rf $D
 grep -E "^==|^bench: (verify|draft|decode)|decode .* tok/s|drafts:|rror" $T
+true

@@ -291,6 +291,21 @@ fn dot_lanes(w: &GpuWeight, out_rows: u32, cpu: bool) -> u32 {
     env_tpr().unwrap_or_else(|| gemv4_knobs(w, 1, out_rows / 2, cpu).0)
 }
 
+/// Most rows of x that [`matmul`] runs as one integer-dot GEMV pass each (where the
+/// integer-dot GEMV applies) rather than one float GEMV over all of them;
+/// `SPARSA_DOT_ROWS` overrides (0 or 1: never).
+fn dot_rows() -> u32 {
+    use std::sync::OnceLock;
+    static ROWS: OnceLock<Option<u32>> = OnceLock::new();
+    ROWS.get_or_init(|| env_knob("SPARSA_DOT_ROWS", |v| v <= GEMV_MAX_ROWS))
+        .unwrap_or(4)
+}
+
+/// Whether [`matmul`] runs `rows` (> 1) rows of x over `w` as integer-dot GEMV passes.
+fn dot_passes(gpu: &crate::gpu::Gpu, x: View, w: &GpuWeight, rows: u32) -> bool {
+    rows <= dot_rows() && (0..rows).all(|t| dot_blocks(gpu, x.row(t), w).is_some())
+}
+
 fn env_tpr() -> Option<u32> {
     use std::sync::OnceLock;
     static TPR: OnceLock<Option<u32>> = OnceLock::new();
@@ -360,6 +375,16 @@ impl Dense {
 pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
     let gpu = rec.gpu();
     let pick = |r: u32, xv: View| Dense::pick(r, xv, w, Dev::of(gpu), dot_blocks(gpu, xv, w));
+    if rows > 1 && dot_passes(gpu, x, w, rows) {
+        // A few rows over q4 (a speculative verification, a short chunk): a pass of the
+        // integer-dot GEMV per row reads the weights once per row, but at a third of the
+        // float GEMV's instructions per byte, which is what bounds that one at few rows.
+        for t in 0..rows {
+            let xv = x.row(t);
+            matmul_as(rec, xv, w, y.row(t), 1, pick(1, xv), None, false);
+        }
+        return;
+    }
     if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS {
         // A few GEMV passes beat a GEMM whose tiles are mostly empty.
         let mut t = 0;
@@ -875,7 +900,8 @@ mod tests {
     fn int_dot(kind: Option<Dense>, rows: usize, x: View, w: &GpuWeight) -> bool {
         match kind {
             Some(k) => matches!(k, Dense::GemvDot(..)),
-            None => rows == 1 && dot_blocks(gpu(), x, w).is_some(),
+            None if rows == 1 => dot_blocks(gpu(), x, w).is_some(),
+            None => dot_passes(gpu(), x, w, rows as u32),
         }
     }
 
