@@ -7,11 +7,7 @@
 # best case, what the round costs when all k drafts land).
 # Needs .h200/sparsa.xz and .gl/ (the Vulkan loader debs). Results: $OUT/mtp.txt.
 set -u
-OUT="${OUT:-benches/results/new}"; mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-F=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; [ -f $F ] && export VK_DRIVER_FILES=$F
-export XDG_RUNTIME_DIR=/tmp/x; mkdir -p -m 700 /tmp/x
-xz -dc .h200/sparsa.xz > /tmp/sparsa; chmod +x /tmp/sparsa; S=/tmp/sparsa
+. "$(dirname "$0")/h200_setup.sh"
 T=$OUT/mtp.txt
 D=/tmp/m
 like=${LIKE:-glm-5}; layers=78; [ "$like" = deepseek-v3.2 ] && layers=61

@@ -7,11 +7,7 @@
 # dispatches as random ones (the first entry of RANDOM=1 runs checks that on random q4).
 # Needs .h200/sparsa.xz and .gl/ (the Vulkan loader debs). Results: $OUT/table.txt.
 set -u
-OUT="${OUT:-benches/results/new}"; mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-F=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; [ -f $F ] && export VK_DRIVER_FILES=$F
-export XDG_RUNTIME_DIR=/tmp/x; mkdir -p -m 700 /tmp/x
-xz -dc .h200/sparsa.xz > /tmp/sparsa; chmod +x /tmp/sparsa; S=/tmp/sparsa
+. "$(dirname "$0")/h200_setup.sh"
 T=$OUT/table.txt
 for m in ${TABLE:-glm-5:q4:16}; do
   IFS=: read -r like fmt experts ctx <<< "$m"

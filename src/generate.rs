@@ -131,15 +131,21 @@ pub async fn generate_events_async(
     loop {
         out.push(next);
         recent.push(next);
-        if recent.len() > 2 * window.max(1) {
-            recent.drain(..recent.len() - window);
-        }
+        keep_last(&mut recent, window);
         let (pos, max_ctx) = (session.pos, session.max_ctx());
         if let Some(stop) = stop_after(&out, &mut on_event, eos, max_tokens, pos, max_ctx) {
             return Ok((out, stop));
         }
         let logits = session.forward_async(&[next], false).await?;
         next = sampler.sample_after(logits.last(), &recent);
+    }
+}
+
+/// Keeps the repetition penalty's window: drops all but the last `window` tokens once
+/// `recent` holds twice as many (amortized).
+fn keep_last(recent: &mut Vec<u32>, window: usize) {
+    if recent.len() > 2 * window.max(1) {
+        recent.drain(..recent.len() - window);
     }
 }
 
@@ -186,11 +192,6 @@ async fn speculative(
 ) -> Result<(Vec<u32>, Stop)> {
     let window = sampler.params.repeat_last_n;
     let mut recent: Vec<u32> = history[history.len().saturating_sub(window)..].to_vec();
-    let keep = |recent: &mut Vec<u32>| {
-        if recent.len() > 2 * window.max(1) {
-            recent.drain(..recent.len() - window);
-        }
-    };
     let mut out = Vec::new();
     // Prefill: each chunk through the main model, then through the MTP layer paired with the
     // tokens one further on (the prompt's, and after the last chunk the token it picks).
@@ -268,7 +269,7 @@ async fn speculative(
         for &g in &emitted {
             out.push(g);
             recent.push(g);
-            keep(&mut recent);
+            keep_last(&mut recent, window);
             m += 1;
             stop = stop_after(
                 &out,
@@ -353,9 +354,7 @@ async fn pipelined(
         out.push(next);
         if penalty {
             recent.push(next);
-            if recent.len() > 2 * n {
-                recent.drain(..recent.len() - n);
-            }
+            keep_last(&mut recent, n);
         }
         // The checks see the session as it was before the step queued ahead.
         let pos = session.pos - usize::from(ahead);

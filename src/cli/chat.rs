@@ -33,7 +33,7 @@ commands:
   /help           this list
   /reset          forget the conversation (the system prompt stays)
   /system [TEXT]  set the system prompt (without TEXT: show it)
-  /stats [-v]     speed and token counts of the last reply, context use, experts, the seed
+  /stats [-v]     speed and token counts of the last reply, context use, drafts, experts, the seed
                   (-v: also GPU buffers, allocator and host memory)
   /save FILE      write the conversation as JSON ({\"messages\": [...]})
   /load FILE      replace the conversation with one saved by /save
@@ -589,6 +589,9 @@ impl Repl {
             if turns == 1 { "" } else { "s" },
             self.seed
         ));
+        if self.session.drafts() > 0 {
+            say(&self.session.draft_stats().line());
+        }
         let model = &self.session.model;
         if let Some(off) = &model.offload {
             let st = off.stats();

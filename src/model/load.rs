@@ -117,7 +117,7 @@ pub struct Weights {
 /// first), with `h_i` the main model's hidden after its final norm; then a full DSA MoE
 /// decoder layer with its own caches, `shared_head.norm` and the main LM head. The main
 /// embedding and LM head serve it (GLM-5 ships no copies; DeepSeek-V3.2's equal them).
-/// Sources: /work/notes/mtp_facts.md, docs/MTP.md.
+/// Sources: docs/MTP.md.
 pub struct Mtp {
     pub enorm: wgpu::Buffer,
     pub hnorm: wgpu::Buffer,
