@@ -309,7 +309,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     }
     if s.skipped_tensors > 0 {
         println!(
-            "({} tensors past num_hidden_layers (MTP) are not loaded)",
+            "({} tensors past num_hidden_layers (the MTP layer) are not counted: it loads for --draft where every expert is resident)",
             s.skipped_tensors
         );
     }

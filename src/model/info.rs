@@ -84,7 +84,8 @@ pub struct Summary {
     pub params_active: u64,
     /// Storage formats seen (e.g. "BF16", "FP8", "q4").
     pub formats: Vec<String>,
-    /// Tensors not loaded (layers past num_hidden_layers, but for the first MTP layer).
+    /// Tensors past num_hidden_layers (the MTP layer): not counted here, nor by the
+    /// `--gpu-memory` planner (a streamed model does not load it).
     pub skipped_tensors: usize,
 }
 
@@ -136,7 +137,7 @@ pub fn summarize_tensors(cfg: &Config, tensors: &[TensorMeta]) -> Result<Summary
     let mut skipped = 0;
     for t in tensors {
         let name = t.name.as_str();
-        if layer_of(name).is_some_and(|l| l >= cfg.cache_layers()) {
+        if layer_of(name).is_some_and(|l| l >= cfg.num_hidden_layers) {
             skipped += 1;
             continue;
         }
