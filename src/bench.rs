@@ -358,12 +358,26 @@ pub struct BenchReport {
     pub decode: Vec<DecodeResult>,
 }
 
-/// Deterministic token ids below `vocab` (splitmix64).
 /// The middle of sorted times (NaN when empty).
 fn median(v: &[f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// The median of `steps` timed runs of `f` in milliseconds, after two untimed warm-up runs.
+fn median_ms(steps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut v = Vec::with_capacity(steps);
+    for i in 0..steps + 2 {
+        let t = Instant::now();
+        f()?;
+        if i >= 2 {
+            v.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    v.sort_by(f64::total_cmp);
+    Ok(median(&v))
+}
+
+/// Deterministic token ids below `vocab` (splitmix64).
 fn random_tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
     let mut x = seed;
     (0..n)
@@ -485,32 +499,18 @@ pub fn run(
             let mut tok = random_tokens(1, vocab, opts.seed)[0];
             // Synchronous single steps: two warm-up steps, then the timed ones; each starts
             // at the same context.
-            let mut sync = Vec::with_capacity(opts.decode);
-            for i in 0..opts.decode + 2 {
+            let sync_med = median_ms(opts.decode, || {
                 s.truncate(ctx);
-                let t = Instant::now();
-                let logits = s.forward(&[tok], false)?;
-                tok = argmax(logits.last());
-                if i >= 2 {
-                    sync.push(t.elapsed().as_secs_f64() * 1e3);
-                }
-            }
-            sync.sort_by(f64::total_cmp);
-            let sync_med = median(&sync);
+                tok = argmax(s.forward(&[tok], false)?.last());
+                Ok(())
+            })?;
             let mut verify = Vec::with_capacity(opts.verify.len());
             for &k in &opts.verify {
                 let toks = random_tokens(k + 1, vocab, opts.seed ^ 0xd4af7);
-                let mut v = Vec::with_capacity(opts.decode);
-                for i in 0..opts.decode + 2 {
+                let ms = median_ms(opts.decode, || {
                     s.truncate(ctx);
-                    let t = Instant::now();
-                    s.forward(&toks, true)?;
-                    if i >= 2 {
-                        v.push(t.elapsed().as_secs_f64() * 1e3);
-                    }
-                }
-                v.sort_by(f64::total_cmp);
-                let ms = median(&v);
+                    s.forward(&toks, true).map(drop)
+                })?;
                 s.truncate(ctx);
                 let (_, kernels) = profiled(gpu, opts.profile, || s.forward(&toks, true))?;
                 log(&format!(
@@ -527,17 +527,10 @@ pub fn run(
             }
             let mut ms_draft_step = None;
             if !opts.verify.is_empty() && model.weights.mtp.is_some() {
-                let mut v = Vec::with_capacity(opts.decode);
-                for i in 0..opts.decode + 2 {
+                let ms = median_ms(opts.decode, || {
                     s.truncate(ctx);
-                    let t = Instant::now();
-                    pollster::block_on(s.mtp_forward(&[tok], ctx))?;
-                    if i >= 2 {
-                        v.push(t.elapsed().as_secs_f64() * 1e3);
-                    }
-                }
-                v.sort_by(f64::total_cmp);
-                let ms = median(&v);
+                    pollster::block_on(s.mtp_forward(&[tok], ctx)).map(drop)
+                })?;
                 log(&format!(
                     "draft step at {ctx} (the MTP layer on one row): {ms:.3} ms, {:.2}x a single synchronous step",
                     ms / sync_med
