@@ -88,15 +88,22 @@ impl Sampler {
     /// The next token after the tokens `recent` (the context so far, oldest first; only the
     /// last `repeat_last_n` matter), with the repetition penalty applied to `logits`.
     pub fn sample_after(&mut self, logits: &[f32], recent: &[u32]) -> u32 {
+        let l = self.penalized(logits, recent);
+        self.sample(&l)
+    }
+
+    /// `logits` with the penalties applied for the tokens `recent` (their last
+    /// `repeat_last_n`); borrowed as they are where no penalty applies.
+    fn penalized<'a>(&self, logits: &'a [f32], recent: &[u32]) -> std::borrow::Cow<'a, [f32]> {
         let p = &self.params;
         if !p.penalizes() || recent.is_empty() {
-            return self.sample(logits);
+            return logits.into();
         }
         let mut l = logits.to_vec();
         let window = &recent[recent.len().saturating_sub(p.repeat_last_n)..];
         apply_repeat_penalty(&mut l, window, p.repeat_penalty);
         apply_count_penalties(&mut l, window, p.presence_penalty, p.frequency_penalty);
-        self.sample(&l)
+        l.into()
     }
 
     /// The token after `recent` given a draft `d` for it (see [`accept_draft`]): greedy
@@ -104,17 +111,12 @@ impl Sampler {
     /// else draws from p without `d`. Either way the token has the distribution
     /// [`Sampler::sample_after`] draws from. Returns the token and whether it is `d`.
     pub fn verify_draft(&mut self, logits: &[f32], recent: &[u32], d: u32) -> (u32, bool) {
-        let p = self.params.clone();
-        let mut l = logits.to_vec();
-        if p.penalizes() && !recent.is_empty() {
-            let window = &recent[recent.len().saturating_sub(p.repeat_last_n)..];
-            apply_repeat_penalty(&mut l, window, p.repeat_penalty);
-            apply_count_penalties(&mut l, window, p.presence_penalty, p.frequency_penalty);
-        }
+        let l = self.penalized(logits, recent);
+        let p = &self.params;
         let dist = if p.is_greedy() {
             Vec::new()
         } else {
-            distribution(&p, &l)
+            distribution(p, &l)
         };
         if dist.is_empty() {
             let g = argmax(&l);
