@@ -137,8 +137,7 @@ impl Session {
         // input.
         let last = h.row(t - 1);
         norm::rms_norm(&mut rec, last, &mtp.head_norm, hidden, 1, hd, eps);
-        let w = &model.weights;
-        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+        let head = model.weights.head();
         let vocab = cfg.vocab_size as u32;
         gemv(
             &mut rec,
@@ -163,21 +162,15 @@ impl Session {
         want: usize,
     ) -> Result<Vec<f32>> {
         self.check_tokens(tokens)?;
-        self.keep_hidden = true;
-        let r = self.chunk_forward(Input::Host(tokens), want, None);
-        self.keep_hidden = false;
-        r?;
+        self.chunk_forward(Input::Host(tokens), want, None, true)?;
         let vocab = self.model.config.vocab_size;
         let gpu = &self.model.gpu;
         gpu.read_f32_async(&self.s.logits, 0, want * vocab).await
     }
 
-    /// Records the final norm of all `t` rows of the chunk into `s.mtp_h` where the chunk
-    /// keeps its hidden rows for the MTP layer.
+    /// Records the final norm of all `t` rows of the chunk into `s.mtp_h`, for the MTP
+    /// layer.
     pub(super) fn keep_hidden_rows(&self, rec: &mut crate::gpu::Recorder, t: u32) {
-        if !self.keep_hidden {
-            return;
-        }
         let cfg = &self.model.config;
         let hd = cfg.hidden_size as u32;
         let (h, out) = (View::rows(&self.s.h, hd), View::rows(&self.s.mtp_h, hd));

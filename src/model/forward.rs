@@ -27,12 +27,15 @@ use crate::weights::GpuWeight;
 
 impl Session {
     /// One chunk; leaves the logits of its last `want_logits` rows in `s.logits`, and with
-    /// `pick` the token the last row's logits pick in `ids[0]` and that slot.
+    /// `pick` the token the last row's logits pick in `ids[0]` and that slot. `keep_hidden`:
+    /// also every row's hidden after the final norm in `s.mtp_h`, for the MTP layer
+    /// (draft.rs).
     pub(super) fn chunk_forward(
         &mut self,
         input: Input,
         want_logits: usize,
         pick: Option<(usize, &Pick)>,
+        keep_hidden: bool,
     ) -> Result<()> {
         let model = self.model.clone();
         let (cfg, gpu) = (&model.config, &*model.gpu);
@@ -71,7 +74,9 @@ impl Session {
             // routing (moe.rs); every other layer only records.
             self.mlp(&mut rec, i, layer, t)?;
         }
-        self.keep_hidden_rows(&mut rec, t);
+        if keep_hidden {
+            self.keep_hidden_rows(&mut rec, t);
+        }
         if want_logits > 0 {
             self.head(&mut rec, t, want_logits as u32, pick)?;
         }
@@ -219,7 +224,7 @@ impl Session {
         let (hd, vocab) = (cfg.hidden_size as u32, cfg.vocab_size as u32);
         let first = View::rows(&s.h, hd).row(t - rows);
         let x = View::rows(&s.x, hd);
-        let head = w.lm_head.as_ref().unwrap_or(&w.embed);
+        let head = w.head();
         let logits = View::rows(&s.logits, vocab);
         // One row: the norm also quantizes it for the LM head's GEMV.
         let norm = (&w.norm, cfg.rms_norm_eps);

@@ -112,6 +112,13 @@ pub struct Weights {
     pub mtp: Option<Mtp>,
 }
 
+impl Weights {
+    /// The LM head: `lm_head`, or the embedding where they are tied.
+    pub fn head(&self) -> &GpuWeight {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
 /// The multi-token-prediction layer (`model.layers.{num_hidden_layers}`), a draft model:
 /// the row at position i is `eh_proj · [enorm(embed(t_{i+1})) ; hnorm(h_i)]` (embedding
 /// first), with `h_i` the main model's hidden after its final norm; then a full DSA MoE

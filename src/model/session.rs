@@ -59,11 +59,9 @@ pub struct Session {
     pub(super) s: Scratch,
     /// The submission that writes each pick slot's token, until it is read.
     pub(super) pending: [Option<wgpu::SubmissionIndex>; 2],
-    /// Draft tokens per step with the MTP layer (draft.rs; 0: off), what they did, and
-    /// whether the chunk running keeps its hidden rows for the MTP layer.
+    /// Draft tokens per step with the MTP layer (draft.rs; 0: off), and what they did.
     pub(super) drafts: usize,
     pub(super) draft_stats: super::draft::DraftStats,
-    pub(super) keep_hidden: bool,
 }
 
 impl Drop for Session {
@@ -134,7 +132,6 @@ impl Session {
             pending: [None, None],
             drafts: 0,
             draft_stats: Default::default(),
-            keep_hidden: false,
         })
     }
 
@@ -219,7 +216,7 @@ impl Session {
             } else {
                 0
             };
-            self.chunk_forward(Input::Host(part), want, None)?;
+            self.chunk_forward(Input::Host(part), want, None, false)?;
             if want > 0 {
                 let gpu = &self.model.gpu;
                 data.extend(gpu.read_f32_async(&self.s.logits, 0, want * vocab).await?);
@@ -263,7 +260,7 @@ impl Session {
         let n = tokens.len().div_ceil(self.chunk);
         for (i, part) in tokens.chunks(self.chunk).enumerate() {
             let last = pick.filter(|_| i + 1 == n);
-            self.chunk_forward(Input::Host(part), usize::from(last.is_some()), last)?;
+            self.chunk_forward(Input::Host(part), usize::from(last.is_some()), last, false)?;
         }
         Ok(())
     }
@@ -278,7 +275,7 @@ impl Session {
                 self.max_ctx()
             )));
         }
-        self.chunk_forward(Input::Previous, 1, Some((slot, pick)))
+        self.chunk_forward(Input::Previous, 1, Some((slot, pick)), false)
     }
 
     /// The token the last pick on `slot` chose (waits for that submission only).
