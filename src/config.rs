@@ -93,9 +93,6 @@ pub struct Config {
     /// sparsa runs the first as a draft model; [`crate::model::Model`] sets this to 0 where
     /// the files lack it or it is not loaded.
     pub num_nextn_predict_layers: usize,
-    /// GLM-5.2's `index_share_for_mtp_iteration`: draft steps after the first may reuse the
-    /// first's top-k (sparsa runs the MTP layer's indexer at every step, which is exact).
-    pub index_share_for_mtp: bool,
     pub rope: Rope,
     pub rms_norm_eps: f32,
     pub max_position_embeddings: usize,
@@ -408,7 +405,6 @@ impl Config {
             mla_rope_interleave,
             indexer_types,
             num_nextn_predict_layers: f.usize_or("num_nextn_predict_layers", 0)?,
-            index_share_for_mtp: f.bool_or("index_share_for_mtp_iteration", false)?,
             rope,
             rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)? as f32,
             max_position_embeddings: f.usize_or("max_position_embeddings", 4096)?,
