@@ -109,25 +109,42 @@ fn idot8(w: vec4<u32>, xi: u32) -> vec2<i32> {
         (dot4I8Packed(w.x, l.x) + dot4I8Packed(w.y, l.y)) + (dot4I8Packed(w.z, l.z) + dot4I8Packed(w.w, l.w)));
 }
 
-// One 16-byte word of codes `v` at word index `wi` of the chunk, against x's quantized words
-// for that word (word `q` of the row), unscaled by x: s_w · (Dhi + Dlo / 254 − offset).
-fn dot_word_i8(v: vec4<u32>, wi: u32, q: u32) -> f32 {
-    var d: vec2<i32>;
-    var off = 0.0;
-    let blk = select(q / 2u, q, W_DTYPE == 5u);
-    let sm = get_xsm(blk);
+// A 16-byte word of weight codes as int8 vectors: q4's 32 nibbles (low and high nibble of
+// each byte, 0..15) in `a` and `b`; q8's 16 codes in `a`.
+struct Codes {
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+
+fn codes_of(v: vec4<u32>) -> Codes {
     if (W_DTYPE == 5u) {
-        // 32 nibbles: the low and high nibble of each byte, as int8 in 0..15.
         let m = vec4<u32>(0x0f0f0f0fu);
-        let a = v & m;
-        let b = (v >> vec4<u32>(4u)) & m;
-        d = idot8(vec4<u32>(a.x, b.x, a.y, b.y), 2u * q) + idot8(vec4<u32>(a.z, b.z, a.w, b.w), 2u * q + 1u);
-        off = sm.y;
-    } else {
-        // 16 int8 codes: half `q & 1` of block q / 2.
-        d = idot8(v, q);
+        let lo = v & m;
+        let hi = (v >> vec4<u32>(4u)) & m;
+        return Codes(vec4<u32>(lo.x, hi.x, lo.y, hi.y), vec4<u32>(lo.z, hi.z, lo.w, hi.w));
     }
-    return q_scale((wi * EPV) / QB) * sm.x * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - off);
+    return Codes(v, v);
+}
+
+// The codes `c` of the weight word (scale `sw`) against x's quantized words for that word
+// (word `q` of the row; the row at `xqb` where XQ = 1): sw · s_x · (Dhi + Dlo / 254 −
+// offset). q8's 16 codes are half `q & 1` of block q / 2.
+fn word_dot(c: Codes, q: u32, sw: f32) -> f32 {
+    var d: vec2<i32>;
+    if (W_DTYPE == 5u) {
+        let sm = get_xsm(q);
+        d = idot8(c.a, 2u * q) + idot8(c.b, 2u * q + 1u);
+        return sw * sm.x * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - sm.y);
+    }
+    let sm = get_xsm(q / 2u);
+    d = idot8(c.a, q);
+    return sw * sm.x * (f32(d.x) + f32(d.y) * (1.0 / 254.0));
+}
+
+// One 16-byte word of codes `v` at word index `wi` of the chunk, against x's quantized words
+// for that word (word `q` of the row): s_w · s_x · (Dhi + Dlo / 254 − offset).
+fn dot_word_i8(v: vec4<u32>, wi: u32, q: u32) -> f32 {
+    return word_dot(codes_of(v), q, q_scale((wi * EPV) / QB));
 }
 
 // quad_partial on integer dot products: the 4 rows' partial dots of this lane.
@@ -209,4 +226,154 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         }
     }
     quad_store(quad_partial_i8(wo, lid % TPR4), wo, P.y_off + slot * P.y_stride, n0, lid);
+}
+
+// ---- T rows of x at once (gemv_dot_rows, gemv_dot_experts_rows; XQ = 1) ----------------
+// A speculative verification (or a short chunk) multiplies a few rows of x by the same
+// weights: each lane loads its 4 weight rows' words once and takes them against every x
+// row, so the weights are read once for all rows instead of once per row.
+
+// This lane's partial dots: acc_t[t][j] for x row t (t < nx) and weight row j.
+var<private> acc_t: array<vec4<f32>, T>;
+// vec4 offset in xq of x row t, and the y offset its outputs go to.
+var<private> xrows: array<u32, T>;
+var<private> ybase: array<u32, T>;
+var<private> nx: u32;
+
+// Word `v` (word index `wi` of the chunk, word `q` of the row) of weight row j against
+// every x row.
+fn add_word_rows(v: vec4<u32>, wi: u32, q: u32, j: u32) {
+    let sw = q_scale((wi * EPV) / QB);
+    let c = codes_of(v);
+    for (var t = 0u; t < T; t++) {
+        if (t < nx) {
+            xqb = xrows[t];
+            acc_t[t][j] += word_dot(c, q, sw);
+        }
+    }
+}
+
+// acc_t for the 4 weight rows at word offsets `wo` (NONE: absent) from lane `lane`.
+fn rows_partial(wo: vec4<u32>, lane: u32) {
+    for (var t = 0u; t < T; t++) {
+        acc_t[t] = vec4<f32>(0.0);
+    }
+    let w = live_rows(wo);
+    if (w.x == NONE) {
+        return;
+    }
+    let kw = P.k / EPV;
+    for (var q = lane; q < kw; q += TPR4) {
+        let a0 = w4[w.x + q];
+        let a1 = w4[w.y + q];
+        let a2 = w4[w.z + q];
+        let a3 = w4[w.w + q];
+        add_word_rows(a0, w.x + q, q, 0u);
+        add_word_rows(a1, w.y + q, q, 1u);
+        add_word_rows(a2, w.z + q, q, 2u);
+        add_word_rows(a3, w.w + q, q, 3u);
+    }
+}
+
+// Reduces acc_t over each row group's lanes and stores rows n0 .. n0 + 3 (those in `wo`)
+// of each x row t < nx at ybase[t] (P.accumulate: added to y). Workgroup-uniform: the
+// reductions run for all T rows.
+fn rows_store(wo: vec4<u32>, n0: u32, lid: u32) {
+    for (var t = 0u; t < T; t += 2u) {
+        var b = vec4<f32>(0.0);
+        if (t + 1u < T) {
+            b = acc_t[min(t + 1u, T - 1u)];
+        }
+        let r = reduce_pair(acc_t[t], b, lid);
+        if (lid % TPR4 == 0u) {
+            for (var i = 0u; i < 2u; i++) {
+                let tt = t + i;
+                if (tt >= nx) {
+                    break;
+                }
+                let v = select(r.lo, r.hi, i == 1u);
+                for (var j = 0u; j < 4u; j++) {
+                    if (wo[j] != NONE) {
+                        let o = ybase[tt] + n0 + j;
+                        var s = v[j];
+                        if (P.accumulate == 1u) {
+                            s += y[o];
+                        }
+                        y[o] = s;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// y[t, n] (+)= Σ_k x[t, k] · W[n, k] for the T = P.rows rows of x quantized in xq (row t at
+// t · xq_stride(k)).
+@compute @workgroup_size(256)
+fn gemv_dot_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
+    let rw = P.ws / EPV;
+    var wo = vec4<u32>(NONE);
+    for (var j = 0u; j < 4u; j++) {
+        if (n0 + j < P.n) {
+            wo[j] = (n0 + j) * rw;
+        }
+    }
+    nx = min(P.rows, T);
+    for (var t = 0u; t < T; t++) {
+        xrows[t] = t * xq_stride(P.k);
+        ybase[t] = P.y_off + t * P.y_stride;
+    }
+    rows_partial(wo, lid % TPR4);
+    rows_store(wo, n0, lid);
+}
+
+// The slots of the current batch, for workgroup-uniform control flow.
+var<workgroup> batch_n: u32;
+
+// Routed experts at a few token rows, grouped by expert: one workgroup per (expert, row
+// group) reads that expert's rows once for every slot routed to it (at most T per batch;
+// a token names an expert once, so one batch unless more than T tokens share it). Workgroups
+// of experts no slot names return at once.
+@compute @workgroup_size(256)
+fn gemv_dot_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let per = WG / TPR4 * 4u;
+    let groups = (P.n + per - 1u) / per;
+    let e = P.e0 + g / groups;
+    let n0 = (g % groups) * per + lid / TPR4 * 4u;
+    let rw = P.ws / EPV;
+    var wo = vec4<u32>(NONE);
+    for (var j = 0u; j < 4u; j++) {
+        let gr = expert_row(e, n0 + j);
+        if (n0 + j < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
+            wo[j] = (gr - P.row0) * rw;
+        }
+    }
+    let stride = xq_stride(P.k);
+    var s = 0u;
+    loop {
+        // The next (up to T) slots routed to e, from slot s on.
+        var m = 0u;
+        for (; s < P.rows && m < T; s++) {
+            if (expert_of(s) == e) {
+                xrows[m] = select(s / P.topk, s, P.x_per_slot != 0u) * stride;
+                ybase[m] = P.y_off + s * P.y_stride;
+                m++;
+            }
+        }
+        if (lid == 0u) {
+            batch_n = m;
+        }
+        let n = workgroupUniformLoad(&batch_n);
+        nx = n;
+        if (n == 0u) {
+            break;
+        }
+        rows_partial(wo, lid % TPR4);
+        rows_store(wo, n0, lid);
+    }
 }

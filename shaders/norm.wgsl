@@ -60,17 +60,24 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
-// One row (decode); workgroup g quantizes blocks 32g .. 32g + 32, eight invocations per
-// block, after computing the row's scale itself (the row is small and cached: cheaper than a
+// P.rows rows (decode: one; a verification: a few), (dim / 32 + 31) / 32 workgroups per
+// row; workgroup g of a row quantizes blocks 32g .. 32g + 32, eight invocations per block,
+// after computing the row's scale itself (the row is small and cached: cheaper than a
 // second dispatch).
 @compute @workgroup_size(256)
 fn rms_norm_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
-    let xb = P.x_off;
-    let yb = P.y_off;
-    let scale = rms_scale(xb, lid);
     let nb = P.dim / 32u;
-    let b = (wid.x + wid.y * nwg.x) * (WG / 8u) + lid / 8u;
+    let per_row = (nb + WG / 8u - 1u) / (WG / 8u);
+    let g = wid.x + wid.y * nwg.x;
+    let row = g / per_row;
+    if (row >= P.rows) {
+        return;
+    }
+    let xb = P.x_off + row * P.x_stride;
+    let yb = P.y_off + row * P.y_stride;
+    let scale = rms_scale(xb, lid);
+    let b = (g % per_row) * (WG / 8u) + lid / 8u;
     let j = lid & 7u;
     let live = b < nb;
     var v = vec4<f32>(0.0);
@@ -82,5 +89,5 @@ fn rms_norm_q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             y[yb + c] = v[i];
         }
     }
-    quant_word(v, lid, live, 0u, nb, b);
+    quant_word(v, lid, live, row * xq_stride(P.dim), nb, b);
 }

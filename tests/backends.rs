@@ -225,9 +225,12 @@ fn exercise_matmul(gpu: &Gpu, all: bool) {
         }
         .unwrap()
     };
-    let xq = gpu.buffer(matmul::xq_bytes(long as u32, 2), "xq").unwrap();
-    // y = x · wᵀ for `rows` rows, and the routed-expert product of `rows` tokens; for one row
-    // also with x quantized beforehand (decode's quantize_x, matmul_xq and its add).
+    let xq = gpu
+        .buffer(matmul::xq_bytes(long as u32, matmul::GEMV_MAX_ROWS), "xq")
+        .unwrap();
+    // y = x · wᵀ for `rows` rows, and the routed-expert product of `rows` tokens; for a GEMV's
+    // rows also with x quantized beforehand (decode's and a verification's quantize_x,
+    // matmul_xq and its add).
     let both = |w: &GpuWeight, rows: u32| {
         let (k, n) = (w.cols as u32, w.rows as u32);
         let mut rec = gpu.recorder();
@@ -237,12 +240,13 @@ fn exercise_matmul(gpu: &Gpu, all: bool) {
             let slot_y = View::rows(&y, n / experts);
             matmul_experts(&mut rec, xv, false, w, &routed, slot_y, rows);
         }
-        if let (1, Some(order)) = (rows, matmul::takes_xq(xv, w)) {
-            let q = matmul::quantize_x(&mut rec, xv, 1, k, order, &xq);
+        let order = matmul::takes_xq(xv, w).filter(|_| rows <= matmul::GEMV_MAX_ROWS);
+        if let Some(order) = order {
+            let q = matmul::quantize_x(&mut rec, xv, rows, k, order, &xq);
             matmul::matmul_xq(&mut rec, &q, xv, w, yv);
             matmul::matmul_xq_add(&mut rec, &q, xv, w, yv);
             let slot_y = View::rows(&y, n / experts);
-            matmul::matmul_experts_xq(&mut rec, &q, xv, false, w, &routed, slot_y, 1);
+            matmul::matmul_experts_xq(&mut rec, &q, xv, false, w, &routed, slot_y, rows);
         }
         rec.finish().unwrap();
     };

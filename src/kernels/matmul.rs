@@ -429,6 +429,17 @@ pub fn xq_enabled() -> bool {
     knob_on(&ON, "SPARSA_GEMV_XQ")
 }
 
+/// Most rows of x a forward quantizes once for the integer-dot GEMVs, which then read the
+/// weights once for all of them (`gemv_dot_rows`, `gemv_dot_experts_rows`): a decode step's
+/// one, a speculative verification's few. `SPARSA_XQ_ROWS` overrides (1: decode steps
+/// only, a measurement aid).
+pub fn xq_max_rows() -> u32 {
+    use std::sync::OnceLock;
+    static ROWS: OnceLock<Option<u32>> = OnceLock::new();
+    ROWS.get_or_init(|| env_knob("SPARSA_XQ_ROWS", |v| (1..=GEMV_MAX_ROWS).contains(&v)))
+        .unwrap_or(GEMV_MAX_ROWS)
+}
+
 /// Whether `w`'s decode GEMV can take x quantized beforehand (the integer-dot GEMV applies
 /// and reads x in this element order).
 pub fn takes_xq(x: View, w: &GpuWeight) -> Option<QFormat> {
@@ -475,16 +486,17 @@ pub fn quantize_x<'a>(
     }
 }
 
-/// [`matmul`] for one row of x that [`quantize_x`] has quantized: the integer-dot GEMV reads
-/// `xq` instead of quantizing x in every workgroup; where it does not apply (other formats,
+/// [`matmul`] for the rows of x (one, or up to [`GEMV_MAX_ROWS`]) that [`quantize_x`] has
+/// quantized: the integer-dot GEMV reads `xq` instead of quantizing x in every workgroup,
+/// and reads the weights once for all the rows; where it does not apply (other formats,
 /// layouts), the plain [`matmul`] on `x`.
 pub fn matmul_xq(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View) {
     if !xq_gemv(rec, xq, x, w, y, false) {
-        matmul(rec, x, w, y, 1)
+        matmul(rec, x, w, y, xq.rows)
     }
 }
 
-/// `y += x · Wᵀ` for one row of x that [`quantize_x`] has quantized, in one dispatch (the
+/// `y += x · Wᵀ` for the rows of x that [`quantize_x`] has quantized, in one dispatch (the
 /// residual add folded into the GEMV's store), where the integer-dot GEMV applies; returns
 /// false, recording nothing, where it does not.
 pub fn matmul_xq_add(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View) -> bool {
@@ -492,12 +504,13 @@ pub fn matmul_xq_add(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y:
 }
 
 fn xq_gemv(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View, add: bool) -> bool {
-    if !(xq.rows == 1 && xq.serves(w) && dot_applies(x, w)) {
+    let rows = xq.rows;
+    if !((1..=GEMV_MAX_ROWS).contains(&rows) && xq.serves(w) && dot_applies(x, w)) {
         return false;
     }
     // No workgroup memory for x: MAXB 1.
     let kind = Dense::GemvDot(dot_lanes(w, w.rows as u32, rec.gpu().adapter.is_cpu()), 1);
-    matmul_as(rec, x, w, y, 1, kind, Some(xq), add);
+    matmul_as(rec, x, w, y, rows, kind, Some(xq), add);
     true
 }
 
@@ -537,6 +550,12 @@ fn matmul_as(
             )
         }
         Dense::Gemv4Q(tpr4) => pipeline(rec, "gemv4q", w, Knobs { tpr4, ..KNOBS }),
+        // Several rows of x, quantized beforehand: the weights read once for all of them.
+        Dense::GemvDot(tpr4, _) if rows > 1 => {
+            debug_assert!(xq.is_some(), "gemv_dot_rows reads x quantized");
+            let k = dot_knobs(tpr4, 1, true);
+            pipeline(rec, "gemv_dot_rows", w, Knobs { t: rows, ..k })
+        }
         Dense::GemvDot(tpr4, maxb) => {
             pipeline(rec, "gemv_dot", w, dot_knobs(tpr4, maxb, xq.is_some()))
         }
@@ -605,9 +624,11 @@ pub fn matmul_experts(
     experts_as(rec, x, None, x_per_slot, w, routed, None, y, rows)
 }
 
-/// [`matmul_experts`] at decode with x quantized by [`quantize_x`] (its rows: one, or one
-/// per slot with `x_per_slot`): the integer-dot GEMV reads `xq` where it applies, else the
-/// plain kernels read `x`.
+/// [`matmul_experts`] with x quantized by [`quantize_x`] (its rows: one per token row, or one
+/// per slot with `x_per_slot`) at a decode step or a few rows (≤ [`GEMV_MAX_ROWS`]): the
+/// integer-dot GEMV reads `xq` where it applies, else the plain kernels read `x`. At more
+/// than one row it groups the slots by expert, so that each expert's weights are read once
+/// for all the rows routed to it.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_experts_xq(
     rec: &mut Recorder,
@@ -619,7 +640,7 @@ pub fn matmul_experts_xq(
     y: View,
     rows: u32,
 ) {
-    let ok = rows == 1 && xq.serves(w);
+    let ok = rows <= GEMV_MAX_ROWS && xq.serves(w);
     experts_as(
         rec,
         x,
@@ -807,11 +828,17 @@ fn experts_as(
         gemv4_knobs(w, 1, rpe.saturating_mul(slots), cpu)
     };
     let xq = xq.filter(|_| dot.is_some());
+    // A few token rows with x quantized: one workgroup per (expert, row group) reads the
+    // expert once for all its slots.
+    let grouped = xq.is_some() && rows > 1 && !direct;
     let tpr4 = match dot {
         Some(_) => env_tpr().unwrap_or(tpr4),
         None => tpr4,
     };
-    let pipe = if let Some(maxb) = dot {
+    let pipe = if grouped {
+        let k = dot_knobs(tpr4, 1, true);
+        pipeline(rec, "gemv_dot_experts_rows", w, Knobs { t: rows, ..k })
+    } else if let Some(maxb) = dot {
         pipeline(
             rec,
             "gemv_dot_experts",
@@ -866,7 +893,9 @@ fn experts_as(
             e_direct: direct as u32,
             _pad1: 0,
         };
-        let groups = if gemv4 {
+        let groups = if grouped {
+            (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr)
+        } else if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
         } else if gemv {
             slots * rpe.div_ceil(GEMV_RPW)
@@ -1044,12 +1073,14 @@ mod tests {
         let xv = View::new(&xb, x_off as u32, x_stride as u32);
         let yv = View::new(&yb, y_off as u32, y_stride as u32);
         let mut rec = g.recorder();
-        let qb = g.buffer(xq_bytes(k as u32, 1).max(16), "xq").unwrap();
+        let qb = g
+            .buffer(xq_bytes(k as u32, rows as u32).max(16), "xq")
+            .unwrap();
         match kind {
             Some(kind) => matmul_as(&mut rec, xv, &wgt, yv, rows as u32, kind, None, false),
             None if xq => {
                 let order = takes_xq(xv, &wgt).expect("x quantized beforehand applies");
-                let q = quantize_x(&mut rec, xv, 1, k as u32, order, &qb);
+                let q = quantize_x(&mut rec, xv, rows as u32, k as u32, order, &qb);
                 matmul_xq(&mut rec, &q, xv, &wgt, yv);
             }
             None => matmul(&mut rec, xv, &wgt, yv, rows as u32),
@@ -1062,7 +1093,7 @@ mod tests {
             let xr = &xs[x_off + t * x_stride..][..k];
             for j in 0..n {
                 want[y_off + t * y_stride + j] = dot(xr, &wr[j * k..][..k]);
-                if int_dot(kind, rows, xv, &wgt) {
+                if xq || int_dot(kind, rows, xv, &wgt) {
                     extra[y_off + t * y_stride + j] = x_split_bound(xr, &wr[j * k..][..k]);
                 }
             }
@@ -1545,36 +1576,94 @@ mod tests {
     }
 
     #[test]
+    fn xq_gemv_several_rows() {
+        // A verification's few rows quantized once: gemv_dot_rows reads each weight word
+        // once for all of them, gemv_dot_experts_rows each expert once for the slots routed
+        // to it. Every row count up to GEMV_MAX_ROWS somewhere; odd K and N; chunks.
+        let f = WFormat::Quant(QFormat::Q4 { block: 32 });
+        for (i, (rows, k, n, chunk)) in [
+            (2, 32, 5, None),
+            (3, 96, 9, None),
+            (4, 544, 37, Some(7)),
+            (5, 160, 70, Some(33)),
+            (6, 64, 3, None),
+            (7, 2080, 21, Some(8)),
+            (8, 6176, 70, Some(33)),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            run_matmul_xq(
+                1700 + i as u64,
+                rows,
+                k,
+                n,
+                f,
+                chunk,
+                None,
+                (8, k + 4),
+                true,
+            );
+            for per_slot in [false, true] {
+                let seed = 1800 + 2 * i as u64 + per_slot as u64;
+                // Few experts: rows share them, and a row may name one twice (random ids),
+                // so an expert can have more than `rows` slots (the kernel's batches).
+                check_experts_xq(seed, (rows, 3, 4, n, k), f, per_slot, 1, Some(2 * n), true);
+                // More experts than slots: most workgroups find none.
+                check_experts_xq(seed + 50, (rows, 2, 23, n, k), f, per_slot, 1, None, true);
+            }
+        }
+    }
+
+    #[test]
     fn xq_gemv_add_is_gemv_then_add() {
-        // y += x · Wᵀ in the GEMV's store: bit for bit the GEMV's row plus y's old values.
+        // y += x · Wᵀ in the GEMV's store: bit for bit the GEMV's rows plus y's old values,
+        // at one row (decode) and a few (a verification).
         let g = gpu();
         let (n, k) = (70usize, 544usize);
         let mut rng = Rng::new(1500);
         let f = WFormat::Quant(QFormat::Q4 { block: 32 });
         let (wgt, _) = make_weight(&rng.vec(n * k, 1.0), n, k, f, 1, Some(33));
+        for rows in [1u32, 3] {
+            let len = n * rows as usize;
+            let xb = g
+                .buffer_from(&rng.vec(k * rows as usize, 1.0), "x")
+                .unwrap();
+            let y0 = rng.vec(len, 5.0);
+            let ya = g.buffer(4 * len as u64, "y").unwrap();
+            let yb = g.buffer_from(&y0, "y + old").unwrap();
+            let qb = g.buffer(xq_bytes(k as u32, rows), "xq").unwrap();
+            let xv = View::rows(&xb, k as u32);
+            let mut rec = g.recorder();
+            let q = quantize_x(
+                &mut rec,
+                xv,
+                rows,
+                k as u32,
+                takes_xq(xv, &wgt).unwrap(),
+                &qb,
+            );
+            matmul_xq(&mut rec, &q, xv, &wgt, View::rows(&ya, n as u32));
+            assert!(matmul_xq_add(
+                &mut rec,
+                &q,
+                xv,
+                &wgt,
+                View::rows(&yb, n as u32)
+            ));
+            rec.finish().unwrap();
+            let plain = g.read_f32(&ya, 0, len).unwrap();
+            let want: Vec<f32> = plain.iter().zip(&y0).map(|(a, b)| a + b).collect();
+            assert_eq!(g.read_f32(&yb, 0, len).unwrap(), want, "{rows} rows");
+        }
         let xb = g.buffer_from(&rng.vec(k, 1.0), "x").unwrap();
-        let y0 = rng.vec(n, 5.0);
-        let ya = g.buffer(4 * n as u64, "y").unwrap();
-        let yb = g.buffer_from(&y0, "y + old").unwrap();
+        let yb = g.buffer(4 * n as u64, "y").unwrap();
         let qb = g.buffer(xq_bytes(k as u32, 1), "xq").unwrap();
         let xv = View::rows(&xb, k as u32);
         let mut rec = g.recorder();
         let q = quantize_x(&mut rec, xv, 1, k as u32, takes_xq(xv, &wgt).unwrap(), &qb);
-        matmul_xq(&mut rec, &q, xv, &wgt, View::rows(&ya, n as u32));
-        assert!(matmul_xq_add(
-            &mut rec,
-            &q,
-            xv,
-            &wgt,
-            View::rows(&yb, n as u32)
-        ));
-        rec.finish().unwrap();
-        let plain = g.read_f32(&ya, 0, n).unwrap();
-        let want: Vec<f32> = plain.iter().zip(&y0).map(|(a, b)| a + b).collect();
-        assert_eq!(g.read_f32(&yb, 0, n).unwrap(), want);
         // Where the integer-dot GEMV does not apply, nothing is recorded.
         let (bf, _) = make_weight(&rng.vec(n * k, 1.0), n, k, DType::BF16.into(), 1, None);
-        let mut rec = g.recorder();
         assert!(!matmul_xq_add(
             &mut rec,
             &q,

@@ -62,9 +62,9 @@ fn launch(
         return;
     }
     let pipe = rec.gpu().pipeline(&NORM, entry, &[]);
-    // rms_norm_q (one row): a workgroup per 32 blocks of 32 columns; else one per row.
+    // rms_norm_q: a workgroup per 32 blocks of 32 columns of each row; else one per row.
     let groups = if entry == "rms_norm_q" {
-        (dim / 32).div_ceil(32)
+        rows * (dim / 32).div_ceil(32)
     } else {
         rows
     };
@@ -106,25 +106,26 @@ pub fn rms_norm(
     launch(rec, "rms_norm", r, w, None, false);
 }
 
-/// [`rms_norm`] of one row that also writes it quantized for the integer-dot GEMVs into
-/// `out` ([`xq_bytes`] of `dim`), in `order`'s element order: what `matmul::quantize_x`
-/// would make of `y`, without its dispatch. `dim` a multiple of 32.
+/// [`rms_norm`] of `rows` rows (a decode step's one, a verification's few) that also writes
+/// them quantized for the integer-dot GEMVs into `out` ([`xq_bytes`] of `dim` × `rows`),
+/// in `order`'s element order: what `matmul::quantize_x` would make of `y`, without its
+/// dispatch. `dim` a multiple of 32.
 #[allow(clippy::too_many_arguments)]
 pub fn rms_norm_q<'a>(
     rec: &mut Recorder,
     x: View,
     w: &wgpu::Buffer,
     y: View,
-    dim: u32,
+    (rows, dim): (u32, u32),
     eps: f32,
     order: QFormat,
     out: &'a wgpu::Buffer,
 ) -> XQuant<'a> {
-    debug_assert!(dim.is_multiple_of(32) && out.size() >= xq_bytes(dim, 1));
+    debug_assert!(dim.is_multiple_of(32) && out.size() >= xq_bytes(dim, rows));
     let r = Rows {
         x,
         y,
-        rows: 1,
+        rows,
         dim,
         eps,
     };
@@ -133,7 +134,7 @@ pub fn rms_norm_q<'a>(
     XQuant {
         buf: out,
         k: dim,
-        rows: 1,
+        rows,
         order,
     }
 }
@@ -199,36 +200,41 @@ mod tests {
 
     #[test]
     fn rms_norm_q_is_rms_norm_then_quantize_x() {
-        // Bit for bit: the f32 row rms_norm writes, and the words quantize_x makes of it
-        // (odd block counts; x off a 4-float boundary; both element orders).
+        // Bit for bit: the f32 rows rms_norm writes, and the words quantize_x makes of
+        // them (odd block counts; x off a 4-float boundary, rows of an odd stride; one row
+        // and a verification's few; both element orders).
         let g = gpu();
-        for (i, dim) in [32u32, 96, 6176].into_iter().enumerate() {
+        for (i, (dim, rows)) in [(32u32, 1u32), (96, 3), (6176, 1), (160, 5)]
+            .into_iter()
+            .enumerate()
+        {
             for order in [QFormat::Q4 { block: 32 }, QFormat::Q8 { block: 32 }] {
                 let mut rng = Rng::new(900 + i as u64);
-                let xs = rng.vec(dim as usize + 3, 2.0);
+                let stride = dim + 5;
+                let xs = rng.vec((stride * rows) as usize + 3, 2.0);
                 let ws = rng.vec(dim as usize, 1.0);
                 let xb = g.buffer_from(&xs, "x").unwrap();
                 let wb = g.buffer_from(&ws, "w").unwrap();
-                let yb = [0, 1].map(|_| g.buffer(4 * dim as u64, "y").unwrap());
-                let qb = [0, 1].map(|_| g.buffer(xq_bytes(dim, 1), "xq").unwrap());
-                let x = View::new(&xb, 3, dim);
+                let yb = [0, 1].map(|_| g.buffer(4 * (dim * rows) as u64, "y").unwrap());
+                let qb = [0, 1].map(|_| g.buffer(xq_bytes(dim, rows), "xq").unwrap());
+                let x = View::new(&xb, 3, stride);
                 let mut rec = g.recorder();
-                rms_norm(&mut rec, x, &wb, View::rows(&yb[0], dim), 1, dim, 1e-6);
+                rms_norm(&mut rec, x, &wb, View::rows(&yb[0], dim), rows, dim, 1e-6);
                 let y0 = View::rows(&yb[0], dim);
-                crate::kernels::matmul::quantize_x(&mut rec, y0, 1, dim, order, &qb[0]);
+                crate::kernels::matmul::quantize_x(&mut rec, y0, rows, dim, order, &qb[0]);
                 rms_norm_q(
                     &mut rec,
                     x,
                     &wb,
                     View::rows(&yb[1], dim),
-                    dim,
+                    (rows, dim),
                     1e-6,
                     order,
                     &qb[1],
                 );
                 rec.finish().unwrap();
-                let n = dim as usize;
-                let q = xq_bytes(dim, 1) as usize;
+                let n = (dim * rows) as usize;
+                let q = xq_bytes(dim, rows) as usize;
                 assert_eq!(
                     g.read_f32(&yb[0], 0, n).unwrap(),
                     g.read_f32(&yb[1], 0, n).unwrap()

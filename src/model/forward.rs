@@ -42,6 +42,7 @@ impl Session {
         let rows = match input {
             Input::Host(tokens) => tokens.len(),
             Input::Previous => 1,
+            Input::OnGpu(t) => t,
         };
         self.caches.reserve(gpu, self.pos + rows)?;
         let s = &self.s;
@@ -51,6 +52,7 @@ impl Session {
                 tokens.len()
             }
             Input::Previous => 1,
+            Input::OnGpu(t) => t,
         };
         let pos0 = self.pos as u32;
         let cs = self.rope.cos_sin(self.pos..self.pos + t);
@@ -128,8 +130,8 @@ impl Session {
     }
 
     /// RMSNorm (`norm`: weight and eps) of the chunk's `t` rows of `x` into `y`; at a decode
-    /// step whose next GEMVs (over `w`) take x quantized, the same dispatch quantizes `y`
-    /// into `buf` ([`norm::rms_norm_q`]).
+    /// step or a few rows (a verification) whose next GEMVs (over `w`) take x quantized,
+    /// the same dispatch quantizes `y` into `buf` ([`norm::rms_norm_q`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn norm_for<'a>(
         &self,
@@ -143,7 +145,7 @@ impl Session {
     ) -> Option<XQuant<'a>> {
         let dim = w.cols as u32;
         match self.xq_order(t, y, w) {
-            Some(order) => Some(norm::rms_norm_q(rec, x, nw, y, dim, eps, order, buf)),
+            Some(order) => Some(norm::rms_norm_q(rec, x, nw, y, (t, dim), eps, order, buf)),
             None => {
                 norm::rms_norm(rec, x, nw, y, t, dim, eps);
                 None
@@ -152,8 +154,9 @@ impl Session {
     }
 
     /// `out = silu(gate) * up` over `gu` (`[gate | up]`, `dim` columns each) for `rows`
-    /// rows; at a decode step whose next GEMV (over `w`) takes them quantized, the same
-    /// dispatch quantizes `out` into `buf` ([`elementwise::swiglu_q`]).
+    /// rows per token row (`t` of them); at a decode step or a few rows whose next GEMV
+    /// (over `w`) takes them quantized, the same dispatch quantizes `out` into `buf`
+    /// ([`elementwise::swiglu_q`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn swiglu_for<'a>(
         &self,
@@ -172,7 +175,7 @@ impl Session {
                 gu,
                 gu.col(dim),
                 out,
-                rows,
+                t * rows,
                 dim,
                 order,
                 buf,
@@ -184,18 +187,20 @@ impl Session {
         }
     }
 
-    /// The element order GEMVs over `w` take x quantized in, at a decode step (`t` = 1)
-    /// where they do.
+    /// The element order GEMVs over `w` take x quantized in, at a decode step (`t` = 1) or
+    /// a few rows (`t` ≤ [`matmul::xq_max_rows`]: a speculative verification), where they
+    /// do.
     fn xq_order(&self, t: u32, x: View, w: &GpuWeight) -> Option<crate::weights::QFormat> {
-        if t != 1 || !matmul::xq_enabled() {
+        if t > matmul::xq_max_rows() || !matmul::xq_enabled() {
             return None;
         }
         matmul::takes_xq(x, w)
     }
 
-    /// At a decode step (`t` = 1), the `rows` rows of `x` quantized once into `buf` for the
-    /// integer-dot GEMVs that read them next, when `w` (one of those weights) takes them;
-    /// else None, and each GEMV reads x as it is.
+    /// At a decode step or a few rows (see [`Session::xq_order`]), the `rows` rows per token
+    /// row of `x` (`t` token rows) quantized once into `buf` for the integer-dot GEMVs that
+    /// read them next, when `w` (one of those weights) takes them; else None, and each GEMV
+    /// reads x as it is.
     pub(super) fn quantize<'a>(
         &self,
         rec: &mut Recorder,
@@ -206,7 +211,14 @@ impl Session {
         buf: &'a wgpu::Buffer,
     ) -> Option<XQuant<'a>> {
         let order = self.xq_order(t, x, w)?;
-        Some(matmul::quantize_x(rec, x, rows, w.cols as u32, order, buf))
+        Some(matmul::quantize_x(
+            rec,
+            x,
+            t * rows,
+            w.cols as u32,
+            order,
+            buf,
+        ))
     }
 
     /// The final RMSNorm and the LM head over the last `rows` of the chunk's `t` rows, into

@@ -150,13 +150,16 @@ scratch! {
         /// `shared_head.norm`), and the MTP input `[enorm(embedding) | hnorm(hidden)]`.
         mtp_h: z.c * z.cfg.hidden_size * mtp(z.cfg),
         mtp_cat: z.c * 2 * z.cfg.hidden_size * mtp(z.cfg),
-        /// Decode GEMVs' x quantized once for the integer-dot GEMVs that read it
-        /// (`matmul::quantize_x`): the block input, then the q LoRA row or the attention
-        /// output, then the SwiGLU output (one row per routed pair).
-        xq_x: xq_words(z.cfg.hidden_size, 1),
-        xq_qa: xq_words(z.cfg.q_lora_rank.max(z.cfg.num_attention_heads * z.cfg.v_head_dim), 1),
-        xq_act: xq_words(z.mlp_inter(), 1)
-            .max(xq_words(z.cfg.moe_intermediate_size, pairs(z.cfg))),
+        /// x quantized once for the integer-dot GEMVs that read it (`matmul::quantize_x`)
+        /// at a decode step or a verification's few rows: the block input, then the q LoRA
+        /// row or the attention output, then the SwiGLU output (one row per routed pair).
+        xq_x: xq_words(z.cfg.hidden_size, xq_rows(z.c)),
+        xq_qa: xq_words(
+            z.cfg.q_lora_rank.max(z.cfg.num_attention_heads * z.cfg.v_head_dim),
+            xq_rows(z.c),
+        ),
+        xq_act: xq_words(z.mlp_inter(), xq_rows(z.c))
+            .max(xq_words(z.cfg.moe_intermediate_size, xq_rows(z.c) * pairs(z.cfg))),
     }
     other {
         /// The indexer's top-k over `[c, ctx]` scores.
@@ -185,6 +188,11 @@ pub(super) fn qkv_cols(c: &Config) -> usize {
 /// Columns of `qi`: a row's queries and the indexer's queries.
 pub(super) fn qi_cols(c: &Config) -> usize {
     c.num_attention_heads * c.qk_head_dim() + c.index_n_heads * c.index_head_dim
+}
+
+/// Token rows a forward quantizes x for at most (`c` rows per chunk).
+fn xq_rows(c: usize) -> usize {
+    c.min(crate::kernels::matmul::GEMV_MAX_ROWS as usize)
 }
 
 /// f32 words of `rows` quantized rows of `k` columns.

@@ -39,6 +39,9 @@ impl Logits {
 pub(super) enum Input<'a> {
     Host(&'a [u32]),
     Previous,
+    /// This many tokens already in `ids` (host-written or picked on the GPU: a speculative
+    /// round's `[next, drafts]`).
+    OnGpu(usize),
 }
 
 /// One conversation: its caches, scratch and position.
