@@ -100,13 +100,16 @@ fn quantize_x_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     quant_word(v, lid, live, r * xq_stride(P.k), nb, b);
 }
 
-// dot(w, hi) and dot(w, lo) of 16 bytes of int8 weights with x vec4 pair index `xi`.
-fn idot8(w: vec4<u32>, xi: u32) -> vec2<i32> {
-    let h = get_xh(xi);
-    let l = get_xl(xi);
+// dot(w, h) and dot(w, l) of 16 bytes of int8 weights with x's hi and lo words.
+fn idot8x(w: vec4<u32>, h: vec4<u32>, l: vec4<u32>) -> vec2<i32> {
     return vec2<i32>(
         (dot4I8Packed(w.x, h.x) + dot4I8Packed(w.y, h.y)) + (dot4I8Packed(w.z, h.z) + dot4I8Packed(w.w, h.w)),
         (dot4I8Packed(w.x, l.x) + dot4I8Packed(w.y, l.y)) + (dot4I8Packed(w.z, l.z) + dot4I8Packed(w.w, l.w)));
+}
+
+// dot(w, hi) and dot(w, lo) of 16 bytes of int8 weights with x vec4 pair index `xi`.
+fn idot8(w: vec4<u32>, xi: u32) -> vec2<i32> {
+    return idot8x(w, get_xh(xi), get_xl(xi));
 }
 
 // A 16-byte word of weight codes as int8 vectors: q4's 32 nibbles (low and high nibble of
@@ -126,19 +129,39 @@ fn codes_of(v: vec4<u32>) -> Codes {
     return Codes(v, v);
 }
 
-// The codes `c` of the weight word (scale `sw`) against x's quantized words for that word
-// (word `q` of the row; the row at `xqb` where XQ = 1): sw · s_x · (Dhi + Dlo / 254 −
-// offset). q8's 16 codes are half `q & 1` of block q / 2.
-fn word_dot(c: Codes, q: u32, sw: f32) -> f32 {
-    var d: vec2<i32>;
+// x's quantized words that weight word q meets (the row at `xqb` where XQ = 1): hi and lo
+// for each code vector of Codes (q4: words 2q and 2q + 1; q8: word q, half q & 1 of block
+// q / 2), and their block's (scale, m).
+struct XWords {
+    ha: vec4<u32>,
+    la: vec4<u32>,
+    hb: vec4<u32>,
+    lb: vec4<u32>,
+    sm: vec2<f32>,
+}
+
+fn x_words(q: u32) -> XWords {
     if (W_DTYPE == 5u) {
-        let sm = get_xsm(q);
-        d = idot8(c.a, 2u * q) + idot8(c.b, 2u * q + 1u);
-        return sw * sm.x * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - sm.y);
+        return XWords(get_xh(2u * q), get_xl(2u * q), get_xh(2u * q + 1u), get_xl(2u * q + 1u), get_xsm(q));
     }
-    let sm = get_xsm(q / 2u);
-    d = idot8(c.a, q);
-    return sw * sm.x * (f32(d.x) + f32(d.y) * (1.0 / 254.0));
+    let z = vec4<u32>(0u);
+    return XWords(get_xh(q), get_xl(q), z, z, get_xsm(q / 2u));
+}
+
+// The codes `c` of a weight word (scale `sw`) against x's words `x` for it:
+// sw · s_x · (Dhi + Dlo / 254 − offset).
+fn dot_x(c: Codes, x: XWords, sw: f32) -> f32 {
+    if (W_DTYPE == 5u) {
+        let d = idot8x(c.a, x.ha, x.la) + idot8x(c.b, x.hb, x.lb);
+        return sw * x.sm.x * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - x.sm.y);
+    }
+    let d = idot8x(c.a, x.ha, x.la);
+    return sw * x.sm.x * (f32(d.x) + f32(d.y) * (1.0 / 254.0));
+}
+
+// dot_x with x's words for weight word `q`.
+fn word_dot(c: Codes, q: u32, sw: f32) -> f32 {
+    return dot_x(c, x_words(q), sw);
 }
 
 // One 16-byte word of codes `v` at word index `wi` of the chunk, against x's quantized words
@@ -240,20 +263,8 @@ var<private> xrows: array<u32, T>;
 var<private> ybase: array<u32, T>;
 var<private> nx: u32;
 
-// Word `v` (word index `wi` of the chunk, word `q` of the row) of weight row j against
-// every x row.
-fn add_word_rows(v: vec4<u32>, wi: u32, q: u32, j: u32) {
-    let sw = q_scale((wi * EPV) / QB);
-    let c = codes_of(v);
-    for (var t = 0u; t < T; t++) {
-        if (t < nx) {
-            xqb = xrows[t];
-            acc_t[t][j] += word_dot(c, q, sw);
-        }
-    }
-}
-
-// acc_t for the 4 weight rows at word offsets `wo` (NONE: absent) from lane `lane`.
+// acc_t for the 4 weight rows at word offsets `wo` (NONE: absent) from lane `lane`: each
+// weight word is loaded and unpacked once, each x row's words once per weight word position.
 fn rows_partial(wo: vec4<u32>, lane: u32) {
     for (var t = 0u; t < T; t++) {
         acc_t[t] = vec4<f32>(0.0);
@@ -264,14 +275,19 @@ fn rows_partial(wo: vec4<u32>, lane: u32) {
     }
     let kw = P.k / EPV;
     for (var q = lane; q < kw; q += TPR4) {
-        let a0 = w4[w.x + q];
-        let a1 = w4[w.y + q];
-        let a2 = w4[w.z + q];
-        let a3 = w4[w.w + q];
-        add_word_rows(a0, w.x + q, q, 0u);
-        add_word_rows(a1, w.y + q, q, 1u);
-        add_word_rows(a2, w.z + q, q, 2u);
-        add_word_rows(a3, w.w + q, q, 3u);
+        let c0 = codes_of(w4[w.x + q]);
+        let c1 = codes_of(w4[w.y + q]);
+        let c2 = codes_of(w4[w.z + q]);
+        let c3 = codes_of(w4[w.w + q]);
+        let s = vec4<f32>(q_scale(((w.x + q) * EPV) / QB), q_scale(((w.y + q) * EPV) / QB),
+                          q_scale(((w.z + q) * EPV) / QB), q_scale(((w.w + q) * EPV) / QB));
+        for (var t = 0u; t < T; t++) {
+            if (t < nx) {
+                xqb = xrows[t];
+                let xw = x_words(q);
+                acc_t[t] += vec4<f32>(dot_x(c0, xw, s.x), dot_x(c1, xw, s.y), dot_x(c2, xw, s.z), dot_x(c3, xw, s.w));
+            }
+        }
     }
 }
 
