@@ -1,12 +1,12 @@
 #!/bin/bash
 # Issue 25 on the H200: the built-in model with its trained MTP layer (training/mtp.py),
 # greedy decode with --draft 0..3 on held-out-style prompts: decode tok/s and the drafts line.
-# Needs .h200/sparsa.xz, .gl/ and the q8 model with its MTP layer in $MODEL (default
-# .h200/bard-mtp). Results: $OUT/bard_mtp.txt.
+# Needs .h200/sparsa.xz and .gl/; $MODEL: a model with an MTP layer (default the built-in
+# one). Results: $OUT/bard_mtp.txt.
 set -u
 . "$(dirname "$0")/h200_setup.sh"
 T=$OUT/bard_mtp.txt
-M=${MODEL:-.h200/bard-mtp}
+M=${MODEL:-models/sparsa-bard-12m}
 N=${TOKENS:-256}
 prompts=(
   $'ROMEO.\nBut soft, what light through yonder window breaks?\n'

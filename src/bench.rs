@@ -529,7 +529,7 @@ pub fn run(
             if !opts.verify.is_empty() && model.weights.mtp.is_some() {
                 let ms = median_ms(opts.decode, || {
                     s.truncate(ctx);
-                    pollster::block_on(s.mtp_forward(&[tok], ctx)).map(drop)
+                    pollster::block_on(s.mtp_step(tok, ctx)).map(drop)
                 })?;
                 log(&format!(
                     "draft step at {ctx} (the MTP layer on one row): {ms:.3} ms, {:.2}x a single synchronous step",

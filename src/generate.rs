@@ -196,7 +196,7 @@ async fn speculative(
     // Prefill: each chunk through the main model, then through the MTP layer paired with the
     // tokens one further on (the prompt's, and after the last chunk the token it picks).
     let parts: Vec<&[u32]> = prompt.chunks(session.chunk.max(1)).collect();
-    let (mut next, mut draft, mut done) = (0, 0, 0);
+    let (mut next, mut done) = (0, 0);
     for (c, part) in parts.iter().enumerate() {
         let pos0 = session.pos;
         let last = c + 1 == parts.len();
@@ -209,7 +209,9 @@ async fn speculative(
         } else {
             shifted.push(parts[c + 1][0]);
         }
-        draft = session.mtp_forward(&shifted, pos0).await?;
+        // The MTP layer's last row drafts d_1 into ids[1] on the GPU.
+        session.put_tokens(0, &shifted);
+        session.mtp_record(0, shifted.len(), pos0, 1)?;
         done += part.len();
         if !on_event(Event::Prefill {
             done,
@@ -227,23 +229,20 @@ async fn speculative(
     let vocab = session.model.config.vocab_size;
     loop {
         let p = session.pos;
-        // `next` sits at position p, not yet run. Drafts for p + 1 ..: as many as can be
-        // emitted (a round emits at most k + 1 tokens) and verified within the context.
+        // `next` sits at position p, not yet run; d_1 waits in ids[1]. Drafts for p + 1 ..:
+        // as many as can be emitted (a round emits at most k + 1 tokens) and verified within
+        // the context. The round runs on the GPU without a wait: each draft step reads the
+        // previous draft from ids and picks the next into ids, then the main model verifies
+        // ids[0 ..= k] = [next, d_1 .. d_k]; drafts and logits come back together.
         let k = session
             .drafts()
             .min(max_tokens - out.len() - 1)
             .min(session.max_ctx() - p - 1);
-        let mut drafts = Vec::with_capacity(k);
-        if k > 0 {
-            drafts.push(draft);
+        session.put_tokens(0, &[next]);
+        for j in 1..k {
+            session.mtp_record(j as u32, 1, p - 1 + j, j as u32 + 1)?;
         }
-        while drafts.len() < k {
-            let j = drafts.len();
-            drafts.push(session.mtp_forward(&[drafts[j - 1]], p - 1 + j).await?);
-        }
-        let mut run = vec![next];
-        run.extend_from_slice(&drafts);
-        let logits = session.forward_keep_hidden(&run, run.len()).await?;
+        let (drafts, logits) = session.verify_round(k).await?;
         // Row j's logits give the token at p + j + 1 after run[..=j]: the draft there when
         // the sampler accepts it (greedy: it is the argmax; sampling: speculative
         // sampling's rule), and the first token that is not a draft ends the round (or the
@@ -284,7 +283,9 @@ async fn speculative(
             }
         }
         session.truncate(p + m);
-        draft = session.mtp_forward(&emitted[..m], p).await?;
+        // The MTP layer over the verified rows; its last row drafts the next d_1 into ids[1].
+        session.put_tokens(0, &emitted[..m]);
+        session.mtp_record(0, m, p, 1)?;
         next = emitted[m - 1];
         if let Some(stop) = stop {
             return Ok((out, stop));

@@ -199,3 +199,46 @@ fn draft_without_an_mtp_layer_is_refused() {
         "{err}"
     );
 }
+
+/// Tokens per verification from a drafts line.
+fn per_verification(line: &str) -> f64 {
+    let w: Vec<&str> = line.split_whitespace().collect();
+    let at = w.iter().position(|s| *s == "tokens").expect(line);
+    w[at - 1].parse().expect(line)
+}
+
+#[test]
+fn built_in_model_drafts_with_its_trained_mtp_layer() {
+    // The built-in model ships an MTP layer trained for it (training/mtp.py, base frozen).
+    // Greedy output is unchanged, and on a held-out-style prompt its drafts give more than
+    // 2 tokens per verification at k = 3 (3.02 measured here and in the training's own
+    // replay of this prompt; 2.37 over the 64 held-out prompts).
+    let prompt = "Ham.\nTo be, or not to be, that is the question:\n";
+    let run = |draft: usize| {
+        let mut c = bin();
+        c.args([
+            "generate",
+            "-p",
+            prompt,
+            "--temperature",
+            "0",
+            "--ignore-eos",
+        ])
+        .args(["--print-ids", "--max-tokens", "96", "-v"])
+        .args(["--draft", &draft.to_string()]);
+        let out = run_with_timeout(c, None);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "--draft {draft}: {stderr}");
+        let ids = String::from_utf8_lossy(&out.stdout).to_string();
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with("drafts:"))
+            .unwrap_or_default()
+            .to_string();
+        (ids, line)
+    };
+    let (plain, _) = run(0);
+    let (drafted, line) = run(3);
+    assert_eq!(plain, drafted, "{line}");
+    assert!(per_verification(&line) >= 2.0, "{line}");
+}

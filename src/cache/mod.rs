@@ -328,21 +328,22 @@ mod tests {
     #[test]
     fn bytes_per_token_in_every_format() {
         let cfg = bard();
-        // 8 layers x (64 + 16) values + 4 full indexer layers x 32 values.
+        // 8 layers and the MTP layer x (64 + 16) values + 4 full indexer layers and the
+        // MTP layer's indexer x 32 values.
         assert_eq!(
             Caches::bytes_per_token(&cfg, CacheFormat::F32),
-            (8 * 80 + 4 * 32) * 4
+            (9 * 80 + 5 * 32) * 4
         );
         // fp8: 64 codes + one scale + 16 bf16 = 16 + 1 + 8 words; i8 keys: 32 codes + scale.
         assert_eq!(
             Caches::bytes_per_token(&cfg, CacheFormat::SMALLEST),
-            (8 * 25 + 4 * 9) * 4
+            (9 * 25 + 5 * 9) * 4
         );
         assert_eq!(
             Caches::bytes_per_token(&cfg, CacheFormat::COMPACT),
-            (8 * 25 + 4 * 16) * 4
+            (9 * 25 + 5 * 16) * 4
         );
-        assert_eq!(Caches::max_ctx_for(&cfg, CacheFormat::F32, 3072 * 100), 100);
+        assert_eq!(Caches::max_ctx_for(&cfg, CacheFormat::F32, 3520 * 100), 100);
     }
 
     #[test]
@@ -364,10 +365,10 @@ mod tests {
     fn auto_takes_the_most_precise_format_that_fits() {
         let cfg = bard();
         let at = |room| CacheFormat::auto(&cfg, 1000, room);
-        assert_eq!(at(3072 * 1000), CacheFormat::F32);
-        assert_eq!(at(3072 * 1000 - 1), CacheFormat::LADDER[1]);
-        assert_eq!(at(1056 * 1000), CacheFormat::COMPACT);
-        assert_eq!(at(944 * 1000), CacheFormat::SMALLEST);
+        assert_eq!(at(3520 * 1000), CacheFormat::F32);
+        assert_eq!(at(3520 * 1000 - 1), CacheFormat::LADDER[1]);
+        assert_eq!(at(1220 * 1000), CacheFormat::COMPACT);
+        assert_eq!(at(1080 * 1000), CacheFormat::SMALLEST);
         assert_eq!(at(0), CacheFormat::SMALLEST);
         for (s, f) in [
             ("f32", CacheFormat::F32),

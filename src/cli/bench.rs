@@ -52,7 +52,8 @@ pub struct BenchArgs {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    let src = crate::open_source(&a.m)?;
+    let mut src = crate::open_source(&a.m)?;
+    src.keep_mtp(!a.verify.is_empty());
     // Under --gpu-memory the caches are planned for the longest context measured.
     let longest = a.context.iter().max().copied().unwrap_or(0);
     let need = longest + a.decode.max(1) + 4;

@@ -119,7 +119,8 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         }
     }
     // The prompt is tokenized before the model loads, so a missing tokenizer fails fast.
-    let src = open_source(&a.m)?;
+    let mut src = open_source(&a.m)?;
+    src.keep_mtp(a.s.draft > 0);
     let (tok, prompt) = match &input {
         Prompt::Text(t, _) => {
             let tk = src.tokenizer()?;

@@ -59,7 +59,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     if !(a.grace.is_finite() && a.grace >= 0.0) {
         return Err(Error::msg("--grace: expected a number of seconds ≥ 0"));
     }
-    let src = open_source(&a.m)?;
+    let mut src = open_source(&a.m)?;
+    // The server does not draft yet.
+    src.keep_mtp(false);
     if !src.has_tokenizer() {
         return Err(Error::msg(format!(
             "{}: no tokenizer.json (sparsa serve needs the model's tokenizer)",

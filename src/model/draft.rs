@@ -25,6 +25,7 @@ use super::forward::gemv;
 use super::load::Mtp;
 use super::session::{Input, Session};
 use crate::error::{Error, Result};
+use crate::kernels::sample::{self, TokenSlot};
 use crate::kernels::{embed, norm, View};
 
 /// Drafts proposed and accepted so far in a session.
@@ -106,27 +107,30 @@ impl Session {
             .expect("drafting is only enabled with an MTP layer")
     }
 
-    /// The MTP layer over `tokens` at positions `pos0 ..`, paired with the hidden rows in
-    /// `s.mtp_h` (row r with token r); returns the draft the last row predicts (the token
-    /// at `pos0 + len + 1`) and leaves that row's output after `shared_head.norm` in
-    /// `s.mtp_h` row 0, for the next draft.
-    pub(crate) async fn mtp_forward(&mut self, tokens: &[u32], pos0: usize) -> Result<u32> {
+    /// The MTP layer over the `t` tokens in `s.ids[at .. at + t]` (written by the host, or
+    /// picked there by an earlier draft step on the GPU) at positions `pos0 ..`, paired with
+    /// the hidden rows in `s.mtp_h` (row r with token r). The draft the last row predicts
+    /// (the token at `pos0 + t + 1`) is picked on the GPU into `s.ids[dst]`, and that row's
+    /// output after `shared_head.norm` stays in `s.mtp_h` row 0 for the next draft step.
+    /// Submitted without waiting: a round's draft steps and its verification queue back to
+    /// back, and the host reads the drafts once, with the verification's logits.
+    pub(crate) fn mtp_record(&mut self, at: u32, t: usize, pos0: usize, dst: u32) -> Result<()> {
         let model = self.model.clone();
         let (cfg, gpu) = (&model.config, &*model.gpu);
-        let t = tokens.len();
         self.caches.reserve(gpu, pos0 + t)?;
         let s = &self.s;
-        gpu.write(&s.ids, 0, bytemuck::cast_slice(tokens));
+        // Queue order: this write lands after the submissions before it have run.
         let cs = self.rope.cos_sin(pos0..pos0 + t);
         gpu.write(&s.cos_sin, 0, bytemuck::cast_slice(&cs));
         let (hd, t) = (cfg.hidden_size as u32, t as u32);
         let mtp = self.mtp();
         let mut rec = gpu.recorder();
+        rec.cache_bind_groups(t == 1);
         let h = View::rows(&s.h, hd);
         let hidden = View::rows(&s.mtp_h, hd);
         let cat = View::rows(&s.mtp_cat, 2 * hd);
         let eps = cfg.rms_norm_eps;
-        embed::embed(&mut rec, &model.weights.embed, &s.ids, 0, t, h);
+        embed::embed(&mut rec, &model.weights.embed, &s.ids, at, t, h);
         norm::rms_norm(&mut rec, h, &mtp.enorm, cat, t, hd, eps);
         norm::rms_norm(&mut rec, hidden, &mtp.hnorm, cat.col(hd), t, hd, eps);
         gemv(&mut rec, None, cat, &mtp.eh_proj, h, t);
@@ -139,18 +143,58 @@ impl Session {
         norm::rms_norm(&mut rec, last, &mtp.head_norm, hidden, 1, hd, eps);
         let head = model.weights.head();
         let vocab = cfg.vocab_size as u32;
-        gemv(
-            &mut rec,
-            None,
-            hidden,
-            head,
-            View::rows(&s.logits, vocab),
-            1,
-        );
+        let logits = View::rows(&s.logits, vocab);
+        gemv(&mut rec, None, hidden, head, logits, 1);
+        let slot = TokenSlot {
+            ids: &s.ids,
+            index: dst,
+        };
+        sample::argmax(&mut rec, logits, vocab, slot, &s.sample);
         drop(rec);
-        gpu.check()?;
-        let logits = gpu.read_f32_async(&s.logits, 0, vocab as usize).await?;
-        Ok(crate::sampling::argmax(&logits))
+        gpu.check()
+    }
+
+    /// One draft step from the host (the bench's timing): the MTP layer on `token` at `pos`
+    /// after the hidden row in `s.mtp_h`; returns the draft.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) async fn mtp_step(&mut self, token: u32, pos: usize) -> Result<u32> {
+        let gpu = self.model.gpu.clone();
+        gpu.write(&self.s.ids, 0, bytemuck::bytes_of(&token));
+        self.mtp_record(0, 1, pos, 0)?;
+        let id = gpu.read_f32_async(&self.s.ids, 0, 1).await?;
+        Ok(id[0].to_bits())
+    }
+
+    /// Writes `tokens` at `s.ids[at ..]` for the next recorded forward (queue order: after
+    /// the submissions before it have read what was there).
+    pub(crate) fn put_tokens(&self, at: u32, tokens: &[u32]) {
+        let gpu = &self.model.gpu;
+        gpu.write(&self.s.ids, 4 * at as u64, bytemuck::cast_slice(tokens));
+    }
+
+    /// Verifies the round `s.ids[0 .. k + 1]` = `[next, d_1 .. d_k]` (next written by the
+    /// host, the drafts picked there by the draft steps): the main model's chunk at
+    /// `self.pos`, keeping every row's hidden in `s.mtp_h`; returns the drafts and every
+    /// row's logits, read back together (the round's one wait).
+    pub(crate) async fn verify_round(&mut self, k: usize) -> Result<(Vec<u32>, Vec<f32>)> {
+        let (gpu, vocab) = (self.model.gpu.clone(), self.model.config.vocab_size);
+        if self.pos + k + 1 > self.max_ctx() {
+            return Err(Error::msg(format!(
+                "context full: verifying {} positions after {} cached tokens exceeds --ctx {}",
+                k + 1,
+                self.pos,
+                self.max_ctx()
+            )));
+        }
+        self.chunk_forward(Input::OnGpu(k + 1), k + 1, None, true)?;
+        let drafts = match k {
+            0 => Vec::new(),
+            _ => gpu.read_f32_async(&self.s.ids, 1, k).await?,
+        };
+        let logits = gpu
+            .read_f32_async(&self.s.logits, 0, (k + 1) * vocab)
+            .await?;
+        Ok((drafts.iter().map(|d| d.to_bits()).collect(), logits))
     }
 
     /// The main model's chunk of `tokens` at `self.pos` with every row's logits read back
