@@ -442,20 +442,51 @@ fn quad_partial(wo: vec4<u32>, xb: u32, lane: u32) -> vec4<f32> {
     return acc;
 }
 
+// Word offsets of the dense weight rows n0 .. n0 + 3 (4 rows per lane), NONE past P.n.
+fn dense_quad(n0: u32) -> vec4<u32> {
+    let rw = P.ws / EPV;
+    var wo = vec4<u32>(NONE);
+    for (var j = 0u; j < 4u; j++) {
+        if (n0 + j < P.n) {
+            wo[j] = (n0 + j) * rw;
+        }
+    }
+    return wo;
+}
+
+// Word offsets in this chunk of expert e's rows n0 .. n0 + 3, NONE where a row is past the
+// expert or outside the chunk (a chunk boundary inside an expert).
+fn expert_quad(e: u32, n0: u32) -> vec4<u32> {
+    let rw = P.ws / EPV;
+    var wo = vec4<u32>(NONE);
+    for (var j = 0u; j < 4u; j++) {
+        let gr = expert_row(e, n0 + j);
+        if (n0 + j < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
+            wo[j] = (gr - P.row0) * rw;
+        }
+    }
+    return wo;
+}
+
+// Writes (or, with P.accumulate, adds to: the residual add folded in) the rows that exist
+// of a lane group's 4 sums: y[at + j] for wo[j] != NONE.
+fn store_quad(v: vec4<f32>, wo: vec4<u32>, at: u32) {
+    for (var j = 0u; j < 4u; j++) {
+        if (wo[j] != NONE) {
+            var s = v[j];
+            if (P.accumulate == 1u) {
+                s += y[at + j];
+            }
+            y[at + j] = s;
+        }
+    }
+}
+
 // Reduces the lanes' partial dots and writes (or adds to) the rows that exist: y[base + n0 + j].
 fn quad_store(acc: vec4<f32>, wo: vec4<u32>, base: u32, n0: u32, lid: u32) {
     let r = reduce_pair(acc, vec4<f32>(0.0), lid);
     if (lid % TPR4 == 0u) {
-        for (var j = 0u; j < 4u; j++) {
-            if (wo[j] != NONE) {
-                // P.accumulate: y += x · Wᵀ (the residual add folded in).
-                var v = r.lo[j];
-                if (P.accumulate == 1u) {
-                    v += y[base + n0 + j];
-                }
-                y[base + n0 + j] = v;
-            }
-        }
+        store_quad(r.lo, wo, base + n0);
     }
 }
 
@@ -464,13 +495,7 @@ fn gemv4q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
           @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
     let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
-    let rw = P.ws / EPV;
-    var wo = vec4<u32>(NONE);
-    for (var j = 0u; j < 4u; j++) {
-        if (n0 + j < P.n) {
-            wo[j] = (n0 + j) * rw;
-        }
-    }
+    let wo = dense_quad(n0);
     quad_store(quad_partial(wo, P.x_off / 4u, lid % TPR4), wo, P.y_off, n0, lid);
 }
 
@@ -486,21 +511,13 @@ fn gemv4q_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let sub = lid / TPR4;
     let lane = lid % TPR4;
     let n0 = (g % groups) * per + sub * 4u;
-    let rw = P.ws / EPV;
-    // Word offsets of the 4 rows in this chunk, NONE where a row is past the expert or
-    // outside the chunk (a chunk boundary inside an expert).
     var wo = vec4<u32>(NONE);
     var xb = 0u;
     if (slot < P.rows) {
         let e = expert_of(slot);
         if (e < P.n_experts) {
             xb = slot_x(slot) / 4u;
-            for (var j = 0u; j < 4u; j++) {
-                let gr = expert_row(e, n0 + j);
-                if (n0 + j < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
-                    wo[j] = (gr - P.row0) * rw;
-                }
-            }
+            wo = expert_quad(e, n0);
         }
     }
     quad_store(quad_partial(wo, xb, lane), wo, P.y_off + slot * P.y_stride, n0, lid);

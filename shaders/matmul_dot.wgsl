@@ -209,13 +209,7 @@ fn gemv_dot(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     xqb = 0u;
     quantize_x(P.x_off, lid);
     let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
-    let rw = P.ws / EPV;
-    var wo = vec4<u32>(NONE);
-    for (var j = 0u; j < 4u; j++) {
-        if (n0 + j < P.n) {
-            wo[j] = (n0 + j) * rw;
-        }
-    }
+    let wo = dense_quad(n0);
     quad_store(quad_partial_i8(wo, lid % TPR4), wo, P.y_off, n0, lid);
 }
 
@@ -228,7 +222,6 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let groups = (P.n + per - 1u) / per;
     let slot = g / groups;
     let n0 = (g % groups) * per + lid / TPR4 * 4u;
-    let rw = P.ws / EPV;
     var wo = vec4<u32>(NONE);
     var xo = 0u;
     var e = NONE;
@@ -241,12 +234,7 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     // Uniform: every invocation of the workgroup has the same slot.
     quantize_x(xo, lid);
     if (e < P.n_experts) {
-        for (var j = 0u; j < 4u; j++) {
-            let gr = expert_row(e, n0 + j);
-            if (n0 + j < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
-                wo[j] = (gr - P.row0) * rw;
-            }
-        }
+        wo = expert_quad(e, n0);
     }
     quad_store(quad_partial_i8(wo, lid % TPR4), wo, P.y_off + slot * P.y_stride, n0, lid);
 }
@@ -298,26 +286,15 @@ fn rows_store(wo: vec4<u32>, n0: u32, lid: u32) {
     for (var t = 0u; t < T; t += 2u) {
         var b = vec4<f32>(0.0);
         if (t + 1u < T) {
-            b = acc_t[min(t + 1u, T - 1u)];
+            b = acc_t[t + 1u];
         }
         let r = reduce_pair(acc_t[t], b, lid);
         if (lid % TPR4 == 0u) {
-            for (var i = 0u; i < 2u; i++) {
-                let tt = t + i;
-                if (tt >= nx) {
-                    break;
-                }
-                let v = select(r.lo, r.hi, i == 1u);
-                for (var j = 0u; j < 4u; j++) {
-                    if (wo[j] != NONE) {
-                        let o = ybase[tt] + n0 + j;
-                        var s = v[j];
-                        if (P.accumulate == 1u) {
-                            s += y[o];
-                        }
-                        y[o] = s;
-                    }
-                }
+            if (t < nx) {
+                store_quad(r.lo, wo, ybase[t] + n0);
+            }
+            if (t + 1u < nx) {
+                store_quad(r.hi, wo, ybase[t + 1u] + n0);
             }
         }
     }
@@ -330,13 +307,7 @@ fn gemv_dot_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                  @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
     let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
-    let rw = P.ws / EPV;
-    var wo = vec4<u32>(NONE);
-    for (var j = 0u; j < 4u; j++) {
-        if (n0 + j < P.n) {
-            wo[j] = (n0 + j) * rw;
-        }
-    }
+    let wo = dense_quad(n0);
     nx = min(P.rows, T);
     for (var t = 0u; t < T; t++) {
         xrows[t] = t * xq_stride(P.k);
@@ -361,14 +332,7 @@ fn gemv_dot_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     let groups = (P.n + per - 1u) / per;
     let e = P.e0 + g / groups;
     let n0 = (g % groups) * per + lid / TPR4 * 4u;
-    let rw = P.ws / EPV;
-    var wo = vec4<u32>(NONE);
-    for (var j = 0u; j < 4u; j++) {
-        let gr = expert_row(e, n0 + j);
-        if (n0 + j < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
-            wo[j] = (gr - P.row0) * rw;
-        }
-    }
+    let wo = expert_quad(e, n0);
     let stride = xq_stride(P.k);
     var s = 0u;
     loop {
