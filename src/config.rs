@@ -500,6 +500,15 @@ impl Config {
         self.dense_layers[i]
     }
 
+    /// Leaves the multi-token-prediction layer out of what loads (and what the caches and
+    /// plans count) unless `keep`: only `--draft` runs it, and GLM-5.x's is a whole MoE
+    /// layer, 1/79 of the weights, with caches of its own.
+    pub fn keep_mtp(&mut self, keep: bool) {
+        if !keep {
+            self.num_nextn_predict_layers = 0;
+        }
+    }
+
     /// Layers with caches: the decoder's, and the MTP layer where the model runs one (it is
     /// layer `num_hidden_layers`, a full layer).
     pub fn cache_layers(&self) -> usize {

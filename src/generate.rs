@@ -210,8 +210,7 @@ async fn speculative(
             shifted.push(parts[c + 1][0]);
         }
         // The MTP layer's last row drafts d_1 into ids[1] on the GPU.
-        session.put_tokens(0, &shifted);
-        session.mtp_record(0, shifted.len(), pos0, 1)?;
+        session.mtp_pass(&shifted, pos0)?;
         done += part.len();
         if !on_event(Event::Prefill {
             done,
@@ -238,7 +237,7 @@ async fn speculative(
             .drafts()
             .min(max_tokens - out.len() - 1)
             .min(session.max_ctx() - p - 1);
-        session.put_tokens(0, &[next]);
+        session.put_tokens(&[next]);
         for j in 1..k {
             session.mtp_record(j as u32, 1, p - 1 + j, j as u32 + 1)?;
         }
@@ -284,8 +283,7 @@ async fn speculative(
         }
         session.truncate(p + m);
         // The MTP layer over the verified rows; its last row drafts the next d_1 into ids[1].
-        session.put_tokens(0, &emitted[..m]);
-        session.mtp_record(0, m, p, 1)?;
+        session.mtp_pass(&emitted[..m], p)?;
         next = emitted[m - 1];
         if let Some(stop) = stop {
             return Ok((out, stop));

@@ -279,7 +279,7 @@ fn info_prints_every_cache_format_and_the_context_it_fits() {
     use sparsa::cache::{CacheFormat, Caches};
     let mut cfg = Config::from_dir(&common::builtin_dir()).unwrap();
     // info describes a run without --draft: no caches for the MTP layer.
-    cfg.num_nextn_predict_layers = 0;
+    cfg.keep_mtp(false);
     let out = info_builtin(&["--ctx", "4096"], &[]);
     let per = |f| Caches::bytes_per_token(&cfg, f);
     assert!(

@@ -53,7 +53,7 @@ pub struct BenchArgs {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let mut src = crate::open_source(&a.m)?;
-    src.keep_mtp(!a.verify.is_empty());
+    src.config.keep_mtp(!a.verify.is_empty());
     // Under --gpu-memory the caches are planned for the longest context measured.
     let longest = a.context.iter().max().copied().unwrap_or(0);
     let need = longest + a.decode.max(1) + 4;

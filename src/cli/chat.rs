@@ -364,7 +364,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let params = a.s.params(1.1)?;
     let stops = a.s.stops()?;
     let mut src = open_source(&a.m)?;
-    src.keep_mtp(a.s.draft > 0);
+    src.config.keep_mtp(a.s.draft > 0);
     if !src.has_tokenizer() {
         return Err(Error::msg(format!(
             "{}: no tokenizer.json (sparsa chat needs the model's tokenizer)",

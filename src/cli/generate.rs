@@ -120,7 +120,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     // The prompt is tokenized before the model loads, so a missing tokenizer fails fast.
     let mut src = open_source(&a.m)?;
-    src.keep_mtp(a.s.draft > 0);
+    src.config.keep_mtp(a.s.draft > 0);
     let (tok, prompt) = match &input {
         Prompt::Text(t, _) => {
             let tk = src.tokenizer()?;

@@ -180,8 +180,8 @@ pub fn run(a: InfoArgs) -> Result<()> {
     // What a run without --draft loads: no MTP layer, no caches for one.
     let mut source = source;
     match &mut source {
-        Source::Config(cd) => cd.config.num_nextn_predict_layers = 0,
-        Source::Files(src) => src.keep_mtp(false),
+        Source::Config(cd) => cd.config.keep_mtp(false),
+        Source::Files(src) => src.config.keep_mtp(false),
     }
     // The format described and why (None: the files as they are), and the summary.
     let (label, config) = match &source {

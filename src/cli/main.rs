@@ -396,7 +396,7 @@ pub(crate) fn ctx_for(
 
 fn cmd_logits(a: LogitsArgs) -> Result<()> {
     let mut src = open_source(&a.m)?;
-    src.keep_mtp(false);
+    src.config.keep_mtp(false);
     let ctx = ctx_for(&a.m, &src.config, a.tokens.0.len(), false)?;
     let model = open_model(&a.m, &a.x, &src, ctx)?;
     let mut session = open_session(&a.m, &model, ctx)?;

@@ -61,7 +61,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     let mut src = open_source(&a.m)?;
     // The server does not draft yet.
-    src.keep_mtp(false);
+    src.config.keep_mtp(false);
     if !src.has_tokenizer() {
         return Err(Error::msg(format!(
             "{}: no tokenizer.json (sparsa serve needs the model's tokenizer)",

@@ -154,28 +154,27 @@ impl Session {
         gpu.check()
     }
 
+    /// The MTP layer over `tokens` (from the host) at positions `pos0 ..` after the hidden
+    /// rows in `s.mtp_h`: a prompt chunk, or a round's verified rows. Its last row's draft
+    /// goes to `ids[1]`, where the next round's first draft is read; not waited for.
+    pub(crate) fn mtp_pass(&mut self, tokens: &[u32], pos0: usize) -> Result<()> {
+        self.put_tokens(tokens);
+        self.mtp_record(0, tokens.len(), pos0, 1)
+    }
+
     /// One draft step from the host (the bench's timing): the MTP layer on `token` at `pos`
     /// after the hidden row in `s.mtp_h`; returns the draft.
     #[cfg(not(target_arch = "wasm32"))]
     pub(crate) async fn mtp_step(&mut self, token: u32, pos: usize) -> Result<u32> {
-        let gpu = self.model.gpu.clone();
-        gpu.write(&self.s.ids, 0, bytemuck::bytes_of(&token));
-        self.mtp_record(0, 1, pos, 0)?;
-        let id = gpu.read_f32_async(&self.s.ids, 0, 1).await?;
+        self.mtp_pass(&[token], pos)?;
+        let id = self.model.gpu.read_f32_async(&self.s.ids, 1, 1).await?;
         Ok(id[0].to_bits())
-    }
-
-    /// Writes `tokens` at `s.ids[at ..]` for the next recorded forward (queue order: after
-    /// the submissions before it have read what was there).
-    pub(crate) fn put_tokens(&self, at: u32, tokens: &[u32]) {
-        let gpu = &self.model.gpu;
-        gpu.write(&self.s.ids, 4 * at as u64, bytemuck::cast_slice(tokens));
     }
 
     /// Verifies the round `s.ids[0 .. k + 1]` = `[next, d_1 .. d_k]` (next written by the
     /// host, the drafts picked there by the draft steps): the main model's chunk at
     /// `self.pos`, keeping every row's hidden in `s.mtp_h`; returns the drafts and every
-    /// row's logits, read back together (the round's one wait).
+    /// row's logits, read back once it has run (the round's one wait for the GPU).
     pub(crate) async fn verify_round(&mut self, k: usize) -> Result<(Vec<u32>, Vec<f32>)> {
         let (gpu, vocab) = (self.model.gpu.clone(), self.model.config.vocab_size);
         if self.pos + k + 1 > self.max_ctx() {

@@ -39,21 +39,16 @@ impl Session {
     ) -> Result<()> {
         let model = self.model.clone();
         let (cfg, gpu) = (&model.config, &*model.gpu);
-        let rows = match input {
+        let t = match input {
             Input::Host(tokens) => tokens.len(),
             Input::Previous => 1,
             Input::OnGpu(t) => t,
         };
-        self.caches.reserve(gpu, self.pos + rows)?;
+        self.caches.reserve(gpu, self.pos + t)?;
+        if let Input::Host(tokens) = input {
+            self.put_tokens(tokens);
+        }
         let s = &self.s;
-        let t = match input {
-            Input::Host(tokens) => {
-                gpu.write(&s.ids, 0, bytemuck::cast_slice(tokens));
-                tokens.len()
-            }
-            Input::Previous => 1,
-            Input::OnGpu(t) => t,
-        };
         let pos0 = self.pos as u32;
         let cs = self.rope.cos_sin(self.pos..self.pos + t);
         let t = t as u32;
@@ -94,6 +89,14 @@ impl Session {
         }
         self.pos += t as usize;
         Ok(())
+    }
+
+    /// Writes `tokens` at `s.ids[0 ..]` for the next recorded forward (queue order: after
+    /// the submissions before it have read what was there).
+    pub(crate) fn put_tokens(&self, tokens: &[u32]) {
+        self.model
+            .gpu
+            .write(&self.s.ids, 0, bytemuck::cast_slice(tokens));
     }
 
     /// `h += MLP(RMSNorm(h))` with the layer's dense MLP or its experts.

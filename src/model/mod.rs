@@ -153,10 +153,8 @@ impl Model {
         let streamed = plan.as_ref().map(|p| &p.slots).filter(|s| s.offloads());
         let slots = streamed.map(|s| s.per_layer.as_slice());
         let weights = load::load(&gpu, &config, files, progress, slots)?;
-        if weights.mtp.is_none() {
-            // What runs is what was loaded: no MTP layer, no caches for one.
-            config.num_nextn_predict_layers = 0;
-        }
+        // What runs is what was loaded: no MTP layer, no caches for one.
+        config.keep_mtp(weights.mtp.is_some());
         // Submit the last writes and wait, so that their staging memory is freed now: what
         // is live after loading is what the weights take (sessions are sized from it).
         gpu.submit([]);

@@ -33,15 +33,6 @@ pub struct ModelSource {
 }
 
 impl ModelSource {
-    /// Leaves the multi-token-prediction layer out of what loads unless `keep` (only
-    /// `--draft` runs it; GLM-5.x's is a whole MoE layer, 1/79 of the weights, with caches
-    /// of its own).
-    pub fn keep_mtp(&mut self, keep: bool) {
-        if !keep {
-            self.config.num_nextn_predict_layers = 0;
-        }
-    }
-
     /// A Hugging Face model directory: `config.json`, safetensors (single or sharded),
     /// optionally `generation_config.json`, `tokenizer.json`, `tokenizer_config.json`,
     /// `chat_template.jinja`. Weights are memory-mapped, not read.

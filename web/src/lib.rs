@@ -163,7 +163,7 @@ impl Engine {
         let files = std::mem::take(&mut self.files);
         let mut src = ModelSource::from_memory(label, files).map_err(js_err)?;
         // The page does not draft: its MTP layer stays in the file.
-        src.keep_mtp(false);
+        src.config.keep_mtp(false);
         if !src.has_tokenizer() {
             return Err(js_err(format!(
                 "{label}: no tokenizer.json (the page needs the model's tokenizer)"
