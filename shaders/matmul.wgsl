@@ -195,11 +195,7 @@ fn gemv_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         let gr = expert_row(e, n);
         if (e < P.n_experts && gr >= P.row0 && gr < P.row0 + P.crow) {
             wbase = (gr - P.row0) * P.ws;
-            var r = slot / P.topk;
-            if (P.x_per_slot != 0u) {
-                r = slot;
-            }
-            xbase = P.x_off + r * P.x_stride;
+            xbase = slot_x(slot);
         }
     }
     gemv_reduce(gemv_partial(wbase, xbase, lane), lid);
@@ -907,11 +903,16 @@ var<workgroup> slot_cnt: atomic<u32>;
 var<workgroup> slot_cnt_u: u32;
 
 fn slot_x(s: u32) -> u32 {
-    var r = s / P.topk;
-    if (P.x_per_slot != 0u) {
-        r = s;
+    let t = s / P.topk;
+    if (P.x_per_slot == 0u) {
+        return P.x_off + t * P.x_stride;
     }
-    return P.x_off + r * P.x_stride;
+    // Slot s is head / choice s % topk of token row t; rows x_row apart where given.
+    var row = P.topk * P.x_stride;
+    if (P.x_row != 0u) {
+        row = P.x_row;
+    }
+    return P.x_off + t * row + (s % P.topk) * P.x_stride;
 }
 
 // Stores one row of an invocation's block for slot list entry `li` (if li < m).

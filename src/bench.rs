@@ -507,16 +507,20 @@ pub fn run(
             let mut verify = Vec::with_capacity(opts.verify.len());
             for &k in &opts.verify {
                 let toks = random_tokens(k + 1, vocab, opts.seed ^ 0xd4af7);
+                let host0 = gpu.host_times();
                 let ms = median_ms(opts.decode, || {
                     s.truncate(ctx);
                     s.forward(&toks, true).map(drop)
                 })?;
+                // median_ms runs two warm-up calls first.
+                let host = gpu.host_times().since(&host0, opts.decode as u64 + 2);
                 s.truncate(ctx);
                 let (_, kernels) = profiled(gpu, opts.profile, || s.forward(&toks, true))?;
                 log(&format!(
-                    "verify {} positions at {ctx}: {ms:.3} ms, {:.2}x a single synchronous step ({sync_med:.3} ms)",
+                    "verify {} positions at {ctx}: {ms:.3} ms, {:.2}x a single synchronous step ({sync_med:.3} ms); {}",
                     k + 1,
-                    ms / sync_med
+                    ms / sync_med,
+                    host.line()
                 ));
                 verify.push(VerifyResult {
                     positions: k + 1,
@@ -543,12 +547,17 @@ pub fn run(
             s.forward_pick(&[tok], Some((0, &crate::model::Pick::Argmax)))?;
             let mut host = Vec::with_capacity(opts.decode);
             let d0 = gpu.dispatches_recorded();
+            let host0 = gpu.host_times();
             for i in 0..opts.decode {
                 let t = Instant::now();
                 s.step_pick(i % 2, &crate::model::Pick::Argmax)?;
                 host.push(t.elapsed().as_secs_f64() * 1e3);
             }
             let dispatches = (gpu.dispatches_recorded() - d0) / opts.decode.max(1) as u64;
+            log(&format!(
+                "decode step at {ctx}, {}",
+                gpu.host_times().since(&host0, opts.decode as u64).line()
+            ));
             gpu.sync()?;
             host.sort_by(f64::total_cmp);
             // Generation: one token of prompt at the context, then decode + 2 tokens; the

@@ -1,10 +1,11 @@
 //! [`Chat`] against a real session of the built-in model: the second turn prefills only what
 //! the caches do not hold, and still produces exactly what a fresh prefill of the whole
 //! rendered conversation produces; an interrupted prefill leaves the caches consistent; and
-//! decoding creates no GPU buffer or bind group after a warm-up, and prefills leave none behind.
+//! decoding (speculative rounds included) creates no GPU buffer or bind group after a
+//! warm-up, and prefills leave none behind.
 
 use sparsa::chat::{Chat, ChatEvent, ChatFormat, ChatTemplate, Prepared, ReplyEnd, ReplyOptions};
-use sparsa::generate::{generate_events, Sampler, SamplingParams};
+use sparsa::generate::{generate, generate_events, Sampler, SamplingParams};
 use sparsa::gpu::{Gpu, GpuStats};
 use sparsa::model::{Model, ModelSource};
 use sparsa::tokenizer::Tokenizer;
@@ -191,16 +192,7 @@ fn decode_allocates_nothing(params: SamplingParams) {
     eprintln!("after warm-up: {}", before.line());
     eprintln!("after {} more tokens: {}", MEASURED - 1, after.line());
     // MEASURED - 1 forward passes ran between the snapshots (the last token is not run).
-    assert_eq!(
-        after.buffers_created - before.buffers_created,
-        0,
-        "buffers created while decoding"
-    );
-    assert_eq!(
-        after.bind_groups_created - before.bind_groups_created,
-        0,
-        "bind groups created while decoding"
-    );
+    created_nothing(&before, &after, "while decoding");
     assert!(
         after.live_buffers <= before.live_buffers
             && after.live_buffer_bytes <= before.live_buffer_bytes,
@@ -213,7 +205,8 @@ fn decode_allocates_nothing(params: SamplingParams) {
 }
 
 /// Prefills of new lengths (each records a different dispatch sequence) leave no bind group
-/// alive once they are done: only decode steps keep theirs for reuse. When prefills cached
+/// alive once they are done: only decode steps and chunks of a speculative round's few rows
+/// (at most 8) keep theirs for reuse. When prefills cached
 /// theirs too, every new length in a long chat added a few hundred that stayed.
 #[test]
 fn prefills_of_new_lengths_leave_no_bind_groups_behind() {
@@ -228,7 +221,7 @@ fn prefills_of_new_lengths_leave_no_bind_groups_behind() {
     session.forward(&ids(1, 1), false).unwrap();
     gpu.sync().unwrap();
     let before = gpu.stats();
-    for (n, salt) in [(13, 2), (40, 3), (77, 4), (9, 5)] {
+    for (n, salt) in [(13, 2), (40, 3), (77, 4), (19, 5)] {
         session.forward(&ids(n, salt), false).unwrap();
         session.forward(&ids(1, salt), false).unwrap();
     }
@@ -416,4 +409,58 @@ fn interrupt_at_the_first_token_drops_the_turn() {
     assert_eq!(r.end, ReplyEnd::Interrupted);
     assert!(r.message.is_some_and(|m| !m.content.is_empty()));
     assert_eq!(chat.conversation.messages.len(), 2);
+}
+
+/// A speculative round's chunks (the verification's k + 1 rows, the MTP layer's passes over
+/// 1 ..= k + 1 verified rows) keep their bind groups like a decode step: the same generation
+/// run again makes none (a prompt of at most 8 tokens keeps its prefill's too). The host
+/// clock counts the rounds' submissions.
+#[test]
+fn speculative_rounds_create_no_bind_groups_when_repeated() {
+    let (tok, _, model) = builtin_chat_model();
+    let gpu = model.gpu.clone();
+    let mut session = model.session(512).unwrap();
+    session.set_drafts(3).unwrap();
+    let prompt = tok.encode("Ham.\nTo be").unwrap();
+    assert!(prompt.len() <= 8, "{} prompt tokens", prompt.len());
+    let run = |session: &mut sparsa::model::Session| {
+        session.reset();
+        let mut sampler = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        });
+        // Past the indexer's top-k (64): both selection paths.
+        let (out, _) = generate(session, &prompt, 100, &mut sampler, &[], |_| true).unwrap();
+        gpu.sync().unwrap();
+        (out, gpu.stats(), gpu.host_times())
+    };
+    let (first, before, host0) = run(&mut session);
+    let (second, after, host1) = run(&mut session);
+    let host = host1.since(&host0, 1);
+    eprintln!("{}", session.draft_stats().line());
+    eprintln!("after the first run: {}", before.line());
+    eprintln!("after the second: {}", after.line());
+    eprintln!("the second run: {}", host.line());
+    assert_eq!(first, second);
+    assert!(
+        session.draft_stats().rounds >= 40,
+        "{}",
+        session.draft_stats().line()
+    );
+    created_nothing(&before, &after, "by the repeated speculative rounds");
+    assert!(host.submits > 0 && host.encode_ms > 0.0, "{}", host.line());
+}
+
+/// No buffer and no bind group was created between the two readings.
+fn created_nothing(before: &GpuStats, after: &GpuStats, when: &str) {
+    assert_eq!(
+        after.buffers_created - before.buffers_created,
+        0,
+        "buffers created {when}"
+    );
+    assert_eq!(
+        after.bind_groups_created - before.bind_groups_created,
+        0,
+        "bind groups created {when}"
+    );
 }

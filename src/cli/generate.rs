@@ -170,6 +170,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
         }
     }
     let t0 = Instant::now();
+    let host0 = model.gpu.host_times();
     let mut first: Option<Instant> = None;
     let mut err: Option<Error> = None;
     let mut gone = false;
@@ -256,6 +257,15 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     }
     if session.drafts() > 0 {
         eprintln!("{}", session.draft_stats().line());
+    }
+    if a.s.verbose {
+        // Per speculative round, or per token.
+        let (n, per) = match session.draft_stats().rounds {
+            0 => (out.len() as u64, "token"),
+            r => (r, "round"),
+        };
+        let host = model.gpu.host_times().since(&host0, n);
+        eprintln!("per {per}: {}", host.line());
     }
     Ok(())
 }

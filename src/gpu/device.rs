@@ -12,6 +12,7 @@ use super::pools::{BindGroupCache, ParamArena, PipelineCache, ScratchPool, PARAM
 use super::profile::Profiling;
 use super::readback::Readback;
 use super::stats::Counters;
+use super::stats::HostPart;
 use super::{lock, shader_prelude, Gpu};
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -231,7 +232,10 @@ impl Gpu {
 
     /// Submit command buffers to the queue (every submission goes through here).
     pub fn submit(&self, commands: impl IntoIterator<Item = wgpu::CommandBuffer>) {
-        let index = self.queue.submit(commands);
+        let index = self
+            .counters
+            .time(HostPart::Submit, || self.queue.submit(commands));
+        self.counters.count(HostPart::Submits);
         *lock(&self.readback.last_submit) = Some(index);
         let n = self.health.submits.fetch_add(1, Ordering::Relaxed) + 1;
         if crate::fault::injected("DEVICE_LOST_AFTER") == Some(n) {

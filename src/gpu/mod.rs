@@ -39,7 +39,7 @@ pub use pools::pipelines::shader_prelude;
 pub(crate) use pools::pipelines::{define_lines, shader_source};
 pub use profile::{Cost, KernelStat, ProfileClock};
 pub use recorder::Recorder;
-pub use stats::GpuStats;
+pub use stats::{GpuStats, HostTimes};
 
 use std::sync::Mutex;
 

@@ -6,6 +6,7 @@
 
 use super::pools::{BindGroupCache, PARAM_ARENA};
 use super::profile::{Cost, ProfileClock};
+use super::stats::{HostPart, Stopwatch};
 use super::{Gpu, Kernel, KernelParams};
 use crate::error::Result;
 use std::sync::{Arc, MutexGuard};
@@ -38,6 +39,9 @@ pub struct Recorder<'g> {
     cost: Cost,
     /// Reuse bind groups across recorders (see [`Recorder::cache_bind_groups`]).
     cache: bool,
+    /// Submit after this many dispatches (0: only at [`Recorder::flush`]); see
+    /// [`Recorder::submit_every`].
+    every: usize,
     _arena: MutexGuard<'g, ()>,
 }
 
@@ -50,6 +54,7 @@ impl Gpu {
             ops: Vec::new(),
             cost: Cost::default(),
             cache: false,
+            every: 0,
             _arena: super::lock(&self.params.lock),
         }
     }
@@ -69,6 +74,15 @@ impl<'g> Recorder<'g> {
         self.cache = on;
     }
 
+    /// Submit what is recorded after every `n` dispatches (0: once, at the end), so that
+    /// the GPU starts on a long recording's first layers while the host records the rest:
+    /// for work the host waits for as soon as it is recorded (a speculative round's
+    /// verification, a prompt chunk). A pipelined decode step, recorded while the GPU runs
+    /// the previous one, gains nothing from it.
+    pub fn submit_every(&mut self, n: usize) {
+        self.every = n;
+    }
+
     /// State the bytes the next dispatch must move and the FLOPs it must compute (for the
     /// profiler's report; `tag` tells variants of one kernel apart, e.g. weight formats).
     pub fn cost(&mut self, bytes: u64, flops: u64, tag: &'static str) {
@@ -84,10 +98,45 @@ impl<'g> Recorder<'g> {
         buffers: &[&wgpu::Buffer],
         wg: [u32; 3],
     ) {
-        let pipeline = &kernel.pipeline;
         if wg.contains(&0) {
             return;
         }
+        let gpu = self.gpu;
+        let cost = gpu.counters.time(HostPart::Record, || {
+            self.record(kernel, params, buffers, wg)
+        });
+        let pipeline = &kernel.pipeline;
+        let clock = super::lock(&self.gpu.profile.profiler)
+            .as_ref()
+            .map(|p| p.clock);
+        match clock {
+            Some(ProfileClock::Timestamps) if self.ops.len() >= PROFILE_BATCH => self.flush(),
+            None if self.every > 0 && self.ops.len() >= self.every => self.flush(),
+            None | Some(ProfileClock::Timestamps) => {}
+            Some(ProfileClock::Wall) => {
+                let t = std::time::Instant::now();
+                self.flush();
+                // An error here is reported again by the next check.
+                let _ = self.gpu.sync();
+                let dt = t.elapsed().as_secs_f64();
+                let label = self.gpu.label_of(pipeline);
+                if let Some(p) = super::lock(&self.gpu.profile.profiler).as_mut() {
+                    p.add(&label, dt, cost);
+                }
+            }
+        }
+    }
+
+    /// The dispatch's parameters into the arena, its bind group (cached or made) and its
+    /// op; returns its stated cost.
+    fn record<P: KernelParams>(
+        &mut self,
+        kernel: &Kernel<P>,
+        params: &P,
+        buffers: &[&wgpu::Buffer],
+        wg: [u32; 3],
+    ) -> Cost {
+        let pipeline = &kernel.pipeline;
         self.gpu
             .counters
             .dispatches
@@ -143,24 +192,7 @@ impl<'g> Recorder<'g> {
             wg,
             cost,
         });
-        let clock = super::lock(&self.gpu.profile.profiler)
-            .as_ref()
-            .map(|p| p.clock);
-        match clock {
-            Some(ProfileClock::Timestamps) if self.ops.len() >= PROFILE_BATCH => self.flush(),
-            None | Some(ProfileClock::Timestamps) => {}
-            Some(ProfileClock::Wall) => {
-                let t = std::time::Instant::now();
-                self.flush();
-                // An error here is reported again by the next check.
-                let _ = self.gpu.sync();
-                let dt = t.elapsed().as_secs_f64();
-                let label = self.gpu.label_of(pipeline);
-                if let Some(p) = super::lock(&self.gpu.profile.profiler).as_mut() {
-                    p.add(&label, dt, cost);
-                }
-            }
-        }
+        cost
     }
 
     /// Copy `size` bytes (multiple of 4) between buffers, in order with the dispatches.
@@ -190,6 +222,7 @@ impl<'g> Recorder<'g> {
         if self.ops.is_empty() {
             return;
         }
+        let watch = Stopwatch::start();
         if !self.params.is_empty() {
             self.gpu
                 .queue
@@ -247,7 +280,9 @@ impl<'g> Recorder<'g> {
             }
         }
         let Some(qs) = queries else {
-            self.gpu.submit([enc.finish()]);
+            let commands = enc.finish();
+            self.gpu.counters.add(HostPart::Encode, watch);
+            self.gpu.submit([commands]);
             self.params.clear();
             return;
         };

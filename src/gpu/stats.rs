@@ -14,6 +14,112 @@ pub(super) struct Counters {
     pub(super) bind_groups_created: AtomicU64,
     /// Dispatches recorded ([`Gpu::dispatches_recorded`]).
     pub(super) dispatches: AtomicU64,
+    /// Where the host's time goes ([`Gpu::host_times`]).
+    pub(super) host: [AtomicU64; HOST_PARTS],
+}
+
+/// A start time for [`Counters::add`] (nothing in the browser, which has no clock here).
+#[derive(Clone, Copy)]
+pub(super) struct Stopwatch(#[cfg(not(target_arch = "wasm32"))] std::time::Instant);
+
+impl Stopwatch {
+    pub(super) fn start() -> Stopwatch {
+        Stopwatch(
+            #[cfg(not(target_arch = "wasm32"))]
+            std::time::Instant::now(),
+        )
+    }
+}
+
+/// The parts of [`HostTimes`], in its order.
+const HOST_PARTS: usize = 7;
+
+/// One part of the host's time in the GPU layer (see [`HostTimes`]).
+#[derive(Clone, Copy)]
+pub(super) enum HostPart {
+    Pipelines = 0,
+    Record,
+    BindGroups,
+    Encode,
+    Submit,
+    Writes,
+    Submits,
+}
+
+impl Counters {
+    /// Runs `f`, adding its host time to `part` (natively; the browser has no clock here).
+    pub(super) fn time<R>(&self, part: HostPart, f: impl FnOnce() -> R) -> R {
+        let watch = Stopwatch::start();
+        let r = f();
+        self.add(part, watch);
+        r
+    }
+
+    /// Adds the time since `watch` started to `part`.
+    pub(super) fn add(&self, part: HostPart, watch: Stopwatch) {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let ns = watch.0.elapsed().as_nanos() as u64;
+            self.host[part as usize].fetch_add(ns, Ordering::Relaxed);
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = (part, watch);
+    }
+
+    /// Counts one more of `part` (a count, not a time).
+    pub(super) fn count(&self, part: HostPart) {
+        self.host[part as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Host time spent in the GPU layer since the device was opened, in ms by part, and the
+/// queue submissions (native only: zeros in the browser). Differences of two readings say
+/// where a decode step's or a speculative round's host time goes.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostTimes {
+    /// Looking up (or compiling) pipelines.
+    pub pipelines_ms: f64,
+    /// `Recorder::dispatch` (parameters, bind group lookup), bind group creation excluded.
+    pub record_ms: f64,
+    /// Creating bind groups.
+    pub bind_groups_ms: f64,
+    /// Encoding command buffers and writing the parameter arena.
+    pub encode_ms: f64,
+    /// `queue.submit`.
+    pub submit_ms: f64,
+    /// `queue.write_buffer` from the host (tokens, RoPE tables).
+    pub writes_ms: f64,
+    pub submits: u64,
+}
+
+impl HostTimes {
+    /// What happened between `earlier` and this reading, divided by `n` (steps, rounds).
+    pub fn since(&self, earlier: &HostTimes, n: u64) -> HostTimes {
+        let d = |a: f64, b: f64| (a - b) / n.max(1) as f64;
+        HostTimes {
+            pipelines_ms: d(self.pipelines_ms, earlier.pipelines_ms),
+            record_ms: d(self.record_ms, earlier.record_ms),
+            bind_groups_ms: d(self.bind_groups_ms, earlier.bind_groups_ms),
+            encode_ms: d(self.encode_ms, earlier.encode_ms),
+            submit_ms: d(self.submit_ms, earlier.submit_ms),
+            writes_ms: d(self.writes_ms, earlier.writes_ms),
+            submits: (self.submits - earlier.submits) / n.max(1),
+        }
+    }
+
+    /// One line for logs.
+    pub fn line(&self) -> String {
+        format!(
+            "host ms: pipelines {:.3}, record {:.3}, bind groups {:.3}, encode {:.3}, submit {:.3} ({} submissions), writes {:.3}",
+            self.pipelines_ms,
+            self.record_ms,
+            self.bind_groups_ms,
+            self.encode_ms,
+            self.submit_ms,
+            self.submits,
+            self.writes_ms
+        )
+    }
 }
 
 impl Counters {
@@ -25,6 +131,7 @@ impl Counters {
             buffer_bytes_created: AtomicU64::new(bytes),
             bind_groups_created: AtomicU64::new(0),
             dispatches: AtomicU64::new(0),
+            host: Default::default(),
         }
     }
 }
@@ -78,6 +185,21 @@ impl Gpu {
     /// by the tokens of a step: dispatches per token and per layer).
     pub fn dispatches_recorded(&self) -> u64 {
         self.counters.dispatches.load(Ordering::Relaxed)
+    }
+
+    /// Where the host's time in the GPU layer went so far (see [`HostTimes`]).
+    pub fn host_times(&self) -> HostTimes {
+        let h = &self.counters.host;
+        let ms = |p: HostPart| h[p as usize].load(Ordering::Relaxed) as f64 * 1e-6;
+        HostTimes {
+            pipelines_ms: ms(HostPart::Pipelines),
+            record_ms: ms(HostPart::Record) - ms(HostPart::BindGroups),
+            bind_groups_ms: ms(HostPart::BindGroups),
+            encode_ms: ms(HostPart::Encode),
+            submit_ms: ms(HostPart::Submit),
+            writes_ms: ms(HostPart::Writes),
+            submits: h[HostPart::Submits as usize].load(Ordering::Relaxed),
+        }
     }
 
     /// Buffers and bind groups created so far and alive now, and the allocator's totals (a

@@ -139,8 +139,9 @@ pub struct MlaQueries<'a> {
 }
 
 /// `q_abs[t, h*kv_lora + c] = Σ_{d<dn} q[t, h*(dn+dr) + d] · wkvb[h*(dn+dv) + d, c]`.
-/// At decode (one row) the per-head transposed GEMV runs it where kv_b's rows are whole
-/// 16-byte words ([`matmul::matmul_heads_t`]; see [`kvb_gemv`]).
+/// At decode and verification (up to [`matmul::GEMV_MAX_ROWS`] rows) the per-head
+/// transposed GEMV runs it where kv_b's rows are whole 16-byte words
+/// ([`matmul::matmul_heads_t`]; see [`kvb_gemv`]).
 pub fn absorb_q(
     rec: &mut Recorder,
     q: View,
@@ -155,12 +156,13 @@ pub fn absorb_q(
     if rows == 0 || heads == 0 {
         return;
     }
-    if rows == 1 && kvb_gemv() {
+    let kv_lora = wkvb.cols as u32;
+    if heads_gemv(rows, q_abs, heads * kv_lora) {
         check_wkvb("absorb_q", wkvb, heads, dn, dv);
-        let x = View::new(q.buf, q.offset, dn + dr);
-        let y = View::new(q_abs.buf, q_abs.offset, wkvb.cols as u32);
+        // Head h of row t: q's row t from h · (dn + dr); q_abs's rows are the heads' rows.
+        let y = View::new(q_abs.buf, q_abs.offset, kv_lora);
         let win = matmul::Window { first: 0, n: dn };
-        if matmul::matmul_heads_t(rec, x, wkvb, heads, win, y, rows) {
+        if matmul::matmul_heads_t(rec, q, dn + dr, wkvb, heads, win, y, rows) {
             return;
         }
     }
@@ -496,9 +498,9 @@ pub fn sparse_mla(
 }
 
 /// `o[t, h*dv + v] = Σ_c wkvb[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c]`.
-/// At decode (one row) the routed GEMV runs it with head h as slot h's expert
-/// ([`matmul::matmul_heads`]: 16-byte weight loads, every row of the head's block once;
-/// see [`kvb_gemv`]).
+/// At decode and verification (up to [`matmul::GEMV_MAX_ROWS`] rows) the routed GEMV runs
+/// it with head h of each row as a slot of expert h ([`matmul::matmul_heads`]: 16-byte
+/// weight loads, every row of the head's block once per row; see [`kvb_gemv`]).
 pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u32, d: &MlaDims) {
     let MlaDims {
         heads,
@@ -510,16 +512,22 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
     if rows == 0 || heads == 0 || dv == 0 {
         return;
     }
-    if rows == 1 && kvb_gemv() {
+    if heads_gemv(rows, o, heads * dv) {
         check_wkvb("up_v", wkvb, heads, dn, dv);
-        let x = View::new(o_lat.buf, o_lat.offset, kv_lora);
         let y = View::new(o.buf, o.offset, dv);
         let win = matmul::Window { first: dn, n: dv };
-        matmul::matmul_heads(rec, x, wkvb, heads, win, y, rows);
+        matmul::matmul_heads(rec, o_lat, kv_lora, wkvb, heads, win, y, rows);
         return;
     }
     let tiles = dv.div_ceil(VT);
     kvb_product(rec, "up_v", o_lat, wkvb, o, [rows, heads, dn, 0, dv], tiles);
+}
+
+/// Whether absorb_q or up_v over `rows` rows runs as a per-head GEMV writing `out` (rows
+/// of `cols` = heads × columns per head): at a decode step, or at a few rows whose output
+/// rows are contiguous (each head's row written as a slot's: a verification's).
+fn heads_gemv(rows: u32, out: View, cols: u32) -> bool {
+    (rows == 1 || (rows <= matmul::GEMV_MAX_ROWS && out.stride == cols)) && kvb_gemv()
 }
 
 /// Whether absorb_q and up_v run as per-head GEMVs at decode (`SPARSA_KVB_GEMV=0`: this
@@ -534,7 +542,9 @@ mod tests {
     use super::*;
     use crate::kernels::cache::{decode_latent, encode_latent, Segment};
     use crate::kernels::rope::{rope_ref, RopeSlice};
-    use crate::kernels::testutil::{assert_close, cache_segments, gpu, Placed, Rng};
+    use crate::kernels::testutil::{
+        assert_close, assert_close_plus, cache_segments, gpu, x_split_bound, Placed, Rng,
+    };
     use crate::weights::DType;
 
     /// The weight as the GPU sees it (rounded to `dtype`).
@@ -700,12 +710,14 @@ mod tests {
             let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
             for dtype in all_formats() {
                 let (wg, wr) = weight_any(&w, &d, dtype);
-                for rows in [1usize, 3, 11] {
+                // Output rows padded (the tiled kernel past one row) or contiguous (the
+                // per-head GEMV up to 8 rows, as a verification's).
+                for (rows, pad) in [(1usize, 7), (3, 7), (3, 0), (8, 0), (11, 0)] {
                     let qc = d.heads * (d.dn + d.dr);
                     let q = rng.vec(rows * qc, 1.0);
                     let qb = Placed::new(g, &q, qc, (2, qc + 3), f32::NAN);
                     let hk = d.heads * d.kv;
-                    let ob = Placed::filled(g, rows, hk, (5, hk + 7), 9.0);
+                    let ob = Placed::filled(g, rows, hk, (5, hk + pad), 9.0);
                     let mut rec = g.recorder();
                     absorb_q(
                         &mut rec,
@@ -722,7 +734,7 @@ mod tests {
                         &absorb_ref(&q, &wr, rows, &d),
                         1e-4,
                         1e-4,
-                        &format!("absorb_q {dtype:?} kv {kv} rows {rows}"),
+                        &format!("absorb_q {dtype:?} kv {kv} rows {rows} pad {pad}"),
                     );
                 }
             }
@@ -753,12 +765,12 @@ mod tests {
             let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
             for dtype in all_formats() {
                 let (wg, wr) = weight_any(&w, &d, dtype);
-                for rows in [1usize, 4, 10] {
+                for (rows, opad) in [(1usize, 1), (4, 1), (4, 0), (7, 0), (10, 0)] {
                     let ic = d.heads * d.kv;
                     let ol = rng.vec(rows * ic, 1.0);
                     let ib = Placed::new(g, &ol, ic, (pad.0, ic + pad.1), f32::NAN);
                     let hv = d.heads * d.dv;
-                    let ob = Placed::filled(g, rows, hv, (3, hv + 1), 9.0);
+                    let ob = Placed::filled(g, rows, hv, (3, hv + opad), 9.0);
                     let mut rec = g.recorder();
                     up_v(
                         &mut rec,
@@ -770,12 +782,27 @@ mod tests {
                     );
                     rec.finish().unwrap();
                     let got = ob.read(g, "up_v");
-                    assert_close(
+                    // q4: the per-head GEMV may take the integer-dot path, which holds
+                    // o_lat to within its split's bound.
+                    let q4 = matches!(dtype, WFormat::Quant(crate::weights::QFormat::Q4 { .. }));
+                    let extra: Vec<f32> = (0..rows * hv)
+                        .map(|i| {
+                            let (t, h, v) = (i / hv, i % hv / d.dv, i % d.dv);
+                            let x = &ol[(t * d.heads + h) * d.kv..][..d.kv];
+                            let r = h * (d.dn + d.dv) + d.dn + v;
+                            match q4 {
+                                true => x_split_bound(x, &wr[r * d.kv..][..d.kv]),
+                                false => 0.0,
+                            }
+                        })
+                        .collect();
+                    assert_close_plus(
                         &got,
                         &up_v_ref(&ol, &wr, rows, &d),
                         1e-4,
                         1e-4,
-                        &format!("up_v {dtype:?} kv {} rows {rows}", d.kv),
+                        &extra,
+                        &format!("up_v {dtype:?} kv {} rows {rows} pad {opad}", d.kv),
                     );
                 }
             }

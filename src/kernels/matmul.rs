@@ -65,7 +65,10 @@ kernel_params! {
         r_lo: u32,
         /// Experts: 1 = slot s runs expert s % topk, no ids read (a per-head product).
         e_direct: u32,
-        _pad1: u32,
+        /// With `x_per_slot`: elements between token rows of x, whose `topk` slots are
+        /// `x_stride` apart within a row (0: the slots are contiguous, `topk · x_stride`).
+        /// A per-head product over query rows that hold more than the heads.
+        x_row: u32,
     }
 }
 
@@ -135,7 +138,7 @@ const KNOBS: Knobs = Knobs {
 /// `SPARSA_GEMV_UNROLL` (1 or 2) and `SPARSA_GEMV_TPR` (lanes per row: 4 ..= 64, a power
 /// of two) override the chosen knobs when set.
 /// (In the browser no variable is ever set.)
-pub(super) fn env_knob(name: &str, ok: impl Fn(u32) -> bool) -> Option<u32> {
+pub(crate) fn env_knob(name: &str, ok: impl Fn(u32) -> bool) -> Option<u32> {
     std::env::var(name).ok()?.parse().ok().filter(|v| ok(*v))
 }
 
@@ -621,7 +624,7 @@ pub fn matmul_experts(
     y: View,
     rows: u32,
 ) {
-    experts_as(rec, x, None, x_per_slot, w, routed, None, y, rows)
+    experts_as(rec, x, None, x_per_slot, w, routed, None, y, rows, 0)
 }
 
 /// [`matmul_experts`] with x quantized by [`quantize_x`] (its rows: one per token row, or one
@@ -651,6 +654,7 @@ pub fn matmul_experts_xq(
         None,
         y,
         rows,
+        0,
     )
 }
 
@@ -664,13 +668,16 @@ pub struct Window {
 
 /// A per-head product over `rows` ≤ [`GEMV_MAX_ROWS`] token rows: `w` stacks `heads`
 /// blocks of `w.rows / heads` rows, and for each token `t` and head `h`,
-/// `y[t * heads + h, v] = Σ_k x[t * heads + h, k] · w[h * block + win.first + v, k]`,
-/// `v < win.n` (x rows of `x.stride` = `w.cols`, y rows of `y.stride` ≥ `win.n`). The
+/// `y[t * heads + h, v] = Σ_k x[t, h, k] · w[h * block + win.first + v, k]`, `v < win.n`,
+/// where head h of token row t is `w.cols` elements of x from
+/// `x.offset + t * x.stride + h * head_stride` (y rows of `y.stride` ≥ `win.n`). The
 /// routed-expert GEMV with head h as slot h's expert: absorbed MLA's value up-projection
-/// (`attention::up_v`) at decode.
+/// (`attention::up_v`) at decode and verification.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_heads(
     rec: &mut Recorder,
     x: View,
+    head_stride: u32,
     w: &GpuWeight,
     heads: u32,
     win: Window,
@@ -686,21 +693,36 @@ pub fn matmul_heads(
         n_experts: heads,
         topk: heads,
     };
-    experts_as(rec, x, None, true, w, &routed, Some(win), y, rows)
+    let slots = View::new(x.buf, x.offset, head_stride);
+    experts_as(
+        rec,
+        slots,
+        None,
+        true,
+        w,
+        &routed,
+        Some(win),
+        y,
+        rows,
+        x.stride,
+    )
 }
 
 /// Columns of a `gemvt_experts` workgroup, in 16-byte words (`TW` in the shader).
 const GEMVT_WORDS: u32 = 8;
 
 /// The transposed product of [`matmul_heads`]: over `rows` ≤ [`GEMV_MAX_ROWS`] token rows,
-/// `y[t * heads + h, c] = Σ_{d < win.n} x[t * heads + h, d] · w[h * block + win.first + d, c]`
-/// for every column c of `w` (x rows of `x.stride` ≥ `win.n`, y rows of `y.stride` ≥
-/// `w.cols`): absorbed MLA's query absorption (`attention::absorb_q`) at decode. Reads
-/// each row of the windows once, in 16-byte words; false (nothing recorded) where `w`'s rows
-/// are not whole 16-byte words.
+/// `y[t * heads + h, c] = Σ_{d < win.n} x[t, h, d] · w[h * block + win.first + d, c]`
+/// for every column c of `w`, where head h of token row t is x's elements from
+/// `x.offset + t * x.stride + h * head_stride` (`head_stride` ≥ `win.n`; y rows of
+/// `y.stride` ≥ `w.cols`): absorbed MLA's query absorption (`attention::absorb_q`) at
+/// decode and verification. Reads each row of the windows once per token row, in 16-byte
+/// words; false (nothing recorded) where `w`'s rows are not whole 16-byte words.
+#[allow(clippy::too_many_arguments)]
 pub fn matmul_heads_t(
     rec: &mut Recorder,
     x: View,
+    head_stride: u32,
     w: &GpuWeight,
     heads: u32,
     win: Window,
@@ -731,7 +753,7 @@ pub fn matmul_heads_t(
             rows: slots,
             topk: heads,
             x_off: x.offset,
-            x_stride: x.stride,
+            x_stride: head_stride,
             y_off: y.offset,
             y_stride: y.stride,
             row0: c.row0 as u32,
@@ -742,6 +764,7 @@ pub fn matmul_heads_t(
             e_rows: block,
             r_lo: win.first,
             e_direct: 1,
+            x_row: x.stride,
             ..Params::zeroed()
         };
         let (k, n, sl) = (w.cols as u64, win.n as u64, slots as u64);
@@ -793,6 +816,7 @@ fn experts_as(
     win: Option<Window>,
     y: View,
     rows: u32,
+    x_row: u32,
 ) {
     let Routed {
         ids: experts,
@@ -891,7 +915,7 @@ fn experts_as(
             e_rows: block,
             r_lo: win.first,
             e_direct: direct as u32,
-            _pad1: 0,
+            x_row,
         };
         let groups = if grouped {
             (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr)
@@ -921,7 +945,9 @@ fn experts_as(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close_plus, gpu, gpu_default_limits, Rng};
+    use crate::kernels::testutil::{
+        assert_close_plus, gpu, gpu_default_limits, x_split_bound, Rng,
+    };
     use crate::weights::{quant, DType, QFormat, WFormat};
 
     /// Whether `matmul` runs the integer-dot GEMV for this call (`kind` as given to
@@ -932,16 +958,6 @@ mod tests {
             None if rows == 1 => dot_blocks(gpu(), x, w).is_some(),
             None => dot_passes(gpu(), x, w, rows as u32),
         }
-    }
-
-    /// The most the integer-dot GEMV's x may add to |x · w|: each x value is held to within
-    /// its 32-block's max|x| / 64516 (matmul_dot.wgsl), so Σ over blocks of that times Σ|w|.
-    fn x_split_bound(x: &[f32], w: &[f32]) -> f32 {
-        let per_block = x.chunks(32).zip(w.chunks(32)).map(|(xb, wb)| {
-            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
-            amax / 64516.0 * wb.iter().map(|v| v.abs()).sum::<f32>()
-        });
-        per_block.sum::<f32>() * 1.01
     }
 
     const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];

@@ -194,3 +194,13 @@ pub fn cache_segments(
         })
         .collect()
 }
+
+/// The most the integer-dot GEMV's x may add to |x · w|: each x value is held to within
+/// its 32-block's max|x| / 64516 (matmul_dot.wgsl), so Σ over blocks of that times Σ|w|.
+pub fn x_split_bound(x: &[f32], w: &[f32]) -> f32 {
+    let per_block = x.chunks(32).zip(w.chunks(32)).map(|(xb, wb)| {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        amax / 64516.0 * wb.iter().map(|v| v.abs()).sum::<f32>()
+    });
+    per_block.sum::<f32>() * 1.01
+}

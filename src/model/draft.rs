@@ -21,7 +21,7 @@
 //! (under the sampler's penalties) given the tokens before it. Facts and their sources:
 //! docs/MTP.md.
 
-use super::forward::gemv;
+use super::forward::{caches_bind_groups, gemv};
 use super::load::Mtp;
 use super::session::{Input, Session};
 use crate::error::{Error, Result};
@@ -29,13 +29,17 @@ use crate::kernels::sample::{self, TokenSlot};
 use crate::kernels::{embed, norm, View};
 
 /// Drafts proposed and accepted so far in a session.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DraftStats {
     /// Verification rounds (one main-model forward each).
     pub rounds: u64,
     /// Draft tokens proposed and accepted.
     pub drafted: u64,
     pub accepted: u64,
+    /// Host time spent recording and submitting the MTP layer's passes and the
+    /// verifications, and waiting for a verification's results, in ms.
+    pub ms_recording: f64,
+    pub ms_waiting: f64,
 }
 
 impl DraftStats {
@@ -50,13 +54,16 @@ impl DraftStats {
 
     /// One line for logs.
     pub fn line(&self) -> String {
+        let per_round = |ms: f64| ms / self.rounds.max(1) as f64;
         format!(
-            "drafts: {} of {} accepted ({:.0} %), {:.2} tokens per verification over {} rounds",
+            "drafts: {} of {} accepted ({:.0} %), {:.2} tokens per verification over {} rounds; per round {:.3} ms recording, {:.3} ms waiting for the GPU",
             self.accepted,
             self.drafted,
             100.0 * self.accepted as f64 / self.drafted.max(1) as f64,
             self.mean_accepted_length(),
-            self.rounds
+            self.rounds,
+            per_round(self.ms_recording),
+            per_round(self.ms_waiting),
         )
     }
 }
@@ -115,6 +122,7 @@ impl Session {
     /// Submitted without waiting: a round's draft steps and its verification queue back to
     /// back, and the host reads the drafts once, with the verification's logits.
     pub(crate) fn mtp_record(&mut self, at: u32, t: usize, pos0: usize, dst: u32) -> Result<()> {
+        let start = std::time::Instant::now();
         let model = self.model.clone();
         let (cfg, gpu) = (&model.config, &*model.gpu);
         self.caches.reserve(gpu, pos0 + t)?;
@@ -125,7 +133,7 @@ impl Session {
         let (hd, t) = (cfg.hidden_size as u32, t as u32);
         let mtp = self.mtp();
         let mut rec = gpu.recorder();
-        rec.cache_bind_groups(t == 1);
+        rec.cache_bind_groups(caches_bind_groups(t));
         let h = View::rows(&s.h, hd);
         let hidden = View::rows(&s.mtp_h, hd);
         let cat = View::rows(&s.mtp_cat, 2 * hd);
@@ -151,6 +159,7 @@ impl Session {
         };
         sample::argmax(&mut rec, logits, vocab, slot, &s.sample);
         drop(rec);
+        self.draft_stats.ms_recording += ms_since(start);
         gpu.check()
     }
 
@@ -185,15 +194,33 @@ impl Session {
                 self.max_ctx()
             )));
         }
+        let start = std::time::Instant::now();
         self.chunk_forward(Input::OnGpu(k + 1), k + 1, None, true)?;
-        let drafts = match k {
-            0 => Vec::new(),
-            _ => gpu.read_f32_async(&self.s.ids, 1, k).await?,
-        };
-        let logits = gpu
-            .read_f32_async(&self.s.logits, 0, (k + 1) * vocab)
-            .await?;
-        Ok((drafts.iter().map(|d| d.to_bits()).collect(), logits))
+        // Logits and drafts into one mappable buffer: one wait, one map.
+        let logit_bytes = ((k + 1) * vocab * 4) as u64;
+        let bytes = logit_bytes + 4 * k as u64;
+        if self.verify_out.as_ref().is_none_or(|b| b.size() < bytes) {
+            self.verify_out = Some(gpu.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("verification read-back"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        let out = self.verify_out.as_ref().expect("made above");
+        let mut rec = gpu.recorder();
+        rec.copy(&self.s.logits, 0, out, 0, logit_bytes);
+        rec.copy(&self.s.ids, 4, out, logit_bytes, 4 * k as u64);
+        drop(rec);
+        let waited = std::time::Instant::now();
+        let b = gpu.read_mapped_async(out, bytes, None).await?;
+        self.draft_stats.ms_recording += (waited - start).as_secs_f64() * 1e3;
+        self.draft_stats.ms_waiting += ms_since(waited);
+        let (logits, drafts) = b.split_at(logit_bytes as usize);
+        Ok((
+            bytemuck::pod_collect_to_vec(drafts),
+            bytemuck::pod_collect_to_vec(logits),
+        ))
     }
 
     /// The main model's chunk of `tokens` at `self.pos` with every row's logits read back
@@ -227,4 +254,9 @@ impl Session {
             cfg.rms_norm_eps,
         );
     }
+}
+
+/// Milliseconds since `t`.
+fn ms_since(t: std::time::Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }

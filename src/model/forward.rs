@@ -56,11 +56,18 @@ impl Session {
 
         let mut rec = gpu.recorder();
         // Decode steps (one token) repeat the same dispatches with the same parameter slots,
-        // so their bind groups are kept and reused. A prefill's depend on its length (GEMV
+        // so their bind groups are kept and reused, and so do a speculative round's
+        // verifications (k + 1 rows every round). A prefill's depend on its length (GEMV
         // passes, tile counts): cached, every new length added a few hundred entries that
         // stayed (host memory grew by steps in long chats), so they are made per chunk and
         // dropped with it (a few hundred).
-        rec.cache_bind_groups(t == 1);
+        rec.cache_bind_groups(caches_bind_groups(t));
+        // A chunk of several rows is waited for once recorded (a verification, a prompt):
+        // its first layers run while the host records the rest. A decode step is recorded
+        // while the GPU runs the one before.
+        if t > 1 {
+            rec.submit_every(submit_every());
+        }
         let h = View::rows(&s.h, cfg.hidden_size as u32);
         embed::embed(&mut rec, &model.weights.embed, &s.ids, 0, t, h);
         for (i, layer) in model.weights.layers.iter().enumerate() {
@@ -251,6 +258,31 @@ impl Session {
         }
         Ok(())
     }
+}
+
+/// Whether a chunk of `t` rows keeps its bind groups for the next chunk of that length: a
+/// decode step's one row, and the few rows of a speculative round (its verification's k + 1,
+/// the MTP layer's passes over 1 ..= k + 1 verified rows), which repeat every round: up to
+/// the rows the integer-dot GEMVs take at once, so at most that many lengths stay cached.
+/// `SPARSA_CACHE_ROWS` lowers it (1: decode steps only, a measurement aid).
+pub(super) fn caches_bind_groups(t: u32) -> bool {
+    use std::sync::OnceLock;
+    static ROWS: OnceLock<u32> = OnceLock::new();
+    let most = *ROWS.get_or_init(|| {
+        matmul::env_knob("SPARSA_CACHE_ROWS", |v| v <= matmul::GEMV_MAX_ROWS)
+            .unwrap_or(matmul::GEMV_MAX_ROWS)
+    });
+    t <= most
+}
+
+/// Dispatches per submission of a chunk of several rows (see
+/// [`Recorder::submit_every`]): about one layer of the built-in model's 18, a few of a
+/// 78-layer model's. `SPARSA_SUBMIT_EVERY` overrides (0: one submission per chunk, a
+/// measurement aid).
+fn submit_every() -> usize {
+    use std::sync::OnceLock;
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| matmul::env_knob("SPARSA_SUBMIT_EVERY", |_| true).unwrap_or(64) as usize)
 }
 
 /// `y = x · Wᵀ` for the chunk's `t` rows; from `xq` (x quantized beforehand) where given.

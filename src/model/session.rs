@@ -65,6 +65,8 @@ pub struct Session {
     /// Draft tokens per step with the MTP layer (draft.rs; 0: off), and what they did.
     pub(super) drafts: usize,
     pub(super) draft_stats: super::draft::DraftStats,
+    /// Where a verification's logits and drafts are copied to be read back (draft.rs).
+    pub(super) verify_out: Option<wgpu::Buffer>,
 }
 
 impl Drop for Session {
@@ -135,6 +137,7 @@ impl Session {
             pending: [None, None],
             drafts: 0,
             draft_stats: Default::default(),
+            verify_out: None,
         })
     }
 

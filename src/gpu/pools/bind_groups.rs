@@ -27,8 +27,10 @@ impl ParamArena {
 
 /// A dispatch's bindings: pipeline (by address), params offset and size, buffers.
 pub(in crate::gpu) type BindKey = (usize, u64, u64, Vec<wgpu::Buffer>);
-/// Cached bind groups beyond which the cache starts over.
-const BIND_CACHE_MAX: usize = 8192;
+/// Cached bind groups beyond which the cache starts over: room for a full-depth model's
+/// decode step (~1,700 dispatches at 78 layers) and its speculative rounds' few-row chunks
+/// (forward.rs caches chunks of up to 9 rows).
+const BIND_CACHE_MAX: usize = 1 << 15;
 
 /// Bind groups of recorders that asked for caching (see
 /// [`Recorder::cache_bind_groups`](crate::gpu::Recorder::cache_bind_groups)).

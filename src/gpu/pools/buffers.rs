@@ -5,6 +5,7 @@
 //! buffer bound where a kernel declares a binding it does not read.
 
 use crate::error::{Error, Result};
+use crate::gpu::stats::HostPart;
 use crate::gpu::{lock, Gpu};
 use std::collections::HashMap;
 #[cfg(not(target_arch = "wasm32"))]
@@ -112,7 +113,8 @@ impl Gpu {
         self.counters
             .bind_groups_created
             .fetch_add(1, Ordering::Relaxed);
-        self.device.create_bind_group(desc)
+        self.counters
+            .time(HostPart::BindGroups, || self.device.create_bind_group(desc))
     }
 
     /// A storage buffer holding `data`.
@@ -125,15 +127,17 @@ impl Gpu {
 
     /// Write bytes at `offset` (a multiple of 4); a ragged tail is zero-padded to 4 bytes.
     pub fn write(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
-        let whole = bytes.len() / 4 * 4;
-        if whole > 0 {
-            self.queue.write_buffer(buf, offset, &bytes[..whole]);
-        }
-        if whole < bytes.len() {
-            let mut tail = [0u8; 4];
-            tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
-            self.queue.write_buffer(buf, offset + whole as u64, &tail);
-        }
+        self.counters.time(HostPart::Writes, || {
+            let whole = bytes.len() / 4 * 4;
+            if whole > 0 {
+                self.queue.write_buffer(buf, offset, &bytes[..whole]);
+            }
+            if whole < bytes.len() {
+                let mut tail = [0u8; 4];
+                tail[..bytes.len() - whole].copy_from_slice(&bytes[whole..]);
+                self.queue.write_buffer(buf, offset + whole as u64, &tail);
+            }
+        })
     }
 
     /// Many writes at once (expert offloading's uploads): large ones go straight into the

@@ -7,6 +7,7 @@
 
 #[cfg(not(target_arch = "wasm32"))]
 use crate::gpu::spirv;
+use crate::gpu::stats::HostPart;
 use crate::gpu::{lock, Gpu, Kernel, KernelParams, Shader, ShaderCode, ShaderVariant};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,42 @@ pub(in crate::gpu) struct PipelineCache {
     compiled: Mutex<HashMap<PipelineKey, (Arc<wgpu::ComputePipeline>, ShaderCode)>>,
     /// `name::entry` of each pipeline (by address), for the profiler.
     labels: Mutex<HashMap<usize, String>>,
+    /// The same pipelines by a hash of (name, entry, defines) computed without allocating:
+    /// a decode step looks up every dispatch's pipeline (1,641 at 78 layers), and building
+    /// the define lines for the key cost about a microsecond each.
+    quick: Mutex<HashMap<u64, Vec<QuickEntry>>>,
+}
+
+/// A pipeline and what it was compiled from, in [`PipelineCache::quick`].
+struct QuickEntry {
+    name: &'static str,
+    entry: &'static str,
+    defines: Vec<(String, String)>,
+    pipeline: Arc<wgpu::ComputePipeline>,
+}
+
+impl QuickEntry {
+    fn is(&self, name: &str, entry: &str, defines: &[(&str, String)]) -> bool {
+        self.name == name
+            && self.entry == entry
+            && self.defines.len() == defines.len()
+            && self
+                .defines
+                .iter()
+                .zip(defines)
+                .all(|((k, v), (k2, v2))| k == k2 && v == v2)
+    }
+}
+
+/// The hash [`PipelineCache::quick`] files a pipeline under.
+fn quick_hash(name: &str, entry: &str, defines: &[(&str, String)]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (name, entry).hash(&mut h);
+    for (k, v) in defines {
+        (k, v.as_str()).hash(&mut h);
+    }
+    h.finish()
 }
 
 impl PipelineCache {
@@ -30,6 +67,7 @@ impl PipelineCache {
             prelude,
             compiled: Mutex::default(),
             labels: Mutex::default(),
+            quick: Mutex::default(),
         }
     }
 }
@@ -38,6 +76,39 @@ impl Gpu {
     /// The pipeline for `entry` of `shader`, compiled with `defines` once and cached.
     /// `defines` are `(NAME, WGSL literal)` pairs, e.g. `("WG", "256u")`.
     pub fn pipeline<P: KernelParams>(
+        &self,
+        shader: &Shader<P>,
+        entry: &'static str,
+        defines: &[(&str, String)],
+    ) -> Kernel<P> {
+        self.counters.time(HostPart::Pipelines, || {
+            let hash = quick_hash(shader.name, entry, defines);
+            let found = lock(&self.pipelines.quick).get(&hash).and_then(|v| {
+                v.iter()
+                    .find(|q| q.is(shader.name, entry, defines))
+                    .map(|q| q.pipeline.clone())
+            });
+            if let Some(p) = found {
+                return Kernel::new(p);
+            }
+            let k = self.pipeline_uncounted(shader, entry, defines);
+            lock(&self.pipelines.quick)
+                .entry(hash)
+                .or_default()
+                .push(QuickEntry {
+                    name: shader.name,
+                    entry,
+                    defines: defines
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.clone()))
+                        .collect(),
+                    pipeline: k.pipeline.clone(),
+                });
+            k
+        })
+    }
+
+    fn pipeline_uncounted<P: KernelParams>(
         &self,
         shader: &Shader<P>,
         entry: &'static str,
