@@ -193,24 +193,16 @@ async fn speculative(
     let window = sampler.params.repeat_last_n;
     let mut recent: Vec<u32> = history[history.len().saturating_sub(window)..].to_vec();
     let mut out = Vec::new();
-    // Prefill: each chunk through the main model, then through the MTP layer paired with the
-    // tokens one further on (the prompt's, and after the last chunk the token it picks).
     let parts: Vec<&[u32]> = prompt.chunks(session.chunk.max(1)).collect();
     let (mut next, mut done) = (0, 0);
     for (c, part) in parts.iter().enumerate() {
-        let pos0 = session.pos;
-        let last = c + 1 == parts.len();
-        let logits = session.forward_keep_hidden(part, usize::from(last)).await?;
-        let mut shifted = part[1..].to_vec();
-        if last {
+        let following = parts.get(c + 1).map(|p| p[0]);
+        if following.is_none() {
             recent.extend_from_slice(&prompt[prompt.len().saturating_sub(window)..]);
-            next = sampler.sample_after(&logits, &recent);
-            shifted.push(next);
-        } else {
-            shifted.push(parts[c + 1][0]);
         }
-        // The MTP layer's last row drafts d_1 into ids[1] on the GPU.
-        session.mtp_pass(&shifted, pos0)?;
+        if let Some(t) = speculative_chunk(session, part, following, sampler, &recent).await? {
+            next = t;
+        }
         done += part.len();
         if !on_event(Event::Prefill {
             done,
@@ -225,43 +217,16 @@ async fn speculative(
     if let Some(stop) = stop_after(&out, &mut on_event, eos, max_tokens, pos, max_ctx) {
         return Ok((out, stop));
     }
-    let vocab = session.model.config.vocab_size;
     loop {
         let p = session.pos;
-        // `next` sits at position p, not yet run; d_1 waits in ids[1]. Drafts for p + 1 ..:
-        // as many as can be emitted (a round emits at most k + 1 tokens) and verified within
-        // the context. The round runs on the GPU without a wait: each draft step reads the
-        // previous draft from ids and picks the next into ids, then the main model verifies
-        // ids[0 ..= k] = [next, d_1 .. d_k]; drafts and logits come back together.
+        // As many drafts as can be emitted (a round emits at most k + 1 tokens) and
+        // verified within the context.
         let k = session
             .drafts()
             .min(max_tokens - out.len() - 1)
             .min(session.max_ctx() - p - 1);
-        session.put_tokens(&[next]);
-        for j in 1..k {
-            session.mtp_record(j as u32, 1, p - 1 + j, j as u32 + 1)?;
-        }
-        let (drafts, logits) = session.verify_round(k).await?;
-        // Row j's logits give the token at p + j + 1 after run[..=j]: the draft there when
-        // the sampler accepts it (greedy: it is the argmax; sampling: speculative
-        // sampling's rule), and the first token that is not a draft ends the round (or the
-        // bonus token after k accepted drafts).
-        let mut emitted = Vec::with_capacity(k + 1);
-        let mut hyp = recent.clone();
-        for (j, row) in logits.chunks_exact(vocab).enumerate() {
-            let (g, accepted) = match drafts.get(j) {
-                Some(&d) => sampler.verify_draft(row, &hyp, d),
-                None => (sampler.sample_after(row, &hyp), false),
-            };
-            emitted.push(g);
-            hyp.push(g);
-            if !accepted {
-                break;
-            }
-        }
-        session.count_round(k, emitted.len() - 1);
-        // Emit in order until a stop: m tokens, the main caches keep p .. p + m (next and
-        // the emitted tokens but the last), the MTP layer runs over those rows.
+        let emitted = speculative_round(session, next, k, sampler, &recent).await?;
+        // Emit in order until a stop.
         let mut stop = None;
         let mut m = 0;
         for &g in &emitted {
@@ -281,14 +246,84 @@ async fn speculative(
                 break;
             }
         }
-        session.truncate(p + m);
-        // The MTP layer over the verified rows; its last row drafts the next d_1 into ids[1].
-        session.mtp_pass(&emitted[..m], p)?;
+        speculative_keep(session, p, &emitted[..m])?;
         next = emitted[m - 1];
         if let Some(stop) = stop {
             return Ok((out, stop));
         }
     }
+}
+
+/// One prompt chunk of a speculative decode: the main model over `part` (at `session.pos`)
+/// keeping its hidden rows, then the MTP layer over them paired with the tokens one further
+/// on: `part`'s own, then `following` (the next chunk's first token) or, after the last
+/// chunk (`following` None), the token the main model picks there (sampled after `recent`),
+/// which is returned. The MTP layer's last row drafts d_1 into `ids[1]` on the GPU.
+pub(crate) async fn speculative_chunk(
+    session: &mut Session,
+    part: &[u32],
+    following: Option<u32>,
+    sampler: &mut Sampler,
+    recent: &[u32],
+) -> Result<Option<u32>> {
+    let pos0 = session.pos;
+    let logits = session
+        .forward_keep_hidden(part, usize::from(following.is_none()))
+        .await?;
+    let next = following.unwrap_or_else(|| sampler.sample_after(&logits, recent));
+    let mut shifted = part[1..].to_vec();
+    shifted.push(next);
+    session.mtp_pass(&shifted, pos0)?;
+    Ok(following.is_none().then_some(next))
+}
+
+/// One speculative round: `next` sits at `session.pos`, chosen (and emitted) but not yet
+/// run, and d_1 waits in `ids[1]`. Drafts `k` tokens (each draft step reads the previous
+/// draft from ids and picks the next into ids, on the GPU, without a wait), verifies
+/// `[next, d_1 .. d_k]` in one forward and returns the tokens the round emits: the drafts
+/// the sampler accepts (greedy: the main model's argmax; sampling: speculative sampling's
+/// rule, `recent` the penalty window), then the main model's own token after them. The
+/// caller keeps what it emits with [`speculative_keep`].
+pub(crate) async fn speculative_round(
+    session: &mut Session,
+    next: u32,
+    k: usize,
+    sampler: &mut Sampler,
+    recent: &[u32],
+) -> Result<Vec<u32>> {
+    let p = session.pos;
+    session.put_tokens(&[next]);
+    for j in 1..k {
+        session.mtp_record(j as u32, 1, p - 1 + j, j as u32 + 1)?;
+    }
+    let (drafts, logits) = session.verify_round(k).await?;
+    let vocab = session.model.config.vocab_size;
+    // Row j's logits give the token at p + j + 1 after [next, d_1 .. d_j]; the first token
+    // that is not a draft ends the round (or the bonus token after k accepted drafts).
+    let mut emitted = Vec::with_capacity(k + 1);
+    let mut hyp = recent.to_vec();
+    for (j, row) in logits.chunks_exact(vocab).enumerate() {
+        let (g, accepted) = match drafts.get(j) {
+            Some(&d) => sampler.verify_draft(row, &hyp, d),
+            None => (sampler.sample_after(row, &hyp), false),
+        };
+        emitted.push(g);
+        hyp.push(g);
+        if !accepted {
+            break;
+        }
+    }
+    session.count_round(k, emitted.len() - 1);
+    Ok(emitted)
+}
+
+/// Keeps the first `kept.len()` (≥ 1) tokens a round starting at position `p` emitted (all,
+/// or those before a stop): the main caches keep `p .. p + kept.len()` (`next` and the kept
+/// tokens but the last), and the MTP layer runs over those rows, rewriting its caches where
+/// the drafts wrote, its last row drafting the next round's d_1 (not waited for).
+pub(crate) fn speculative_keep(session: &mut Session, p: usize, kept: &[u32]) -> Result<()> {
+    session.truncate(p + kept.len());
+    session.mtp_pass(kept, p)
 }
 
 /// Generation with the token chosen on the GPU, one step ahead of the host: step `n + 1`

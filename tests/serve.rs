@@ -1,8 +1,9 @@
 //! `sparsa serve` end to end on loopback with the built-in model: the OpenAI endpoints
 //! (streaming and not), stop strings across token boundaries, seeds, usage counts, the prefix
 //! cache, concurrent clients with disconnects (greedy outputs equal the same prompt run
-//! alone), hostile requests, the queue limit, shutdown, and the official `openai` Python
-//! client (tests/serve_openai.py).
+//! alone), hostile requests, the queue limit, shutdown, the official `openai` Python
+//! client (tests/serve_openai.py), and `--draft`'s speculative rounds (greedy replies
+//! unchanged).
 
 mod common;
 
@@ -67,32 +68,11 @@ impl Server {
 
     /// One request; `Connection: close`, so the reply ends with the connection.
     fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
-        let mut s = TcpStream::connect(&self.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
-            self.addr,
-            body.len()
-        );
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
-        req.push_str("\r\n");
-        s.write_all(req.as_bytes()).unwrap();
-        // A server that answers before reading a large body may close first.
-        let _ = s.write_all(body);
-        let mut bytes = Vec::new();
-        let _ = s.read_to_end(&mut bytes);
-        Reply::parse(&bytes)
+        raw_to(&self.addr, method, path, headers, body)
     }
 
     fn post(&self, path: &str, body: &Value) -> Reply {
-        self.raw(
-            "POST",
-            path,
-            &[("Content-Type", "application/json")],
-            body.to_string().as_bytes(),
-        )
+        post_to(&self.addr, path, body)
     }
 
     fn get(&self, path: &str) -> Reply {
@@ -115,6 +95,37 @@ impl Server {
             std::thread::sleep(Duration::from_millis(50));
         }
     }
+}
+
+/// One HTTP request to `addr` (a connection of its own); the whole reply.
+fn raw_to(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        addr,
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    // A server that answers before reading a large body may close first.
+    let _ = s.write_all(body);
+    let mut bytes = Vec::new();
+    let _ = s.read_to_end(&mut bytes);
+    Reply::parse(&bytes)
+}
+
+fn post_to(addr: &str, path: &str, body: &Value) -> Reply {
+    raw_to(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    )
 }
 
 impl Drop for Server {
@@ -247,7 +258,11 @@ fn streamed(r: &Reply) -> Streamed {
 }
 
 fn completion(srv: &Server, body: Value) -> (String, String, Value) {
-    let r = srv.post("/v1/completions", &body);
+    completion_at(&srv.addr, body)
+}
+
+fn completion_at(addr: &str, body: Value) -> (String, String, Value) {
+    let r = post_to(addr, "/v1/completions", &body);
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
     assert_eq!(v["object"], "text_completion");
@@ -869,4 +884,64 @@ fn serve_reasoning_and_tools_reach_the_template() {
         "the tool call (name, argument) is printed: {with_call} vs {without}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `serve --draft 3`: every slot decodes in speculative rounds with the built-in model's MTP
+/// layer. Greedy replies equal a server's without drafts, whether the requests run alone or
+/// side by side in two slots, after a prefix the slot already holds, and with a stop string;
+/// a sampled request completes with its token count.
+#[test]
+fn serve_drafts_keep_greedy_replies() {
+    let plain = Server::start(&["--parallel", "1"]);
+    let drafted = Server::start(&["--parallel", "2", "--draft", "3"]);
+    let body =
+        |p: &str| json!({"prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": true});
+    let want: Vec<String> = PROMPTS
+        .iter()
+        .map(|p| completion(&plain, body(p)).0)
+        .collect();
+    // Alone, one after another (the second and later reuse what the slot holds).
+    for (p, w) in PROMPTS.iter().zip(&want) {
+        let (text, finish, usage) = completion(&drafted, body(p));
+        assert_eq!(&text, w, "{p:?} alone");
+        assert_eq!(finish, "length");
+        assert_eq!(usage["completion_tokens"], 24, "{usage}");
+    }
+    // Side by side: two slots' rounds interleave.
+    std::thread::scope(|sc| {
+        let handles: Vec<_> = PROMPTS
+            .iter()
+            .map(|p| {
+                let (addr, body) = (&drafted.addr, body(p));
+                sc.spawn(move || completion_at(addr, body).0)
+            })
+            .collect();
+        for ((h, w), p) in handles.into_iter().zip(&want).zip(PROMPTS) {
+            assert_eq!(&h.join().unwrap(), w, "{p:?} side by side");
+        }
+    });
+    // A stop string inside the reply: the text ends before it, as without drafts.
+    let cut = &want[3][want[3].len() / 2..];
+    let stop: String = cut.chars().take(3).collect();
+    let with_stop = |srv: &Server| {
+        let mut b = body(PROMPTS[3]);
+        b["stop"] = json!([stop]);
+        completion(srv, b)
+    };
+    let (a, fa, _) = with_stop(&plain);
+    let (b, fb, _) = with_stop(&drafted);
+    assert_eq!((a, fa), (b, fb), "stop {stop:?}");
+    // Sampled: speculative sampling's rule, the whole token budget.
+    let (_, finish, usage) = completion(
+        &drafted,
+        json!({"prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0.9, "seed": 5, "ignore_eos": true}),
+    );
+    assert_eq!(finish, "length");
+    assert_eq!(usage["completion_tokens"], 16, "{usage}");
+    drafted.wait_idle();
+    // /health counts the rounds; the built-in model's layer drafts well on its own text.
+    let d = &drafted.health()["drafts"];
+    assert!(d["rounds"].as_u64().unwrap() > 20, "{d}");
+    assert!(d["tokens_per_verification"].as_f64().unwrap() > 1.5, "{d}");
+    assert!(plain.health().get("drafts").is_none());
 }

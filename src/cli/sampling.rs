@@ -115,7 +115,7 @@ fn parse_max_tokens(s: &str) -> std::result::Result<MaxTokens, String> {
     }
 }
 
-fn parse_count(s: &str) -> std::result::Result<usize, String> {
+pub(super) fn parse_count(s: &str) -> std::result::Result<usize, String> {
     s.trim()
         .parse::<usize>()
         .map_err(|_| "expected a whole number ≥ 0".into())

@@ -50,6 +50,11 @@ pub struct ServeArgs {
     /// Ask the model to answer without reasoning by default.
     #[arg(long)]
     no_think: bool,
+    /// Speculative decoding in every slot: draft N tokens per step with the model's
+    /// multi-token-prediction layer and verify them in one forward (0: off). Greedy replies
+    /// are unchanged; sampled ones keep their distribution. docs/MTP.md says when it pays.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = super::sampling::parse_count)]
+    draft: usize,
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
@@ -60,8 +65,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         return Err(Error::msg("--grace: expected a number of seconds ≥ 0"));
     }
     let mut src = open_source(&a.m)?;
-    // The server does not draft yet.
-    src.config.keep_mtp(false);
+    // The MTP layer loads only to draft with.
+    src.config.keep_mtp(a.draft > 0);
     if !src.has_tokenizer() {
         return Err(Error::msg(format!(
             "{}: no tokenizer.json (sparsa serve needs the model's tokenizer)",
@@ -109,13 +114,15 @@ pub fn run(a: ServeArgs) -> Result<()> {
     });
     let sessions = (0..a.parallel)
         .map(|i| {
-            model.session_in(ctx, cache).map_err(|e| {
+            let mut s = model.session_in(ctx, cache).map_err(|e| {
                 e.context(format!(
                     "slot {} of --parallel {} (--ctx {ctx})",
                     i + 1,
                     a.parallel
                 ))
-            })
+            })?;
+            s.set_drafts(a.draft)?;
+            Ok(s)
         })
         .collect::<Result<Vec<_>>>()?;
     let need = Caches::bytes_per_token(&model.config, cache)

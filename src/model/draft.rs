@@ -52,6 +52,15 @@ impl DraftStats {
         }
     }
 
+    /// Adds another session's counts.
+    pub fn add(&mut self, o: &DraftStats) {
+        self.rounds += o.rounds;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+        self.ms_recording += o.ms_recording;
+        self.ms_waiting += o.ms_waiting;
+    }
+
     /// One line for logs.
     pub fn line(&self) -> String {
         let per_round = |ms: f64| ms / self.rounds.max(1) as f64;

@@ -18,9 +18,11 @@
 
 use crate::chat::{Part, ReplyText};
 use crate::error::{Error, Result};
-use crate::generate::{Sampler, SamplingParams, StopStrings};
+use crate::generate::{
+    speculative_chunk, speculative_keep, speculative_round, Sampler, SamplingParams, StopStrings,
+};
 use crate::kernels::sample::{Sampling, MAX_TOP_K};
-use crate::model::{Pick, Session};
+use crate::model::{DraftStats, Pick, Session};
 use crate::tokenizer::{TextStream, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -82,6 +84,8 @@ pub struct Load {
     pub busy: AtomicUsize,
     /// Set on shutdown: waiting jobs are refused, running ones get `grace` to finish.
     pub draining: AtomicBool,
+    /// With `--draft`: what the slots' speculative rounds did so far, all slots together.
+    pub drafts: std::sync::Mutex<Option<DraftStats>>,
 }
 
 /// A job's place in [`Load::jobs`]: taken by [`Load::admit`], given back when dropped.
@@ -162,6 +166,9 @@ struct Seq<'t> {
     pick: usize,
     /// Host: the token sampled and not yet processed.
     next: Option<u32>,
+    /// Speculative decoding (the session drafts): the last token emitted, at `session.pos`
+    /// and not yet run, which the next round verifies its drafts after.
+    spec: Option<u32>,
     reply: Reply<'t>,
 }
 
@@ -304,6 +311,13 @@ pub fn run(
             slots.iter().filter(|s| s.seq.is_some()).count(),
             Ordering::SeqCst,
         );
+        if slots.iter().any(|s| s.session.drafts() > 0) {
+            let mut all = DraftStats::default();
+            for s in &slots {
+                all.add(&s.session.draft_stats());
+            }
+            *crate::gpu::lock(&load.drafts) = Some(all);
+        }
     }
 }
 
@@ -315,9 +329,13 @@ impl<'t> Slot<'t> {
     fn start(&mut self, job: Job, tok: &'t Tokenizer) {
         let prompt = &job.prompt;
         let known = self.cached.len().min(self.session.pos);
-        // At least the last prompt token runs, for the logits of the first new one.
-        let reused =
-            common_prefix(&self.cached[..known], prompt).min(prompt.len().saturating_sub(1));
+        // At least the last prompt token runs, for the logits of the first new one. When
+        // drafting, one more: the MTP layer's row before the new tokens pairs the hidden
+        // row there with the token after it, which this prompt may change.
+        let drafting = usize::from(self.session.drafts() > 0);
+        let reused = common_prefix(&self.cached[..known], prompt)
+            .min(prompt.len().saturating_sub(1))
+            .saturating_sub(drafting);
         self.session.truncate(reused);
         self.cached.truncate(reused);
         let text = match job.kind {
@@ -331,7 +349,8 @@ impl<'t> Slot<'t> {
             }
         };
         let sampler = Sampler::new(job.params.clone());
-        let gpu = gpu_picks(&job.params);
+        // Speculative rounds sample on the host.
+        let gpu = gpu_picks(&job.params) && self.session.drafts() == 0;
         self.seq = Some(Seq {
             job,
             prefilled: reused,
@@ -341,6 +360,7 @@ impl<'t> Slot<'t> {
             gpu,
             pick: 0,
             next: None,
+            spec: None,
             reply,
         });
     }
@@ -389,7 +409,12 @@ impl<'t> Slot<'t> {
             let end = (seq.prefilled + s.chunk.max(1)).min(n);
             let part = &seq.job.prompt[seq.prefilled..end];
             let last = end == n;
-            if seq.gpu {
+            if s.drafts() > 0 {
+                // The main model, then the MTP layer one token further on.
+                let following = seq.job.prompt.get(end).copied();
+                let next = speculative_chunk(s, part, following, &mut seq.sampler, &seq.out);
+                seq.next = pollster::block_on(next)?;
+            } else if seq.gpu {
                 if last {
                     let r = draw(&mut seq.sampler);
                     let pick = gpu_pick(&seq.job.params, r);
@@ -406,6 +431,9 @@ impl<'t> Slot<'t> {
             }
             seq.prefilled = end;
             return Ok(());
+        }
+        if s.drafts() > 0 {
+            return self.round();
         }
         let (next, ahead) = if seq.gpu {
             // Queue the step that consumes the token about to be read, unless that token
@@ -426,23 +454,13 @@ impl<'t> Slot<'t> {
                 .ok_or_else(|| Error::msg("no token is waiting"))?;
             (next, false)
         };
-        seq.out.push(next);
         // Where `next` goes in the caches.
         let pos = s.pos - usize::from(ahead);
-        let mut stop = seq.job.eos.contains(&next);
-        if !stop {
-            let (parts, hit) = seq.reply.push(next)?;
-            for (part, text) in parts {
-                let _ = seq.job.tx.send(Out::Text(part, text));
-            }
-            stop = hit;
-        }
-        let length = seq.out.len() >= seq.job.max_tokens || pos >= s.max_ctx();
-        if stop || length {
+        if let Some(length) = seq.emit(next, pos, s.max_ctx())? {
             if ahead {
                 s.truncate(pos);
             }
-            self.finish(!stop);
+            self.finish(length);
             return Ok(());
         }
         if !seq.gpu {
@@ -450,6 +468,70 @@ impl<'t> Slot<'t> {
             seq.next = Some(seq.sampler.sample_after(logits.last(), &seq.out));
         }
         Ok(())
+    }
+}
+
+impl Slot<'_> {
+    /// A speculative decode's turn: the first token (from the prefill) emitted, or one
+    /// round (the drafts, one verification, then the MTP layer over the kept rows).
+    fn round(&mut self) -> Result<()> {
+        let Some(seq) = self.seq.as_mut() else {
+            return Ok(());
+        };
+        let s = &mut self.session;
+        let max_ctx = s.max_ctx();
+        if let Some(first) = seq.next.take() {
+            match seq.emit(first, s.pos, max_ctx)? {
+                Some(length) => self.finish(length),
+                None => seq.spec = Some(first),
+            }
+            return Ok(());
+        }
+        let next = seq
+            .spec
+            .take()
+            .ok_or_else(|| Error::msg("no token is waiting"))?;
+        let p = s.pos;
+        let k = s
+            .drafts()
+            .min(seq.job.max_tokens.saturating_sub(seq.out.len() + 1))
+            .min(max_ctx.saturating_sub(p + 1));
+        let emitted =
+            pollster::block_on(speculative_round(s, next, k, &mut seq.sampler, &seq.out))?;
+        let mut end = None;
+        let mut m = 0;
+        for &g in &emitted {
+            m += 1;
+            end = seq.emit(g, p + m, max_ctx)?;
+            if end.is_some() {
+                break;
+            }
+        }
+        speculative_keep(s, p, &emitted[..m])?;
+        match end {
+            Some(length) => self.finish(length),
+            None => seq.spec = Some(emitted[m - 1]),
+        }
+        Ok(())
+    }
+}
+
+impl Seq<'_> {
+    /// Emits `next` (going to position `pos` of the caches): into the output and, unless it
+    /// is an end-of-sequence token, the reply's text. `Some(length)` when the reply ends
+    /// there (`length`: at the token budget or the context, not at a stop).
+    fn emit(&mut self, next: u32, pos: usize, max_ctx: usize) -> Result<Option<bool>> {
+        self.out.push(next);
+        let mut stop = self.job.eos.contains(&next);
+        if !stop {
+            let (parts, hit) = self.reply.push(next)?;
+            for (part, text) in parts {
+                let _ = self.job.tx.send(Out::Text(part, text));
+            }
+            stop = hit;
+        }
+        let length = self.out.len() >= self.job.max_tokens || pos >= max_ctx;
+        Ok((stop || length).then_some(!stop))
     }
 }
 

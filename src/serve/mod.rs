@@ -289,7 +289,7 @@ async fn health(State(s): State<Shared>) -> Response {
     let draining = s.load.draining.load(Ordering::SeqCst);
     let jobs = s.load.jobs.load(Ordering::SeqCst);
     let busy = s.load.busy.load(Ordering::SeqCst);
-    let body = json!({
+    let mut body = json!({
         "status": if draining { "shutting_down" } else { "ok" },
         "model": s.opts.model_id,
         "slots": s.slots,
@@ -297,6 +297,15 @@ async fn health(State(s): State<Shared>) -> Response {
         "queued": jobs.saturating_sub(busy),
         "ctx": s.ctx,
     });
+    // With --draft: the speculative rounds so far, all slots together.
+    if let Some(d) = *crate::gpu::lock(&s.load.drafts) {
+        body["drafts"] = json!({
+            "rounds": d.rounds,
+            "drafted": d.drafted,
+            "accepted": d.accepted,
+            "tokens_per_verification": d.mean_accepted_length(),
+        });
+    }
     let status = if draining {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
