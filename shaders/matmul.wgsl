@@ -438,6 +438,20 @@ fn quad_partial(wo: vec4<u32>, xb: u32, lane: u32) -> vec4<f32> {
     return acc;
 }
 
+// The first of the 4 dense rows lane group lid / TPR4 of workgroup g takes (4 rows per
+// lane, WG / TPR4 * 4 rows per workgroup).
+fn dense_quad_row(g: u32, lid: u32) -> u32 {
+    return (g * (WG / TPR4) + lid / TPR4) * 4u;
+}
+
+// For a routed GEMV with 4 rows per lane: workgroup g's item (slot or expert) among the
+// P.n-row blocks of WG / TPR4 * 4 rows, and the first of the 4 rows lid's lane group takes.
+fn block_quad_row(g: u32, lid: u32) -> vec2<u32> {
+    let per = WG / TPR4 * 4u;
+    let groups = (P.n + per - 1u) / per;
+    return vec2<u32>(g / groups, (g % groups) * per + lid / TPR4 * 4u);
+}
+
 // Word offsets of the dense weight rows n0 .. n0 + 3 (4 rows per lane), NONE past P.n.
 fn dense_quad(n0: u32) -> vec4<u32> {
     let rw = P.ws / EPV;
@@ -490,7 +504,7 @@ fn quad_store(acc: vec4<f32>, wo: vec4<u32>, base: u32, n0: u32, lid: u32) {
 fn gemv4q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
+    let n0 = dense_quad_row(g, lid);
     let wo = dense_quad(n0);
     quad_store(quad_partial(wo, P.x_off / 4u, lid % TPR4), wo, P.y_off, n0, lid);
 }
@@ -501,12 +515,10 @@ fn gemv4q(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 fn gemv4q_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let per = WG / TPR4 * 4u;
-    let groups = (P.n + per - 1u) / per;
-    let slot = g / groups;
-    let sub = lid / TPR4;
+    let at = block_quad_row(g, lid);
+    let slot = at.x;
     let lane = lid % TPR4;
-    let n0 = (g % groups) * per + sub * 4u;
+    let n0 = at.y;
     var wo = vec4<u32>(NONE);
     var xb = 0u;
     if (slot < P.rows) {

@@ -208,7 +208,7 @@ fn gemv_dot(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let g = wid.x + wid.y * nwg.x;
     xqb = 0u;
     quantize_x(P.x_off, lid);
-    let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
+    let n0 = dense_quad_row(g, lid);
     let wo = dense_quad(n0);
     quad_store(quad_partial_i8(wo, lid % TPR4), wo, P.y_off, n0, lid);
 }
@@ -218,10 +218,9 @@ fn gemv_dot(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let per = WG / TPR4 * 4u;
-    let groups = (P.n + per - 1u) / per;
-    let slot = g / groups;
-    let n0 = (g % groups) * per + lid / TPR4 * 4u;
+    let at = block_quad_row(g, lid);
+    let slot = at.x;
+    let n0 = at.y;
     var wo = vec4<u32>(NONE);
     var xo = 0u;
     var e = NONE;
@@ -306,7 +305,7 @@ fn rows_store(wo: vec4<u32>, n0: u32, lid: u32) {
 fn gemv_dot_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let n0 = (g * (WG / TPR4) + lid / TPR4) * 4u;
+    let n0 = dense_quad_row(g, lid);
     let wo = dense_quad(n0);
     nx = min(P.rows, T);
     for (var t = 0u; t < T; t++) {
@@ -328,10 +327,9 @@ var<workgroup> batch_n: u32;
 fn gemv_dot_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let per = WG / TPR4 * 4u;
-    let groups = (P.n + per - 1u) / per;
-    let e = P.e0 + g / groups;
-    let n0 = (g % groups) * per + lid / TPR4 * 4u;
+    let at = block_quad_row(g, lid);
+    let e = P.e0 + at.x;
+    let n0 = at.y;
     let wo = expert_quad(e, n0);
     let stride = xq_stride(P.k);
     var s = 0u;

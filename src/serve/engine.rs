@@ -469,9 +469,7 @@ impl<'t> Slot<'t> {
         }
         Ok(())
     }
-}
 
-impl Slot<'_> {
     /// A speculative decode's turn: the first token (from the prefill) emitted, or one
     /// round (the drafts, one verification, then the MTP layer over the kept rows).
     fn round(&mut self) -> Result<()> {

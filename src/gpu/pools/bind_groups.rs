@@ -29,7 +29,7 @@ impl ParamArena {
 pub(in crate::gpu) type BindKey = (usize, u64, u64, Vec<wgpu::Buffer>);
 /// Cached bind groups beyond which the cache starts over: room for a full-depth model's
 /// decode step (~1,700 dispatches at 78 layers) and its speculative rounds' few-row chunks
-/// (forward.rs caches chunks of up to 9 rows).
+/// (forward.rs caches chunks of up to 8 rows).
 const BIND_CACHE_MAX: usize = 1 << 15;
 
 /// Bind groups of recorders that asked for caching (see

@@ -8,39 +8,36 @@
 #[cfg(not(target_arch = "wasm32"))]
 use crate::gpu::spirv;
 use crate::gpu::stats::HostPart;
-use crate::gpu::{lock, Gpu, Kernel, KernelParams, Shader, ShaderCode, ShaderVariant};
+use crate::gpu::{lock, Gpu, Kernel, KernelParams, Shader, ShaderVariant};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-type PipelineKey = (&'static str, &'static str, String);
 
 /// Compiled pipelines and their labels.
 pub(in crate::gpu) struct PipelineCache {
     /// Lines put before every shader's source: the `enable` directives this device needs
     /// (see [`shader_prelude`]).
     prelude: String,
-    /// Each pipeline with the shader it was compiled from.
-    compiled: Mutex<HashMap<PipelineKey, (Arc<wgpu::ComputePipeline>, ShaderCode)>>,
+    /// Each pipeline with the variant it was compiled from, filed by a hash of (name,
+    /// entry, defines) computed without allocating ([`variant_hash`]): a decode step looks up
+    /// every dispatch's pipeline (1,641 at 78 layers), and building the define text for a
+    /// key cost about a microsecond each.
+    compiled: Mutex<HashMap<u64, Vec<Compiled>>>,
     /// `name::entry` of each pipeline (by address), for the profiler.
     labels: Mutex<HashMap<usize, String>>,
-    /// The same pipelines by a hash of (name, entry, defines) computed without allocating:
-    /// a decode step looks up every dispatch's pipeline (1,641 at 78 layers), and building
-    /// the define lines for the key cost about a microsecond each.
-    quick: Mutex<HashMap<u64, Vec<QuickEntry>>>,
 }
 
-/// A pipeline and what it was compiled from, in [`PipelineCache::quick`].
-struct QuickEntry {
-    name: &'static str,
-    entry: &'static str,
+/// A pipeline in [`PipelineCache::compiled`]: the variant it was compiled from, with its
+/// defines as given.
+struct Compiled {
+    variant: ShaderVariant,
     defines: Vec<(String, String)>,
     pipeline: Arc<wgpu::ComputePipeline>,
 }
 
-impl QuickEntry {
+impl Compiled {
     fn is(&self, name: &str, entry: &str, defines: &[(&str, String)]) -> bool {
-        self.name == name
-            && self.entry == entry
+        self.variant.shader.name == name
+            && self.variant.entry == entry
             && self.defines.len() == defines.len()
             && self
                 .defines
@@ -50,8 +47,8 @@ impl QuickEntry {
     }
 }
 
-/// The hash [`PipelineCache::quick`] files a pipeline under.
-fn quick_hash(name: &str, entry: &str, defines: &[(&str, String)]) -> u64 {
+/// The hash [`PipelineCache::compiled`] files a pipeline under.
+fn variant_hash(name: &str, entry: &str, defines: &[(&str, String)]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (name, entry).hash(&mut h);
@@ -67,7 +64,6 @@ impl PipelineCache {
             prelude,
             compiled: Mutex::default(),
             labels: Mutex::default(),
-            quick: Mutex::default(),
         }
     }
 }
@@ -82,49 +78,42 @@ impl Gpu {
         defines: &[(&str, String)],
     ) -> Kernel<P> {
         self.counters.time(HostPart::Pipelines, || {
-            let hash = quick_hash(shader.name, entry, defines);
-            let found = lock(&self.pipelines.quick).get(&hash).and_then(|v| {
+            let hash = variant_hash(shader.name, entry, defines);
+            let found = lock(&self.pipelines.compiled).get(&hash).and_then(|v| {
                 v.iter()
-                    .find(|q| q.is(shader.name, entry, defines))
-                    .map(|q| q.pipeline.clone())
+                    .find(|c| c.is(shader.name, entry, defines))
+                    .map(|c| c.pipeline.clone())
             });
-            if let Some(p) = found {
-                return Kernel::new(p);
-            }
-            let k = self.pipeline_uncounted(shader, entry, defines);
-            lock(&self.pipelines.quick)
-                .entry(hash)
-                .or_default()
-                .push(QuickEntry {
-                    name: shader.name,
-                    entry,
-                    defines: defines
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.clone()))
-                        .collect(),
-                    pipeline: k.pipeline.clone(),
-                });
-            k
+            let pipeline = match found {
+                Some(p) => p,
+                None => {
+                    let variant = ShaderVariant {
+                        shader: shader.code(),
+                        entry,
+                        defines: define_lines(defines),
+                    };
+                    let pipeline = self.compile(&variant);
+                    lock(&self.pipelines.compiled)
+                        .entry(hash)
+                        .or_default()
+                        .push(Compiled {
+                            variant,
+                            defines: defines
+                                .iter()
+                                .map(|(k, v)| (k.to_string(), v.clone()))
+                                .collect(),
+                            pipeline: pipeline.clone(),
+                        });
+                    pipeline
+                }
+            };
+            Kernel::new(pipeline)
         })
     }
 
-    fn pipeline_uncounted<P: KernelParams>(
-        &self,
-        shader: &Shader<P>,
-        entry: &'static str,
-        defines: &[(&str, String)],
-    ) -> Kernel<P> {
-        let (name, source) = (shader.name, shader.source);
-        let header = define_lines(defines);
-        let key = (name, entry, header.clone());
-        if let Some((p, _)) = lock(&self.pipelines.compiled).get(&key) {
-            return Kernel::new(p.clone());
-        }
-        let variant = ShaderVariant {
-            shader: shader.code(),
-            entry,
-            defines: header,
-        };
+    /// Compiles `variant` into a pipeline and files its label.
+    fn compile(&self, variant: &ShaderVariant) -> Arc<wgpu::ComputePipeline> {
+        let (name, source, entry) = (variant.shader.name, variant.shader.source, variant.entry);
         let src = variant.source(&self.pipelines.prelude);
         let (module, layout) = if split_enables(source).0.contains("wgpu_cooperative_matrix") {
             let (module, layout) = self.coop_module(name, &src, entry);
@@ -151,20 +140,16 @@ impl Gpu {
                 }),
         );
         lock(&self.pipelines.labels).insert(Arc::as_ptr(&p) as usize, format!("{name}::{entry}"));
-        lock(&self.pipelines.compiled).insert(key, (p.clone(), variant.shader));
-        Kernel::new(p)
+        p
     }
 
     /// Every variant the pipeline cache has compiled on this device so far, sorted (the
     /// backend test translates them for Metal and DX12).
     pub fn shader_variants(&self) -> Vec<ShaderVariant> {
         let mut v: Vec<ShaderVariant> = lock(&self.pipelines.compiled)
-            .iter()
-            .map(|((_, entry, defines), (_, shader))| ShaderVariant {
-                shader: *shader,
-                entry,
-                defines: defines.clone(),
-            })
+            .values()
+            .flatten()
+            .map(|c| c.variant.clone())
             .collect();
         v.sort();
         v
