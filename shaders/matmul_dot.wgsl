@@ -250,31 +250,63 @@ var<private> xrows: array<u32, T>;
 var<private> ybase: array<u32, T>;
 var<private> nx: u32;
 
-// acc_t for the 4 weight rows at word offsets `wo` (NONE: absent) from lane `lane`: each
-// weight word is loaded and unpacked once, each x row's words once per weight word position.
+// One word position q of the 4 weight rows at word offsets w: their 16-byte words and
+// block scales.
+struct Words4 {
+    a: vec4<u32>,
+    b: vec4<u32>,
+    c: vec4<u32>,
+    d: vec4<u32>,
+    s: vec4<f32>,
+}
+
+fn words4(w: vec4<u32>, q: u32) -> Words4 {
+    return Words4(w4[w.x + q], w4[w.y + q], w4[w.z + q], w4[w.w + q],
+                  vec4<f32>(q_scale(((w.x + q) * EPV) / QB), q_scale(((w.y + q) * EPV) / QB),
+                            q_scale(((w.z + q) * EPV) / QB), q_scale(((w.w + q) * EPV) / QB)));
+}
+
+// Adds word position q's products with every x row to acc_t: the weight words unpacked
+// once, each x row's words loaded once.
+fn rows_word(v: Words4, q: u32) {
+    let c0 = codes_of(v.a);
+    let c1 = codes_of(v.b);
+    let c2 = codes_of(v.c);
+    let c3 = codes_of(v.d);
+    for (var t = 0u; t < T; t++) {
+        if (t < nx) {
+            xqb = xrows[t];
+            let xw = x_words(q);
+            acc_t[t] += vec4<f32>(dot_x(c0, xw, v.s.x), dot_x(c1, xw, v.s.y), dot_x(c2, xw, v.s.z), dot_x(c3, xw, v.s.w));
+        }
+    }
+}
+
+// acc_t for the 4 weight rows at word offsets `wo` (NONE: absent) from lane `lane`. With
+// UNROLL = 2 the next word position's words are loaded before this one's products, so the
+// loads of one overlap the arithmetic of the other.
 fn rows_partial(wo: vec4<u32>, lane: u32) {
     for (var t = 0u; t < T; t++) {
         acc_t[t] = vec4<f32>(0.0);
     }
     let w = live_rows(wo);
-    if (w.x == NONE) {
+    let kw = P.k / EPV;
+    if (w.x == NONE || lane >= kw) {
         return;
     }
-    let kw = P.k / EPV;
-    for (var q = lane; q < kw; q += TPR4) {
-        let c0 = codes_of(w4[w.x + q]);
-        let c1 = codes_of(w4[w.y + q]);
-        let c2 = codes_of(w4[w.z + q]);
-        let c3 = codes_of(w4[w.w + q]);
-        let s = vec4<f32>(q_scale(((w.x + q) * EPV) / QB), q_scale(((w.y + q) * EPV) / QB),
-                          q_scale(((w.z + q) * EPV) / QB), q_scale(((w.w + q) * EPV) / QB));
-        for (var t = 0u; t < T; t++) {
-            if (t < nx) {
-                xqb = xrows[t];
-                let xw = x_words(q);
-                acc_t[t] += vec4<f32>(dot_x(c0, xw, s.x), dot_x(c1, xw, s.y), dot_x(c2, xw, s.z), dot_x(c3, xw, s.w));
-            }
+    if (UNROLL == 2u) {
+        var q = lane;
+        var v = words4(w, q);
+        for (; q + TPR4 < kw; q += TPR4) {
+            let next = words4(w, q + TPR4);
+            rows_word(v, q);
+            v = next;
         }
+        rows_word(v, q);
+        return;
+    }
+    for (var q = lane; q < kw; q += TPR4) {
+        rows_word(words4(w, q), q);
     }
 }
 

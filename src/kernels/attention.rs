@@ -286,13 +286,49 @@ const MLA: Shader<MlaParams> = Shader::new(
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[ATTENTION.code(), MLA.code()];
 
-/// Workgroups `sparse_mla` aims for before it splits the selected positions.
-const MLA_TARGET_GROUPS: u32 = 1024;
+/// Workgroups `sparse_mla` aims for before it splits the selected positions. Measured on
+/// the H200 (full-depth GLM-5, a 4-position verification at 4K): 1,024 → 256 took `mla`
+/// 12.1 → 11.5 ms and `mla_combine` 1.14 → 1.06 ms (fewer, longer splits: each workgroup
+/// loads its queries and writes its partial sums once for more positions); 128 gave 11.9.
+const MLA_TARGET_GROUPS: u32 = 256;
 /// Most splits of one (row, head); `mla_combine`'s workgroup array holds a weight each.
 const MLA_MAX_SPLITS: u32 = 1024;
 
 /// Tile positions of `mla.wgsl` (its `PT`).
 const MLA_TILE: u32 = 64;
+
+/// How [`sparse_mla_with`] runs: the most heads per workgroup, and the workgroups it aims
+/// for before it splits the selected positions (1: one split, every tile of a row in one
+/// workgroup).
+#[derive(Clone, Copy, Debug)]
+struct MlaPlan {
+    head_cap: u32,
+    target_groups: u32,
+}
+
+impl MlaPlan {
+    /// The plan for `rows` query rows: at most 8 heads per workgroup up to
+    /// [`matmul::GEMV_MAX_ROWS`] rows (a decode step or a verification: twice the
+    /// workgroups of 16 heads; on the H200 a full-depth GLM-5 decode step's `mla` 4.37 →
+    /// 3.60 ms, a 4-position verification's 11.5 → 11.1 ms), 16 at a prefill's many rows.
+    /// SPARSA_MLA_HG (1, 2, 4, 8 or 16) and SPARSA_MLA_GROUPS override them (measurement
+    /// knobs).
+    fn for_rows(rows: u32) -> MlaPlan {
+        use std::sync::OnceLock;
+        static KNOBS: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
+        let (cap, groups) = *KNOBS.get_or_init(|| {
+            (
+                super::matmul::env_knob("SPARSA_MLA_HG", |v| v.is_power_of_two() && v <= 16),
+                super::matmul::env_knob("SPARSA_MLA_GROUPS", |v| v >= 1),
+            )
+        });
+        let few = rows <= matmul::GEMV_MAX_ROWS;
+        MlaPlan {
+            head_cap: cap.unwrap_or(if few { 8 } else { 16 }),
+            target_groups: groups.unwrap_or(MLA_TARGET_GROUPS),
+        }
+    }
+}
 
 /// `mla.wgsl`'s shape for a model: heads per workgroup, vec4s per query, value columns per
 /// invocation.
@@ -304,18 +340,10 @@ struct MlaShape {
 }
 
 impl MlaShape {
-    /// The most heads per workgroup (≤ 16, a power of two ≤ heads) whose queries and logit
-    /// tile fit in the adapter's workgroup memory.
-    fn new(heads: u32, kv_lora: u32, dr: u32, wg_bytes: u32) -> MlaShape {
+    /// The most heads per workgroup (≤ `cap`, a power of two ≤ heads) whose queries and
+    /// logit tile fit in the adapter's workgroup memory.
+    fn new(heads: u32, kv_lora: u32, dr: u32, wg_bytes: u32, cap: u32) -> MlaShape {
         let qd4 = (kv_lora + dr).div_ceil(4);
-        // SPARSA_MLA_HG (1, 2, 4, 8 or 16) caps the heads per workgroup: a measurement knob
-        // (fewer heads, more workgroups, each cache row read more often).
-        use std::sync::OnceLock;
-        static CAP: OnceLock<u32> = OnceLock::new();
-        let cap = *CAP.get_or_init(|| {
-            super::matmul::env_knob("SPARSA_MLA_HG", |v| v.is_power_of_two() && v <= 16)
-                .unwrap_or(16)
-        });
         let mut hg = cap.min(1 << (31 - heads.max(1).leading_zeros()));
         // queries + logit tile + positions and softmax state.
         while hg > 1 && hg * qd4 * 16 + hg * MLA_TILE * 4 + 1024 > wg_bytes {
@@ -360,6 +388,25 @@ pub fn sparse_mla(
     o_lat: View,
     d: &MlaDims,
 ) {
+    let plan = MlaPlan::for_rows(qs.rows);
+    sparse_mla_with(rec, qs, cache, sel, max_count, o_lat, d, plan);
+}
+
+/// [`sparse_mla`] on a given plan.
+#[allow(clippy::too_many_arguments)]
+fn sparse_mla_with(
+    rec: &mut Recorder,
+    qs: &MlaQueries,
+    cache: &CacheRows<LatentFormat>,
+    sel: &Selection,
+    max_count: u32,
+    o_lat: View,
+    d: &MlaDims,
+    MlaPlan {
+        head_cap,
+        target_groups,
+    }: MlaPlan,
+) {
     let MlaQueries {
         absorbed: q_abs,
         q,
@@ -397,16 +444,17 @@ pub fn sparse_mla(
         kv_lora,
         dr,
         gpu.limits.max_compute_workgroup_storage_size,
+        head_cap,
     );
+    let tile = MLA_TILE;
     let hgroups = heads.div_ceil(sh.hg);
     let n_max = max_count.min(topk).max(1);
     let groups = rows as u64 * hgroups as u64;
-    let want =
-        (MLA_TARGET_GROUPS as u64 / groups.max(1)).min((MLA_MAX_SPLITS / nseg) as u64) as u32;
+    let want = (target_groups as u64 / groups.max(1)).min((MLA_MAX_SPLITS / nseg) as u64) as u32;
     let (splits, split_len) = if want <= 1 {
-        (1, n_max.div_ceil(MLA_TILE) * MLA_TILE)
+        (1, n_max.div_ceil(tile) * tile)
     } else {
-        let len = n_max.div_ceil(want).div_ceil(MLA_TILE) * MLA_TILE;
+        let len = n_max.div_ceil(want).div_ceil(tile) * tile;
         (n_max.div_ceil(len), len)
     };
     let part_splits = splits * nseg;
@@ -898,7 +946,6 @@ mod tests {
         let qb = g.buffer_from(&q, "q").unwrap();
         let ib = g.buffer_from(&idx, "idx").unwrap();
         let nb = g.buffer_from(&cnt, "cnt").unwrap();
-        let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
         let slice = |interleave| RopeSlice {
             heads: d.heads as u32,
             head_stride: (d.dn + d.dr) as u32,
@@ -912,32 +959,58 @@ mod tests {
         if let Some(il) = rope {
             rope_ref(&mut q_ref, rows, qc, &slice(il), &cs);
         }
-        let mut rec = g.recorder();
-        sparse_mla(
-            &mut rec,
-            &MlaQueries {
-                absorbed: ab.view(),
-                q: View::rows(&qb, qc as u32),
-                rows: rows as u32,
-                rope: rope.map(|il| QueryRope {
-                    slice: slice(il),
-                    cos_sin: &csb,
-                }),
-            },
-            &cb,
-            &Selection {
-                idx: &ib,
-                cnt: &nb,
-                k: topk as u32,
-            },
-            topk as u32,
-            ob.view(),
-            &d.mla(scale),
-        );
-        rec.finish().unwrap();
-        let got = ob.read(g, "sparse_mla");
-        (got, sparse_ref(&qa, &q_ref, &cache, sel, rows, d, scale))
+        let want = sparse_ref(&qa, &q_ref, &cache, sel, rows, d, scale);
+        let mut got = Vec::new();
+        for plan in TEST_PLANS {
+            // Filled anew: an element a kernel leaves unwritten shows.
+            let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
+            let mut rec = g.recorder();
+            sparse_mla_with(
+                &mut rec,
+                &MlaQueries {
+                    absorbed: ab.view(),
+                    q: View::rows(&qb, qc as u32),
+                    rows: rows as u32,
+                    rope: rope.map(|il| QueryRope {
+                        slice: slice(il),
+                        cos_sin: &csb,
+                    }),
+                },
+                &cb,
+                &Selection {
+                    idx: &ib,
+                    cnt: &nb,
+                    k: topk as u32,
+                },
+                topk as u32,
+                ob.view(),
+                &d.mla(scale),
+                plan,
+            );
+            rec.finish().unwrap();
+            got.extend(ob.read(g, "sparse_mla"));
+        }
+        (got, want.repeat(TEST_PLANS.len()))
     }
+
+    /// How [`run_sparse_in`] runs sparse_mla, its outputs one after the other in this
+    /// order: up to 16 and up to 8 heads per workgroup, the positions split as a model
+    /// splits them and in one split (several tiles per workgroup: the online softmax's
+    /// rescale).
+    const TEST_PLANS: [MlaPlan; 4] = {
+        const fn plan(head_cap: u32, target_groups: u32) -> MlaPlan {
+            MlaPlan {
+                head_cap,
+                target_groups,
+            }
+        }
+        [
+            plan(16, MLA_TARGET_GROUPS),
+            plan(16, 1),
+            plan(8, MLA_TARGET_GROUPS),
+            plan(8, 1),
+        ]
+    };
 
     /// An f32 latent cache in one segment.
     struct F32Cache(Vec<Segment>, u32);

@@ -162,6 +162,20 @@ fn dot_knobs(tpr4: u32, maxb: u32, xq: bool) -> Knobs {
     }
 }
 
+/// The knobs of gemv_dot_rows and gemv_dot_experts_rows at `rows` rows of x (quantized
+/// beforehand), `unroll_default` words in flight per lane. `SPARSA_ROWS_UNROLL` (1 or 2, a
+/// measurement aid) overrides it.
+fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
+    use std::sync::OnceLock;
+    static UNROLL: OnceLock<Option<u32>> = OnceLock::new();
+    let unroll = *UNROLL.get_or_init(|| env_knob("SPARSA_ROWS_UNROLL", |v| v == 1 || v == 2));
+    Knobs {
+        t: rows,
+        unroll: unroll.unwrap_or(unroll_default),
+        ..dot_knobs(tpr4, 1, true)
+    }
+}
+
 fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Kernel<Params> {
     let shader = shader_of(entry, rec.gpu().tensor_cores());
     rec.gpu().pipeline(shader, entry, &defines(w.format, k))
@@ -556,8 +570,7 @@ fn matmul_as(
         // Several rows of x, quantized beforehand: the weights read once for all of them.
         Dense::GemvDot(tpr4, _) if rows > 1 => {
             debug_assert!(xq.is_some(), "gemv_dot_rows reads x quantized");
-            let k = dot_knobs(tpr4, 1, true);
-            pipeline(rec, "gemv_dot_rows", w, Knobs { t: rows, ..k })
+            pipeline(rec, "gemv_dot_rows", w, rows_knobs(tpr4, rows, 1))
         }
         Dense::GemvDot(tpr4, maxb) => {
             pipeline(rec, "gemv_dot", w, dot_knobs(tpr4, maxb, xq.is_some()))
@@ -860,8 +873,7 @@ fn experts_as(
         None => tpr4,
     };
     let pipe = if grouped {
-        let k = dot_knobs(tpr4, 1, true);
-        pipeline(rec, "gemv_dot_experts_rows", w, Knobs { t: rows, ..k })
+        pipeline(rec, "gemv_dot_experts_rows", w, rows_knobs(tpr4, rows, 2))
     } else if let Some(maxb) = dot {
         pipeline(
             rec,
