@@ -96,6 +96,14 @@ ensure_openai() {
     export SPARSA_OPENAI_PYTHON="$py"
 }
 
+# `phase NAME`: prints how long the previous phase took (stderr), so a CI log shows where
+# the suite's time goes.
+PHASE="" PHASE_START=$SECONDS
+phase() {
+    if [ -n "$PHASE" ]; then echo "dev.sh: $PHASE took $((SECONDS - PHASE_START)) s" >&2; fi
+    PHASE="$1" PHASE_START=$SECONDS
+}
+
 # Mesa warns on stderr without a runtime dir (containers, CI).
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     export XDG_RUNTIME_DIR="${TMPDIR:-/tmp}/sparsa-xdg-runtime"
@@ -124,15 +132,22 @@ test)
     fi
     # The whole suite: every apt package it needs in one transaction, the lints (formatting
     # and clippy, warnings as errors), the native tests, then the browser test.
+    phase "installing packages"
     ensure_vulkan "$(web_packages)"; ensure_rust
     if command -v rustup >/dev/null; then rustup component add rustfmt clippy >/dev/null 2>&1 || true; fi
+    phase "lints"
     cargo fmt --all --check
     cargo fmt --check --manifest-path web/Cargo.toml
     cargo clippy --all-targets --quiet -- -D warnings
+    phase "installing the openai client"
     ensure_openai
+    phase "building the tests"
     cargo build --tests --quiet
+    phase "the native tests"
     cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}"
+    phase "the browser test"
     web_test
+    phase ""
     ;;
 test-web)
     ensure_vulkan "$(web_packages)"; ensure_rust
