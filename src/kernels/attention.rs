@@ -297,11 +297,11 @@ const MLA_MAX_SPLITS: u32 = 1024;
 /// Tile positions of `mla.wgsl` (its `PT`).
 const MLA_TILE: u32 = 64;
 
-/// How [`sparse_mla_with`] runs: the most heads per workgroup, and the workgroups it aims
+/// How [`sparse_mla`] runs: the most heads per workgroup, and the workgroups it aims
 /// for before it splits the selected positions (1: one split, every tile of a row in one
 /// workgroup).
 #[derive(Clone, Copy, Debug)]
-struct MlaPlan {
+pub struct MlaPlan {
     head_cap: u32,
     target_groups: u32,
 }
@@ -313,7 +313,7 @@ impl MlaPlan {
     /// 3.60 ms, a 4-position verification's 11.5 → 11.1 ms), 16 at a prefill's many rows.
     /// SPARSA_MLA_HG (1, 2, 4, 8 or 16) and SPARSA_MLA_GROUPS override them (measurement
     /// knobs).
-    fn for_rows(rows: u32) -> MlaPlan {
+    pub fn for_rows(rows: u32) -> MlaPlan {
         use std::sync::OnceLock;
         static KNOBS: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
         let (cap, groups) = *KNOBS.get_or_init(|| {
@@ -378,23 +378,10 @@ impl MlaShape {
 /// the split of the positions across workgroups, which a decode step needs to fill the GPU.
 /// Every selected position must lie in one of `cache`'s segments; each segment is read by a
 /// dispatch of its own, and split or segmented partial results go to a scratch buffer that
-/// the device keeps between calls, merged by `mla_combine`.
-pub fn sparse_mla(
-    rec: &mut Recorder,
-    qs: &MlaQueries,
-    cache: &CacheRows<LatentFormat>,
-    sel: &Selection,
-    max_count: u32,
-    o_lat: View,
-    d: &MlaDims,
-) {
-    let plan = MlaPlan::for_rows(qs.rows);
-    sparse_mla_with(rec, qs, cache, sel, max_count, o_lat, d, plan);
-}
-
-/// [`sparse_mla`] on a given plan.
+/// the device keeps between calls, merged by `mla_combine`. `plan` sets the heads per
+/// workgroup and the split ([`MlaPlan::for_rows`]).
 #[allow(clippy::too_many_arguments)]
-fn sparse_mla_with(
+pub fn sparse_mla(
     rec: &mut Recorder,
     qs: &MlaQueries,
     cache: &CacheRows<LatentFormat>,
@@ -965,7 +952,7 @@ mod tests {
             // Filled anew: an element a kernel leaves unwritten shows.
             let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
             let mut rec = g.recorder();
-            sparse_mla_with(
+            sparse_mla(
                 &mut rec,
                 &MlaQueries {
                     absorbed: ab.view(),
@@ -1212,6 +1199,7 @@ mod tests {
             100,
             View::rows(&ob, (d.heads * d.kv) as u32),
             &d.mla(1.0),
+            MlaPlan::for_rows(1),
         );
         rec.finish().unwrap();
         let got = g.read_f32(&ob, 0, d.heads * d.kv).unwrap();
@@ -1283,6 +1271,7 @@ mod tests {
             topk as u32,
             View::rows(&ol, h * kv),
             &d.mla(scale),
+            MlaPlan::for_rows(rows as u32),
         );
         up_v(
             &mut rec,

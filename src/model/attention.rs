@@ -102,7 +102,8 @@ impl Session {
             }),
         };
         let most = sel.k.min(pos0 + t);
-        attention::sparse_mla(rec, &queries, &cache, &sel, most, o_lat, &d.mla);
+        let plan = attention::MlaPlan::for_rows(queries.rows);
+        attention::sparse_mla(rec, &queries, &cache, &sel, most, o_lat, &d.mla, plan);
         attention::up_v(rec, o_lat, &layer.kv_b, attn, t, &d.mla);
         let aq = self.quantize(rec, attn, t, 1, &layer.o, &s.xq_qa);
         gemv_add(rec, aq.as_ref(), attn, &layer.o, out, h, t);
