@@ -212,6 +212,49 @@ fn generation_matches_resident_with_one_slot_per_layer() {
     assert_eq!(gen(&m), want);
 }
 
+/// Speculative rounds with the built-in model's MTP layer while the other layers' experts
+/// stream through one slot per layer: the MTP layer loads whole beside them (the plan counts
+/// it before the slots), and greedy output is the resident model's without drafts. Each
+/// verification routes k + 1 rows, so it streams more experts than a decode step.
+#[test]
+fn drafts_with_streamed_experts_keep_greedy_tokens() {
+    let src = source("builtin");
+    assert!(
+        src.config.num_nextn_predict_layers > 0,
+        "the built-in model drafts"
+    );
+    let g = gpu();
+    let ctx = 128;
+    let p = prompt(src.config.vocab_size, 20);
+    let gen = |m: &Model, k: usize| {
+        let mut s = m.session(ctx).unwrap();
+        s.set_drafts(k).unwrap();
+        let mut sampler = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        });
+        let ids = generate(&mut s, &p, 48, &mut sampler, &[], |_| true)
+            .unwrap()
+            .0;
+        (ids, s.draft_stats())
+    };
+    let (want, _) = gen(
+        &Model::from_source(&src, g.clone(), &mut |_, _| {}).unwrap(),
+        0,
+    );
+    let b = budget(&src, &g, ctx, 1, Policy::Lru);
+    let m = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
+    let plan = m.plan.as_ref().expect("a budget plans");
+    assert!(
+        plan.slots.offloads() && plan.parts.iter().any(|(what, _)| *what == "MTP layer"),
+        "experts stream and the MTP layer is placed: {}",
+        plan.describe()
+    );
+    let (got, stats) = gen(&m, 3);
+    assert_eq!(got, want, "{stats:?}");
+    assert!(stats.rounds > 0 && stats.accepted > 0, "{stats:?}");
+}
+
 #[test]
 fn a_budget_without_room_for_one_slot_per_layer_is_refused_with_what_it_needs() {
     let src = source("builtin");

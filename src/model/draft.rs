@@ -83,7 +83,7 @@ impl Session {
     pub fn set_drafts(&mut self, k: usize) -> Result<()> {
         if k > 0 && self.model.weights.mtp.is_none() {
             return Err(Error::msg(format!(
-                "--draft {k}: {} has no multi-token-prediction layer to draft with (num_nextn_predict_layers 0, its tensors missing, or experts streamed under --gpu-memory)",
+                "--draft {k}: {} has no multi-token-prediction layer to draft with (num_nextn_predict_layers 0, or its tensors missing)",
                 self.model.label
             )));
         }

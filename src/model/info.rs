@@ -84,9 +84,12 @@ pub struct Summary {
     pub params_active: u64,
     /// Storage formats seen (e.g. "BF16", "FP8", "q4").
     pub formats: Vec<String>,
-    /// Tensors past num_hidden_layers (the MTP layer): not counted here, nor by the
-    /// `--gpu-memory` planner (a streamed model does not load it).
+    /// Tensors past num_hidden_layers (the MTP layer): not counted in `classes`.
     pub skipped_tensors: usize,
+    /// GPU bytes of the MTP layer where the config runs one (`Config::keep_mtp`; 0 else):
+    /// it loads whole, beside streamed experts too, and the `--gpu-memory` planner places
+    /// it before the routed-expert slots.
+    pub mtp_gpu_bytes: u64,
 }
 
 /// The layer index in a `model.layers.{i}.` tensor name.
@@ -191,12 +194,28 @@ pub fn summarize_tensors(cfg: &Config, tensors: &[TensorMeta]) -> Result<Summary
     let routed = classes[TensorClass::RoutedExperts as usize].params;
     let active = total - routed
         + routed * cfg.num_experts_per_tok as u64 / cfg.n_routed_experts.max(1) as u64;
+    // The MTP layer (layer num_hidden_layers) summarized on its own.
+    let n = cfg.num_hidden_layers;
+    let mtp: Vec<TensorMeta> = tensors
+        .iter()
+        .filter(|t| cfg.num_nextn_predict_layers > 0 && layer_of(&t.name) == Some(n))
+        .cloned()
+        .collect();
+    let mtp_gpu_bytes = if mtp.is_empty() {
+        0
+    } else {
+        let mut with = cfg.clone();
+        with.num_hidden_layers = n + 1;
+        with.num_nextn_predict_layers = 0;
+        summarize_tensors(&with, &mtp)?.gpu_weight_bytes()
+    };
     Ok(Summary {
         classes,
         params_total: total,
         params_active: active,
         formats,
         skipped_tensors: skipped,
+        mtp_gpu_bytes,
     })
 }
 
@@ -205,7 +224,8 @@ impl Summary {
         self.classes[c as usize]
     }
 
+    /// GPU bytes of every weight that loads, the MTP layer's included where it runs.
     pub fn gpu_weight_bytes(&self) -> u64 {
-        self.classes.iter().map(|c| c.gpu_bytes).sum()
+        self.classes.iter().map(|c| c.gpu_bytes).sum::<u64>() + self.mtp_gpu_bytes
     }
 }

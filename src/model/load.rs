@@ -507,12 +507,11 @@ pub fn load(
         let kind = (full, cfg.is_dense_layer(i), shared_as_routed);
         layers.push(layer(&mut l, cfg, i, kind, slots.map(|s| s[i]))?);
     }
-    // The MTP layer (a draft model; see `Mtp`), where the files hold it and every expert
-    // is resident (streamed experts have no slots planned for it).
+    // The MTP layer (a draft model; see `Mtp`), where the files hold it: whole, its experts
+    // resident also where the other layers' stream (the planner counts it before the slots).
     let n = cfg.num_hidden_layers;
     let mtp = if cfg.num_nextn_predict_layers > 0
         && files.contains(&format!("model.layers.{n}.eh_proj.weight"))
-        && slots.is_none()
     {
         let p = format!("model.layers.{n}");
         Some(Mtp {

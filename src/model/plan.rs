@@ -145,7 +145,7 @@ pub fn usable(memory: u64) -> u64 {
 fn weight_parts(s: &info::Summary) -> Vec<(&'static str, u64)> {
     use TensorClass as T;
     let c = |class| s.class(class).gpu_bytes;
-    vec![
+    let mut parts = vec![
         ("embeddings/lm_head", c(T::Embeddings)),
         ("attention + indexer", c(T::Attention) + c(T::Indexer)),
         (
@@ -153,7 +153,12 @@ fn weight_parts(s: &info::Summary) -> Vec<(&'static str, u64)> {
             c(T::DenseMlp) + c(T::Router) + c(T::Other),
         ),
         ("shared experts", c(T::SharedExperts)),
-    ]
+    ];
+    // Where the model runs one, whole also where the experts stream.
+    if s.mtp_gpu_bytes > 0 {
+        parts.push(("MTP layer", s.mtp_gpu_bytes));
+    }
+    parts
 }
 
 /// MoE layers, and the bytes of one routed expert.
