@@ -219,12 +219,7 @@ async fn speculative(
     }
     loop {
         let p = session.pos;
-        // As many drafts as can be emitted (a round emits at most k + 1 tokens) and
-        // verified within the context.
-        let k = session
-            .drafts()
-            .min(max_tokens - out.len() - 1)
-            .min(session.max_ctx() - p - 1);
+        let k = round_drafts(session, max_tokens - out.len());
         let emitted = speculative_round(session, next, k, sampler, &recent).await?;
         // Emit in order until a stop.
         let mut stop = None;
@@ -275,6 +270,15 @@ pub(crate) async fn speculative_chunk(
     shifted.push(next);
     session.mtp_pass(&shifted, pos0)?;
     Ok(following.is_none().then_some(next))
+}
+
+/// Drafts for the next speculative round when `left` more tokens may be emitted: as many as
+/// can be emitted (a round emits at most k + 1) and verified within the context.
+pub(crate) fn round_drafts(session: &Session, left: usize) -> usize {
+    session
+        .drafts()
+        .min(left.saturating_sub(1))
+        .min(session.max_ctx().saturating_sub(session.pos + 1))
 }
 
 /// One speculative round: `next` sits at `session.pos`, chosen (and emitted) but not yet

@@ -433,15 +433,14 @@ pub fn sparse_mla(
         gpu.limits.max_compute_workgroup_storage_size,
         head_cap,
     );
-    let tile = MLA_TILE;
     let hgroups = heads.div_ceil(sh.hg);
     let n_max = max_count.min(topk).max(1);
     let groups = rows as u64 * hgroups as u64;
     let want = (target_groups as u64 / groups.max(1)).min((MLA_MAX_SPLITS / nseg) as u64) as u32;
     let (splits, split_len) = if want <= 1 {
-        (1, n_max.div_ceil(tile) * tile)
+        (1, n_max.div_ceil(MLA_TILE) * MLA_TILE)
     } else {
-        let len = n_max.div_ceil(want).div_ceil(tile) * tile;
+        let len = n_max.div_ceil(want).div_ceil(MLA_TILE) * MLA_TILE;
         (n_max.div_ceil(len), len)
     };
     let part_splits = splits * nseg;

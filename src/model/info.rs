@@ -194,13 +194,17 @@ pub fn summarize_tensors(cfg: &Config, tensors: &[TensorMeta]) -> Result<Summary
     let routed = classes[TensorClass::RoutedExperts as usize].params;
     let active = total - routed
         + routed * cfg.num_experts_per_tok as u64 / cfg.n_routed_experts.max(1) as u64;
-    // The MTP layer (layer num_hidden_layers) summarized on its own.
+    // The MTP layer (layer num_hidden_layers), where the config runs one, summarized on its
+    // own.
     let n = cfg.num_hidden_layers;
-    let mtp: Vec<TensorMeta> = tensors
-        .iter()
-        .filter(|t| cfg.num_nextn_predict_layers > 0 && layer_of(&t.name) == Some(n))
-        .cloned()
-        .collect();
+    let mtp: Vec<TensorMeta> = match cfg.num_nextn_predict_layers {
+        0 => Vec::new(),
+        _ => tensors
+            .iter()
+            .filter(|t| layer_of(&t.name) == Some(n))
+            .cloned()
+            .collect(),
+    };
     let mtp_gpu_bytes = if mtp.is_empty() {
         0
     } else {

@@ -19,7 +19,8 @@
 use crate::chat::{Part, ReplyText};
 use crate::error::{Error, Result};
 use crate::generate::{
-    speculative_chunk, speculative_keep, speculative_round, Sampler, SamplingParams, StopStrings,
+    round_drafts, speculative_chunk, speculative_keep, speculative_round, Sampler, SamplingParams,
+    StopStrings,
 };
 use crate::kernels::sample::{Sampling, MAX_TOP_K};
 use crate::model::{DraftStats, Pick, Session};
@@ -490,10 +491,7 @@ impl<'t> Slot<'t> {
             .take()
             .ok_or_else(|| Error::msg("no token is waiting"))?;
         let p = s.pos;
-        let k = s
-            .drafts()
-            .min(seq.job.max_tokens.saturating_sub(seq.out.len() + 1))
-            .min(max_ctx.saturating_sub(p + 1));
+        let k = round_drafts(s, seq.job.max_tokens.saturating_sub(seq.out.len()));
         let emitted =
             pollster::block_on(speculative_round(s, next, k, &mut seq.sampler, &seq.out))?;
         let mut end = None;
