@@ -282,39 +282,9 @@ const MLA: Shader<MlaParams> = Shader::new(
         include_str!("../../shaders/mla.wgsl")
     ),
 );
-/// MLA with `mla_tc`, its products on tensor cores (its `enable` lines first).
-const MLA_COOP: Shader<MlaParams> = Shader::new(
-    "mla_coop",
-    concat!(
-        include_str!("../../shaders/mla_coop.wgsl"),
-        include_str!("../../shaders/fp8.wgsl"),
-        include_str!("../../shaders/rotary.wgsl"),
-        include_str!("../../shaders/mla.wgsl")
-    ),
-);
 
 /// This module's shaders (for [`super::shaders`]).
-pub(super) const SHADERS: &[ShaderCode] = &[ATTENTION.code(), MLA.code(), MLA_COOP.code()];
-
-/// Heads per workgroup of `mla_tc` (`TH` in mla_coop.wgsl).
-const MLA_TC_HEADS: u32 = 32;
-/// `mla_tc`'s workgroup memory: f16 hi/lo tiles of queries (32 × 72), cache rows (64 × 72)
-/// and probabilities (32 × 72); the f32 logits (32 × 64), a zero block, positions,
-/// reductions and the softmax state.
-const MLA_TC_BYTES: u32 = 2 * 2 * (32 * 72 + 64 * 72 + 32 * 72) + 4 * (32 * 64 + 256 + 64 + 256 + 3 * 32 + 1);
-
-/// Whether [`sparse_mla`] runs `mla_tc` (mla_coop.wgsl): only when SPARSA_MLA_TC=1 on a
-/// device that runs the GEMM tile on tensor cores and whose workgroup memory holds
-/// `mla_tc`'s tiles. Off by default: on the H200 it was slower than `mla` (full-depth
-/// GLM-5 at 4K: 1 row 7.45 against 3.58 ms, 4 rows 14.5 against 11.1, a 1,024-token
-/// prefill 808 against 605 ms): staging the f32 rows as f16 halves, not the products,
-/// bounds it.
-fn mla_tensor_cores(gpu: &crate::gpu::Gpu) -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    gpu.tensor_cores()
-        && gpu.limits.max_compute_workgroup_storage_size >= MLA_TC_BYTES
-        && *ON.get_or_init(|| matmul::env_knob("SPARSA_MLA_TC", |v| v <= 1) == Some(1))
-}
+pub(super) const SHADERS: &[ShaderCode] = &[ATTENTION.code(), MLA.code()];
 
 /// Workgroups `sparse_mla` aims for before it splits the selected positions. Measured on
 /// the H200 (full-depth GLM-5, a 4-position verification at 4K): 1,024 → 256 took `mla`
@@ -456,15 +426,14 @@ pub fn sparse_mla(
         "sparse_mla: {nseg} cache segments, supported 1..={MLA_MAX_SPLITS}"
     );
     let gpu = rec.gpu();
-    let tc = mla_tensor_cores(gpu);
     let sh = MlaShape::new(
         heads,
         kv_lora,
         dr,
         gpu.limits.max_compute_workgroup_storage_size,
-        if tc { 1 } else { head_cap },
+        head_cap,
     );
-    let hgroups = heads.div_ceil(if tc { MLA_TC_HEADS } else { sh.hg });
+    let hgroups = heads.div_ceil(sh.hg);
     let n_max = max_count.min(topk).max(1);
     let groups = rows as u64 * hgroups as u64;
     let want = (target_groups as u64 / groups.max(1)).min((MLA_MAX_SPLITS / nseg) as u64) as u32;
@@ -476,14 +445,7 @@ pub fn sparse_mla(
     };
     let part_splits = splits * nseg;
     let defines = sh.defines(cache.format);
-    let p = if tc {
-        let mut d = defines.to_vec();
-        d.push(("NQC", u((kv_lora + dr).div_ceil(64))));
-        d.push(("NVC", u(kv_lora.div_ceil(64))));
-        gpu.pipeline(&MLA_COOP, "mla_tc", &d)
-    } else {
-        gpu.pipeline(&MLA, "mla", &defines)
-    };
+    let p = gpu.pipeline(&MLA, "mla", &defines);
     let params = MlaParams {
         qa_off: q_abs.offset,
         qa_stride: q_abs.stride,
@@ -618,29 +580,6 @@ mod tests {
         assert_close, assert_close_plus, cache_segments, gpu, x_split_bound, Placed, Rng,
     };
     use crate::weights::DType;
-
-    /// `mla_tc` passes naga for every latent format (it runs only where tensor cores are,
-    /// so this is what CI's lavapipe checks of it; the H200's lib tests run it).
-    #[test]
-    fn tensor_core_mla_compiles_for_every_format() {
-        for format in [LatentFormat::F32, LatentFormat::Bf16, LatentFormat::Fp8] {
-            let sh = MlaShape::new(64, 512, 64, 49152, 1);
-            let mut defines = sh.defines(format).to_vec();
-            defines.push(("NQC", u(9u32)));
-            defines.push(("NVC", u(8u32)));
-            let src = crate::gpu::shader_source(
-                "",
-                <MlaParams as crate::gpu::KernelParams>::WGSL,
-                &crate::gpu::define_lines(&defines),
-                MLA_COOP.source,
-            );
-            let (words, layout) = crate::gpu::spirv::compile(&src, "mla_tc")
-                .unwrap_or_else(|e| panic!("{format:?}: {e}"));
-            assert!(words.len() > 1000, "{format:?}");
-            let bindings: Vec<u32> = layout.iter().map(|e| e.binding).collect();
-            assert_eq!(bindings, [0, 1, 2, 3, 4, 5, 6, 7], "{format:?}");
-        }
-    }
 
     /// The weight as the GPU sees it (rounded to `dtype`).
     fn rounded(w: &[f32], dtype: DType) -> Vec<f32> {
