@@ -911,8 +911,11 @@ fn gemm128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 
 const LCAP: u32 = BM + WG;              // a partial tile plus one scan block
 var<workgroup> slot_list: array<u32, LCAP>;
-var<workgroup> slot_cnt: atomic<u32>;
-var<workgroup> slot_cnt_u: u32;
+// The counts are 16 bytes each, not 4: the tensor-core tile's cooperative loads and stores
+// need 16-byte aligned workgroup memory, and on the H200 a 4-byte scalar here moved the tile
+// arrays off it (wrong values; mla_coop.wgsl found it).
+var<workgroup> slot_cnt: array<atomic<u32>, 4>;  // [0]
+var<workgroup> slot_cnt_u: array<u32, 4>;        // [0]
 
 fn slot_x(s: u32) -> u32 {
     let t = s / P.topk;
@@ -962,7 +965,7 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         }
     }
     if (lid == 0u) {
-        atomicStore(&slot_cnt, 0u);
+        atomicStore(&slot_cnt[0], 0u);
     }
     var s0 = 0u;
     loop {
@@ -970,22 +973,22 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         loop {
             workgroupBarrier();
             if (lid == 0u) {
-                slot_cnt_u = atomicLoad(&slot_cnt);
+                slot_cnt_u[0] = atomicLoad(&slot_cnt[0]);
             }
-            let c = workgroupUniformLoad(&slot_cnt_u);
+            let c = workgroupUniformLoad(&slot_cnt_u[0]);
             if (c >= BM || s0 >= P.rows) {
                 break;
             }
             let s = s0 + lid;
             if (s < P.rows) {
                 if (expert_of(s) == e) {
-                    let i = atomicAdd(&slot_cnt, 1u);
+                    let i = atomicAdd(&slot_cnt[0], 1u);
                     slot_list[i] = s;
                 }
             }
             s0 += WG;
         }
-        let c = workgroupUniformLoad(&slot_cnt_u);
+        let c = workgroupUniformLoad(&slot_cnt_u[0]);
         if (c == 0u) {
             break;
         }
@@ -1015,7 +1018,7 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             slot_list[lid] = keep;
         }
         if (lid == 0u) {
-            atomicStore(&slot_cnt, rest);
+            atomicStore(&slot_cnt[0], rest);
         }
     }
 }

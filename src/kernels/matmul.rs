@@ -183,10 +183,8 @@ fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Ker
 
 /// The shader whose `entry` runs on a device with or without tensor cores.
 fn shader_of(entry: &str, tensor_cores: bool) -> &'static Shader<Params> {
-    // Only the dense GEMM takes the tensor-core tile: in `gemm_experts` (whose tile follows
-    // a slot gather through workgroup atomics) it gave wrong rows on the H200 (see
-    // BENCHMARKS.md, "Tensor cores"), so routed experts keep the f32 tile.
-    if entry == "gemm" && tensor_cores {
+    // The GEMMs take the tensor-core tile: dense `gemm` and the routed experts' `gemm_experts`.
+    if (entry == "gemm" || entry == "gemm_experts") && tensor_cores {
         &MATMUL_COOP
     } else if entry.starts_with("gemv_dot") || entry == "quantize_x_rows" {
         &MATMUL_DOT
@@ -1738,7 +1736,7 @@ mod tests {
     /// device uses (naga, then the memory-model patch): it only runs on adapters with
     /// tensor cores (the H200 run in BENCHMARKS.md), so this keeps it compiling everywhere.
     #[test]
-    fn tensor_core_gemm_compiles_for_every_format() {
+    fn tensor_core_gemms_compile_for_every_format() {
         let formats = [DType::F32, DType::BF16, DType::F16]
             .map(WFormat::from)
             .into_iter()
@@ -1750,11 +1748,18 @@ mod tests {
                 &crate::gpu::define_lines(&defines(f, KNOBS)),
                 MATMUL_COOP.source,
             );
-            let (words, layout) =
-                crate::gpu::spirv::compile(&src, "gemm").unwrap_or_else(|e| panic!("{f:?}: {e}"));
-            assert!(words.len() > 1000, "{f:?}");
-            let bindings: Vec<u32> = layout.iter().map(|e| e.binding).collect();
-            assert_eq!(bindings, [0, 1, 2, 3, 4], "{f:?}");
+            for entry in ["gemm", "gemm_experts"] {
+                let (words, layout) = crate::gpu::spirv::compile(&src, entry)
+                    .unwrap_or_else(|e| panic!("{entry} {f:?}: {e}"));
+                assert!(words.len() > 1000, "{entry} {f:?}");
+                let bindings: Vec<u32> = layout.iter().map(|e| e.binding).collect();
+                let want: &[u32] = if entry == "gemm" {
+                    &[0, 1, 2, 3, 4]
+                } else {
+                    &[0, 1, 2, 3, 4, 5]
+                };
+                assert_eq!(bindings, want, "{entry} {f:?}");
+            }
         }
     }
 
