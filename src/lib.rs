@@ -3,7 +3,8 @@
 //! The modules are floors; each uses only the floors below it (`tests/layers.rs` checks it,
 //! the README's "Architecture" section draws the map):
 //!
-//! - [`error`], [`fault`]: errors; fault injection for the robustness tests.
+//! - [`error`], [`fault`], [`knobs`]: errors; fault injection for the robustness tests; the
+//!   measurement knobs (environment variables read once where they are used).
 //! - [`gpu`]: the device, pipeline / bind-group / buffer pools, readback, the command
 //!   recorder; [`sampling`]: the host's token sampler; [`tokenizer`].
 //! - [`weights`]: memory-mapped safetensors, quantized formats, upload to the GPU.
@@ -30,6 +31,7 @@ pub mod fuzzing;
 pub mod generate;
 pub mod gpu;
 pub mod kernels;
+pub mod knobs;
 pub mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod quantize;

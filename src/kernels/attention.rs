@@ -13,6 +13,7 @@ use super::topk::Selection;
 use super::{matmul, Recorder, View};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
+use crate::knobs::{knob, knob_on};
 use crate::weights::{GpuWeight, WFormat};
 use bytemuck::Zeroable;
 
@@ -314,14 +315,8 @@ impl MlaPlan {
     /// SPARSA_MLA_HG (1, 2, 4, 8 or 16) and SPARSA_MLA_GROUPS override them (measurement
     /// knobs).
     pub fn for_rows(rows: u32) -> MlaPlan {
-        use std::sync::OnceLock;
-        static KNOBS: OnceLock<(Option<u32>, Option<u32>)> = OnceLock::new();
-        let (cap, groups) = *KNOBS.get_or_init(|| {
-            (
-                super::matmul::env_knob("SPARSA_MLA_HG", |v| v.is_power_of_two() && v <= 16),
-                super::matmul::env_knob("SPARSA_MLA_GROUPS", |v| v >= 1),
-            )
-        });
+        let cap = knob!("SPARSA_MLA_HG", |v| v.is_power_of_two() && v <= 16);
+        let groups = knob!("SPARSA_MLA_GROUPS", |v| v >= 1);
         let few = rows <= matmul::GEMV_MAX_ROWS;
         MlaPlan {
             head_cap: cap.unwrap_or(if few { 8 } else { 16 }),
@@ -567,8 +562,7 @@ fn heads_gemv(rows: u32, out: View, cols: u32) -> bool {
 /// Whether absorb_q and up_v run as per-head GEMVs at decode (`SPARSA_KVB_GEMV=0`: this
 /// file's kernels, a measurement aid).
 fn kvb_gemv() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    matmul::knob_on(&ON, "SPARSA_KVB_GEMV")
+    knob_on!("SPARSA_KVB_GEMV")
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! expert into 64-row tiles.
 use super::{Recorder, View};
 use crate::gpu::{kernel_params, u, Kernel, Shader, ShaderCode};
+use crate::knobs::{knob, knob_on};
 use crate::weights::{GpuWeight, QFormat, WFormat};
 use bytemuck::Zeroable;
 
@@ -134,25 +135,11 @@ const KNOBS: Knobs = Knobs {
     unroll: 1,
 };
 
-/// Measurement aids for tuning the integer-dot GEMV on a real GPU (examples/gemv_shapes.rs):
-/// `SPARSA_GEMV_UNROLL` (1 or 2) and `SPARSA_GEMV_TPR` (lanes per row: 4 ..= 64, a power
-/// of two) override the chosen knobs when set.
-/// (In the browser no variable is ever set.)
-pub(crate) fn env_knob(name: &str, ok: impl Fn(u32) -> bool) -> Option<u32> {
-    std::env::var(name).ok()?.parse().ok().filter(|v| ok(*v))
-}
-
-/// A path that is on unless `name=0` (a measurement aid for side-by-side runs), read once
-/// into `cell`.
-pub(crate) fn knob_on(cell: &'static std::sync::OnceLock<bool>, name: &str) -> bool {
-    *cell.get_or_init(|| env_knob(name, |v| v <= 1) != Some(0))
-}
-
 /// gemv_dot's knobs after the measurement overrides.
 fn dot_knobs(tpr4: u32, maxb: u32, xq: bool) -> Knobs {
-    use std::sync::OnceLock;
-    static UNROLL: OnceLock<Option<u32>> = OnceLock::new();
-    let unroll = *UNROLL.get_or_init(|| env_knob("SPARSA_GEMV_UNROLL", |v| v == 1 || v == 2));
+    // Measurement aids for tuning on a real GPU (examples/gemv_shapes.rs), as is
+    // SPARSA_GEMV_TPR (lanes per row).
+    let unroll = knob!("SPARSA_GEMV_UNROLL", |v| v == 1 || v == 2);
     Knobs {
         tpr4,
         maxb: if xq { 1 } else { maxb },
@@ -166,9 +153,7 @@ fn dot_knobs(tpr4: u32, maxb: u32, xq: bool) -> Knobs {
 /// beforehand), `unroll_default` words in flight per lane. `SPARSA_ROWS_UNROLL` (1 or 2, a
 /// measurement aid) overrides it.
 fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
-    use std::sync::OnceLock;
-    static UNROLL: OnceLock<Option<u32>> = OnceLock::new();
-    let unroll = *UNROLL.get_or_init(|| env_knob("SPARSA_ROWS_UNROLL", |v| v == 1 || v == 2));
+    let unroll = knob!("SPARSA_ROWS_UNROLL", |v| v == 1 || v == 2);
     Knobs {
         t: rows,
         unroll: unroll.unwrap_or(unroll_default),
@@ -310,10 +295,7 @@ fn dot_lanes(w: &GpuWeight, out_rows: u32, cpu: bool) -> u32 {
 /// integer-dot GEMV applies) rather than one float GEMV over all of them;
 /// `SPARSA_DOT_ROWS` overrides (0 or 1: never).
 fn dot_rows() -> u32 {
-    use std::sync::OnceLock;
-    static ROWS: OnceLock<Option<u32>> = OnceLock::new();
-    ROWS.get_or_init(|| env_knob("SPARSA_DOT_ROWS", |v| v <= GEMV_MAX_ROWS))
-        .unwrap_or(4)
+    knob!("SPARSA_DOT_ROWS", |v| v <= GEMV_MAX_ROWS).unwrap_or(4)
 }
 
 /// Whether [`matmul`] runs `rows` (> 1) rows of x over `w` as integer-dot GEMV passes.
@@ -322,13 +304,8 @@ fn dot_passes(gpu: &crate::gpu::Gpu, x: View, w: &GpuWeight, rows: u32) -> bool 
 }
 
 fn env_tpr() -> Option<u32> {
-    use std::sync::OnceLock;
-    static TPR: OnceLock<Option<u32>> = OnceLock::new();
-    *TPR.get_or_init(|| {
-        env_knob("SPARSA_GEMV_TPR", |v| {
-            v.is_power_of_two() && (4..=64).contains(&v)
-        })
-    })
+    knob!("SPARSA_GEMV_TPR", |v| v.is_power_of_two()
+        && (4..=64).contains(&v))
 }
 
 /// Whether decode GEMVs over `w` take 4 rows per lane (gemv4q): for 4-bit weights, whose
@@ -440,8 +417,7 @@ pub fn xq_bytes(k: u32, rows: u32) -> u64 {
 /// Whether decode steps quantize x once for the integer-dot GEMVs (default yes;
 /// `SPARSA_GEMV_XQ=0` makes every GEMV quantize its own, a measurement aid).
 pub fn xq_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    knob_on(&ON, "SPARSA_GEMV_XQ")
+    knob_on!("SPARSA_GEMV_XQ")
 }
 
 /// Most rows of x a forward quantizes once for the integer-dot GEMVs, which then read the
@@ -449,10 +425,7 @@ pub fn xq_enabled() -> bool {
 /// one, a speculative verification's few. `SPARSA_XQ_ROWS` overrides (1: decode steps
 /// only, a measurement aid).
 pub fn xq_max_rows() -> u32 {
-    use std::sync::OnceLock;
-    static ROWS: OnceLock<Option<u32>> = OnceLock::new();
-    ROWS.get_or_init(|| env_knob("SPARSA_XQ_ROWS", |v| (1..=GEMV_MAX_ROWS).contains(&v)))
-        .unwrap_or(GEMV_MAX_ROWS)
+    knob!("SPARSA_XQ_ROWS", |v| (1..=GEMV_MAX_ROWS).contains(&v)).unwrap_or(GEMV_MAX_ROWS)
 }
 
 /// Whether `w`'s decode GEMV can take x quantized beforehand (the integer-dot GEMV applies

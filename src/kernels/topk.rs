@@ -26,11 +26,7 @@ use crate::gpu::{kernel_params, Gpu, Shader, ShaderCode};
 pub const WIDE_MIN_KEYS: u32 = 8192;
 /// [`WIDE_MIN_KEYS`], or SPARSA_TOPK_WIDE_MIN (a measurement knob, at least 2048).
 fn wide_min_keys() -> u32 {
-    use std::sync::OnceLock;
-    static MIN: OnceLock<u32> = OnceLock::new();
-    *MIN.get_or_init(|| {
-        super::matmul::env_knob("SPARSA_TOPK_WIDE_MIN", |v| v >= 2048).unwrap_or(WIDE_MIN_KEYS)
-    })
+    crate::knobs::knob!("SPARSA_TOPK_WIDE_MIN", |v| v >= 2048).unwrap_or(WIDE_MIN_KEYS)
 }
 
 /// Fewest positions per workgroup segment of the wide kernel.

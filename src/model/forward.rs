@@ -266,13 +266,8 @@ impl Session {
 /// the rows the integer-dot GEMVs take at once, so at most that many lengths stay cached.
 /// `SPARSA_CACHE_ROWS` lowers it (1: decode steps only, a measurement aid).
 pub(super) fn caches_bind_groups(t: u32) -> bool {
-    use std::sync::OnceLock;
-    static ROWS: OnceLock<u32> = OnceLock::new();
-    let most = *ROWS.get_or_init(|| {
-        matmul::env_knob("SPARSA_CACHE_ROWS", |v| v <= matmul::GEMV_MAX_ROWS)
-            .unwrap_or(matmul::GEMV_MAX_ROWS)
-    });
-    t <= most
+    let most = crate::knobs::knob!("SPARSA_CACHE_ROWS", |v| v <= matmul::GEMV_MAX_ROWS);
+    t <= most.unwrap_or(matmul::GEMV_MAX_ROWS)
 }
 
 /// Dispatches per submission of a chunk of several rows (see
@@ -280,9 +275,7 @@ pub(super) fn caches_bind_groups(t: u32) -> bool {
 /// 78-layer model's. `SPARSA_SUBMIT_EVERY` overrides (0: one submission per chunk, a
 /// measurement aid).
 fn submit_every() -> usize {
-    use std::sync::OnceLock;
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| matmul::env_knob("SPARSA_SUBMIT_EVERY", |_| true).unwrap_or(64) as usize)
+    crate::knobs::knob!("SPARSA_SUBMIT_EVERY", |_| true).unwrap_or(64) as usize
 }
 
 /// `y = x · Wᵀ` for the chunk's `t` rows; from `xq` (x quantized beforehand) where given.

@@ -70,9 +70,8 @@ impl Session {
         let x = View::rows(&s.x, hd);
         // A decode row: the router's GEMV and the routing in one dispatch where it applies
         // (`SPARSA_ROUTER_FUSED=0`: two, a measurement aid).
-        static FUSED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         if t == 1
-            && matmul::knob_on(&FUSED, "SPARSA_ROUTER_FUSED")
+            && crate::knobs::knob_on!("SPARSA_ROUTER_FUSED")
             && router::route_gemv(
                 rec,
                 x,
