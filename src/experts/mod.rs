@@ -19,6 +19,8 @@
 //! chunk); uploads go into the one queue, so they run between the layer's router and its
 //! expert matmuls. [`ExpertStats`] counts what it costs.
 
+#[cfg(not(target_arch = "wasm32"))]
+pub mod cpu;
 pub mod policy;
 
 pub use policy::{Policy, SlotTable, NONE};
