@@ -13,7 +13,7 @@
 
 use crate::error::{Error, Result};
 use crate::weights::quant::{e4m3_to_f32, FP8_BLOCK};
-use crate::weights::{DType, QFormat, WFormat};
+use crate::weights::{QFormat, WFormat};
 use rayon::prelude::*;
 
 /// The most elements a decoded block holds (q4 / q8 blocks are 32 ..= 256, FP8's 128,
@@ -71,7 +71,7 @@ impl<'a> CpuMatrix<'a> {
         })
     }
 
-    /// `y[i] = Σ_j W[rows.start + i, j] · x[j]` for the rows in `rows`.
+    /// `y[i] = Σ_j W[row0 + i, j] · x[j]` for the rows `y` holds.
     fn rows_into(&self, x: &[f32], y: &mut [f32], row0: usize) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
@@ -84,7 +84,7 @@ impl<'a> CpuMatrix<'a> {
     }
 
     /// `y = W · x` (`y` has `n` elements, `x` has `k`), the rows spread over rayon's
-    /// threads in chunks of `chunk`.
+    /// threads in chunks of about a quarter of `n` per thread (8 ..= 512 rows).
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert!(
             x.len() >= self.k && y.len() >= self.n,
@@ -150,12 +150,7 @@ unsafe fn fp8_row_avx2(m: &CpuMatrix, r: usize, x: &[f32]) -> f32 {
             let w = _mm256_blendv_ps(w, nan, _mm256_castsi256_ps(_mm256_cmpeq_epi32(em, low7)));
             acc = _mm256_fmadd_ps(w, _mm256_loadu_ps(x.as_ptr().add(j)), acc);
         }
-        let s = f32::from_le_bytes([
-            scales[4 * bi],
-            scales[4 * bi + 1],
-            scales[4 * bi + 2],
-            scales[4 * bi + 3],
-        ]);
+        let s = QFormat::Fp8.scale_at(scales, bi);
         total = _mm256_fmadd_ps(_mm256_set1_ps(s), acc, total);
     }
     hsum(total)
@@ -214,7 +209,7 @@ unsafe fn quant_row_avx2(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &
                 acc = _mm256_fmadd_ps(lanes(_mm_srli_si128(e, 8)), _mm256_loadu_ps(xp.add(8)), acc);
             }
         }
-        let s = half::bf16::from_le_bytes([scales[2 * bi], scales[2 * bi + 1]]).to_f32();
+        let s = q.scale_at(scales, bi);
         total = _mm256_fmadd_ps(_mm256_set1_ps(s), acc, total);
     }
     hsum(total)
@@ -258,23 +253,7 @@ fn row_dot(m: &CpuMatrix, r: usize, x: &[f32]) -> f32 {
             for j0 in (0..k).step_by(MAX_BLOCK) {
                 let len = MAX_BLOCK.min(k - j0);
                 let b = &mut buf[..len];
-                match d {
-                    DType::F32 => {
-                        for (o, c) in b.iter_mut().zip(row[4 * j0..].chunks_exact(4)) {
-                            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        }
-                    }
-                    DType::BF16 => {
-                        for (o, c) in b.iter_mut().zip(row[2 * j0..].chunks_exact(2)) {
-                            *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
-                        }
-                    }
-                    DType::F16 => {
-                        for (o, c) in b.iter_mut().zip(row[2 * j0..].chunks_exact(2)) {
-                            *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
-                        }
-                    }
-                }
+                d.decode_into(&row[j0 * d.size()..], b);
                 sum += dot(b, &x[j0..j0 + len]);
             }
         }
@@ -288,13 +267,7 @@ fn row_dot(m: &CpuMatrix, r: usize, x: &[f32]) -> f32 {
                 for (o, &c) in b.iter_mut().zip(&row[j0..j0 + len]) {
                     *o = lut[c as usize];
                 }
-                let si = 4 * ((r / FP8_BLOCK) * nbk + bi);
-                let s = f32::from_le_bytes([
-                    m.scale[si],
-                    m.scale[si + 1],
-                    m.scale[si + 2],
-                    m.scale[si + 3],
-                ]);
+                let s = QFormat::Fp8.scale_at(m.scale, (r / FP8_BLOCK) * nbk + bi);
                 sum += s * dot(b, &x[j0..j0 + len]);
             }
         }
@@ -322,8 +295,7 @@ fn row_dot(m: &CpuMatrix, r: usize, x: &[f32]) -> f32 {
                         *o = c as i8 as f32;
                     }
                 }
-                let si = 2 * (r * nb + bi);
-                let s = half::bf16::from_le_bytes([m.scale[si], m.scale[si + 1]]).to_f32();
+                let s = q.scale_at(m.scale, r * nb + bi);
                 sum += s * dot(b, &x[j0..j0 + len]);
             }
         }
@@ -387,6 +359,7 @@ impl<'a> CpuExpert<'a> {
 mod tests {
     use super::*;
     use crate::weights::quant::{dequantize_rows, quantize_fp8, quantize_rows};
+    use crate::weights::DType;
 
     /// Uniform values in (-scale, scale) from a fixed seed.
     struct Rng(u64);

@@ -111,19 +111,31 @@ impl DType {
 
     /// Decode little-endian bytes of this dtype to f32.
     pub fn to_f32(self, bytes: &[u8]) -> Vec<f32> {
+        let mut out = vec![0f32; bytes.len() / self.size()];
+        self.decode_into(bytes, &mut out);
+        out
+    }
+    /// [`DType::to_f32`] into `out` (as many elements as both hold), allocating nothing.
+    #[inline(always)]
+    pub fn decode_into(self, bytes: &[u8], out: &mut [f32]) {
         match self {
-            DType::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            DType::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            DType::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+            DType::F32 => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            // bf16 is f32's upper half: the shift is exact (a NaN stays NaN; its payload is
+            // not quieted, as `half` does) and, unlike `half`'s branch, vectorizes.
+            DType::BF16 => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+                }
+            }
+            DType::F16 => {
+                for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                    *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+                }
+            }
         }
     }
     /// Encode f32 values in this dtype (round to nearest even).

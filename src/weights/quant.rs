@@ -124,6 +124,20 @@ impl QFormat {
             _ => k,
         }
     }
+    /// Scale `i` (row-major in the scale tensor's shape) of the scale tensor's raw bytes:
+    /// f32 `scale_inv` for FP8, bf16 otherwise.
+    #[inline(always)]
+    pub fn scale_at(self, scale: &[u8], i: usize) -> f32 {
+        match self {
+            QFormat::Fp8 => f32::from_le_bytes([
+                scale[4 * i],
+                scale[4 * i + 1],
+                scale[4 * i + 2],
+                scale[4 * i + 3],
+            ]),
+            _ => half::bf16::from_le_bytes([scale[2 * i], scale[2 * i + 1]]).to_f32(),
+        }
+    }
     /// Shape of the scale tensor of an `[n, k]` matrix in the file.
     pub fn scale_shape(self, n: usize, k: usize) -> [usize; 2] {
         match self {
@@ -351,17 +365,11 @@ pub fn dequantize_rows(
                 QFormat::Fp8 => {
                     let nbk = k.div_ceil(FP8_BLOCK);
                     let si = ((row0 + r) / FP8_BLOCK) * nbk + j / FP8_BLOCK;
-                    let s = f32::from_le_bytes([
-                        scale[4 * si],
-                        scale[4 * si + 1],
-                        scale[4 * si + 2],
-                        scale[4 * si + 3],
-                    ]);
-                    (e4m3_to_f32(row[j]), s)
+                    (e4m3_to_f32(row[j]), fmt.scale_at(scale, si))
                 }
                 QFormat::Q8 { block } | QFormat::Q4 { block } => {
                     let si = r * k.div_ceil(block) + j / block;
-                    let s = half::bf16::from_le_bytes([scale[2 * si], scale[2 * si + 1]]).to_f32();
+                    let s = fmt.scale_at(scale, si);
                     let v = match fmt {
                         QFormat::Q4 { .. } => ((row[j / 2] >> (4 * (j % 2))) & 15) as f32 - 8.0,
                         _ => row[j] as i8 as f32,
