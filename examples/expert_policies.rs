@@ -41,6 +41,8 @@ fn main() -> sparsa::Result<()> {
             cache: None,
             policy: Policy::Lru,
             prefetch,
+            cpu: sparsa::experts::CpuExperts::Off,
+            cpu_threads: 0,
         };
         let model = Model::from_source_within(&src, gpu.clone(), &mut |_, _| {}, Some(&budget))?;
         let off = model.offload.as_ref().expect("offloaded");

@@ -40,6 +40,8 @@ pub mod sampling;
 pub mod serve;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod synth;
+#[cfg(test)]
+pub(crate) mod testutil;
 pub mod tokenizer;
 pub mod weights;
 

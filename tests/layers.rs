@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 /// Floors, lowest first: a module may use the modules of the floors below its own. The
 /// binary (`src/cli/`, the eleventh floor) uses the library from outside, as `sparsa::`.
 const FLOORS: &[&[&str]] = &[
-    &["error", "fault", "knobs"],
+    &["error", "fault", "knobs", "testutil"],
     &["gpu", "sampling", "tokenizer"],
     &["weights"],
     &["config"],

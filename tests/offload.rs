@@ -9,7 +9,7 @@
 
 mod common;
 
-use sparsa::experts::{ExpertStats, Policy};
+use sparsa::experts::{CpuExperts, ExpertStats, Policy};
 use sparsa::generate::{generate, Sampler, SamplingParams};
 use sparsa::gpu::Gpu;
 use sparsa::model::{self, Budget, GpuMemory, Model, ModelSource, Session};
@@ -44,6 +44,8 @@ fn budget(src: &ModelSource, gpu: &Gpu, ctx: usize, slots: u64, policy: Policy) 
         cache: None,
         policy,
         prefetch: false,
+        cpu: CpuExperts::Off,
+        cpu_threads: 0,
     }
 }
 
@@ -100,12 +102,16 @@ fn check_source(src: ModelSource, name: &str) {
     let want = run(&resident, &p, 6, ctx);
     drop(resident);
     let e = src.config.n_routed_experts as u64;
-    for (slots, policy) in [
-        (1, Policy::Lru),
-        (2, Policy::Lfu { decay: 0.9 }),
-        (e - 1, Policy::Lru),
+    for (slots, policy, cpu) in [
+        (1, Policy::Lru, CpuExperts::Off),
+        (2, Policy::Lfu { decay: 0.9 }, CpuExperts::Off),
+        (e - 1, Policy::Lru, CpuExperts::Off),
+        (1, Policy::Lru, CpuExperts::On),
+        (e - 1, Policy::Lfu { decay: 0.9 }, CpuExperts::On),
     ] {
-        let b = budget(&src, &g, ctx, slots, policy);
+        let mut b = budget(&src, &g, ctx, slots, policy);
+        b.cpu = cpu;
+        b.cpu_threads = 3;
         let model = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
         let off = model.offload.as_ref().expect("the budget streams experts");
         assert!(off
@@ -116,9 +122,35 @@ fn check_source(src: ModelSource, name: &str) {
         let got = run(&model, &p, 6, ctx);
         assert!(
             matches(&got, &want),
-            "{name}, {slots} slots per layer ({policy}): logits differ from the resident model's"
+            "{name}, {slots} slots per layer ({policy}, CPU experts {cpu}): logits differ from the resident model's"
+        );
+        // The decode steps' logits (where the CPU runs experts): how far they are.
+        let tail = 6 * src.config.vocab_size;
+        let (g6, w6) = (&got.0[got.0.len() - tail..], &want.0[want.0.len() - tail..]);
+        let top = w6.iter().fold(1f32, |m, v| m.max(v.abs()));
+        let diff = g6
+            .iter()
+            .zip(w6)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        eprintln!(
+            "{name}, {slots} slots ({policy}, CPU experts {cpu}): decode logits differ by {diff:.2e} at most ({:.2e} of the largest)",
+            diff / top
         );
         let st: ExpertStats = off.stats();
+        // The 6 decode steps run their misses on the CPU (the prefill's 48 rows upload), but
+        // for those the cache takes in (hot experts; with e - 1 slots that may be all).
+        if cpu == CpuExperts::On {
+            let decode_uses =
+                6 * off.slots.moe_layers() as u64 * src.config.num_experts_per_tok as u64;
+            assert!(st.cpu_pairs <= decode_uses, "{st:?}");
+            assert!(slots > 1 || st.cpu_pairs > 0, "{st:?}");
+            assert!(
+                st.cpu_bytes == st.cpu_experts * off.slots.expert_bytes,
+                "{st:?}"
+            );
+        } else {
+            assert_eq!(st.cpu_pairs, 0, "{st:?}");
+        }
         let n_moe = off.slots.moe_layers() as u64;
         assert_eq!(st.tokens, 48 + 6, "{name}: {st:?}");
         assert_eq!(
@@ -253,6 +285,17 @@ fn drafts_with_streamed_experts_keep_greedy_tokens() {
     let (got, stats) = gen(&m, 3);
     assert_eq!(got, want, "{stats:?}");
     assert!(stats.rounds > 0 && stats.accepted > 0, "{stats:?}");
+    drop(m);
+    // The same with the misses of decode steps and verifications (4 rows) on the CPU.
+    let mut b = b;
+    b.cpu = CpuExperts::On;
+    let m = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
+    for k in [0, 3] {
+        let (got, stats) = gen(&m, k);
+        assert_eq!(got, want, "CPU experts, --draft {k}: {stats:?}");
+    }
+    let st = m.offload.as_ref().unwrap().stats();
+    assert!(st.cpu_pairs > 0, "{st:?}");
 }
 
 #[test]

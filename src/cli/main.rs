@@ -214,6 +214,15 @@ pub(crate) struct ExpertArgs {
     /// --gpu-memory.
     #[arg(long, requires = "gpu_memory")]
     expert_prefetch: bool,
+    /// Where the experts a decode step needs but the GPU does not hold run: auto (on the
+    /// CPU, from the mapped files, unless the measured rates say uploading them is faster),
+    /// on (always the CPU) or off (always uploaded into the GPU cache). Chunks of more than
+    /// 16 rows (prefill) upload. Only with --gpu-memory.
+    #[arg(long, default_value = "auto", requires = "gpu_memory")]
+    cpu_experts: sparsa::experts::CpuExperts,
+    /// Threads of the CPU expert executor (default: one per logical CPU).
+    #[arg(long, default_value_t = 0, requires = "gpu_memory")]
+    cpu_threads: usize,
 }
 
 #[derive(Args)]
@@ -353,6 +362,8 @@ pub(crate) fn budget(m: &ModelArgs, x: &ExpertArgs, ctx: usize) -> Option<sparsa
         cache: m.cache_type.0,
         policy: x.expert_policy,
         prefetch: x.expert_prefetch,
+        cpu: x.cpu_experts,
+        cpu_threads: x.cpu_threads,
     })
 }
 

@@ -71,51 +71,239 @@ impl<'a> CpuMatrix<'a> {
         })
     }
 
-    /// `y[i] = Σ_j W[row0 + i, j] · x[j]` for the rows `y` holds.
-    fn rows_into(&self, x: &[f32], y: &mut [f32], row0: usize) {
+    /// `y[i · r + j] = Σ_c W[row0 + i, c] · xs[j][c]` for the rows `y` holds (`r` =
+    /// `xs.len()` rows of x: a weight row is read once, from cache, for all of them). `xq`:
+    /// the same rows quantized ([`XRow`]) where [`CpuMatrix::int_dot`] applies.
+    fn rows_into(&self, xs: &[&[f32]], xq: &[XRow], y: &mut [f32], row0: usize) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            unsafe { rows_avx2(self, x, y, row0) };
+            unsafe { rows_avx2(self, xs, xq, y, row0) };
             return;
         }
-        rows_generic(self, x, y, row0);
+        let _ = xq;
+        rows_generic(self, xs, y, row0);
+    }
+
+    /// Whether products with this matrix take x quantized ([`XRow`]) for integer dot
+    /// products: q4 / q8 in whole blocks, on a CPU with AVX2 and FMA (`SPARSA_CPU_INT_DOT=0`:
+    /// never, a measurement aid).
+    fn int_dot(&self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let WFormat::Quant(QFormat::Q4 { block } | QFormat::Q8 { block }) = self.format {
+            return self.k.is_multiple_of(block)
+                && crate::knobs::knob_on!("SPARSA_CPU_INT_DOT")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma");
+        }
+        false
     }
 
     /// `y = W · x` (`y` has `n` elements, `x` has `k`), the rows spread over rayon's
-    /// threads in chunks of about a quarter of `n` per thread (8 ..= 512 rows).
+    /// threads.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert!(
             x.len() >= self.k && y.len() >= self.n,
             "CpuMatrix::matvec: short x or y"
         );
-        let chunk = (self.n / (4 * rayon::current_num_threads()).max(1)).clamp(8, 512);
-        y[..self.n]
-            .par_chunks_mut(chunk)
+        products(&[(self, &[x])], vec![&mut y[..self.n]]);
+    }
+}
+
+/// Several products in one parallel pass: `outs[j][i · r + c] = jobs[j].0[i] · jobs[j].1[c]`
+/// (`r` rows of x for job j; `outs[j]` holds `n · r` floats). Every job's output rows are
+/// cut into chunks (about four per thread in all, 8 ..= 512 rows) that rayon's threads
+/// take, so a few small matrices keep every thread busy as well as one large one does.
+fn products(jobs: &[(&CpuMatrix, &[&[f32]])], outs: Vec<&mut [f32]>) {
+    let rows: usize = jobs.iter().map(|(m, _)| m.n).sum();
+    let chunk = (rows / (4 * rayon::current_num_threads()).max(1)).clamp(8, 512);
+    // x quantized once per job where its matrix takes it so.
+    let xq: Vec<Vec<XRow>> = jobs
+        .iter()
+        .map(|(m, xs)| match m.int_dot() {
+            true => xs
+                .iter()
+                .map(|x| {
+                    XRow::new(
+                        &x[..m.k],
+                        matches!(m.format, WFormat::Quant(QFormat::Q4 { .. })),
+                    )
+                })
+                .collect(),
+            false => Vec::new(),
+        })
+        .collect();
+    let mut items = Vec::with_capacity(rows / chunk + 2 * jobs.len());
+    for ((&(m, xs), out), xq) in jobs.iter().zip(outs).zip(&xq) {
+        assert!(
+            xs.iter().all(|x| x.len() >= m.k) && out.len() >= m.n * xs.len(),
+            "CpuMatrix products: short x or output"
+        );
+        for (c, y) in out[..m.n * xs.len()]
+            .chunks_mut(chunk * xs.len())
             .enumerate()
-            .for_each(|(c, ys)| self.rows_into(x, ys, c * chunk));
+        {
+            items.push((m, xs, xq.as_slice(), y, c * chunk));
+        }
+    }
+    items
+        .into_par_iter()
+        .for_each(|(m, xs, xq, y, row0)| m.rows_into(xs, xq, y, row0));
+}
+
+/// One row of x quantized per 32-element block for integer dot products with q4 / q8
+/// weights, as the GPU's decode GEMVs quantize it (`shaders/xquant.wgsl`): block b is
+/// `x ≈ s_b · (h + l / 254)` with int8 `h = round(x / s_b)`, `l = round((x / s_b − h) ·
+/// 254)` and `s_b = amax / 127`, which keeps products within f32 tolerances. For q4 each
+/// block's elements are stored even ones first, then odd ones: the order of a q4 block's
+/// low and high nibbles. `m_b = s_b · (Σh + Σl / 254)`: the block's sum, for q4's offset of 8.
+pub struct XRow {
+    h: Vec<i8>,
+    l: Vec<i8>,
+    s: Vec<f32>,
+    /// `s_b / 254`, the scale of `254 · h + l`.
+    s254: Vec<f32>,
+    m: Vec<f32>,
+}
+
+impl XRow {
+    fn new(x: &[f32], q4: bool) -> XRow {
+        let nb = x.len() / 32;
+        let mut r = XRow {
+            h: vec![0; nb * 32],
+            l: vec![0; nb * 32],
+            s: vec![0.0; nb],
+            s254: vec![0.0; nb],
+            m: vec![0.0; nb],
+        };
+        for b in 0..nb {
+            let v = &x[32 * b..32 * b + 32];
+            let amax = v.iter().fold(0f32, |a, &e| a.max(e.abs()));
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            let (mut sh, mut sl) = (0i32, 0i32);
+            for j in 0..32 {
+                // q4: even elements to positions 0..16, odd ones to 16..32.
+                let src = if q4 { 2 * (j % 16) + j / 16 } else { j };
+                let f = v[src] * inv;
+                let h = f.round_ties_even().clamp(-127.0, 127.0);
+                let l = ((f - h) * 254.0).round_ties_even().clamp(-127.0, 127.0);
+                r.h[32 * b + j] = h as i8;
+                r.l[32 * b + j] = l as i8;
+                sh += h as i32;
+                sl += l as i32;
+            }
+            r.s[b] = amax / 127.0;
+            r.s254[b] = r.s[b] / 254.0;
+            r.m[b] = r.s[b] * (sh as f32 + sl as f32 / 254.0);
+        }
+        r
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_avx2(m: &CpuMatrix, x: &[f32], y: &mut [f32], row0: usize) {
+unsafe fn rows_avx2(m: &CpuMatrix, xs: &[&[f32]], xq: &[XRow], y: &mut [f32], row0: usize) {
+    let r = xs.len();
     match m.format {
         WFormat::Quant(q @ (QFormat::Q4 { block } | QFormat::Q8 { block }))
             if m.k.is_multiple_of(block) =>
         {
-            for (i, out) in y.iter_mut().enumerate() {
-                *out = quant_row_avx2(m, q, block, row0 + i, x);
+            for (i, out) in y.chunks_exact_mut(r).enumerate() {
+                for (j, (o, x)) in out.iter_mut().zip(xs).enumerate() {
+                    *o = match xq.get(j) {
+                        Some(xr) => int_row_avx2(m, q, block, row0 + i, xr),
+                        None => quant_row_avx2(m, q, block, row0 + i, x),
+                    };
+                }
             }
         }
         WFormat::Quant(QFormat::Fp8) if m.k.is_multiple_of(FP8_BLOCK) => {
-            for (i, out) in y.iter_mut().enumerate() {
-                *out = fp8_row_avx2(m, row0 + i, x);
+            for (i, out) in y.chunks_exact_mut(r).enumerate() {
+                for (o, x) in out.iter_mut().zip(xs) {
+                    *o = fp8_row_avx2(m, row0 + i, x);
+                }
             }
         }
-        _ => rows_generic(m, x, y, row0),
+        _ => rows_generic(m, xs, y, row0),
     }
+}
+
+/// A q4 or q8 row (whole blocks) against a quantized x row with AVX2's 8-bit products:
+/// per 32 weights, `maddubs` multiplies unsigned bytes by signed ones into 16-bit pair
+/// sums (q4: the nibbles 0..15 against h and l; q8: |w| against x's bytes with w's sign),
+/// `madd` widens them to 32 bits (h's weighted by 254, so `254 · h + l` comes out in one
+/// register), and one conversion and one FMA per 32 weights scale them by
+/// `w_scale · s_b / 254`. q4's offset of 8 is taken off per block with x's block sum.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn int_row_avx2(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XRow) -> f32 {
+    use std::arch::x86_64::*;
+    let k = m.k;
+    let nb = k / block;
+    let rb = q.file_row_bytes(k);
+    let row = m.w[r * rb..(r + 1) * rb].as_ptr();
+    let scales = m.scale[2 * r * nb..2 * (r + 1) * nb].as_ptr() as *const u16;
+    let chunks = k / 32;
+    // Chunk c's scale is block c >> per's.
+    let per = (block / 32).trailing_zeros();
+    assert!(x.h.len() >= k && x.l.len() >= k && x.s254.len() >= chunks && x.m.len() >= chunks);
+    let (xh, xl, xs, xm) = (x.h.as_ptr(), x.l.as_ptr(), x.s254.as_ptr(), x.m.as_ptr());
+    let q4 = matches!(q, QFormat::Q4 { .. });
+    let mask = _mm_set1_epi8(15);
+    let ones = _mm256_set1_epi16(1);
+    let w254 = _mm256_set1_epi16(254);
+    // 32 weights of chunk c against x's, as f32 lanes scaled by w_scale · s_c / 254, and
+    // (q4) w_scale · m_c for the offset.
+    // SAFETY (in the closure): c < chunks, so the codes of elements 32c .. 32c + 32 lie in
+    // the row, their scale in the row's nb scales, and x holds chunk c (asserted above).
+    let chunk = |c: usize| -> (__m256, f32) {
+        let j = 32 * c;
+        let ws = f32::from_bits((u16::from_le(scales.add(c >> per).read_unaligned()) as u32) << 16);
+        let h = _mm256_loadu_si256(xh.add(j) as *const __m256i);
+        let l = _mm256_loadu_si256(xl.add(j) as *const __m256i);
+        let (ph, pl, off) = if q4 {
+            let v = _mm_loadu_si128(row.add(j / 2) as *const __m128i);
+            let lo = _mm_and_si128(v, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+            let w = _mm256_set_m128i(hi, lo);
+            (
+                _mm256_maddubs_epi16(w, h),
+                _mm256_maddubs_epi16(w, l),
+                ws * *xm.add(c),
+            )
+        } else {
+            let w = _mm256_loadu_si256(row.add(j) as *const __m256i);
+            let a = _mm256_abs_epi8(w);
+            (
+                _mm256_maddubs_epi16(a, _mm256_sign_epi8(h, w)),
+                _mm256_maddubs_epi16(a, _mm256_sign_epi8(l, w)),
+                0.0,
+            )
+        };
+        let sum = _mm256_add_epi32(_mm256_madd_epi16(ph, w254), _mm256_madd_epi16(pl, ones));
+        let sc = _mm256_set1_ps(ws * *xs.add(c));
+        (_mm256_mul_ps(_mm256_cvtepi32_ps(sum), sc), off)
+    };
+    // Two chunks a step into two sums: independent chains for the out-of-order core.
+    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let (mut o0, mut o1) = (0f32, 0f32);
+    let mut c = 0;
+    while c + 2 <= chunks {
+        let (v0, f0) = chunk(c);
+        let (v1, f1) = chunk(c + 1);
+        a0 = _mm256_add_ps(a0, v0);
+        a1 = _mm256_add_ps(a1, v1);
+        o0 += f0;
+        o1 += f1;
+        c += 2;
+    }
+    if c < chunks {
+        let (v0, f0) = chunk(c);
+        a0 = _mm256_add_ps(a0, v0);
+        o0 += f0;
+    }
+    hsum(_mm256_add_ps(a0, a1)) - 8.0 * (o0 + o1)
 }
 
 /// An FP8 row (whole 128-column blocks) against x with AVX2: 8 e4m3 bytes at a time become
@@ -218,9 +406,11 @@ unsafe fn quant_row_avx2(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &
 /// The row loop, inlined into each instruction-set variant so that its block loops are
 /// vectorized for that set.
 #[inline(always)]
-fn rows_generic(m: &CpuMatrix, x: &[f32], y: &mut [f32], row0: usize) {
-    for (i, out) in y.iter_mut().enumerate() {
-        *out = row_dot(m, row0 + i, x);
+fn rows_generic(m: &CpuMatrix, xs: &[&[f32]], y: &mut [f32], row0: usize) {
+    for (i, out) in y.chunks_exact_mut(xs.len()).enumerate() {
+        for (o, x) in out.iter_mut().zip(xs) {
+            *o = row_dot(m, row0 + i, x);
+        }
     }
 }
 
@@ -337,60 +527,121 @@ impl<'a> CpuExpert<'a> {
     }
 
     /// `out += weight · down(silu(gate · x) ⊙ (up · x))` for one token row `x`. `scratch`
-    /// holds the intermediates (`2 · inter + hidden` floats): reused, it allocates only the
-    /// first time.
+    /// holds the intermediates: reused, it allocates only the first time.
     pub fn add_to(&self, x: &[f32], weight: f32, out: &mut [f32], scratch: &mut Vec<f32>) {
-        let (inter, hidden) = (self.gate.n, self.down.n);
-        scratch.resize(2 * inter + hidden, 0.0);
-        let (g, rest) = scratch.split_at_mut(inter);
-        let (u, d) = rest.split_at_mut(inter);
-        rayon::join(|| self.gate.matvec(x, g), || self.up.matvec(x, u));
-        for (a, &b) in g.iter_mut().zip(u.iter()) {
-            *a = *a / (1.0 + (-*a).exp()) * b;
-        }
-        self.down.matvec(g, d);
+        let hidden = self.down.n;
+        let mut d = std::mem::take(scratch);
+        d.resize(hidden, 0.0);
+        run_experts(&[(*self, &[x])], &mut d, scratch);
         for (o, &v) in out.iter_mut().zip(d.iter()) {
             *o += weight * v;
         }
+        d.truncate(0);
+        scratch.append(&mut d);
+    }
+}
+
+/// SwiGLU experts on rows of x, in three parallel passes over all of them (gate and up of
+/// every expert, the activation, every down): `jobs[j]` = (expert, its x rows). `out` gets,
+/// job after job, each row's `down(silu(gate · x) ⊙ (up · x))` (`hidden` floats a row, the
+/// expert's output before its routing weight). `scratch` holds the intermediates; reused,
+/// it allocates only when a call needs more than any before.
+pub fn run_experts(jobs: &[(CpuExpert, &[&[f32]])], out: &mut [f32], scratch: &mut Vec<f32>) {
+    let Some((first, _)) = jobs.first() else {
+        return;
+    };
+    let (inter, hidden) = (first.gate.n, first.down.n);
+    assert!(
+        jobs.iter()
+            .all(|(e, _)| e.gate.n == inter && e.down.n == hidden),
+        "run_experts: experts of different shapes"
+    );
+    let rows: usize = jobs.iter().map(|(_, xs)| xs.len()).sum();
+    assert!(out.len() >= rows * hidden, "run_experts: short output");
+    // gate and up ([inter][r] per job), then the activations ([r][inter]), then down
+    // ([hidden][r]).
+    let need = 3 * rows * inter + rows * hidden;
+    if scratch.len() < need {
+        scratch.resize(need, 0.0);
+    }
+    let (gu, rest) = scratch.split_at_mut(2 * rows * inter);
+    let (act, dn) = rest.split_at_mut(rows * inter);
+    {
+        let mut mats = Vec::with_capacity(2 * jobs.len());
+        for (e, xs) in jobs {
+            mats.push((&e.gate, *xs));
+            mats.push((&e.up, *xs));
+        }
+        let mut outs = Vec::with_capacity(mats.len());
+        let mut left = &mut gu[..];
+        for (m, xs) in &mats {
+            let (a, b) = left.split_at_mut(m.n * xs.len());
+            outs.push(a);
+            left = b;
+        }
+        products(&mats, outs);
+    }
+    // silu(g) · u, transposed to one row of inter values per x row.
+    let mut at = 0;
+    for (j, (_, xs)) in jobs.iter().enumerate() {
+        let r = xs.len();
+        let base: usize = jobs[..j].iter().map(|(_, x)| 2 * x.len() * inter).sum();
+        let (g, u) = gu[base..base + 2 * r * inter].split_at(r * inter);
+        for c in 0..r {
+            let a = &mut act[(at + c) * inter..(at + c + 1) * inter];
+            for (n, v) in a.iter_mut().enumerate() {
+                let gv = g[n * r + c];
+                *v = gv / (1.0 + (-gv).exp()) * u[n * r + c];
+            }
+        }
+        at += r;
+    }
+    {
+        let acts: Vec<&[f32]> = act.chunks_exact(inter).collect();
+        let mut mats = Vec::with_capacity(jobs.len());
+        let mut at = 0;
+        for (e, xs) in jobs {
+            mats.push((&e.down, &acts[at..at + xs.len()]));
+            at += xs.len();
+        }
+        let mut outs = Vec::with_capacity(mats.len());
+        let mut left = &mut dn[..];
+        for (m, xs) in &mats {
+            let (a, b) = left.split_at_mut(m.n * xs.len());
+            outs.push(a);
+            left = b;
+        }
+        products(&mats, outs);
+    }
+    // [hidden][r] per job → one row of hidden values per x row.
+    let mut at = 0;
+    for (_, xs) in jobs {
+        let r = xs.len();
+        let d = &dn[at * hidden..(at + r) * hidden];
+        for c in 0..r {
+            for (n, o) in out[(at + c) * hidden..(at + c + 1) * hidden]
+                .iter_mut()
+                .enumerate()
+            {
+                *o = d[n * r + c];
+            }
+        }
+        at += r;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::{assert_close, assert_close_plus, x_split_bound, Rng};
     use crate::weights::quant::{dequantize_rows, quantize_fp8, quantize_rows};
     use crate::weights::DType;
 
-    /// Uniform values in (-scale, scale) from a fixed seed.
-    struct Rng(u64);
-    impl Rng {
-        fn new(seed: u64) -> Rng {
-            Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-        }
-        fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    self.0 ^= self.0 << 13;
-                    self.0 ^= self.0 >> 7;
-                    self.0 ^= self.0 << 17;
-                    ((self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-                })
-                .collect()
-        }
-    }
-
-    fn assert_close(got: &[f32], want: &[f32], atol: f32, rtol: f32, what: &str) {
-        assert_eq!(got.len(), want.len(), "{what}: length");
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (g - w).abs() <= atol + rtol * w.abs(),
-                "{what}[{i}]: got {g}, want {w}"
-            );
-        }
-    }
+    /// A matrix as stored: weight bytes, scale bytes, the values as stored.
+    type Stored = (Vec<u8>, Vec<u8>, Vec<f32>);
 
     /// `data` ([n, k]) stored in `format`: (weight bytes, scale bytes, the values as stored).
-    fn stored(format: WFormat, data: &[f32], n: usize, k: usize) -> (Vec<u8>, Vec<u8>, Vec<f32>) {
+    fn stored(format: WFormat, data: &[f32], n: usize, k: usize) -> Stored {
         match format {
             WFormat::Float(d) => {
                 let bytes = d.from_f32(data);
@@ -435,6 +686,38 @@ mod tests {
             .collect()
     }
 
+    /// x as a product with `m` sees it: quantized and back ([`XRow`]) where `m` takes x
+    /// quantized, else as it is.
+    fn seen(m: &CpuMatrix, x: &[f32]) -> Vec<f32> {
+        if !m.int_dot() {
+            return x.to_vec();
+        }
+        let q4 = matches!(m.format, WFormat::Quant(QFormat::Q4 { .. }));
+        let r = XRow::new(x, q4);
+        let mut v = x.to_vec();
+        for b in 0..x.len() / 32 {
+            for j in 0..32 {
+                let at = 32 * b + if q4 { 2 * (j % 16) + j / 16 } else { j };
+                v[at] = r.s[b] * (r.h[32 * b + j] as f32 + r.l[32 * b + j] as f32 / 254.0);
+            }
+        }
+        v
+    }
+
+    /// The SwiGLU expert `e` (its matrices decoded: `back`) on `x` in f64 sums, each product
+    /// with its input as the executor's product sees it ([`seen`]).
+    fn expert_ref(e: &CpuExpert, back: [&[f32]; 3], x: &[f32]) -> Vec<f32> {
+        let (inter, hidden) = (e.gate.n, e.gate.k);
+        let g = matvec_ref(back[0], &seen(&e.gate, x), inter, hidden);
+        let u = matvec_ref(back[1], &seen(&e.up, x), inter, hidden);
+        let h: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&a, &b)| a / (1.0 + (-a).exp()) * b)
+            .collect();
+        matvec_ref(back[2], &seen(&e.down, &h), hidden, inter)
+    }
+
     #[test]
     fn matvec_matches_the_decoded_matrix_in_every_format() {
         let mut rng = Rng::new(71);
@@ -449,13 +732,16 @@ mod tests {
                 let mut y = vec![f32::NAN; n];
                 m.matvec(&x, &mut y);
                 let want = matvec_ref(&back, &x, n, k);
-                assert_close(
-                    &y,
-                    &want,
-                    1e-4,
-                    1e-4,
-                    &format!("matvec {format:?} [{n}, {k}]"),
-                );
+                // x quantized for integer dot products adds at most its bound.
+                let extra: Vec<f32> = match m.int_dot() {
+                    true => back.chunks(k).map(|w| x_split_bound(&x, w)).collect(),
+                    false => Vec::new(),
+                };
+                let what = format!("matvec {format:?} [{n}, {k}], int dot {}", m.int_dot());
+                assert_close_plus(&y, &want, 1e-4, 1e-4, &extra, &what);
+                // And exactly (to f32 rounding) the product with x as quantized.
+                let want = matvec_ref(&back, &seen(&m, &x), n, k);
+                assert_close(&y, &want, 1e-4, 1e-4, &what);
             }
         }
     }
@@ -465,11 +751,10 @@ mod tests {
         let mut rng = Rng::new(72);
         let (hidden, inter) = (200, 96);
         for format in formats() {
-            let mats: Vec<(Vec<u8>, Vec<u8>, Vec<f32>)> =
-                [(inter, hidden), (inter, hidden), (hidden, inter)]
-                    .iter()
-                    .map(|&(n, k)| stored(format, &rng.vec(n * k, 0.5), n, k))
-                    .collect();
+            let mats: Vec<Stored> = [(inter, hidden), (inter, hidden), (hidden, inter)]
+                .iter()
+                .map(|&(n, k)| stored(format, &rng.vec(n * k, 0.5), n, k))
+                .collect();
             let mat =
                 |i: usize, n, k| CpuMatrix::new("m", format, &mats[i].0, &mats[i].1, n, k).unwrap();
             let e = CpuExpert::new(
@@ -482,16 +767,68 @@ mod tests {
             let x = rng.vec(hidden, 1.0);
             let mut out = vec![0.5f32; hidden];
             e.add_to(&x, 0.25, &mut out, &mut Vec::new());
-            let g = matvec_ref(&mats[0].2, &x, inter, hidden);
-            let u = matvec_ref(&mats[1].2, &x, inter, hidden);
-            let h: Vec<f32> = g
-                .iter()
-                .zip(&u)
-                .map(|(&a, &b)| a / (1.0 + (-a).exp()) * b)
-                .collect();
-            let d = matvec_ref(&mats[2].2, &h, hidden, inter);
+            let d = expert_ref(&e, [&mats[0].2, &mats[1].2, &mats[2].2], &x);
             let want: Vec<f32> = d.iter().map(|v| 0.5 + 0.25 * v).collect();
             assert_close(&out, &want, 1e-4, 1e-4, &format!("expert {format:?}"));
+        }
+    }
+
+    #[test]
+    fn run_experts_batches_rows_and_experts() {
+        // Three experts with 1, 3 and 2 rows each (a verification's rows sharing experts),
+        // against the SwiGLU reference of every row alone.
+        let mut rng = Rng::new(73);
+        let (hidden, inter) = (96, 72);
+        for format in [
+            WFormat::Quant(QFormat::Q4 { block: 32 }),
+            WFormat::Quant(QFormat::Fp8),
+            WFormat::Float(DType::BF16),
+        ] {
+            let stores: Vec<Vec<Stored>> = (0..3)
+                .map(|_| {
+                    [(inter, hidden), (inter, hidden), (hidden, inter)]
+                        .iter()
+                        .map(|&(n, k)| stored(format, &rng.vec(n * k, 0.5), n, k))
+                        .collect()
+                })
+                .collect();
+            let experts: Vec<CpuExpert> = stores
+                .iter()
+                .map(|m| {
+                    let mat = |i: usize, n, k| {
+                        CpuMatrix::new("m", format, &m[i].0, &m[i].1, n, k).unwrap()
+                    };
+                    CpuExpert::new(
+                        "e",
+                        mat(0, inter, hidden),
+                        mat(1, inter, hidden),
+                        mat(2, hidden, inter),
+                    )
+                    .unwrap()
+                })
+                .collect();
+            let xs: Vec<Vec<f32>> = (0..6).map(|_| rng.vec(hidden, 1.0)).collect();
+            let rows: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
+            let jobs = [
+                (experts[0], &rows[0..1]),
+                (experts[1], &rows[1..4]),
+                (experts[2], &rows[4..6]),
+            ];
+            let mut out = vec![f32::NAN; 6 * hidden];
+            let mut scratch = Vec::new();
+            run_experts(&jobs, &mut out, &mut scratch);
+            let owner = [0, 1, 1, 1, 2, 2];
+            for (r, x) in xs.iter().enumerate() {
+                let m = &stores[owner[r]];
+                let want = expert_ref(&experts[owner[r]], [&m[0].2, &m[1].2, &m[2].2], x);
+                assert_close(
+                    &out[r * hidden..(r + 1) * hidden],
+                    &want,
+                    1e-4,
+                    1e-4,
+                    &format!("{format:?} row {r}"),
+                );
+            }
         }
     }
 

@@ -76,6 +76,45 @@ impl Slots {
     }
 }
 
+/// Where a decode step's missed experts run (`--cpu-experts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CpuExperts {
+    /// Every miss is uploaded into a slot (the GPU runs every expert).
+    Off,
+    /// Misses of chunks of at most [`CPU_MAX_ROWS`] rows run on the CPU, except those the
+    /// cache takes in (empty slots, hot experts).
+    On,
+    /// As `On`, but a miss is uploaded instead where the measured rates say uploading is
+    /// cheaper (its rows × upload rate above the CPU's rate).
+    Auto,
+}
+
+/// The most rows a chunk may have for its misses to run on the CPU: a prefill chunk's many
+/// rows per expert favour the GPU.
+pub const CPU_MAX_ROWS: usize = 16;
+
+impl std::str::FromStr for CpuExperts {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<CpuExperts, String> {
+        match s {
+            "off" => Ok(CpuExperts::Off),
+            "on" => Ok(CpuExperts::On),
+            "auto" => Ok(CpuExperts::Auto),
+            _ => Err(format!("expected auto, on or off, got {s:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for CpuExperts {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self {
+            CpuExperts::Off => "off",
+            CpuExperts::On => "on",
+            CpuExperts::Auto => "auto",
+        })
+    }
+}
+
 /// Where one MoE layer's routed experts are in the files.
 #[derive(Clone, Debug)]
 pub enum ExpertSource {
@@ -112,6 +151,13 @@ pub struct ExpertStats {
     pub predicted_right: u64,
     pub prefetched: u64,
     pub prefetched_used: u64,
+    /// Hybrid runs (`--cpu-experts`): routed pairs computed on the CPU, the experts they
+    /// read (one read per expert and chunk) and their bytes, and the host seconds the CPU
+    /// spent on them (the GPU's part of the layer runs meanwhile).
+    pub cpu_pairs: u64,
+    pub cpu_experts: u64,
+    pub cpu_bytes: u64,
+    pub cpu_s: f64,
 }
 
 impl ExpertStats {
@@ -144,6 +190,10 @@ impl ExpertStats {
             predicted_right: self.predicted_right - before.predicted_right,
             prefetched: self.prefetched - before.prefetched,
             prefetched_used: self.prefetched_used - before.prefetched_used,
+            cpu_pairs: self.cpu_pairs - before.cpu_pairs,
+            cpu_experts: self.cpu_experts - before.cpu_experts,
+            cpu_bytes: self.cpu_bytes - before.cpu_bytes,
+            cpu_s: self.cpu_s - before.cpu_s,
         }
     }
 
@@ -156,6 +206,17 @@ impl ExpertStats {
                 100.0 * self.predicted_right as f64 / self.predicted as f64,
                 self.prefetched,
                 self.prefetched_used
+            ));
+        }
+        if self.cpu_pairs > 0 {
+            l.push_str(&format!(
+                "; CPU: {} pairs of {} uses ({} expert reads, {:.1} MiB per token) in {:.3} s, {:.2} GB/s",
+                self.cpu_pairs,
+                self.uses,
+                self.cpu_experts,
+                self.cpu_bytes as f64 / self.tokens.max(1) as f64 / (1u64 << 20) as f64,
+                self.cpu_s,
+                self.cpu_bytes as f64 / self.cpu_s.max(1e-9) / 1e9
             ));
         }
         l
@@ -269,10 +330,44 @@ pub struct Offload {
     trace: Mutex<Option<Vec<Vec<Vec<u32>>>>>,
     /// Expert bytes were read from the files since the last [`Offload::check_files`].
     files_read: AtomicBool,
+    /// Where decode steps' misses run.
+    pub cpu: CpuExperts,
+    /// The CPU executor's threads (`--cpu-threads`), its scratch (intermediates, outputs)
+    /// and the measured rates that `Auto` decides by.
+    #[cfg(not(target_arch = "wasm32"))]
+    pool: Option<rayon::ThreadPool>,
+    #[cfg(not(target_arch = "wasm32"))]
+    scratch: Mutex<(Vec<f32>, Vec<f32>)>,
+    rates: Mutex<Rates>,
+}
+
+/// Measured rates (exponential averages), in bytes per second: the CPU executor's (expert
+/// bytes times rows per expert) and the uploads' host copies.
+#[derive(Default)]
+struct Rates {
+    cpu: Option<f64>,
+    upload: Option<f64>,
+}
+
+impl Rates {
+    fn add(avg: &mut Option<f64>, bytes: f64, secs: f64) {
+        if bytes > 0.0 && secs > 0.0 {
+            let r = bytes / secs;
+            *avg = Some(avg.map_or(r, |a| 0.8 * a + 0.2 * r));
+        }
+    }
 }
 
 impl Offload {
-    pub fn new(slots: Slots, policy: Policy, prefetch: bool, files: WeightFiles) -> Offload {
+    /// `cpu_threads`: the CPU executor's threads (0: one per logical CPU).
+    pub fn new(
+        slots: Slots,
+        policy: Policy,
+        prefetch: bool,
+        files: WeightFiles,
+        cpu: CpuExperts,
+        cpu_threads: usize,
+    ) -> Result<Offload> {
         let e = slots.n_experts;
         let layers = slots
             .per_layer
@@ -288,7 +383,9 @@ impl Offload {
                 })
             })
             .collect();
-        Offload {
+        #[cfg(target_arch = "wasm32")]
+        let _ = cpu_threads;
+        Ok(Offload {
             slots,
             policy,
             prefetch,
@@ -298,7 +395,29 @@ impl Offload {
             replay: Mutex::new(None),
             trace: Mutex::new(None),
             files_read: AtomicBool::new(false),
-        }
+            cpu,
+            #[cfg(not(target_arch = "wasm32"))]
+            pool: match cpu {
+                CpuExperts::Off => None,
+                _ => Some(
+                    rayon::ThreadPoolBuilder::new()
+                        .num_threads(cpu_threads)
+                        .thread_name(|i| format!("sparsa-experts-{i}"))
+                        .build()
+                        .map_err(|e| {
+                            Error::msg(format!("--cpu-threads {cpu_threads}: no thread pool: {e}"))
+                        })?,
+                ),
+            },
+            #[cfg(not(target_arch = "wasm32"))]
+            scratch: Mutex::new(Default::default()),
+            rates: Mutex::new(Rates::default()),
+        })
+    }
+
+    /// Whether a chunk of `rows` rows runs its misses on the CPU ([`Offload::serve_hybrid`]).
+    pub fn hybrid_for(&self, rows: usize) -> bool {
+        cfg!(not(target_arch = "wasm32")) && self.cpu != CpuExperts::Off && rows <= CPU_MAX_ROWS
     }
 
     /// Whether layer `i` streams its experts.
@@ -332,25 +451,22 @@ impl Offload {
         old
     }
 
-    /// Serve layer `i`'s routed pairs `experts` (`rows × k` ids from its router): uploads the
-    /// experts each round needs into the slots of `gate_up` / `down` and returns, per round,
-    /// the slot table for the expert matmuls. `run` records and submits one round's matmuls
-    /// (it is called once per round, after that round's uploads were queued).
-    #[allow(clippy::too_many_arguments)]
-    pub fn serve(
+    fn layer(&self, i: usize) -> Result<&Mutex<LayerState>> {
+        self.layers[i]
+            .as_ref()
+            .ok_or_else(|| Error::msg(format!("layer {i} keeps all its experts on the GPU")))
+    }
+
+    /// A chunk's routed pairs as the cache serves them: replaced by the replayed routing
+    /// where one is set, checked, recorded in the trace; the last prefetch's predictions
+    /// and uploads counted against them.
+    fn prepare(
         &self,
-        gpu: &Gpu,
         i: usize,
-        source: &ExpertSource,
+        st: &mut LayerState,
         mut experts: Vec<u32>,
         rows: usize,
-        gate_up: &GpuWeight,
-        down: &GpuWeight,
-        mut run: impl FnMut(&[u32]) -> Result<()>,
-    ) -> Result<()> {
-        let layer = self.layers[i]
-            .as_ref()
-            .ok_or_else(|| Error::msg(format!("layer {i} keeps all its experts on the GPU")))?;
+    ) -> Result<Vec<u32>> {
         let e = self.slots.n_experts;
         if let Some(r) = crate::gpu::lock(&self.replay).as_mut() {
             let k = experts.len() / rows.max(1);
@@ -364,7 +480,6 @@ impl Offload {
         if let Some(t) = crate::gpu::lock(&self.trace).as_mut() {
             t[i].push(experts.clone());
         }
-        let mut st = crate::gpu::lock(layer);
         let predicted = std::mem::take(&mut st.predicted);
         let (mut used_ahead, mut right) = (0u64, 0u64);
         for &x in &predicted {
@@ -375,12 +490,32 @@ impl Offload {
                 used_ahead += 1;
             }
         }
-        {
-            let mut s = crate::gpu::lock(&self.stats);
-            s.predicted += predicted.len() as u64;
-            s.predicted_right += right;
-            s.prefetched_used += used_ahead;
-        }
+        let mut s = crate::gpu::lock(&self.stats);
+        s.predicted += predicted.len() as u64;
+        s.predicted_right += right;
+        s.prefetched_used += used_ahead;
+        Ok(experts)
+    }
+
+    /// Serve layer `i`'s routed pairs `experts` (`rows × k` ids from its router): uploads the
+    /// experts each round needs into the slots of `gate_up` / `down` and returns, per round,
+    /// the slot table for the expert matmuls. `run` records and submits one round's matmuls
+    /// (it is called once per round, after that round's uploads were queued).
+    #[allow(clippy::too_many_arguments)]
+    pub fn serve(
+        &self,
+        gpu: &Gpu,
+        i: usize,
+        source: &ExpertSource,
+        experts: Vec<u32>,
+        rows: usize,
+        gate_up: &GpuWeight,
+        down: &GpuWeight,
+        mut run: impl FnMut(&[u32]) -> Result<()>,
+    ) -> Result<()> {
+        let layer = self.layer(i)?;
+        let mut st = crate::gpu::lock(layer);
+        let experts = self.prepare(i, &mut st, experts, rows)?;
         let rounds = st.table.place(&experts);
         for _ in 0..rows {
             st.table.tick();
@@ -400,6 +535,192 @@ impl Offload {
             }
         }
         Ok(())
+    }
+
+    /// [`Offload::serve`] for a chunk of few rows (see [`Offload::hybrid_for`]), in one round:
+    /// the resident experts (and those the cache takes in, [`SlotTable::place_hybrid`]) run
+    /// on the GPU through `run`, which submits them; meanwhile the CPU computes the other
+    /// pairs from the mapped files, and `put(pair, output)` receives each one's expert output
+    /// (`hidden` floats, before its routing weight). `x`: the chunk's `rows` rows of the
+    /// experts' input.
+    #[cfg(not(target_arch = "wasm32"))]
+    #[allow(clippy::too_many_arguments)]
+    pub fn serve_hybrid(
+        &self,
+        gpu: &Gpu,
+        i: usize,
+        source: &ExpertSource,
+        experts: Vec<u32>,
+        (rows, x): (usize, &[f32]),
+        (gate_up, down): (&GpuWeight, &GpuWeight),
+        run: impl FnOnce(&[u32]) -> Result<()>,
+        mut put: impl FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        let layer = self.layer(i)?;
+        let mut st = crate::gpu::lock(layer);
+        let experts = self.prepare(i, &mut st, experts, rows)?;
+        let k = experts.len() / rows.max(1);
+        let hidden = gate_up.cols;
+        let n = st.table.slots();
+        let inter = gate_up.rows / n / 2;
+        let bytes = self.slots.expert_bytes as f64;
+        // Auto: upload a miss where its rows cost the CPU more than its upload would.
+        let rates = match self.cpu {
+            CpuExperts::Auto => {
+                let r = crate::gpu::lock(&self.rates);
+                r.cpu.zip(r.upload)
+            }
+            _ => None,
+        };
+        let upload = |e: u32| {
+            rates.is_some_and(|(cpu, up)| {
+                let r = experts.iter().filter(|&&x| x == e).count() as f64;
+                r * bytes / cpu > bytes / up
+            })
+        };
+        let (round, cpu_pairs) = st.table.place_hybrid(&experts, upload);
+        for _ in 0..rows {
+            st.table.tick();
+        }
+        self.stage(gpu, &mut st, source, &round.uploads, (gate_up, down), false)?;
+        {
+            let mut s = crate::gpu::lock(&self.stats);
+            s.uses += experts.len() as u64;
+            s.hits += round.hits as u64;
+            s.rounds += 1;
+        }
+        if let Err(err) = run(&round.slots) {
+            st.table.clear();
+            return Err(err);
+        }
+        drop(st);
+        if cpu_pairs.is_empty() {
+            return Ok(());
+        }
+        // The CPU's part, while the GPU runs its own: the missed experts in order of first
+        // use, each with the rows that chose it.
+        let t0 = std::time::Instant::now();
+        let mut order: Vec<(u32, Vec<usize>)> = Vec::new();
+        for &p in &cpu_pairs {
+            match order.iter_mut().find(|(e, _)| *e == experts[p]) {
+                Some((_, ps)) => ps.push(p),
+                None => order.push((experts[p], vec![p])),
+            }
+        }
+        let mut jobs = Vec::with_capacity(order.len());
+        let mut at = 0;
+        let mut pair_of_row = Vec::with_capacity(cpu_pairs.len());
+        let mut rows_of: Vec<&[f32]> = Vec::with_capacity(cpu_pairs.len());
+        for (e, ps) in &order {
+            for &p in ps {
+                pair_of_row.push(p);
+                rows_of.push(&x[p / k * hidden..(p / k + 1) * hidden]);
+            }
+            jobs.push((
+                self.cpu_expert(source, *e, (inter, hidden), (gate_up, down))?,
+                at..at + ps.len(),
+            ));
+            at += ps.len();
+        }
+        let jobs: Vec<_> = jobs.into_iter().map(|(e, r)| (e, &rows_of[r])).collect();
+        let mut scratch = crate::gpu::lock(&self.scratch);
+        let (mid, out) = &mut *scratch;
+        out.resize(pair_of_row.len() * hidden, 0.0);
+        match &self.pool {
+            Some(pool) => pool.install(|| cpu::run_experts(&jobs, out, mid)),
+            None => cpu::run_experts(&jobs, out, mid),
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        for (j, (&p, o)) in pair_of_row.iter().zip(out.chunks_exact(hidden)).enumerate() {
+            if o.iter().any(|v| !v.is_finite()) && rows_of[j].iter().all(|v| v.is_finite()) {
+                return Err(Error::msg(format!(
+                    "layer {i}: routed expert {} gave non-finite values on the CPU (its weights in the model files hold NaN or Inf)",
+                    experts[p]
+                )));
+            }
+            put(p, o)?;
+        }
+        let per_rows: f64 = order.iter().map(|(_, ps)| ps.len() as f64 * bytes).sum();
+        Rates::add(&mut crate::gpu::lock(&self.rates).cpu, per_rows, secs);
+        let mut s = crate::gpu::lock(&self.stats);
+        s.cpu_pairs += cpu_pairs.len() as u64;
+        s.cpu_experts += order.len() as u64;
+        s.cpu_bytes += order.len() as u64 * self.slots.expert_bytes;
+        s.cpu_s += secs;
+        self.files_read.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Expert `x` of a layer whose experts are in `source`, read in place from the mapped
+    /// files: as stored where the GPU keeps the format (quantized), else in the file's own
+    /// float type.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn cpu_expert(
+        &self,
+        source: &ExpertSource,
+        x: u32,
+        (inter, hidden): (usize, usize),
+        (gate_up, down): (&GpuWeight, &GpuWeight),
+    ) -> Result<cpu::CpuExpert<'_>> {
+        let f = &self.files;
+        let matrix = |name: &str, w: &GpuWeight, n: usize, k: usize| -> Result<cpu::CpuMatrix> {
+            let t = f.get(name)?;
+            let (format, scale) = match w.format {
+                WFormat::Quant(q) => (
+                    w.format,
+                    f.get(&format!("{name}{}", q.scale_suffix()))?.bytes,
+                ),
+                WFormat::Float(_) => (WFormat::Float(t.dtype()?), &[][..]),
+            };
+            cpu::CpuMatrix::new(name, format, t.bytes, scale, n, k)
+        };
+        // Expert x's part of a fused [E, rows, cols] float tensor.
+        let fused = |name: &str, row0: usize, n: usize, k: usize| -> Result<cpu::CpuMatrix> {
+            let t = f.get(name)?;
+            let d = t.dtype()?;
+            let per = t.bytes.len() / self.slots.n_experts;
+            let start = x as usize * per + row0 * k * d.size();
+            let bytes = t
+                .bytes
+                .get(start..start + n * k * d.size())
+                .ok_or_else(|| {
+                    Error::msg(format!(
+                        "{name}: expert {x}'s rows lie past the tensor's bytes"
+                    ))
+                })?;
+            cpu::CpuMatrix::new(&format!("{name}[{x}]"), WFormat::Float(d), bytes, &[], n, k)
+        };
+        let (g, u, d) = match source {
+            ExpertSource::PerExpert { prefix } => (
+                matrix(
+                    &format!("{prefix}.{x}.gate_proj.weight"),
+                    gate_up,
+                    inter,
+                    hidden,
+                )?,
+                matrix(
+                    &format!("{prefix}.{x}.up_proj.weight"),
+                    gate_up,
+                    inter,
+                    hidden,
+                )?,
+                matrix(
+                    &format!("{prefix}.{x}.down_proj.weight"),
+                    down,
+                    hidden,
+                    inter,
+                )?,
+            ),
+            ExpertSource::Fused {
+                gate_up: gu,
+                down: dn,
+            } => (
+                fused(gu, 0, inter, hidden)?,
+                fused(gu, inter, inter, hidden)?,
+                fused(dn, 0, hidden, inter)?,
+            ),
+        };
+        cpu::CpuExpert::new(&format!("layer expert {x}"), g, u, d)
     }
 
     /// Prefetch for layer `i`: the experts `predicted` for its next chunk (its router applied
@@ -458,10 +779,16 @@ impl Offload {
         }
         gpu.write_batch(&writes);
         self.files_read.store(true, Ordering::Relaxed);
+        let secs = t0.secs();
+        Rates::add(
+            &mut crate::gpu::lock(&self.rates).upload,
+            bytes as f64,
+            secs,
+        );
         let mut s = crate::gpu::lock(&self.stats);
         s.uploads += uploads.len() as u64;
         s.bytes += bytes;
-        s.upload_s += t0.secs();
+        s.upload_s += secs;
         Ok(())
     }
 

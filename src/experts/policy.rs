@@ -170,8 +170,60 @@ impl SlotTable {
     /// One round when the chunk's distinct experts fit the slots (every decode step with
     /// slots ≥ k).
     pub fn place(&mut self, experts: &[u32]) -> Vec<Round> {
-        // Distinct experts in order of first use; residents first so hits are served before
-        // anything is evicted.
+        let want = self.count_uses(experts);
+        let mut rounds = Vec::new();
+        for group in want.chunks(self.slots()) {
+            rounds.push(self.serve_group(group, experts));
+        }
+        rounds
+    }
+
+    /// One round for a chunk whose misses may run elsewhere (on the CPU): hits are served
+    /// from their slots; a miss is made resident when `upload(e)` says uploading it is the
+    /// cheaper way, when a slot is empty (the cache fills), or, for one miss per chunk, when
+    /// its use count is at least twice its victim's plus one (a hot expert comes in, slowly
+    /// enough that the cache does not churn). The pairs of the other misses are left NONE in
+    /// the round's slots and returned (their indices in `experts`).
+    pub fn place_hybrid(
+        &mut self,
+        experts: &[u32],
+        upload: impl Fn(u32) -> bool,
+    ) -> (Round, Vec<usize>) {
+        let want = self.count_uses(experts);
+        let hits = want
+            .iter()
+            .take_while(|&&e| self.expert_slot[e as usize] != NONE)
+            .count();
+        let mut group: Vec<u32> = want[..hits].to_vec();
+        let mut pinned = vec![false; self.slots()];
+        for &e in &group {
+            pinned[self.expert_slot[e as usize] as usize] = true;
+        }
+        let mut admitted = false;
+        for &e in &want[hits..] {
+            if group.len() >= self.slots() {
+                break;
+            }
+            let v = self.victim(&pinned);
+            let empty = self.slot_expert[v] == NONE;
+            let hot =
+                !empty && !admitted && self.count(e) >= 2.0 * self.count(self.slot_expert[v]) + 1.0;
+            if upload(e) || empty || hot {
+                admitted |= hot;
+                pinned[v] = true;
+                group.push(e);
+            }
+        }
+        let round = self.serve_group(&group, experts);
+        let elsewhere = (0..experts.len())
+            .filter(|&p| round.slots[p] == NONE)
+            .collect();
+        (round, elsewhere)
+    }
+
+    /// Count one chunk's uses: its distinct experts in order of first use, the resident
+    /// ones first (so hits are served before anything is evicted).
+    fn count_uses(&mut self, experts: &[u32]) -> Vec<u32> {
         let mut distinct: Vec<u32> = Vec::new();
         for &e in experts {
             if !distinct.contains(&e) {
@@ -185,43 +237,45 @@ impl SlotTable {
             .into_iter()
             .partition(|&e| self.expert_slot[e as usize] != NONE);
         want.extend(miss);
-        let mut rounds = Vec::new();
-        for group in want.chunks(self.slots()) {
-            let mut pinned = vec![false; self.slots()];
-            for &e in group {
-                let s = self.expert_slot[e as usize];
-                if s != NONE {
-                    pinned[s as usize] = true;
-                }
+        want
+    }
+
+    /// One round serving the pairs of `group` (at most `slots` distinct experts, residents
+    /// and misses): misses take the policy's victims among the slots the group does not use.
+    fn serve_group(&mut self, group: &[u32], experts: &[u32]) -> Round {
+        let mut pinned = vec![false; self.slots()];
+        for &e in group {
+            let s = self.expert_slot[e as usize];
+            if s != NONE {
+                pinned[s as usize] = true;
             }
-            let mut round = Round {
-                uploads: Vec::new(),
-                slots: vec![NONE; experts.len()],
-                hits: 0,
-                served: 0,
-            };
-            for &e in group {
-                self.clock += 1;
-                let mut s = self.expert_slot[e as usize];
-                if s == NONE {
-                    s = self.install(e, &mut pinned);
-                    round.uploads.push((e, s));
-                }
-                self.last_use[s as usize] = self.clock;
-                let uploaded = round.uploads.last().is_some_and(|&(x, _)| x == e);
-                for (i, &x) in experts.iter().enumerate() {
-                    if x == e {
-                        round.slots[i] = s;
-                        round.served += 1;
-                        if !uploaded {
-                            round.hits += 1;
-                        }
+        }
+        let mut round = Round {
+            uploads: Vec::new(),
+            slots: vec![NONE; experts.len()],
+            hits: 0,
+            served: 0,
+        };
+        for &e in group {
+            self.clock += 1;
+            let mut s = self.expert_slot[e as usize];
+            if s == NONE {
+                s = self.install(e, &mut pinned);
+                round.uploads.push((e, s));
+            }
+            self.last_use[s as usize] = self.clock;
+            let uploaded = round.uploads.last().is_some_and(|&(x, _)| x == e);
+            for (i, &x) in experts.iter().enumerate() {
+                if x == e {
+                    round.slots[i] = s;
+                    round.served += 1;
+                    if !uploaded {
+                        round.hits += 1;
                     }
                 }
             }
-            rounds.push(round);
         }
-        rounds
+        round
     }
 
     /// Make `experts` resident ahead of their use (prefetch): returns the `(expert, slot)`
@@ -308,6 +362,32 @@ pub fn belady(trace: &[Vec<u32>], slots: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hybrid_fills_empty_slots_then_leaves_misses_elsewhere() {
+        let mut t = SlotTable::new(2, 8, Policy::Lfu { decay: 1.0 });
+        // Empty slots fill: both experts are uploaded, nothing runs elsewhere.
+        let (r, cpu) = t.place_hybrid(&[1, 2], |_| false);
+        assert_eq!((r.uploads.len(), cpu.len()), (2, 0));
+        // Full: a cold miss runs elsewhere, the hit stays.
+        let (r, cpu) = t.place_hybrid(&[1, 3], |_| false);
+        assert_eq!((r.hits, r.uploads.len(), cpu), (1, 0, vec![1]));
+        assert_eq!(r.slots[1], NONE);
+        // Uploading chosen by the cost: 4 replaces the coldest resident (2; 1 is used).
+        let (r, cpu) = t.place_hybrid(&[1, 4], |e| e == 4);
+        assert_eq!(
+            (r.uploads, cpu.len()),
+            (vec![(4, t.slot_of(4).unwrap())], 0)
+        );
+        assert_eq!(t.slot_of(2), None);
+        // A hot expert comes in once its count reaches twice its victim's plus one (3: 2
+        // uses against 4's 1 is not enough, 3 uses is), one per chunk.
+        let (r, _) = t.place_hybrid(&[3, 5], |_| false);
+        assert!(r.uploads.is_empty());
+        let (r, cpu) = t.place_hybrid(&[3, 6], |_| false);
+        assert_eq!((r.uploads.len(), cpu), (1, vec![1]));
+        assert!(t.slot_of(3).is_some() && t.slot_of(4).is_none());
+    }
 
     #[test]
     fn lru_evicts_the_least_recent_and_keeps_hits_in_place() {

@@ -34,7 +34,29 @@ impl Gpu {
         offset: u64,
         bytes: u64,
     ) -> Result<Vec<u8>> {
-        let size = bytes.div_ceil(4) * 4;
+        let mut parts = self.read_parts_async(&[(buf, offset, bytes)]).await?;
+        Ok(parts.pop().unwrap_or_default())
+    }
+
+    /// Several `(buffer, offset, bytes)` ranges copied back in one submission and one wait
+    /// (offsets multiples of 4): a step that needs a few small buffers pays one round trip.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_parts(&self, parts: &[(&wgpu::Buffer, u64, u64)]) -> Result<Vec<Vec<u8>>> {
+        pollster::block_on(self.read_parts_async(parts))
+    }
+
+    /// [`Gpu::read_parts`] for every platform (see [`Gpu::read_bytes_async`]).
+    pub async fn read_parts_async(
+        &self,
+        parts: &[(&wgpu::Buffer, u64, u64)],
+    ) -> Result<Vec<Vec<u8>>> {
+        // Each part at a 4-byte multiple of the staging buffer, as copies require.
+        let mut at = Vec::with_capacity(parts.len());
+        let mut size = 0u64;
+        for &(_, _, bytes) in parts {
+            at.push(size);
+            size += bytes.div_ceil(4) * 4;
+        }
         // The staging buffer is taken out of its slot for the read (a read that overlaps
         // another, only possible in the browser, makes its own) and put back after it.
         let kept = lock(&self.readback.staging).take();
@@ -48,14 +70,20 @@ impl Gpu {
             }),
         };
         let mut enc = self.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(buf, offset, &staging, 0, size);
+        for (&(buf, offset, bytes), &to) in parts.iter().zip(&at) {
+            enc.copy_buffer_to_buffer(buf, offset, &staging, to, bytes.div_ceil(4) * 4);
+        }
         self.submit([enc.finish()]);
-        let data = self.read_mapped_async(&staging, bytes, None).await?;
+        let data = self.read_mapped_async(&staging, size, None).await?;
         let mut slot = lock(&self.readback.staging);
         if slot.as_ref().is_none_or(|b| b.size() < staging.size()) {
             *slot = Some(staging);
         }
-        Ok(data)
+        Ok(parts
+            .iter()
+            .zip(&at)
+            .map(|(&(_, _, bytes), &to)| data[to as usize..(to + bytes) as usize].to_vec())
+            .collect())
     }
 
     /// The first `bytes` bytes of the mappable buffer `buf`, once the submission `after` (or,

@@ -31,7 +31,7 @@ use crate::config::Config;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::Error;
 use crate::error::Result;
-use crate::experts::{Offload, Policy};
+use crate::experts::{CpuExperts, Offload, Policy};
 use crate::gpu::Gpu;
 use crate::weights::WeightFiles;
 #[cfg(not(target_arch = "wasm32"))]
@@ -50,6 +50,10 @@ pub struct Budget {
     pub policy: Policy,
     /// Upload the next layer's predicted experts ahead (see [`crate::experts`]).
     pub prefetch: bool,
+    /// Where decode steps' missed experts run, and the CPU's threads (0: one per logical
+    /// CPU).
+    pub cpu: CpuExperts,
+    pub cpu_threads: usize,
 }
 
 /// A model on the GPU. Cloning is cheap (the weights are shared): every [`Session`] holds a
@@ -161,9 +165,14 @@ impl Model {
         gpu.sync()?;
         files.check_unchanged()?;
         let offload = match (streamed, budget) {
-            (Some(s), Some(b)) => {
-                Some(Offload::new(s.clone(), b.policy, b.prefetch, files.clone()))
-            }
+            (Some(s), Some(b)) => Some(Offload::new(
+                s.clone(),
+                b.policy,
+                b.prefetch,
+                files.clone(),
+                b.cpu,
+                b.cpu_threads,
+            )?),
             _ => None,
         };
         Ok(Model(Arc::new(Loaded {

@@ -40,11 +40,14 @@ impl Session {
         // The shared expert, where it runs as routed expert E, follows each row's picks.
         let shared = m.shared_routed.then_some(e);
         self.route(rec, m, t, &s.router_idx, &s.router_weights, shared);
-        match (&m.source, &self.model.offload) {
+        let shared_done = match (&m.source, &self.model.offload) {
             (Some(src), Some(off)) => self.stream_experts(rec, off, i, src, m, t, xq)?,
-            _ => self.experts(rec, m, &s.router_idx, e + m.shared_routed as u32, t, xq),
-        }
-        if let Some(sh) = &m.shared {
+            _ => {
+                self.experts(rec, m, &s.router_idx, e + m.shared_routed as u32, t, xq);
+                false
+            }
+        };
+        if let (Some(sh), false) = (&m.shared, shared_done) {
             self.swiglu(rec, sh, t, xq);
         }
         let out = View::rows(&s.moe_out, hd);
@@ -128,9 +131,11 @@ impl Session {
 
     /// Layer `i`'s routed experts from the expert cache: submit, wait for the router's
     /// choices, upload what is missing into the layer's slots and run the experts over the
-    /// slot table, in as many rounds as the cache needs (see [`crate::experts`]). With
-    /// `--expert-prefetch` at decode, the next layer's router also runs on this layer's
-    /// input, and the experts it predicts are uploaded while the GPU works on.
+    /// slot table, in as many rounds as the cache needs (see [`crate::experts`]). A chunk of
+    /// few rows under `--cpu-experts` runs its misses on the CPU instead, while the GPU runs
+    /// the resident ones and the shared expert (returns whether the shared expert was
+    /// recorded here). With `--expert-prefetch` at decode, the next layer's router also runs
+    /// on this layer's input, and the experts it predicts are uploaded while the GPU works on.
     #[allow(clippy::too_many_arguments)]
     fn stream_experts(
         &self,
@@ -141,13 +146,14 @@ impl Session {
         m: &Moe,
         t: u32,
         xq: Option<&XQuant>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         #[cfg(not(target_arch = "wasm32"))]
         {
             let gpu = &*self.model.gpu;
             let cfg = &self.model.config;
             let s = &self.s;
             let k = cfg.num_experts_per_tok;
+            let hd = cfg.hidden_size;
             let slots = (m.gate_up.rows / (2 * cfg.moe_intermediate_size)) as u32;
             // The next layer, when it streams its experts too: prefetch.
             let next = match self.model.weights.layers.get(i + 1).map(|l| &l.mlp) {
@@ -162,25 +168,58 @@ impl Session {
             }
             rec.flush();
             let t0 = std::time::Instant::now();
-            let ids = gpu.read_u32(&s.router_idx, 0, t as usize * k)?;
-            // Read while the GPU is idle anyway (a read waits for everything queued).
-            let predicted = match next {
-                Some(_) => Some(gpu.read_u32(&s.prefetch_idx, 0, t as usize * k)?),
-                None => None,
-            };
+            // One readback: the routing, the prediction, and x where the CPU needs it.
+            let hybrid = off.hybrid_for(t as usize);
+            let ids_bytes = (t as usize * k * 4) as u64;
+            let mut parts = vec![(&s.router_idx, 0, ids_bytes)];
+            if next.is_some() {
+                parts.push((&s.prefetch_idx, 0, ids_bytes));
+            }
+            if hybrid {
+                parts.push((&s.x, 0, (t as usize * hd * 4) as u64));
+            }
+            let mut got = gpu.read_parts(&parts)?.into_iter();
+            let mut take = || got.next().unwrap_or_default();
+            let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&take());
+            let predicted: Option<Vec<u32>> = next.map(|_| bytemuck::pod_collect_to_vec(&take()));
+            let x: Vec<f32> = bytemuck::pod_collect_to_vec(&take());
             let first = off.first_layer() == Some(i);
             off.count_sync(t as usize, t0.elapsed().as_secs_f64(), first);
-            off.serve(gpu, i, src, ids, t as usize, &m.gate_up, &m.down, |table| {
+            let mut gpu_round = |table: &[u32], shared: bool| -> Result<()> {
                 gpu.write(&s.expert_slots, 0, bytemuck::cast_slice(table));
                 self.experts(rec, m, &s.expert_slots, slots, t, xq);
+                if let (Some(sh), true) = (&m.shared, shared) {
+                    self.swiglu(rec, sh, t, xq);
+                }
                 rec.flush();
                 Ok(())
-            })?;
+            };
+            if hybrid {
+                off.serve_hybrid(
+                    gpu,
+                    i,
+                    src,
+                    ids,
+                    (t as usize, &x),
+                    (&m.gate_up, &m.down),
+                    |table| gpu_round(table, true),
+                    |p, out| {
+                        let at = (p * hd * 4) as u64;
+                        gpu.write(&s.moe_out, at, bytemuck::cast_slice(out));
+                        Ok(())
+                    },
+                )?;
+            } else {
+                let (gu, dn) = (&m.gate_up, &m.down);
+                off.serve(gpu, i, src, ids, t as usize, gu, dn, |t| {
+                    gpu_round(t, false)
+                })?;
+            }
             // Staged while the GPU runs this layer's experts and the next layer's attention.
             if let (Some((nm, ns)), Some(p)) = (next, predicted) {
                 off.prefetch(gpu, i + 1, ns, p, &nm.gate_up, &nm.down)?;
             }
-            Ok(())
+            Ok(hybrid)
         }
         #[cfg(target_arch = "wasm32")]
         {

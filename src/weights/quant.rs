@@ -135,7 +135,10 @@ impl QFormat {
                 scale[4 * i + 2],
                 scale[4 * i + 3],
             ]),
-            _ => half::bf16::from_le_bytes([scale[2 * i], scale[2 * i + 1]]).to_f32(),
+            // bf16 is f32's upper half: exact by a shift (no NaN-quieting branch).
+            _ => {
+                f32::from_bits((u16::from_le_bytes([scale[2 * i], scale[2 * i + 1]]) as u32) << 16)
+            }
         }
     }
     /// Shape of the scale tensor of an `[n, k]` matrix in the file.
