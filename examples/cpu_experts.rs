@@ -94,19 +94,8 @@ fn main() {
     }
     let dt = t.elapsed().as_secs_f64();
     let read = (rounds * 8 * bytes_per_expert) as f64;
-    // RAM read rate: sum a buffer larger than the caches, split over the same threads.
-    let big: Vec<u64> = vec![1; 1 << 27]; // 1 GiB
-    use rayon::prelude::*;
-    let t = Instant::now();
-    let mut total = 0u64;
-    for _ in 0..3 {
-        total += big
-            .par_chunks(1 << 16)
-            .map(|c| c.iter().sum::<u64>())
-            .sum::<u64>();
-    }
-    let ram = 3.0 * 8.0 * big.len() as f64 / t.elapsed().as_secs_f64();
-    assert!(total > 0);
+    // RAM read rate on the same threads.
+    let ram = sparsa::experts::cpu::ram_read_bandwidth();
     println!(
         "{format:?}: {} threads, 8 experts of {:.1} MB per round: {:.2} ms per round, {:.1} GB/s; RAM read {:.1} GB/s; {:.0} % of it (checksum {:.3})",
         rayon::current_num_threads(),

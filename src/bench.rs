@@ -262,6 +262,10 @@ pub struct ExpertReport {
     /// Time per token the uploads alone need at `h2d_bytes_per_s`: a lower bound on the
     /// step.
     pub ms_upload_bound: f64,
+    /// Hybrid runs (`--cpu-experts`): the RAM read rate on the CPU executor's threads,
+    /// bytes per second, and the time per token the CPU's expert reads need at it.
+    pub ram_bytes_per_s: Option<f64>,
+    pub ms_cpu_bound: Option<f64>,
     /// Hit rates other policies (and Belady's optimum) reach on the same routing, replayed
     /// with the same slots: (policy, hit rate).
     pub policies: Vec<(String, f64)>,
@@ -592,7 +596,14 @@ pub fn run(
                     let h2d = h2d_bandwidth(gpu)?;
                     let mappable = mappable_copy_bandwidth(gpu)?;
                     let ms_upload_bound = stats.bytes_per_token() / h2d * 1e3;
+                    #[cfg(not(target_arch = "wasm32"))]
+                    let ram = o.ram_bandwidth().filter(|_| stats.cpu_bytes > 0);
+                    #[cfg(target_arch = "wasm32")]
+                    let ram: Option<f64> = None;
+                    let cpu_per_token = stats.cpu_bytes as f64 / stats.tokens.max(1) as f64;
                     Some(ExpertReport {
+                        ram_bytes_per_s: ram,
+                        ms_cpu_bound: ram.map(|r| cpu_per_token / r * 1e3),
                         policy: o.policy.to_string(),
                         replay_zipf: o.replay_exponent(),
                         stats,
@@ -728,6 +739,15 @@ pub fn format_report(r: &BenchReport) -> String {
                 x.ms_upload_bound,
                 100.0 * x.ms_upload_bound / d.ms_median,
             );
+            if let (Some(ram), Some(ms)) = (x.ram_bytes_per_s, x.ms_cpu_bound) {
+                let both = ms + x.ms_upload_bound;
+                let _ = writeln!(
+                    o,
+                    "  CPU experts: RAM read {:.1} GB/s on the executor's threads: their reads alone need {ms:.3} ms per token; with the uploads {both:.3} ms, so tok/s is {:.0} % of that bound",
+                    ram / 1e9,
+                    100.0 * both / d.ms_median,
+                );
+            }
             let cmp: Vec<String> = x
                 .policies
                 .iter()

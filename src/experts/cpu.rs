@@ -152,6 +152,24 @@ fn products(jobs: &[(&CpuMatrix, &[&[f32]])], outs: Vec<&mut [f32]>) {
         .for_each(|(m, xs, xq, y, row0)| m.rows_into(xs, xq, y, row0));
 }
 
+/// This machine's RAM read rate, bytes per second, on the calling rayon pool's threads:
+/// a 1 GiB buffer (larger than the caches) summed in 64 KiB pieces, best of three after a
+/// first pass that faults it in. What the executor's expert reads are measured against.
+pub fn ram_read_bandwidth() -> f64 {
+    let big: Vec<u64> = vec![1; 1 << 27];
+    let mut best = 0f64;
+    for pass in 0..4 {
+        let t = std::time::Instant::now();
+        let total: u64 = big.par_chunks(1 << 13).map(|c| c.iter().sum::<u64>()).sum();
+        let rate = (8 * big.len()) as f64 / t.elapsed().as_secs_f64();
+        assert_eq!(total, big.len() as u64);
+        if pass > 0 {
+            best = best.max(rate);
+        }
+    }
+    best
+}
+
 /// One row of x quantized per 32-element block for integer dot products with q4 / q8
 /// weights, as the GPU's decode GEMVs quantize it (`shaders/xquant.wgsl`): block b is
 /// `x ≈ s_b · (h + l / 254)` with int8 `h = round(x / s_b)`, `l = round((x / s_b − h) ·

@@ -651,6 +651,15 @@ impl Offload {
         Ok(())
     }
 
+    /// The RAM read rate on the CPU executor's threads ([`cpu::ram_read_bandwidth`]); None
+    /// where the CPU runs no experts.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn ram_bandwidth(&self) -> Option<f64> {
+        self.pool
+            .as_ref()
+            .map(|p| p.install(cpu::ram_read_bandwidth))
+    }
+
     /// Expert `x` of a layer whose experts are in `source`, read in place from the mapped
     /// files: as stored where the GPU keeps the format (quantized), else in the file's own
     /// float type.
