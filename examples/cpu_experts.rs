@@ -6,7 +6,7 @@
 //! moe_intermediate 2048) with random weights; each round runs 8 of them on one token row,
 //! as a decode step's layer does, cycling through all so the reads come from RAM, not cache.
 //! RAYON_NUM_THREADS sets the threads.
-use sparsa::experts::cpu::{CpuExpert, CpuMatrix};
+use sparsa::experts::cpu::{run_experts, CpuExpert, CpuMatrix};
 use sparsa::weights::quant::{quantize_fp8, quantize_rows};
 use sparsa::weights::{DType, QFormat, WFormat};
 use std::time::Instant;
@@ -80,17 +80,23 @@ fn main() {
         })
         .collect();
     let x: Vec<f32> = (0..hidden).map(|i| ((i % 17) as f32 - 8.0) / 8.0).collect();
-    let mut out = vec![0f32; hidden];
-    // Warm the pool, then time rounds of 8 experts.
+    // A round is one MoE layer of a decode step: 8 experts on the token's row, in one
+    // `run_experts` call as the hybrid runtime makes it. Warm the pool first.
+    let rows = [x.as_slice()];
+    let mut out = vec![0f32; 8 * hidden];
     let mut scratch = Vec::new();
-    list[0].add_to(&x, 1.0, &mut out, &mut scratch);
+    let round = |first: usize, out: &mut [f32], scratch: &mut Vec<f32>| {
+        let jobs: Vec<(CpuExpert, &[&[f32]])> = (0..8)
+            .map(|i| (list[(first + i) % experts], &rows[..]))
+            .collect();
+        run_experts(&jobs, out, scratch);
+    };
+    round(0, &mut out, &mut scratch);
     let t = Instant::now();
-    let mut at = 0;
-    for _ in 0..rounds {
-        for _ in 0..8 {
-            list[at % experts].add_to(&x, 0.125, &mut out, &mut scratch);
-            at += 1;
-        }
+    let mut sum = 0f32;
+    for r in 0..rounds {
+        round(8 * r, &mut out, &mut scratch);
+        sum += out.iter().sum::<f32>();
     }
     let dt = t.elapsed().as_secs_f64();
     let read = (rounds * 8 * bytes_per_expert) as f64;
@@ -104,6 +110,6 @@ fn main() {
         read / dt / 1e9,
         ram / 1e9,
         100.0 * read / dt / ram,
-        out.iter().sum::<f32>()
+        sum
     );
 }

@@ -74,7 +74,7 @@ impl<'a> CpuMatrix<'a> {
     /// `y[i · r + j] = Σ_c W[row0 + i, c] · xs[j][c]` for the rows `y` holds (`r` =
     /// `xs.len()` rows of x: a weight row is read once, from cache, for all of them). `xq`:
     /// the same rows quantized ([`XRow`]) where [`CpuMatrix::int_dot`] applies.
-    fn rows_into(&self, xs: &[&[f32]], xq: &[XRow], y: &mut [f32], row0: usize) {
+    fn rows_into(&self, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32], row0: usize) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
@@ -134,6 +134,7 @@ fn products(jobs: &[(&CpuMatrix, &[&[f32]])], outs: Vec<&mut [f32]>) {
             false => Vec::new(),
         })
         .collect();
+    let xq: Vec<Vec<&XRow>> = xq.iter().map(|v| v.iter().collect()).collect();
     let mut items = Vec::with_capacity(rows / chunk + 2 * jobs.len());
     for ((&(m, xs), out), xq) in jobs.iter().zip(outs).zip(&xq) {
         assert!(
@@ -221,7 +222,7 @@ impl XRow {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_avx2(m: &CpuMatrix, xs: &[&[f32]], xq: &[XRow], y: &mut [f32], row0: usize) {
+unsafe fn rows_avx2(m: &CpuMatrix, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32], row0: usize) {
     let r = xs.len();
     match m.format {
         WFormat::Quant(q @ (QFormat::Q4 { block } | QFormat::Q8 { block }))
@@ -247,12 +248,28 @@ unsafe fn rows_avx2(m: &CpuMatrix, xs: &[&[f32]], xq: &[XRow], y: &mut [f32], ro
     }
 }
 
-/// A q4 or q8 row (whole blocks) against a quantized x row with AVX2's 8-bit products:
-/// per 32 weights, `maddubs` multiplies unsigned bytes by signed ones into 16-bit pair
-/// sums (q4: the nibbles 0..15 against h and l; q8: |w| against x's bytes with w's sign),
-/// `madd` widens them to 32 bits (h's weighted by 254, so `254 · h + l` comes out in one
-/// register), and one conversion and one FMA per 32 weights scale them by
-/// `w_scale · s_b / 254`. q4's offset of 8 is taken off per block with x's block sum.
+/// `254 · Σ w·h + Σ w·l` in 8 lanes of 32 weights `w` (unsigned bytes) against x's signed
+/// bytes `h` and `l`, with AVX2: `maddubs` multiplies into 16-bit pair sums, `madd` widens
+/// them (h's weighted by 254).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot_avx2(
+    w: std::arch::x86_64::__m256i,
+    h: std::arch::x86_64::__m256i,
+    l: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    _mm256_add_epi32(
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, h), _mm256_set1_epi16(254)),
+        _mm256_madd_epi16(_mm256_maddubs_epi16(w, l), _mm256_set1_epi16(1)),
+    )
+}
+
+/// A q4 or q8 row (whole blocks) against a quantized x row with 8-bit integer products
+/// ([`dot_avx2`]: per 32 weights, q4's nibbles 0..15 against x's h and l; q8's |w| against
+/// x's bytes with w's sign), one conversion and one multiply per 32 weights to scale them
+/// by `w_scale · s_b / 254`; q4's offset of 8 is taken off per block with x's block sum.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn int_row_avx2(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XRow) -> f32 {
@@ -269,37 +286,29 @@ unsafe fn int_row_avx2(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XR
     let (xh, xl, xs, xm) = (x.h.as_ptr(), x.l.as_ptr(), x.s254.as_ptr(), x.m.as_ptr());
     let q4 = matches!(q, QFormat::Q4 { .. });
     let mask = _mm_set1_epi8(15);
-    let ones = _mm256_set1_epi16(1);
-    let w254 = _mm256_set1_epi16(254);
-    // 32 weights of chunk c against x's, as f32 lanes scaled by w_scale · s_c / 254, and
-    // (q4) w_scale · m_c for the offset.
-    // SAFETY (in the closure): c < chunks, so the codes of elements 32c .. 32c + 32 lie in
-    // the row, their scale in the row's nb scales, and x holds chunk c (asserted above).
+    // Chunk c's 32 products as f32 lanes, scaled, and (q4) w_scale · m_c.
+    // SAFETY (in the closure): c < chunks, so the codes of elements 32c .. 32c + 32
+    // lie in the row, their scale in the row's nb scales, and x holds chunk c
+    // (asserted above).
     let chunk = |c: usize| -> (__m256, f32) {
         let j = 32 * c;
-        let ws = f32::from_bits((u16::from_le(scales.add(c >> per).read_unaligned()) as u32) << 16);
+        let bits = u16::from_le(scales.add(c >> per).read_unaligned());
+        let ws = f32::from_bits((bits as u32) << 16);
         let h = _mm256_loadu_si256(xh.add(j) as *const __m256i);
         let l = _mm256_loadu_si256(xl.add(j) as *const __m256i);
-        let (ph, pl, off) = if q4 {
+        let (sum, off) = if q4 {
             let v = _mm_loadu_si128(row.add(j / 2) as *const __m128i);
             let lo = _mm_and_si128(v, mask);
             let hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
-            let w = _mm256_set_m128i(hi, lo);
-            (
-                _mm256_maddubs_epi16(w, h),
-                _mm256_maddubs_epi16(w, l),
-                ws * *xm.add(c),
-            )
+            (dot_avx2(_mm256_set_m128i(hi, lo), h, l), ws * *xm.add(c))
         } else {
             let w = _mm256_loadu_si256(row.add(j) as *const __m256i);
             let a = _mm256_abs_epi8(w);
             (
-                _mm256_maddubs_epi16(a, _mm256_sign_epi8(h, w)),
-                _mm256_maddubs_epi16(a, _mm256_sign_epi8(l, w)),
+                dot_avx2(a, _mm256_sign_epi8(h, w), _mm256_sign_epi8(l, w)),
                 0.0,
             )
         };
-        let sum = _mm256_add_epi32(_mm256_madd_epi16(ph, w254), _mm256_madd_epi16(pl, ones));
         let sc = _mm256_set1_ps(ws * *xs.add(c));
         (_mm256_mul_ps(_mm256_cvtepi32_ps(sum), sc), off)
     };
@@ -559,92 +568,175 @@ impl<'a> CpuExpert<'a> {
     }
 }
 
-/// SwiGLU experts on rows of x, in three parallel passes over all of them (gate and up of
-/// every expert, the activation, every down): `jobs[j]` = (expert, its x rows). `out` gets,
-/// job after job, each row's `down(silu(gate · x) ⊙ (up · x))` (`hidden` floats a row, the
-/// expert's output before its routing weight). `scratch` holds the intermediates; reused,
-/// it allocates only when a call needs more than any before.
+/// SwiGLU experts on rows of x: `jobs[j]` = (expert, its x rows). `out` gets, job after
+/// job, each row's `down(silu(gate · x) ⊙ (up · x))` (`hidden` floats a row, the expert's
+/// output before its routing weight). Two parallel passes over every job at once, so a
+/// decode step's few experts keep every thread busy and nothing runs serially between them:
+/// gate and up (a task takes a chunk of both matrices' rows and writes `silu(g) · u` for
+/// each x row), then down (a task takes a chunk of rows and writes them into each row's
+/// output). Each distinct x row is quantized once for the integer products, in parallel,
+/// and so is each activation row. `scratch` holds the activations; reused, it allocates
+/// only when a call needs more than any before.
 pub fn run_experts(jobs: &[(CpuExpert, &[&[f32]])], out: &mut [f32], scratch: &mut Vec<f32>) {
     let Some((first, _)) = jobs.first() else {
         return;
     };
     let (inter, hidden) = (first.gate.n, first.down.n);
     assert!(
-        jobs.iter()
-            .all(|(e, _)| e.gate.n == inter && e.down.n == hidden),
-        "run_experts: experts of different shapes"
+        jobs.iter().all(|(e, xs)| e.gate.n == inter
+            && e.down.n == hidden
+            && xs.iter().all(|x| x.len() >= e.gate.k)),
+        "run_experts: experts of different shapes, or short x rows"
     );
     let rows: usize = jobs.iter().map(|(_, xs)| xs.len()).sum();
     assert!(out.len() >= rows * hidden, "run_experts: short output");
-    // gate and up ([inter][r] per job), then the activations ([r][inter]), then down
-    // ([hidden][r]).
-    let need = 3 * rows * inter + rows * hidden;
-    if scratch.len() < need {
-        scratch.resize(need, 0.0);
+    if scratch.len() < rows * inter {
+        scratch.resize(rows * inter, 0.0);
     }
-    let (gu, rest) = scratch.split_at_mut(2 * rows * inter);
-    let (act, dn) = rest.split_at_mut(rows * inter);
-    {
-        let mut mats = Vec::with_capacity(2 * jobs.len());
-        for (e, xs) in jobs {
-            mats.push((&e.gate, *xs));
-            mats.push((&e.up, *xs));
-        }
-        let mut outs = Vec::with_capacity(mats.len());
-        let mut left = &mut gu[..];
-        for (m, xs) in &mats {
-            let (a, b) = left.split_at_mut(m.n * xs.len());
-            outs.push(a);
-            left = b;
-        }
-        products(&mats, outs);
-    }
-    // silu(g) · u, transposed to one row of inter values per x row.
-    let mut at = 0;
-    for (j, (_, xs)) in jobs.iter().enumerate() {
-        let r = xs.len();
-        let base: usize = jobs[..j].iter().map(|(_, x)| 2 * x.len() * inter).sum();
-        let (g, u) = gu[base..base + 2 * r * inter].split_at(r * inter);
-        for c in 0..r {
-            let a = &mut act[(at + c) * inter..(at + c + 1) * inter];
-            for (n, v) in a.iter_mut().enumerate() {
-                let gv = g[n * r + c];
-                *v = gv / (1.0 + (-gv).exp()) * u[n * r + c];
-            }
-        }
-        at += r;
-    }
-    {
-        let acts: Vec<&[f32]> = act.chunks_exact(inter).collect();
-        let mut mats = Vec::with_capacity(jobs.len());
-        let mut at = 0;
-        for (e, xs) in jobs {
-            mats.push((&e.down, &acts[at..at + xs.len()]));
-            at += xs.len();
-        }
-        let mut outs = Vec::with_capacity(mats.len());
-        let mut left = &mut dn[..];
-        for (m, xs) in &mats {
-            let (a, b) = left.split_at_mut(m.n * xs.len());
-            outs.push(a);
-            left = b;
-        }
-        products(&mats, outs);
-    }
-    // [hidden][r] per job → one row of hidden values per x row.
-    let mut at = 0;
+    let act = &mut scratch[..rows * inter];
+    // Each job's first row in `act` and `out`.
+    let mut at = Vec::with_capacity(jobs.len());
+    let mut n = 0;
     for (_, xs) in jobs {
+        at.push(n);
+        n += xs.len();
+    }
+    let threads = rayon::current_num_threads();
+    // x rows quantized once per distinct row (decode: the experts of a token share one).
+    let xq = quantized_rows(jobs.iter().map(|(e, xs)| (&e.gate, *xs)));
+    let gate_up = |(j, n0, n1): (usize, usize, usize), act: SharedOut| {
+        let (e, xs) = &jobs[j];
         let r = xs.len();
-        let d = &dn[at * hidden..(at + r) * hidden];
+        let xr: Vec<&XRow> = xs.iter().filter_map(|x| xq.get(x, &e.gate)).collect();
+        let (mut g, mut u) = ([0f32; MAX_TASK], [0f32; MAX_TASK]);
+        let len = (n1 - n0) * r;
+        e.gate.rows_into(xs, &xr, &mut g[..len], n0);
+        e.up.rows_into(xs, &xr, &mut u[..len], n0);
         for c in 0..r {
-            for (n, o) in out[(at + c) * hidden..(at + c + 1) * hidden]
-                .iter_mut()
-                .enumerate()
-            {
-                *o = d[n * r + c];
+            for i in 0..n1 - n0 {
+                let (a, b) = (g[i * r + c], u[i * r + c]);
+                // SAFETY: this task alone writes columns n0..n1 of job j's rows.
+                unsafe { act.put((at[j] + c) * inter + n0 + i, a / (1.0 + (-a).exp()) * b) };
             }
         }
-        at += r;
+    };
+    let dst = SharedOut::of(act);
+    tasks(jobs, inter, threads)
+        .into_par_iter()
+        .for_each(|t| gate_up(t, dst));
+    let act = &*act;
+    let acts: Vec<&[f32]> = act.chunks_exact(inter).collect();
+    let aq = quantized_rows(
+        jobs.iter()
+            .zip(&at)
+            .map(|((e, xs), &a)| (&e.down, &acts[a..a + xs.len()])),
+    );
+    let down = |(j, n0, n1): (usize, usize, usize), out: SharedOut| {
+        let (e, xs) = &jobs[j];
+        let r = xs.len();
+        let xs = &acts[at[j]..at[j] + r];
+        let xr: Vec<&XRow> = xs.iter().filter_map(|x| aq.get(x, &e.down)).collect();
+        let mut y = [0f32; MAX_TASK];
+        e.down.rows_into(xs, &xr, &mut y[..(n1 - n0) * r], n0);
+        for c in 0..r {
+            for i in 0..n1 - n0 {
+                // SAFETY: this task alone writes elements n0..n1 of job j's output rows.
+                unsafe { out.put((at[j] + c) * hidden + n0 + i, y[i * r + c]) };
+            }
+        }
+    };
+    let out = &mut out[..rows * hidden];
+    let dst = SharedOut::of(out);
+    tasks(jobs, hidden, threads)
+        .into_par_iter()
+        .for_each(|t| down(t, dst));
+}
+
+/// The most values (rows × x rows) one task of [`run_experts`] computes into its stack.
+const MAX_TASK: usize = 2048;
+
+/// The tasks of a pass over `n` rows of every job's matrix: (job, first row, end row), in
+/// chunks of about a quarter of the rows per thread, at most [`MAX_TASK`] values each.
+fn tasks(jobs: &[(CpuExpert, &[&[f32]])], n: usize, threads: usize) -> Vec<(usize, usize, usize)> {
+    let total = n * jobs.len();
+    let mut out = Vec::new();
+    for (j, (_, xs)) in jobs.iter().enumerate() {
+        let chunk = (total / (4 * threads).max(1))
+            .clamp(8, 512)
+            .min(MAX_TASK / xs.len().max(1))
+            .max(1);
+        for n0 in (0..n).step_by(chunk) {
+            out.push((j, n0, (n0 + chunk).min(n)));
+        }
+    }
+    out
+}
+
+/// A float buffer that parallel tasks write disjoint elements of.
+#[derive(Clone, Copy)]
+struct SharedOut(*mut f32, usize);
+
+// SAFETY: tasks write disjoint elements (each `put`'s caller says why), and the buffer
+// outlives the parallel pass that writes it.
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    fn of(b: &mut [f32]) -> SharedOut {
+        SharedOut(b.as_mut_ptr(), b.len())
+    }
+    /// # Safety
+    /// No other task writes or reads element `i` during the pass.
+    unsafe fn put(self, i: usize, v: f32) {
+        assert!(i < self.1, "SharedOut: element {i} of {}", self.1);
+        *self.0.add(i) = v;
+    }
+}
+
+/// x rows quantized for the matrices that take them so ([`CpuMatrix::int_dot`]): each
+/// distinct (row, element order) once, in parallel.
+struct QuantizedRows<'a> {
+    rows: Vec<(&'a [f32], bool, XRow)>,
+}
+
+impl QuantizedRows<'_> {
+    /// Row `x` quantized for `m`, where `m` takes x quantized.
+    fn get(&self, x: &[f32], m: &CpuMatrix) -> Option<&XRow> {
+        let q4 = is_q4(m);
+        self.rows
+            .iter()
+            .find(|(r, o, _)| std::ptr::eq(*r, x) && *o == q4)
+            .map(|(_, _, q)| q)
+    }
+}
+
+fn is_q4(m: &CpuMatrix) -> bool {
+    matches!(m.format, WFormat::Quant(QFormat::Q4 { .. }))
+}
+
+fn quantized_rows<'a>(
+    uses: impl Iterator<Item = (&'a CpuMatrix<'a>, &'a [&'a [f32]])>,
+) -> QuantizedRows<'a> {
+    let mut want: Vec<(&[f32], bool, usize)> = Vec::new();
+    for (m, xs) in uses {
+        if !m.int_dot() {
+            continue;
+        }
+        for x in xs {
+            let q4 = is_q4(m);
+            if !want
+                .iter()
+                .any(|(r, o, _)| std::ptr::eq(*r, *x) && *o == q4)
+            {
+                want.push((x, q4, m.k));
+            }
+        }
+    }
+    QuantizedRows {
+        rows: want
+            .into_par_iter()
+            .map(|(x, q4, k)| (x, q4, XRow::new(&x[..k], q4)))
+            .collect(),
     }
 }
 

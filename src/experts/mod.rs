@@ -28,6 +28,8 @@ pub use policy::{Policy, SlotTable, NONE};
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Write};
 use crate::weights::{GpuWeight, QuantPart, RowSource, WFormat, WeightFiles};
+#[cfg(not(target_arch = "wasm32"))]
+use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -341,6 +343,15 @@ pub struct Offload {
     rates: Mutex<Rates>,
 }
 
+/// The host memory available now (`MemAvailable` of /proc/meminfo), where known.
+#[cfg(not(target_arch = "wasm32"))]
+fn available_memory() -> Option<u64> {
+    let m = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Measured rates (exponential averages), in bytes per second: the CPU executor's (expert
 /// bytes times rows per expert) and the uploads' host copies.
 #[derive(Default)]
@@ -649,6 +660,63 @@ impl Offload {
         s.cpu_s += secs;
         self.files_read.store(true, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Fault in the pages of the experts in `sources` (the offloaded layers') on the CPU
+    /// executor's threads, in the background: a first read through the mapping costs a page
+    /// fault per 4 KiB, which would otherwise land on the first decode steps that run an
+    /// expert on the CPU. Nothing is done without a CPU executor, or where the experts do
+    /// not fit the host memory available now (they would only push each other out).
+    pub fn prefault(&self, sources: Vec<ExpertSource>) {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let Some(pool) = &self.pool else {
+                return;
+            };
+            let f = &self.files;
+            let mut names = Vec::new();
+            for src in &sources {
+                match src {
+                    ExpertSource::PerExpert { prefix } => {
+                        for x in 0..self.slots.n_experts {
+                            for part in ["gate", "up", "down"] {
+                                let w = format!("{prefix}.{x}.{part}_proj.weight");
+                                for sfx in ["", "_scale", "_scale_inv"] {
+                                    names.push(format!("{w}{sfx}"));
+                                }
+                            }
+                        }
+                    }
+                    ExpertSource::Fused { gate_up, down } => {
+                        names.push(gate_up.clone());
+                        names.push(down.clone());
+                    }
+                }
+            }
+            // Each tensor's place in its mapping: (address, length); the mappings live as
+            // long as the clone of the files the job holds.
+            let ranges: Vec<(usize, usize)> = names
+                .iter()
+                .filter_map(|n| f.get(n).ok())
+                .map(|t| (t.bytes.as_ptr() as usize, t.bytes.len()))
+                .collect();
+            let total: usize = ranges.iter().map(|r| r.1).sum();
+            if available_memory().is_none_or(|a| total as u64 > a / 2) {
+                return;
+            }
+            let keep = self.files.clone();
+            pool.spawn(move || {
+                let _files = keep;
+                ranges.par_iter().for_each(|&(at, len)| {
+                    for o in (0..len).step_by(4096) {
+                        // SAFETY: at .. at + len lies in a mapping `_files` keeps alive.
+                        unsafe { std::ptr::read_volatile((at + o) as *const u8) };
+                    }
+                });
+            });
+        }
+        #[cfg(target_arch = "wasm32")]
+        let _ = sources;
     }
 
     /// The RAM read rate on the CPU executor's threads ([`cpu::ram_read_bandwidth`]); None

@@ -175,6 +175,18 @@ impl Model {
             )?),
             _ => None,
         };
+        if let Some(off) = &offload {
+            // The experts the CPU may read: their pages faulted in ahead, in the background.
+            let sources = weights
+                .layers
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| match &l.mlp {
+                    load::Mlp::Moe(m) if off.offloaded(i) => m.source.clone(),
+                    _ => None,
+                });
+            off.prefault(sources.collect());
+        }
         Ok(Model(Arc::new(Loaded {
             config,
             gpu,
