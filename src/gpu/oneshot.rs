@@ -44,6 +44,15 @@ impl<T> Drop for OneshotTx<T> {
     }
 }
 
+impl<T> OneshotRx<T> {
+    /// Whether the value was sent (or the sender dropped): awaiting it would not wait.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(super) fn is_ready(&self) -> bool {
+        let s = lock(&self.0);
+        s.value.is_some() || s.closed
+    }
+}
+
 impl<T> std::future::Future for OneshotRx<T> {
     type Output = Option<T>;
     fn poll(

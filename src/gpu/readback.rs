@@ -98,6 +98,17 @@ impl Gpu {
         let slice = buf.slice(..bytes.div_ceil(4).max(1) * 4);
         let (tx, rx) = oneshot();
         slice.map_async(wgpu::MapMode::Read, move |r| tx.send(r));
+        // `SPARSA_SPIN_WAIT=1`: natively, poll without blocking until the map completes
+        // (up to 100 ms, then block): a round trip per offloaded layer then does not pay a
+        // sleeping thread's wake-up. A measurement aid (it keeps one core busy waiting).
+        #[cfg(not(target_arch = "wasm32"))]
+        if crate::knobs::knob!("SPARSA_SPIN_WAIT", |v| v <= 1) == Some(1) {
+            let t0 = std::time::Instant::now();
+            while !rx.is_ready() && t0.elapsed() < std::time::Duration::from_millis(100) {
+                let _ = self.device.poll(wgpu::PollType::Poll);
+                std::hint::spin_loop();
+            }
+        }
         // In the browser this returns at once: the device is polled by the browser itself.
         let wait = wgpu::PollType::Wait {
             submission_index: after,
