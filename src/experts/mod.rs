@@ -28,8 +28,6 @@ pub use policy::{Policy, SlotTable, NONE};
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, Write};
 use crate::weights::{GpuWeight, QuantPart, RowSource, WFormat, WeightFiles};
-#[cfg(not(target_arch = "wasm32"))]
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -662,17 +660,17 @@ impl Offload {
         Ok(())
     }
 
-    /// Fault in the pages of the experts in `sources` (the offloaded layers') on the CPU
-    /// executor's threads, in the background: a first read through the mapping costs a page
-    /// fault per 4 KiB, which would otherwise land on the first decode steps that run an
-    /// expert on the CPU. Nothing is done without a CPU executor, or where the experts do
-    /// not fit the host memory available now (they would only push each other out).
+    /// Fault in the pages of the experts in `sources` (the offloaded layers') on two
+    /// background threads: a first read through the mapping costs a page fault per 4 KiB,
+    /// which would otherwise land on the first decode steps that run an expert on the CPU.
+    /// Nothing is done without a CPU executor, or where the experts do not fit the host
+    /// memory available now (they would only push each other out).
     pub fn prefault(&self, sources: Vec<ExpertSource>) {
         #[cfg(not(target_arch = "wasm32"))]
         {
-            let Some(pool) = &self.pool else {
+            if self.pool.is_none() {
                 return;
-            };
+            }
             let f = &self.files;
             let mut names = Vec::new();
             for src in &sources {
@@ -704,16 +702,26 @@ impl Offload {
             if available_memory().is_none_or(|a| total as u64 > a / 2) {
                 return;
             }
-            let keep = self.files.clone();
-            pool.spawn(move || {
-                let _files = keep;
-                ranges.par_iter().for_each(|&(at, len)| {
-                    for o in (0..len).step_by(4096) {
-                        // SAFETY: at .. at + len lies in a mapping `_files` keeps alive.
-                        unsafe { std::ptr::read_volatile((at + o) as *const u8) };
-                    }
-                });
-            });
+            // Two threads of their own, not the executor's: decode steps that need the
+            // executor meanwhile do not queue behind the faulting.
+            for half in 0..2 {
+                let keep = self.files.clone();
+                let mine: Vec<(usize, usize)> =
+                    ranges.iter().skip(half).step_by(2).copied().collect();
+                let spawned = std::thread::Builder::new()
+                    .name("sparsa-prefault".into())
+                    .spawn(move || {
+                        let _files = keep;
+                        for (at, len) in mine {
+                            for o in (0..len).step_by(4096) {
+                                // SAFETY: at .. at + len lies in a mapping `_files` keeps alive.
+                                unsafe { std::ptr::read_volatile((at + o) as *const u8) };
+                            }
+                        }
+                    });
+                // Without the thread, the first reads fault the pages in instead.
+                drop(spawned);
+            }
         }
         #[cfg(target_arch = "wasm32")]
         let _ = sources;
