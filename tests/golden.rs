@@ -10,8 +10,11 @@
 //! |Δ| ≤ 5e-4 + 1e-4·|ref|: ~10× the rounding we see, and far below what a wrong kernel or
 //! a single changed top-k choice causes (≥ 0.05, see the dense-vs-sparse check below).
 
+mod common;
+
+use sparsa::experts::{CpuExperts, Policy};
 use sparsa::gpu::Gpu;
-use sparsa::model::Model;
+use sparsa::model::{Model, ModelSource};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -133,6 +136,68 @@ fn check_family(family: &str) {
         assert_eq!(out, r.greedy[i], "{family} prompt {i}: greedy continuation");
     }
     eprintln!("{family}: max |Δlogit| vs transformers = {worst:.3e}");
+}
+
+/// Hybrid expert execution (`--cpu-experts on`, issue 22) against transformers: one GPU
+/// slot per MoE layer and the prompts fed in chunks of 5 rows (at most 16 take the hybrid
+/// path), so nearly every routed expert of the prefill and of the greedy continuation runs
+/// on the CPU. Same tolerance, same argmax, same greedy tokens.
+fn check_cpu_experts(family: &str) {
+    let r = reference(family);
+    let src = ModelSource::open(&data(family)).expect("model source");
+    let ctx = r
+        .prompts
+        .iter()
+        .zip(&r.greedy)
+        .map(|(p, g)| p.len() + g.len())
+        .max()
+        .unwrap_or(1);
+    let mut b = common::budget(&src, &gpu(), ctx, 1, Policy::Lru);
+    b.cpu = CpuExperts::On;
+    let model = Model::from_source_within(&src, gpu(), &mut |_, _| {}, Some(&b)).expect("loads");
+    let off = model.offload.as_ref().expect("experts stream");
+    let vocab = model.config.vocab_size;
+    let mut worst = 0f32;
+    for (i, prompt) in r.prompts.iter().enumerate() {
+        let mut s = model.session(ctx).unwrap();
+        s.chunk = 5;
+        let got = s.forward(prompt, true).unwrap();
+        let what = format!("{family} prompt {i}, CPU experts");
+        worst = worst.max(compare(&what, &got.data, &r.logits[i], vocab));
+        s.reset();
+        let mut sampler = sparsa::generate::Sampler::new(Default::default());
+        let (out, _) = sparsa::generate::generate(
+            &mut s,
+            prompt,
+            r.greedy[i].len(),
+            &mut sampler,
+            &[],
+            |_| true,
+        )
+        .unwrap();
+        assert_eq!(out, r.greedy[i], "{what}: greedy continuation");
+    }
+    let st = off.stats();
+    assert!(
+        st.cpu_pairs * 2 > st.uses,
+        "most pairs ran on the CPU: {st:?}"
+    );
+    eprintln!(
+        "{family} with CPU experts ({} of {} pairs): max |Δlogit| vs transformers = {worst:.3e}",
+        st.cpu_pairs, st.uses
+    );
+}
+
+#[test]
+fn glm52_and_dsv32_with_cpu_experts_match_transformers() {
+    check_cpu_experts("glm52");
+    check_cpu_experts("dsv32");
+}
+
+#[test]
+fn q4_and_fp8_experts_on_the_cpu_match_transformers() {
+    check_cpu_experts("glm52-q4");
+    check_cpu_experts("dsv32-fp8");
 }
 
 /// The same weights with index_topk ≥ the prompt are dense: they must match transformers'

@@ -12,7 +12,7 @@ mod common;
 use sparsa::experts::{CpuExperts, ExpertStats, Policy};
 use sparsa::generate::{generate, Sampler, SamplingParams};
 use sparsa::gpu::Gpu;
-use sparsa::model::{self, Budget, GpuMemory, Model, ModelSource, Session};
+use sparsa::model::{GpuMemory, Model, ModelSource, Session};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -30,23 +30,6 @@ fn source(name: &str) -> ModelSource {
             .join(name),
     )
     .expect("test model")
-}
-
-/// A budget that holds everything but the routed experts and `slots` experts per MoE layer.
-fn budget(src: &ModelSource, gpu: &Gpu, ctx: usize, slots: u64, policy: Policy) -> Budget {
-    let scratch = Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
-    let p = model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
-    Budget {
-        memory: GpuMemory::Bytes(
-            p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes * slots,
-        ),
-        ctx,
-        cache: None,
-        policy,
-        prefetch: false,
-        cpu: CpuExperts::Off,
-        cpu_threads: 0,
-    }
 }
 
 /// Logits of a prefill of `prompt` (every row) and of `steps` greedy decode steps after it,
@@ -109,7 +92,7 @@ fn check_source(src: ModelSource, name: &str) {
         (1, Policy::Lru, CpuExperts::On),
         (e - 1, Policy::Lfu { decay: 0.9 }, CpuExperts::On),
     ] {
-        let mut b = budget(&src, &g, ctx, slots, policy);
+        let mut b = common::budget(&src, &g, ctx, slots, policy);
         b.cpu = cpu;
         b.cpu_threads = 3;
         let model = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
@@ -239,7 +222,7 @@ fn generation_matches_resident_with_one_slot_per_layer() {
             .0
     };
     let want = gen(&Model::from_source(&src, g.clone(), &mut |_, _| {}).unwrap());
-    let b = budget(&src, &g, ctx, 1, Policy::Lru);
+    let b = common::budget(&src, &g, ctx, 1, Policy::Lru);
     let m = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
     assert_eq!(gen(&m), want);
 }
@@ -274,7 +257,7 @@ fn drafts_with_streamed_experts_keep_greedy_tokens() {
         &Model::from_source(&src, g.clone(), &mut |_, _| {}).unwrap(),
         0,
     );
-    let b = budget(&src, &g, ctx, 1, Policy::Lru);
+    let b = common::budget(&src, &g, ctx, 1, Policy::Lru);
     let m = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
     let plan = m.plan.as_ref().expect("a budget plans");
     assert!(
@@ -302,7 +285,7 @@ fn drafts_with_streamed_experts_keep_greedy_tokens() {
 fn a_budget_without_room_for_one_slot_per_layer_is_refused_with_what_it_needs() {
     let src = source("builtin");
     let g = gpu();
-    let mut b = budget(&src, &g, 64, 1, Policy::Lru);
+    let mut b = common::budget(&src, &g, 64, 1, Policy::Lru);
     if let GpuMemory::Bytes(x) = &mut b.memory {
         *x -= 1;
     }
@@ -326,7 +309,7 @@ fn auto_caches_under_a_budget_are_the_ones_the_session_gets() {
     let src = source("builtin");
     let g = gpu();
     let ctx = 1024;
-    let mut b = budget(&src, &g, ctx, 1, Policy::Lru);
+    let mut b = common::budget(&src, &g, ctx, 1, Policy::Lru);
     let f32_caches = Caches::bytes_per_token(&src.config, CacheFormat::F32) * ctx as u64;
     if let GpuMemory::Bytes(x) = &mut b.memory {
         *x -= f32_caches / 2;
@@ -352,7 +335,7 @@ fn auto_caches_under_a_budget_are_the_ones_the_session_gets() {
 fn a_budget_that_holds_every_expert_does_not_offload() {
     let src = source("builtin");
     let g = gpu();
-    let b = budget(
+    let b = common::budget(
         &src,
         &g,
         64,
@@ -434,7 +417,7 @@ fn a_nan_in_a_streamed_expert_is_an_error_naming_it() {
     std::fs::write(&file, common::write_tensors(&t)).unwrap();
     let src = ModelSource::open(&dir).unwrap();
     let g = gpu();
-    let b = budget(&src, &g, 32, 1, Policy::Lru);
+    let b = common::budget(&src, &g, 32, 1, Policy::Lru);
     let model = Model::from_source_within(&src, g, &mut |_, _| {}, Some(&b)).expect("loads");
     let err = model
         .session(32)
@@ -460,7 +443,7 @@ fn a_model_file_rewritten_while_experts_stream_is_refused() {
     common::copy_model(&common::data("glm52"), &dir);
     let src = ModelSource::open(&dir).unwrap();
     let g = gpu();
-    let b = budget(&src, &g, 32, 1, Policy::Lru);
+    let b = common::budget(&src, &g, 32, 1, Policy::Lru);
     let model = Model::from_source_within(&src, g, &mut |_, _| {}, Some(&b)).expect("loads");
     let mut s = model.session(32).unwrap();
     let p = prompt(src.config.vocab_size, 4);

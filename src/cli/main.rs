@@ -704,7 +704,14 @@ mod tests {
         let short =
             |v: &[(String, Option<char>)], f: &str| v.iter().find(|x| x.0 == f).and_then(|x| x.1);
         let info = names("info");
-        for unusable in ["expert-policy", "expert-prefetch", "temperature", "seed"] {
+        for unusable in [
+            "expert-policy",
+            "expert-prefetch",
+            "cpu-experts",
+            "cpu-threads",
+            "temperature",
+            "seed",
+        ] {
             assert!(
                 info.iter().all(|x| x.0 != unusable),
                 "info only plans: --{unusable} does nothing there"

@@ -186,8 +186,11 @@ impl Session {
             let first = off.first_layer() == Some(i);
             off.count_sync(t as usize, t0.elapsed().as_secs_f64(), first);
             let mut gpu_round = |table: &[u32], shared: bool| -> Result<()> {
-                gpu.write(&s.expert_slots, 0, bytemuck::cast_slice(table));
-                self.experts(rec, m, &s.expert_slots, slots, t, xq);
+                // A hybrid round whose pairs all run on the CPU has no GPU experts.
+                if table.iter().any(|&x| x != crate::experts::NONE) {
+                    gpu.write(&s.expert_slots, 0, bytemuck::cast_slice(table));
+                    self.experts(rec, m, &s.expert_slots, slots, t, xq);
+                }
                 if let (Some(sh), true) = (&m.shared, shared) {
                     self.swiglu(rec, sh, t, xq);
                 }

@@ -197,3 +197,27 @@ pub fn write_tensors(tensors: &[Tensor]) -> Vec<u8> {
         &data,
     )
 }
+
+/// A budget that holds everything but the routed experts and `slots` experts per MoE layer.
+pub fn budget(
+    src: &sparsa::model::ModelSource,
+    gpu: &sparsa::gpu::Gpu,
+    ctx: usize,
+    slots: u64,
+    policy: sparsa::experts::Policy,
+) -> sparsa::model::Budget {
+    use sparsa::model::{plan, Budget, GpuMemory, Session};
+    let scratch = Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
+    let p = plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
+    Budget {
+        memory: GpuMemory::Bytes(
+            p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes * slots,
+        ),
+        ctx,
+        cache: None,
+        policy,
+        prefetch: false,
+        cpu: sparsa::experts::CpuExperts::Off,
+        cpu_threads: 0,
+    }
+}
