@@ -95,6 +95,15 @@ fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
     max
 }
 
+/// From a reset session: the greedy continuation of `prompt` is `want`.
+fn check_greedy(s: &mut sparsa::model::Session, prompt: &[u32], want: &[u32], what: &str) {
+    s.reset();
+    let mut sampler = sparsa::generate::Sampler::new(Default::default());
+    let (out, _) =
+        sparsa::generate::generate(s, prompt, want.len(), &mut sampler, &[], |_| true).unwrap();
+    assert_eq!(out, want, "{what}: greedy continuation");
+}
+
 fn check_family(family: &str) {
     let r = reference(family);
     let model = Model::load(&data(family), gpu(), &mut |_, _| {}).expect("model loads");
@@ -122,18 +131,8 @@ fn check_family(family: &str) {
             vocab,
         ));
         // Greedy continuation with the caches, token by token.
-        s.reset();
-        let mut sampler = sparsa::generate::Sampler::new(Default::default());
-        let (out, _) = sparsa::generate::generate(
-            &mut s,
-            prompt,
-            r.greedy[i].len(),
-            &mut sampler,
-            &[],
-            |_| true,
-        )
-        .unwrap();
-        assert_eq!(out, r.greedy[i], "{family} prompt {i}: greedy continuation");
+        let what = format!("{family} prompt {i}");
+        check_greedy(&mut s, prompt, &r.greedy[i], &what);
     }
     eprintln!("{family}: max |Δlogit| vs transformers = {worst:.3e}");
 }
@@ -164,18 +163,7 @@ fn check_cpu_experts(family: &str) {
         let got = s.forward(prompt, true).unwrap();
         let what = format!("{family} prompt {i}, CPU experts");
         worst = worst.max(compare(&what, &got.data, &r.logits[i], vocab));
-        s.reset();
-        let mut sampler = sparsa::generate::Sampler::new(Default::default());
-        let (out, _) = sparsa::generate::generate(
-            &mut s,
-            prompt,
-            r.greedy[i].len(),
-            &mut sampler,
-            &[],
-            |_| true,
-        )
-        .unwrap();
-        assert_eq!(out, r.greedy[i], "{what}: greedy continuation");
+        check_greedy(&mut s, prompt, &r.greedy[i], &what);
     }
     let st = off.stats();
     assert!(
