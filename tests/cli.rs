@@ -287,6 +287,30 @@ fn generate_streaming_experts_is_greedy_reference() {
     );
 }
 
+/// The CPU-expert flags: a bad value names the flag and what it takes; without
+/// `--gpu-memory` they are refused (nothing streams, so nothing runs on the CPU).
+#[test]
+fn cpu_expert_flags_are_checked() {
+    let g = ["generate", "-p", "hi", "--gpu-memory", "64MB"];
+    let err = fails(&[&g[..], &["--cpu-experts", "maybe"]].concat(), None);
+    assert!(
+        err.contains("--cpu-experts") && err.contains("auto, on or off"),
+        "{err}"
+    );
+    for n in ["0", "5000", "x"] {
+        let err = fails(&[&g[..], &["--cpu-threads", n]].concat(), None);
+        assert!(err.contains("--cpu-threads"), "{err}");
+    }
+    let mut c = bin();
+    c.args(["generate", "-p", "hi", "--cpu-experts", "on"]);
+    let out = common::run_with_timeout(c, None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("required") && err.contains("--gpu-memory"),
+        "{err}"
+    );
+}
+
 fn ok_text(out: &std::process::Output) -> String {
     assert!(
         out.status.success(),

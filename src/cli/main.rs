@@ -220,9 +220,9 @@ pub(crate) struct ExpertArgs {
     /// 16 rows (prefill) upload. Only with --gpu-memory.
     #[arg(long, default_value = "auto", requires = "gpu_memory")]
     cpu_experts: sparsa::experts::CpuExperts,
-    /// Threads of the CPU expert executor (default: one per logical CPU).
-    #[arg(long, default_value_t = 0, requires = "gpu_memory")]
-    cpu_threads: usize,
+    /// Threads of the CPU expert executor, 1 to 1024 (default: one per logical CPU).
+    #[arg(long, requires = "gpu_memory", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    cpu_threads: Option<u16>,
 }
 
 #[derive(Args)]
@@ -363,7 +363,7 @@ pub(crate) fn budget(m: &ModelArgs, x: &ExpertArgs, ctx: usize) -> Option<sparsa
         policy: x.expert_policy,
         prefetch: x.expert_prefetch,
         cpu: x.cpu_experts,
-        cpu_threads: x.cpu_threads,
+        cpu_threads: x.cpu_threads.map_or(0, usize::from),
     })
 }
 
