@@ -101,56 +101,21 @@ impl<'a> CpuMatrix<'a> {
     }
 
     /// `y = W · x` (`y` has `n` elements, `x` has `k`), the rows spread over rayon's
-    /// threads.
+    /// threads in chunks as [`run_experts`] spreads them.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert!(
             x.len() >= self.k && y.len() >= self.n,
             "CpuMatrix::matvec: short x or y"
         );
-        products(&[(self, &[x])], vec![&mut y[..self.n]]);
-    }
-}
-
-/// Several products in one parallel pass: `outs[j][i · r + c] = jobs[j].0[i] · jobs[j].1[c]`
-/// (`r` rows of x for job j; `outs[j]` holds `n · r` floats). Every job's output rows are
-/// cut into chunks (about four per thread in all, 8 ..= 512 rows) that rayon's threads
-/// take, so a few small matrices keep every thread busy as well as one large one does.
-fn products(jobs: &[(&CpuMatrix, &[&[f32]])], outs: Vec<&mut [f32]>) {
-    let rows: usize = jobs.iter().map(|(m, _)| m.n).sum();
-    let chunk = (rows / (4 * rayon::current_num_threads()).max(1)).clamp(8, 512);
-    // x quantized once per job where its matrix takes it so.
-    let xq: Vec<Vec<XRow>> = jobs
-        .iter()
-        .map(|(m, xs)| match m.int_dot() {
-            true => xs
-                .iter()
-                .map(|x| {
-                    XRow::new(
-                        &x[..m.k],
-                        matches!(m.format, WFormat::Quant(QFormat::Q4 { .. })),
-                    )
-                })
-                .collect(),
-            false => Vec::new(),
-        })
-        .collect();
-    let xq: Vec<Vec<&XRow>> = xq.iter().map(|v| v.iter().collect()).collect();
-    let mut items = Vec::with_capacity(rows / chunk + 2 * jobs.len());
-    for ((&(m, xs), out), xq) in jobs.iter().zip(outs).zip(&xq) {
-        assert!(
-            xs.iter().all(|x| x.len() >= m.k) && out.len() >= m.n * xs.len(),
-            "CpuMatrix products: short x or output"
-        );
-        for (c, y) in out[..m.n * xs.len()]
-            .chunks_mut(chunk * xs.len())
+        let xs = [x];
+        let xq = quantized_rows(std::iter::once((self, &xs[..])));
+        let xr: Vec<&XRow> = xq.get(x, self).into_iter().collect();
+        let chunk = chunk_rows(self.n, 1, rayon::current_num_threads());
+        y[..self.n]
+            .par_chunks_mut(chunk)
             .enumerate()
-        {
-            items.push((m, xs, xq.as_slice(), y, c * chunk));
-        }
+            .for_each(|(c, ys)| self.rows_into(&xs, &xr, ys, c * chunk));
     }
-    items
-        .into_par_iter()
-        .for_each(|(m, xs, xq, y, row0)| m.rows_into(xs, xq, y, row0));
 }
 
 /// This machine's RAM read rate, bytes per second, on the calling rayon pool's threads:
@@ -658,18 +623,23 @@ const MAX_TASK: usize = 2048;
 /// The tasks of a pass over `n` rows of every job's matrix: (job, first row, end row), in
 /// chunks of about a quarter of the rows per thread, at most [`MAX_TASK`] values each.
 fn tasks(jobs: &[(CpuExpert, &[&[f32]])], n: usize, threads: usize) -> Vec<(usize, usize, usize)> {
-    let total = n * jobs.len();
     let mut out = Vec::new();
     for (j, (_, xs)) in jobs.iter().enumerate() {
-        let chunk = (total / (4 * threads).max(1))
-            .clamp(8, 512)
-            .min(MAX_TASK / xs.len().max(1))
-            .max(1);
+        let chunk = chunk_rows(n * jobs.len(), xs.len(), threads);
         for n0 in (0..n).step_by(chunk) {
             out.push((j, n0, (n0 + chunk).min(n)));
         }
     }
     out
+}
+
+/// Rows per task of a pass over `total` rows with `r` rows of x: about a quarter of the
+/// rows per thread, 8 ..= 512, at most [`MAX_TASK`] values.
+fn chunk_rows(total: usize, r: usize, threads: usize) -> usize {
+    (total / (4 * threads).max(1))
+        .clamp(8, 512)
+        .min(MAX_TASK / r.max(1))
+        .max(1)
 }
 
 /// A float buffer that parallel tasks write disjoint elements of.
