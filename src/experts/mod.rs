@@ -350,6 +350,52 @@ fn available_memory() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Rows `row0 .. row0 + n` (of `k` columns) of a matrix stored as `parts` (their rows one
+/// after the other) as the CPU executor reads them: a float part in its file type, sliced
+/// at any row; a quantized part (`format`) whole, with its scales.
+#[cfg(not(target_arch = "wasm32"))]
+fn cpu_rows<'a>(
+    parts: &[RowSource<'a>],
+    format: WFormat,
+    row0: usize,
+    n: usize,
+    k: usize,
+) -> Result<cpu::CpuMatrix<'a>> {
+    let mut start = 0;
+    for p in parts {
+        let (t, scale) = p.tensors();
+        let rows = t.shape.first().copied().unwrap_or(0);
+        if row0 >= start + rows {
+            start += rows;
+            continue;
+        }
+        let at = row0 - start;
+        return match scale {
+            None => {
+                let d = t.dtype()?;
+                let rb = k * d.size();
+                let bytes = t.bytes.get(at * rb..(at + n) * rb).ok_or_else(|| {
+                    Error::msg(format!(
+                        "{}: rows {at}..{} lie past its bytes",
+                        t.name,
+                        at + n
+                    ))
+                })?;
+                cpu::CpuMatrix::new(&t.name, WFormat::Float(d), bytes, &[], n, k)
+            }
+            Some(s) if at == 0 => cpu::CpuMatrix::new(&t.name, format, t.bytes, s.bytes, n, k),
+            Some(_) => Err(Error::msg(format!(
+                "{}: a quantized matrix is read whole, not from row {at}",
+                t.name
+            ))),
+        };
+    }
+    Err(Error::msg(format!(
+        "an expert matrix of {start} rows has no rows {row0}..{}",
+        row0 + n
+    )))
+}
+
 /// Measured rates (exponential averages), in bytes per second: the CPU executor's (expert
 /// bytes times rows per expert) and the uploads' host copies.
 #[derive(Default)]
@@ -660,44 +706,34 @@ impl Offload {
         Ok(())
     }
 
-    /// Fault in the pages of the experts in `sources` (the offloaded layers') on two
+    /// Fault in the pages of the experts in `sources` (the offloaded layers', with their
+    /// gate_up and down formats, [`Offload::expert_parts`]) on two
     /// background threads: a first read through the mapping costs a page fault per 4 KiB,
     /// which would otherwise land on the first decode steps that run an expert on the CPU.
     /// Nothing is done without a CPU executor, or where the experts do not fit the host
     /// memory available now (they would only push each other out).
-    pub fn prefault(&self, sources: Vec<ExpertSource>) {
+    pub fn prefault(&self, sources: Vec<(ExpertSource, WFormat, WFormat)>) {
         #[cfg(not(target_arch = "wasm32"))]
         {
             if self.pool.is_none() {
                 return;
             }
-            let f = &self.files;
-            let mut names = Vec::new();
-            for src in &sources {
-                match src {
-                    ExpertSource::PerExpert { prefix } => {
-                        for x in 0..self.slots.n_experts {
-                            for part in ["gate", "up", "down"] {
-                                let w = format!("{prefix}.{x}.{part}_proj.weight");
-                                for sfx in ["", "_scale", "_scale_inv"] {
-                                    names.push(format!("{w}{sfx}"));
-                                }
-                            }
+            // Each tensor's place in its mapping: (address, length); the mappings live as
+            // long as the clone of the files each thread holds.
+            let mut ranges: Vec<(usize, usize)> = Vec::new();
+            for (src, fg, fd) in &sources {
+                for x in 0..self.slots.n_experts as u32 {
+                    let Ok((gu, dn)) = self.expert_parts(src, x, (*fg, *fd)) else {
+                        continue;
+                    };
+                    for p in gu.iter().chain(&dn) {
+                        let (t, scale) = p.tensors();
+                        for t in std::iter::once(t).chain(scale) {
+                            ranges.push((t.bytes.as_ptr() as usize, t.bytes.len()));
                         }
-                    }
-                    ExpertSource::Fused { gate_up, down } => {
-                        names.push(gate_up.clone());
-                        names.push(down.clone());
                     }
                 }
             }
-            // Each tensor's place in its mapping: (address, length); the mappings live as
-            // long as the clone of the files the job holds.
-            let ranges: Vec<(usize, usize)> = names
-                .iter()
-                .filter_map(|n| f.get(n).ok())
-                .map(|t| (t.bytes.as_ptr() as usize, t.bytes.len()))
-                .collect();
             let total: usize = ranges.iter().map(|r| r.1).sum();
             if available_memory().is_none_or(|a| total as u64 > a / 2) {
                 return;
@@ -737,8 +773,7 @@ impl Offload {
     }
 
     /// Expert `x` of a layer whose experts are in `source`, read in place from the mapped
-    /// files: as stored where the GPU keeps the format (quantized), else in the file's own
-    /// float type.
+    /// files ([`Offload::expert_parts`]).
     #[cfg(not(target_arch = "wasm32"))]
     fn cpu_expert(
         &self,
@@ -747,65 +782,13 @@ impl Offload {
         (inter, hidden): (usize, usize),
         (gate_up, down): (&GpuWeight, &GpuWeight),
     ) -> Result<cpu::CpuExpert<'_>> {
-        let f = &self.files;
-        let matrix = |name: &str, w: &GpuWeight, n: usize, k: usize| -> Result<cpu::CpuMatrix> {
-            let t = f.get(name)?;
-            let (format, scale) = match w.format {
-                WFormat::Quant(q) => (
-                    w.format,
-                    f.get(&format!("{name}{}", q.scale_suffix()))?.bytes,
-                ),
-                WFormat::Float(_) => (WFormat::Float(t.dtype()?), &[][..]),
-            };
-            cpu::CpuMatrix::new(name, format, t.bytes, scale, n, k)
-        };
-        // Expert x's part of a fused [E, rows, cols] float tensor.
-        let fused = |name: &str, row0: usize, n: usize, k: usize| -> Result<cpu::CpuMatrix> {
-            let t = f.get(name)?;
-            let d = t.dtype()?;
-            let per = t.bytes.len() / self.slots.n_experts;
-            let start = x as usize * per + row0 * k * d.size();
-            let bytes = t
-                .bytes
-                .get(start..start + n * k * d.size())
-                .ok_or_else(|| {
-                    Error::msg(format!(
-                        "{name}: expert {x}'s rows lie past the tensor's bytes"
-                    ))
-                })?;
-            cpu::CpuMatrix::new(&format!("{name}[{x}]"), WFormat::Float(d), bytes, &[], n, k)
-        };
-        let (g, u, d) = match source {
-            ExpertSource::PerExpert { prefix } => (
-                matrix(
-                    &format!("{prefix}.{x}.gate_proj.weight"),
-                    gate_up,
-                    inter,
-                    hidden,
-                )?,
-                matrix(
-                    &format!("{prefix}.{x}.up_proj.weight"),
-                    gate_up,
-                    inter,
-                    hidden,
-                )?,
-                matrix(
-                    &format!("{prefix}.{x}.down_proj.weight"),
-                    down,
-                    hidden,
-                    inter,
-                )?,
-            ),
-            ExpertSource::Fused {
-                gate_up: gu,
-                down: dn,
-            } => (
-                fused(gu, 0, inter, hidden)?,
-                fused(gu, inter, inter, hidden)?,
-                fused(dn, 0, hidden, inter)?,
-            ),
-        };
-        cpu::CpuExpert::new(&format!("layer expert {x}"), g, u, d)
+        let (gu, dn) = self.expert_parts(source, x, (gate_up.format, down.format))?;
+        cpu::CpuExpert::new(
+            &format!("routed expert {x}"),
+            cpu_rows(&gu, gate_up.format, 0, inter, hidden)?,
+            cpu_rows(&gu, gate_up.format, inter, inter, hidden)?,
+            cpu_rows(&dn, down.format, 0, hidden, inter)?,
+        )
     }
 
     /// Prefetch for layer `i`: the experts `predicted` for its next chunk (its router applied
@@ -892,6 +875,49 @@ impl Offload {
         self.layers.iter().position(|l| l.is_some())
     }
 
+    /// Expert `x`'s tensors in the files as rows in the formats the GPU keeps (`formats`:
+    /// gate_up's and down's, which may differ; a quantized matrix comes with its scale
+    /// tensor): gate_up's parts (gate's rows, then up's) and down's. What an upload writes,
+    /// what the CPU executor reads and what the prefault touches.
+    fn expert_parts(
+        &self,
+        source: &ExpertSource,
+        x: u32,
+        (fg, fd): (WFormat, WFormat),
+    ) -> Result<(Vec<RowSource<'_>>, Vec<RowSource<'_>>)> {
+        let f = &self.files;
+        let part = |name: &str, format: WFormat| -> Result<RowSource> {
+            let t = f.get(name)?;
+            Ok(match format {
+                WFormat::Quant(q) => {
+                    let scale = f.get(&format!("{name}{}", q.scale_suffix()))?;
+                    RowSource::Quant(QuantPart { weight: t, scale })
+                }
+                WFormat::Float(_) => RowSource::Float(t),
+            })
+        };
+        // Expert x's [rows, cols] of a fused float [E, rows, cols] tensor (shape checked at
+        // load).
+        let slice = |name: &str| -> Result<RowSource> {
+            let mut t = f.get(name)?;
+            let per = t.bytes.len() / self.slots.n_experts;
+            t.bytes = &t.bytes[x as usize * per..(x as usize + 1) * per];
+            t.shape = t.shape.get(1..).unwrap_or_default().to_vec();
+            t.name = format!("{name}[{x}]");
+            Ok(RowSource::Float(t))
+        };
+        Ok(match source {
+            ExpertSource::PerExpert { prefix } => (
+                vec![
+                    part(&format!("{prefix}.{x}.gate_proj.weight"), fg)?,
+                    part(&format!("{prefix}.{x}.up_proj.weight"), fg)?,
+                ],
+                vec![part(&format!("{prefix}.{x}.down_proj.weight"), fd)?],
+            ),
+            ExpertSource::Fused { gate_up, down } => (vec![slice(gate_up)?], vec![slice(down)?]),
+        })
+    }
+
     /// The writes that put expert `x` into slot `slot.0` (`slot.1` / `slot.2`: rows per
     /// expert of gate_up / down).
     fn upload<'a>(
@@ -903,39 +929,7 @@ impl Offload {
         (gate_up, down): (&GpuWeight, &GpuWeight),
         check: bool,
     ) -> Result<u64> {
-        let f = &self.files;
-        // A tensor as rows of `w`'s format (gate_up and down may be stored differently).
-        let part = |name: &str, w: &GpuWeight| -> Result<RowSource> {
-            let t = f.get(name)?;
-            Ok(match w.format {
-                WFormat::Quant(q) => {
-                    let scale = f.get(&format!("{name}{}", q.scale_suffix()))?;
-                    RowSource::Quant(QuantPart { weight: t, scale })
-                }
-                WFormat::Float(_) => RowSource::Float(t),
-            })
-        };
-        let slice = |name: &str, rows: usize| -> Result<RowSource> {
-            let mut t = f.get(name)?;
-            let per = t.bytes.len() / self.slots.n_experts;
-            t.bytes = &t.bytes[x as usize * per..(x as usize + 1) * per];
-            t.shape = vec![rows, t.shape.last().copied().unwrap_or(0)];
-            t.name = format!("{name}[{x}]");
-            Ok(RowSource::Float(t))
-        };
-        let (gu, dn) = match source {
-            ExpertSource::PerExpert { prefix } => (
-                vec![
-                    part(&format!("{prefix}.{x}.gate_proj.weight"), gate_up)?,
-                    part(&format!("{prefix}.{x}.up_proj.weight"), gate_up)?,
-                ],
-                vec![part(&format!("{prefix}.{x}.down_proj.weight"), down)?],
-            ),
-            ExpertSource::Fused {
-                gate_up: g,
-                down: d,
-            } => (vec![slice(g, rpe_gu)?], vec![slice(d, rpe_dn)?]),
-        };
+        let (gu, dn) = self.expert_parts(source, x, (gate_up.format, down.format))?;
         let b = gate_up.write_rows(writes, slot * rpe_gu, &gu, check)?
             + down.write_rows(writes, slot * rpe_dn, &dn, check)?;
         Ok(b)

@@ -182,7 +182,10 @@ impl Model {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, l)| match &l.mlp {
-                    load::Mlp::Moe(m) if off.offloaded(i) => m.source.clone(),
+                    load::Mlp::Moe(m) if off.offloaded(i) => {
+                        let src = m.source.clone()?;
+                        Some((src, m.gate_up.format, m.down.format))
+                    }
                     _ => None,
                 });
             off.prefault(sources.collect());

@@ -50,6 +50,16 @@ pub enum RowSource<'a> {
     Quant(QuantPart<'a>),
 }
 
+impl<'a> RowSource<'a> {
+    /// The weight tensor, and its scale tensor where quantized.
+    pub fn tensors(&self) -> (&TensorRef<'a>, Option<&TensorRef<'a>>) {
+        match self {
+            RowSource::Float(t) => (t, None),
+            RowSource::Quant(q) => (&q.weight, Some(&q.scale)),
+        }
+    }
+}
+
 /// One quantized tensor and its scale tensor, as stored in the files.
 pub struct QuantPart<'a> {
     pub weight: TensorRef<'a>,
