@@ -16,6 +16,9 @@
 // rotating rot_half pairs from rot_off (RoPE, cos/sin row cs_row + r of `cs`): what a norm,
 // a RoPE and the store did in three dispatches (`prepare`).
 //
+// With places (P.ragged, places.wgsl) chunk row cs_row + r goes to cache row lo + pos
+// instead of pos0 + r, and a row outside this segment is skipped.
+//
 // One workgroup per row (per (row, head) for rotate). Defines: LFMT, KFMT, RANDOM, PREP.
 
 // Params (binding 0): declared once, in src/kernels/cache.rs (`Params`), and put before this source.
@@ -29,6 +32,7 @@
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
 @group(0) @binding(4) var<storage, read> nbias: array<f32>;
 @group(0) @binding(5) var<storage, read> cs: array<f32>;
+@group(0) @binding(6) var<storage, read> places: array<u32>;
 
 const WG: u32 = 128u;
 const BLK: u32 = 128u; // FP8 scale block
@@ -104,6 +108,21 @@ fn row_id(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.x + wid.y * nwg.x;
 }
 
+// The cache row row r of the dispatch goes to (see the top).
+fn cache_row(r: u32) -> u32 {
+    if (P.ragged != 0u) {
+        let t = P.cs_row + r;
+        return row_lo(t) + row_pos(t);
+    }
+    return P.pos0 + r;
+}
+
+// Whether cache row c lies in the bound segment (always so without places: the host cut
+// the rows at the segment's ends).
+fn in_segment(c: u32) -> bool {
+    return P.ragged == 0u || (c >= P.seg_lo && c - P.seg_lo < P.seg_len);
+}
+
 // The bf16 bits of x, rounded to nearest even.
 fn bf16_bits(x: f32) -> u32 {
     let b = bitcast<u32>(x);
@@ -162,7 +181,11 @@ fn store_latent(
         return;
     }
     let n = P.kv_lora + P.dr;
-    let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
+    let c = cache_row(r);
+    if (!in_segment(c)) {
+        return;
+    }
+    let base = P.dst_off + (c - P.seg_lo) * P.row_words;
     if (PREP == 1u) {
         prepare(r, n, lid);
     }
@@ -232,7 +255,11 @@ fn store_keys(
         return;
     }
     let n = P.dim;
-    let base = P.dst_off + (P.pos0 + r - P.seg_lo) * P.row_words;
+    let c = cache_row(r);
+    if (!in_segment(c)) {
+        return;
+    }
+    let base = P.dst_off + (c - P.seg_lo) * P.row_words;
     if (PREP == 1u) {
         prepare(r, n, lid);
     }

@@ -1,6 +1,8 @@
 // Lightning-indexer scores in f32:
 //   out[t, s] = Σ_h (w[t, h] · w_scale) · relu(q[t, h, :] · keys[s, :]) · scale,
 //   out[t, s] = -inf for s > pos0 + t.
+// With places (P.ragged, places.wgsl) row t is at its own position pos and reads its
+// sequence's keys at cache rows lo + s; out[t, s] = -inf for s > pos.
 //
 // One workgroup = one query row t and KT = 128 consecutive keys: a small matrix product
 // [HEADS × dim] · [dim × 128], tiled like a GEMM. The dim axis goes in chunks of DC: the
@@ -38,6 +40,7 @@ const NEG_INF_BITS: u32 = 0xff800000u;
 // RoPE's cos/sin per chunk row (P.rope != 0: the queries' first 2 · rot_half dims of each
 // head are rotated as they are staged; 1 = half-split pairs, 2 = interleaved).
 @group(0) @binding(5) var<storage, read> cs: array<f32>;
+@group(0) @binding(6) var<storage, read> places: array<u32>;
 
 var<workgroup> qc: array<vec4<f32>, DC * NG * HQ4>; // [d][head / 4], heads padded to NG·HPI
 var<workgroup> kc: array<vec4<f32>, DC * KT / 4u>;  // [d][key / 4]
@@ -67,7 +70,8 @@ fn scores(
     }
     let t = g / P.key_blocks;
     let s0 = (P.blk0 + g % P.key_blocks) * KT;
-    let last = P.pos0 + t;
+    let last = row_pos(t);
+    let lo = row_lo(t);
     if (s0 > last) {
         // Whole block in the causal future.
         if (lid < KT && s0 + lid < P.n_keys) {
@@ -108,7 +112,7 @@ fn scores(
             let dq = (lid % 2u) * (DC / 2u);
             let s = s0 + key;
             let live = s < P.n_keys && s <= last;
-            let kb = P.k_off + (s - P.seg_lo) * P.k_stride;
+            let kb = P.k_off + (lo + s - P.seg_lo) * P.k_stride;
             var ks = 0.0;
             if (KFMT == 2u && live) {
                 ks = bitcast<f32>(keys[kb + P.dim / 4u]);

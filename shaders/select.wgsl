@@ -34,13 +34,14 @@ fn scan_incl(lid: u32, v: u32) -> u32 {
 
 // Collection in position order over positions [lo, hi) of the row whose scores start at
 // `sb`: a key > thr goes to the next slot, a key == thr only while fewer than `need` of
-// them have been seen in the row. `written0` and `eq_seen0` are the slots already filled
+// them have been seen in the row. A position s is written as `base + s` (the row's cache
+// rows, places.wgsl). `written0` and `eq_seen0` are the slots already filled
 // and the keys == thr already seen before `lo`; slots start at idx[ob]. Uniform control flow.
 // Invocation lid walks its own run of consecutive positions twice: counting, then (after
 // one prefix sum of the counts over the workgroup) writing its keys' slots in order. A
 // prefix sum per 256 positions cost a dozen barriers each, most of a decode row's time.
 fn collect_range(lid: u32, sb: u32, lo: u32, hi: u32, ob: u32, thr: u32, need: u32,
-                 written0: u32, eq_seen0: u32) {
+                 written0: u32, eq_seen0: u32, base: u32) {
     let per = (hi - lo + WG - 1u) / WG;
     let a = min(lo + lid * per, hi);
     let b = min(a + per, hi);
@@ -64,11 +65,11 @@ fn collect_range(lid: u32, sb: u32, lo: u32, hi: u32, ob: u32, thr: u32, need: u
     for (var i = a; i < b; i = i + 1u) {
         let key = key_of(scores[sb + i]);
         if (key > thr) {
-            idx[w] = i;
+            idx[w] = base + i;
             w = w + 1u;
         } else if (key == thr) {
             if (eqs < eq_room) {
-                idx[w] = i;
+                idx[w] = base + i;
                 w = w + 1u;
             }
             eqs = eqs + 1u;

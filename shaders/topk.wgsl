@@ -9,7 +9,9 @@
 //
 // Scores are read as raw u32 bits, so no float arithmetic touches -inf. Keys, the prefix
 // sum and the collection pass are in select.wgsl (shared with topk_wide.wgsl).
-// Both entry points share the binding declarations (1: idx, 2: cnt, 3: scores).
+// Both entry points share the binding declarations (1: idx, 2: cnt, 3: places, 4: scores);
+// with places (P.ragged, places.wgsl) row t's valid keys end at its own position and the
+// positions selected come out as its sequence's cache rows (lo + s).
 
 const WG: u32 = 256u;
 
@@ -18,7 +20,8 @@ const WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> idx: array<u32>;
 @group(0) @binding(2) var<storage, read_write> cnt: array<u32>;
-@group(0) @binding(3) var<storage, read> scores: array<u32>;
+@group(0) @binding(3) var<storage, read> places: array<u32>;
+@group(0) @binding(4) var<storage, read> scores: array<u32>;
 
 var<workgroup> hist: array<atomic<u32>, 256>;
 var<workgroup> scan: array<u32, 256>;
@@ -35,7 +38,8 @@ fn topk(
     if (t >= P.rows) {
         return;
     }
-    let valid = min(P.pos0 + t + 1u, P.n_keys);
+    let valid = min(row_pos(t) + 1u, P.n_keys);
+    let lo = row_lo(t);
     let k = min(P.topk, valid);
     let ob = t * P.topk;
     let sb = P.s_off + t * P.s_stride;
@@ -44,7 +48,7 @@ fn topk(
     }
     if (k == valid) {
         for (var i = lid; i < valid; i = i + WG) {
-            idx[ob + i] = i;
+            idx[ob + i] = lo + i;
         }
         return;
     }
@@ -81,10 +85,11 @@ fn topk(
     }
 
     // Collection in position order: all keys > T, then the first `remaining` keys == T.
-    collect_range(lid, sb, 0u, valid, ob, prefix, remaining, 0u, 0u);
+    collect_range(lid, sb, 0u, valid, ob, prefix, remaining, 0u, 0u, lo);
 }
 
-// Dense case: idx[t*topk + j] = j for j <= pos0 + t, cnt[t] = pos0 + t + 1.
+// Dense case: idx[t*topk + j] = lo + j for j <= pos, cnt[t] = pos + 1 (row t's lo and pos:
+// places.wgsl).
 @compute @workgroup_size(256)
 fn select_all(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -97,9 +102,9 @@ fn select_all(
     }
     let t = g / P.topk;
     let j = g % P.topk;
-    let n = P.pos0 + t + 1u;
+    let n = row_pos(t) + 1u;
     if (j < n) {
-        idx[g] = j;
+        idx[g] = row_lo(t) + j;
     }
     if (j == 0u) {
         cnt[t] = n;

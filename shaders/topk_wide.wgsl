@@ -38,15 +38,16 @@ const SROW: u32 = 8u;
 
 // Params (binding 0): declared once, in src/kernels/topk.rs (`Params`), and put before this source.
 
-// Every entry point uses a prefix of these bindings (hist0: 1-2, hist1/hist2: 1-3,
-// count: 1-4, collect: all).
+// Every entry point uses a prefix of these bindings (hist0: 1-3, hist1/hist2: 1-4,
+// count: 1-5, collect: all); `places` is places.wgsl's (row t's lo and position).
 @group(0) @binding(0) var<uniform> P: Params;
-@group(0) @binding(1) var<storage, read> scores: array<u32>;
-@group(0) @binding(2) var<storage, read_write> hist: array<atomic<u32>>;
-@group(0) @binding(3) var<storage, read_write> state: array<u32>;
-@group(0) @binding(4) var<storage, read_write> segcnt: array<u32>;
-@group(0) @binding(5) var<storage, read_write> idx: array<u32>;
-@group(0) @binding(6) var<storage, read_write> cnt: array<u32>;
+@group(0) @binding(1) var<storage, read> places: array<u32>;
+@group(0) @binding(2) var<storage, read> scores: array<u32>;
+@group(0) @binding(3) var<storage, read_write> hist: array<atomic<u32>>;
+@group(0) @binding(4) var<storage, read_write> state: array<u32>;
+@group(0) @binding(5) var<storage, read_write> segcnt: array<u32>;
+@group(0) @binding(6) var<storage, read_write> idx: array<u32>;
+@group(0) @binding(7) var<storage, read_write> cnt: array<u32>;
 
 var<workgroup> lh: array<atomic<u32>, 2048>;
 var<workgroup> scan: array<u32, 256>;
@@ -97,7 +98,7 @@ fn seg_of(wid: vec3<u32>, nwg: vec3<u32>) -> Seg {
     let g = wid.x + wid.y * nwg.x;
     let t = g / P.segs;
     let s = g % P.segs;
-    let valid = min(P.pos0 + t + 1u, P.n_keys);
+    let valid = min(row_pos(t) + 1u, P.n_keys);
     let lo = min(s * P.seg_len, valid);
     let hi = min(lo + P.seg_len, valid);
     return Seg(t, s, lo, hi, valid, min(P.topk, valid));
@@ -295,7 +296,7 @@ fn collect(
     }
     if (sg.k == sg.valid) {
         for (var i = sg.lo + lid; i < sg.hi; i = i + WG) {
-            idx[ob + i] = i;
+            idx[ob + i] = row_lo(sg.t) + i;
         }
         return;
     }
@@ -319,5 +320,6 @@ fn collect(
     // Collection in position order (select.wgsl): a key > T goes to the next slot, a key
     // == T only while fewer than `need` of them have been seen in the row.
     let sb = P.s_off + sg.t * P.s_stride;
-    collect_range(lid, sb, sg.lo, sg.hi, ob, thr, need, gt_before + min(eq_before, need), eq_before);
+    collect_range(lid, sb, sg.lo, sg.hi, ob, thr, need, gt_before + min(eq_before, need), eq_before,
+                  row_lo(sg.t));
 }

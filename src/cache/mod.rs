@@ -16,6 +16,12 @@
 //! unused, the copies cost one extra write per position over a whole conversation, and a
 //! context within one binding is one buffer: the kernels that read a cache take its
 //! segments ([`CacheRows`]) and read each with a dispatch of its own.
+//!
+//! **Pooled for batching.** [`Caches::pool`] gives several sessions one buffer per layer,
+//! allocated at once, each session a region of it (its position 0 at cache row
+//! [`Caches::lo`]): the kernels then take rows of all of them in one dispatch, each row
+//! saying where it sits ([`crate::kernels::Causal::places`]), which a batched decode step
+//! across sequences needs (`sparsa serve`).
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -201,6 +207,11 @@ pub struct Caches {
     /// Each layer's segments so far; keys on full layers only.
     latent: Vec<Vec<Segment>>,
     keys: Vec<Option<Vec<Segment>>>,
+    /// Pooled ([`Caches::pool`]): the cache row of position 0, the pool's id and how many
+    /// sessions share it. Else 0, 0, 1.
+    lo: usize,
+    pool: u64,
+    sharers: usize,
 }
 
 impl Caches {
@@ -228,7 +239,56 @@ impl Caches {
             keys: (0..cfg.cache_layers())
                 .map(|i| cfg.has_keys(i).then(Vec::new))
                 .collect(),
+            lo: 0,
+            pool: 0,
+            sharers: 1,
         })
+    }
+
+    /// Caches for `n` sessions of up to `max_ctx` positions each, sharing one buffer per
+    /// layer (session `i`'s position 0 at cache row `i · max_ctx`, rounded up to key blocks),
+    /// allocated now. `None` when a layer's pool would not fit one storage binding (the
+    /// kernels read a pooled cache as one segment).
+    pub fn pool(
+        gpu: &Gpu,
+        cfg: &Config,
+        max_ctx: usize,
+        n: usize,
+        format: CacheFormat,
+    ) -> Result<Option<Vec<Caches>>> {
+        let region = max_ctx.div_ceil(ALIGN) * ALIGN;
+        let total = region
+            .checked_mul(n.max(1))
+            .filter(|t| u32::try_from(*t).is_ok());
+        let mut all = Caches::new(gpu, cfg, total.unwrap_or(usize::MAX), format)?;
+        let Some(total) = total.filter(|t| *t <= all.latent_cap.min(all.key_cap)) else {
+            return Ok(None);
+        };
+        all.reserve(gpu, total)?;
+        static POOLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let pool = POOLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let region_of = |i: usize| Caches {
+            max_ctx,
+            format,
+            allocated: max_ctx,
+            latent: all.latent.clone(),
+            keys: all.keys.clone(),
+            lo: i * region,
+            pool,
+            sharers: n,
+            ..all
+        };
+        Ok(Some((0..n).map(region_of).collect()))
+    }
+
+    /// The cache row of position 0 (0 but in a pool).
+    pub fn lo(&self) -> usize {
+        self.lo
+    }
+
+    /// Whether `self` and `other` are regions of one pool (their rows can share a dispatch).
+    pub fn same_pool(&self, other: &Caches) -> bool {
+        self.pool != 0 && self.pool == other.pool
     }
 
     /// Makes room for positions `0 .. len` (`len` ≤ `max_ctx`): new segments, and a last
@@ -239,7 +299,7 @@ impl Caches {
         if len <= self.allocated {
             return Ok(());
         }
-        if len > self.max_ctx {
+        if len > self.max_ctx || self.pool != 0 {
             return Err(Error::msg(format!(
                 "the caches hold {} positions; {len} were asked for",
                 self.max_ctx
@@ -265,16 +325,22 @@ impl Caches {
         Ok(())
     }
 
-    /// Layer `i`'s latent cache, the segments that hold positions `0 .. n`.
+    /// Layer `i`'s latent cache, the segments that hold positions `0 .. n` (cache rows
+    /// from [`Caches::lo`]).
     pub fn latent(&self, i: usize, n: usize) -> CacheRows<'_, LatentFormat> {
-        rows(&self.latent[i], n, self.format.latent, self.latent_words)
+        rows(
+            &self.latent[i],
+            self.lo + n,
+            self.format.latent,
+            self.latent_words,
+        )
     }
 
     /// Full layer `i`'s key cache, the segments that hold positions `0 .. n` (`None` on
     /// IndexShare layers).
     pub fn keys(&self, i: usize, n: usize) -> Option<CacheRows<'_, KeyFormat>> {
         let c = self.keys[i].as_ref()?;
-        Some(rows(c, n, self.format.keys, self.key_words))
+        Some(rows(c, self.lo + n, self.format.keys, self.key_words))
     }
 
     /// GPU bytes the caches take per token of context in `format`: a latent row on every
@@ -292,14 +358,17 @@ impl Caches {
         usize::try_from(bytes / Self::bytes_per_token(cfg, format).max(1)).unwrap_or(usize::MAX)
     }
 
-    /// GPU bytes held by the caches (the segments allocated so far).
+    /// GPU bytes held by the caches (the segments allocated so far; in a pool, this
+    /// session's share).
     pub fn bytes(&self) -> u64 {
-        self.latent
+        let all: u64 = self
+            .latent
             .iter()
             .chain(self.keys.iter().flatten())
             .flatten()
             .map(|s| s.buf.size())
-            .sum()
+            .sum();
+        all / self.sharers as u64
     }
 }
 

@@ -28,7 +28,7 @@ pub struct ServeArgs {
     #[arg(long)]
     api_key: Option<String>,
     /// Requests generated at the same time, each in a slot with its own caches of --ctx
-    /// tokens (they are interleaved token by token, not batched).
+    /// tokens (allocated at start, in one pool); their decode steps run as one batched step.
     #[arg(long, default_value_t = 4)]
     parallel: usize,
     /// Requests that may wait for a free slot; beyond that the server answers 429.
@@ -112,19 +112,44 @@ pub fn run(a: ServeArgs) -> Result<()> {
             model.cache_room(ctx),
         )
     });
-    let sessions = (0..a.parallel)
-        .map(|i| {
-            let mut s = model.session_in(ctx, cache).map_err(|e| {
-                e.context(format!(
-                    "slot {} of --parallel {} (--ctx {ctx})",
-                    i + 1,
-                    a.parallel
-                ))
-            })?;
-            s.set_drafts(a.draft)?;
-            Ok(s)
-        })
-        .collect::<Result<Vec<_>>>()?;
+    // The slots' caches in one pool, allocated now, so that their decode steps run as one
+    // batched step; else (a pool past one storage binding) each slot's own caches, growing
+    // with its conversation, and steps one slot at a time.
+    let pooled = if a.parallel > 1 {
+        model.pooled_sessions(ctx, cache, a.parallel).map_err(|e| {
+            e.context(format!(
+                "the caches of --parallel {} slots of --ctx {ctx}",
+                a.parallel
+            ))
+        })?
+    } else {
+        None
+    };
+    if pooled.is_none() && a.parallel > 1 {
+        eprintln!(
+            "note: {} slots × {ctx} tokens of caches exceed one storage binding ({} bytes): the slots decode one at a time, not batched (lower --ctx to batch them)",
+            a.parallel,
+            model.gpu.max_binding()
+        );
+    }
+    let batched = pooled.is_some();
+    let mut sessions = match pooled {
+        Some(s) => s,
+        None => (0..a.parallel)
+            .map(|i| {
+                model.session_in(ctx, cache).map_err(|e| {
+                    e.context(format!(
+                        "slot {} of --parallel {} (--ctx {ctx})",
+                        i + 1,
+                        a.parallel
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    for s in &mut sessions {
+        s.set_drafts(a.draft)?;
+    }
     let need = Caches::bytes_per_token(&model.config, cache)
         .saturating_mul(ctx as u64)
         .saturating_mul(a.parallel as u64);
@@ -145,11 +170,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     });
     let ad = &model.gpu.adapter;
     eprintln!(
-        "{} as '{model_id}' | {} ({}) | loaded in {secs:.2} s | {} slots of {ctx} tokens, caches {} | template: {}",
+        "{} as '{model_id}' | {} ({}) | loaded in {secs:.2} s | {} slots of {ctx} tokens{}, caches {} | template: {}",
         src.label,
         ad.name,
         ad.backend,
         a.parallel,
+        if batched { " (batched)" } else { "" },
         cache.name(),
         format.template().origin()
     );

@@ -21,7 +21,7 @@
 //! [`decode_key`]) are the references the kernel tests compare against.
 
 use super::rope::RopeSlice;
-use super::{Recorder, View};
+use super::{Causal, Recorder, View};
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 use crate::weights::quant::{e4m3_to_f32, f32_to_e4m3, E4M3_MAX};
 
@@ -273,6 +273,7 @@ pub fn decode_key(fmt: KeyFormat, words: &[u32], dim: usize) -> Vec<f32> {
 }
 
 /// One buffer of a layer's cache: the rows of positions `lo .. lo + len`.
+#[derive(Clone)]
 pub struct Segment {
     pub buf: wgpu::Buffer,
     pub lo: u32,
@@ -318,6 +319,13 @@ kernel_params! {
         rot_half: u32,
         interleave: u32,
         cs_row: u32,
+        /// Rows say where they sit (places.wgsl, [`super::Causal::places`]): row r's cache
+        /// row is its lo + pos; those outside this segment (`seg_lo ..` `seg_len` rows) are
+        /// skipped.
+        ragged: u32,
+        seg_len: u32,
+        _pad0: u32,
+        _pad1: u32,
     }
 }
 
@@ -327,6 +335,7 @@ const CACHE: Shader<Params> = Shader::new(
         include_str!("../../shaders/fp8.wgsl"),
         include_str!("../../shaders/reduce.wgsl"),
         include_str!("../../shaders/rotary.wgsl"),
+        include_str!("../../shaders/places.wgsl"),
         include_str!("../../shaders/cache.wgsl")
     ),
 );
@@ -361,17 +370,21 @@ pub struct Prepare<'a> {
     pub cos_sin: &'a wgpu::Buffer,
 }
 
-/// Dispatches `entry` once per segment that positions `pos0 .. pos0 + rows` touch
-/// (`defines`: LFMT and KFMT; every pipeline of cache.wgsl sets all four defines).
+/// Dispatches `entry` once per segment that positions `pos0 .. pos0 + rows` touch, or with
+/// places ([`Causal::places`]) for every row on every segment (`defines`: LFMT and KFMT;
+/// every pipeline of cache.wgsl sets all four defines).
 fn store<F: Copy>(
     rec: &mut Recorder,
     entry: &'static str,
     defines: &[(&'static str, String)],
     src: Source,
     cache: &CacheRows<F>,
-    (pos0, rows): (u32, u32),
+    at: Causal,
     base: Params,
 ) {
+    let Causal {
+        rows, pos0, places, ..
+    } = at;
     if rows == 0 {
         return;
     }
@@ -414,6 +427,27 @@ fn store<F: Copy>(
         Some(p) => [p.weight, p.bias.unwrap_or(dummy), p.cos_sin],
         None => [dummy; 3],
     };
+    let (ragged, places_buf) = at.places_binding(gpu);
+    if places.is_some() {
+        assert!(random == 0, "{entry}: synthetic rows have no places");
+        for seg in cache.segs {
+            let params = Params {
+                src_off: sv.map_or(0, |v| v.offset),
+                src_stride: sv.map_or(0, |v| v.stride),
+                row_words: cache.row_words,
+                rows,
+                seg_lo: seg.lo,
+                seg_len: seg.len,
+                ragged,
+                ..base
+            };
+            rec.cost(rows as u64 * cache.row_words as u64 * 4 * 2, 0, "");
+            let srcb = sv.map_or(dummy, |v| v.buf);
+            let bufs = [srcb, &seg.buf, side[0], side[1], side[2], places_buf];
+            rec.dispatch(&p, &params, &bufs, gpu.grid(rows));
+        }
+        return;
+    }
     let end = pos0 + rows;
     for seg in cache.segs {
         let (lo, hi) = (pos0.max(seg.lo), end.min(seg.lo + seg.len));
@@ -436,7 +470,7 @@ fn store<F: Copy>(
         };
         rec.cost(n as u64 * cache.row_words as u64 * 4 * 2, 0, "");
         let srcb = sv.map_or(dummy, |v| v.buf);
-        let bufs = [srcb, &seg.buf, side[0], side[1], side[2]];
+        let bufs = [srcb, &seg.buf, side[0], side[1], side[2], places_buf];
         rec.dispatch(&p, &params, &bufs, gpu.grid(n));
     }
     let covered = cache.segs.last().map_or(0, |s| s.lo + s.len);
@@ -447,12 +481,13 @@ fn store<F: Copy>(
 }
 
 /// Writes latent rows (`kv_lora` + `dr` values each) for positions `pos0 .. pos0 + rows`
-/// into `cache`, in its format.
-pub fn store_latent(
+/// (`at`: `(pos0, rows)`, or a [`Causal`] with places: each row at its cache row) into
+/// `cache`, in its format.
+pub fn store_latent<'a>(
     rec: &mut Recorder,
     src: Source,
     cache: &CacheRows<LatentFormat>,
-    (pos0, rows): (u32, u32),
+    at: impl Into<Causal<'a>>,
     (kv_lora, dr): (u32, u32),
 ) {
     let base = Params {
@@ -462,16 +497,16 @@ pub fn store_latent(
         ..bytemuck::Zeroable::zeroed()
     };
     let defs = [("LFMT", u(cache.format.code())), ("KFMT", u(0u32))];
-    store(rec, "store_latent", &defs, src, cache, (pos0, rows), base);
+    store(rec, "store_latent", &defs, src, cache, at.into(), base);
 }
 
-/// Writes indexer key rows (`dim` values each) for positions `pos0 .. pos0 + rows` into
-/// `cache`, in its format (rotated first for `I8`).
-pub fn store_keys(
+/// Writes indexer key rows (`dim` values each) for positions `pos0 .. pos0 + rows` (`at`:
+/// as [`store_latent`] takes it) into `cache`, in its format (rotated first for `I8`).
+pub fn store_keys<'a>(
     rec: &mut Recorder,
     src: Source,
     cache: &CacheRows<KeyFormat>,
-    (pos0, rows): (u32, u32),
+    at: impl Into<Causal<'a>>,
     dim: u32,
 ) {
     let base = Params {
@@ -479,7 +514,7 @@ pub fn store_keys(
         ..bytemuck::Zeroable::zeroed()
     };
     let defs = [("LFMT", u(0u32)), ("KFMT", u(cache.format.code()))];
-    store(rec, "store_keys", &defs, src, cache, (pos0, rows), base);
+    store(rec, "store_keys", &defs, src, cache, at.into(), base);
 }
 
 /// The normalized Walsh–Hadamard rotation, in place, of each of the `heads` vectors of
@@ -824,28 +859,56 @@ mod tests {
                     .collect()
             };
             for (fi, &(words, _)) in formats.iter().enumerate() {
-                let segs = empty_segments(15, 5, words);
-                let mut rec = g.recorder();
-                if key {
-                    let cache = CacheRows {
-                        segs: &segs,
-                        format: KeyFormat::ALL[fi],
-                        row_words: words as u32,
-                    };
-                    let src = Source::Prepared(prep);
-                    store_keys(&mut rec, src, &cache, (pos0, n as u32), width as u32);
-                } else {
-                    let cache = CacheRows {
-                        segs: &segs,
-                        format: LatentFormat::ALL[fi],
-                        row_words: words as u32,
-                    };
-                    let dims = (norm_dim as u32, (width - norm_dim) as u32);
-                    let src = Source::Prepared(prep);
-                    store_latent(&mut rec, src, &cache, (pos0, n as u32), dims);
+                let store_to = |at: Causal| {
+                    let segs = empty_segments(15, 5, words);
+                    let mut rec = g.recorder();
+                    if key {
+                        let cache = CacheRows {
+                            segs: &segs,
+                            format: KeyFormat::ALL[fi],
+                            row_words: words as u32,
+                        };
+                        let src = Source::Prepared(prep);
+                        store_keys(&mut rec, src, &cache, at, width as u32);
+                    } else {
+                        let cache = CacheRows {
+                            segs: &segs,
+                            format: LatentFormat::ALL[fi],
+                            row_words: words as u32,
+                        };
+                        let dims = (norm_dim as u32, (width - norm_dim) as u32);
+                        let src = Source::Prepared(prep);
+                        store_latent(&mut rec, src, &cache, at, dims);
+                    }
+                    rec.finish().unwrap();
+                    read_segments(&segs, words)
+                };
+                let all = store_to((pos0, n as u32).into());
+                // The same rows with places (a batched step's): row r to cache row lo + pos,
+                // spread over the segments out of order; bit for bit what the plain store
+                // wrote at pos0 + r, and nothing else written.
+                let host: Vec<(u32, u32)> = (0..n as u32)
+                    .map(|r| (if r % 2 == 0 { 4 } else { 0 }, n as u32 - 1 - r))
+                    .collect();
+                let pw: Vec<u32> = host.iter().flat_map(|&(lo, p)| [lo, p]).collect();
+                let places = g.buffer_from(&pw, "places").unwrap();
+                let placed = store_to(Causal {
+                    places: Some(&places),
+                    ..Causal::chunk(n as u32, n as u32, 0)
+                });
+                let mut untouched = [true; 15];
+                for (r, &(lo, p)) in host.iter().enumerate() {
+                    let (d, s) = ((lo + p) as usize, pos0 as usize + r);
+                    untouched[d] = false;
+                    assert_eq!(
+                        &placed[d * words..(d + 1) * words],
+                        &all[s * words..(s + 1) * words],
+                        "placed row {r} at cache row {d} (key {key}, format {fi})"
+                    );
                 }
-                rec.finish().unwrap();
-                let all = read_segments(&segs, words);
+                for (d, _) in untouched.iter().enumerate().filter(|u| *u.1) {
+                    assert!(placed[d * words..(d + 1) * words].iter().all(|&w| w == 0));
+                }
                 for r in 0..n {
                     let raw = &src[r * (width + 5) + 2..][..width];
                     let bias = key.then_some(&b[..]);

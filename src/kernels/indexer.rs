@@ -34,7 +34,8 @@ kernel_params! {
         /// RoPE on the queries as they are staged: 0 = none, 1 = half-split, 2 = interleaved.
         rope: u32,
         rot_half: u32,
-        _pad2: u32,
+        /// Rows say where they sit (places.wgsl, [`Causal::places`]).
+        ragged: u32,
     }
 }
 
@@ -42,6 +43,7 @@ const INDEXER: Shader<Params> = Shader::new(
     "indexer",
     concat!(
         include_str!("../../shaders/rotary.wgsl"),
+        include_str!("../../shaders/places.wgsl"),
         include_str!("../../shaders/indexer.wgsl")
     ),
 );
@@ -75,7 +77,9 @@ impl IndexerDims {
 /// For the chunk's query rows `t < rows` (absolute position `pos0 + t`) and keys
 /// `s < n_keys`:
 /// `out[t, s] = Σ_{h<heads} (w[t, h] · w_scale) · relu(q[t, h*dim .. h*dim+dim] · keys[s, :dim]) · scale`
-/// and `out[t, s] = -inf` where `s > pos0 + t` (causal mask before top-k).
+/// and `out[t, s] = -inf` where `s > pos0 + t` (causal mask before top-k). With
+/// [`Causal::places`], row `t` is at its own position and reads its sequence's keys at cache
+/// rows `lo + s`.
 /// `q`: rows × heads·dim; `w`: rows × heads; `keys`: the key cache (in its format, decoded
 /// as it is read; `I8` keys are rotated, so `q` must have been rotated too: see
 /// [`super::cache::rotate`]), whose segments must cover the `n_keys` positions and be whole
@@ -97,7 +101,9 @@ pub fn indexer_scores(
     d: &IndexerDims,
     rope: Option<QueryRope>,
 ) {
-    let Causal { rows, n_keys, pos0 } = chunk;
+    let Causal {
+        rows, n_keys, pos0, ..
+    } = chunk;
     let IndexerDims {
         heads,
         dim,
@@ -123,8 +129,9 @@ pub fn indexer_scores(
             "indexer_scores: rotated keys need their queries rotated (RoPE first) beforehand"
         );
     }
-    let cs = rope.map_or(rec.gpu().dummy(), |r| r.cos_sin);
     let gpu = rec.gpu();
+    let cs = rope.map_or(gpu.dummy(), |r| r.cos_sin);
+    let (ragged, places) = chunk.places_binding(gpu);
     // Workgroup memory: q chunk DC·NG·HPI floats, key chunk DC·KT floats, sums NG·KT floats.
     let hq4 = heads.div_ceil(4 * NG);
     let wg_bytes = |dc: u32| 4 * (dc * NG * 4 * hq4 + dc * KT + NG * KT);
@@ -187,7 +194,7 @@ pub fn indexer_scores(
             seg_lo: seg.lo,
             rope: QueryRope::mode(rope.as_ref()),
             rot_half: rope.map_or(0, |r| r.slice.rot_dim / 2),
-            _pad2: 0,
+            ragged,
         };
         let groups = rows as u64 * key_blocks as u64;
         assert!(
@@ -197,7 +204,7 @@ pub fn indexer_scores(
         rec.dispatch(
             &p,
             &params,
-            &[q.buf, w.buf, &seg.buf, out.buf, cs],
+            &[q.buf, w.buf, &seg.buf, out.buf, cs, places],
             gpu.grid(groups as u32),
         );
         blk0 += key_blocks;
@@ -218,6 +225,80 @@ mod tests {
         assert_close, cache_segments, gpu, gpu_default_limits, Placed, Rng,
     };
     use crate::kernels::topk::{topk, topk_ref, Selection, TopkScratch};
+
+    #[test]
+    fn indexer_scores_placed_rows_of_several_sequences() {
+        // A batched step's rows over a pooled key cache: row t reads its own sequence's
+        // keys from cache row lo and is causal at its own position; each row must equal the
+        // reference over its sequence's keys alone.
+        let g = gpu();
+        let mut rng = Rng::new(77);
+        let (heads, dim, n_keys) = (5usize, 40usize, 260usize);
+        let host = [(0usize, 259usize), (640, 3), (320, 130), (640, 200)];
+        let rows = host.len();
+        let pool = 640 + n_keys;
+        let keys = rng.vec(pool * dim, 1.0);
+        let one = Case {
+            rows,
+            heads,
+            dim,
+            n_keys,
+            pos0: 0,
+        };
+        let (q, w, _) = one.random_inputs(&mut rng);
+        let words: Vec<u32> = keys.iter().map(|v| v.to_bits()).collect();
+        let kseg = cache_segments(g, &words, dim, pool);
+        let kb = CacheRows {
+            segs: &kseg,
+            format: KeyFormat::F32,
+            row_words: dim as u32,
+        };
+        let qb = g.buffer_from(&q, "q").unwrap();
+        let wb = g.buffer_from(&w, "w").unwrap();
+        let ob = Placed::filled(g, rows, n_keys, (2, n_keys + 1), 7.5);
+        let pw: Vec<u32> = host
+            .iter()
+            .flat_map(|&(lo, p)| [lo as u32, p as u32])
+            .collect();
+        let places = g.buffer_from(&pw, "places").unwrap();
+        let chunk = Causal {
+            places: Some(&places),
+            ..Causal::chunk(rows as u32, n_keys as u32, 0)
+        };
+        let d = IndexerDims {
+            heads: heads as u32,
+            dim: dim as u32,
+            w_scale: 0.37,
+            scale: 0.125,
+        };
+        let mut rec = g.recorder();
+        let (qv, wv) = (
+            View::rows(&qb, (heads * dim) as u32),
+            View::rows(&wb, heads as u32),
+        );
+        indexer_scores(&mut rec, qv, wv, &kb, ob.view(), chunk, &d, None);
+        rec.finish().unwrap();
+        let got = ob.read(g, "indexer_scores placed");
+        for (t, &(lo, pos)) in host.iter().enumerate() {
+            let c = Case {
+                rows: 1,
+                pos0: pos,
+                ..one
+            };
+            let qt = &q[t * heads * dim..(t + 1) * heads * dim];
+            let wt = &w[t * heads..(t + 1) * heads];
+            let kt = &keys[lo * dim..(lo + n_keys) * dim];
+            let want = cpu_scores(qt, wt, kt, &c, 0.37, 0.125);
+            let row = &got[t * n_keys..(t + 1) * n_keys];
+            assert_close(
+                row,
+                &want,
+                1e-4,
+                1e-4,
+                &format!("placed row {t} (lo {lo}, pos {pos})"),
+            );
+        }
+    }
 
     #[test]
     fn indexer_small_workgroup_memory() {
@@ -282,12 +363,8 @@ mod tests {
     }
 
     impl Case {
-        fn causal(&self) -> Causal {
-            Causal {
-                rows: self.rows as u32,
-                n_keys: self.n_keys as u32,
-                pos0: self.pos0 as u32,
-            }
+        fn causal(&self) -> Causal<'static> {
+            Causal::chunk(self.rows as u32, self.n_keys as u32, self.pos0 as u32)
         }
 
         /// Queries, head weights and keys drawn from `rng` (in that order), uniform in ±1.

@@ -50,11 +50,53 @@ pub fn shaders() -> Vec<ShaderCode> {
 /// The query rows of a chunk over the positions scored for it: row `t < rows` is at
 /// position `pos0 + t` and sees the positions `s ≤ pos0 + t` of the `n_keys` scored
 /// (causal attention over the cache).
+///
+/// With `places`, each row says where it sits instead (`shaders/places.wgsl`): two words per
+/// row, the cache row of its sequence's position 0 (`lo`) and its position `pos` (< `n_keys`),
+/// so the rows of several sequences whose caches share one pooled buffer run in one
+/// dispatch (a batched decode step, `crate::model::Session::step_batch`). Row `t` then sees
+/// positions `s ≤ pos` of its own sequence, at cache rows `lo + s`; `pos0` is unused. The
+/// kernels that take it: the cache stores, the indexer's scores, top-k and select-all
+/// (which output cache rows, `lo + s`, for sparse MLA to read). A row's cache rows must lie
+/// in one segment of the cache, or `lo` be 0.
 #[derive(Clone, Copy, Debug)]
-pub struct Causal {
+pub struct Causal<'a> {
     pub rows: u32,
     pub n_keys: u32,
     pub pos0: u32,
+    pub places: Option<&'a wgpu::Buffer>,
+}
+
+impl<'a> Causal<'a> {
+    /// `rows` rows of one sequence from position `pos0`, over `n_keys` positions.
+    pub fn chunk(rows: u32, n_keys: u32, pos0: u32) -> Causal<'a> {
+        Causal {
+            rows,
+            n_keys,
+            pos0,
+            places: None,
+        }
+    }
+
+    /// The last position of the chunk plus one: where its cache rows end (without places).
+    pub fn end(&self) -> u32 {
+        self.pos0 + self.rows
+    }
+
+    /// `P.ragged` of the kernels that take places, and the buffer to bind (a dummy without).
+    pub(crate) fn places_binding(&self, gpu: &'a crate::gpu::Gpu) -> (u32, &'a wgpu::Buffer) {
+        match self.places {
+            Some(b) => (1, b),
+            None => (0, gpu.dummy()),
+        }
+    }
+}
+
+/// `(pos0, rows)`: `rows` rows of one sequence from position `pos0` (the cache stores' form).
+impl From<(u32, u32)> for Causal<'_> {
+    fn from((pos0, rows): (u32, u32)) -> Self {
+        Causal::chunk(rows, pos0 + rows, pos0)
+    }
 }
 
 /// A row-major f32 matrix inside a buffer: element (r, c) at `offset + r * stride + c`.

@@ -212,11 +212,7 @@ pub fn sample(
     let sc = scratch;
     prep(rec, &p, x, win, out, sc);
     let work = View::rows(&sc.work, n);
-    let chunk = Causal {
-        rows: 1,
-        n_keys: n,
-        pos0: n - 1,
-    };
+    let chunk = Causal::chunk(1, n, n - 1);
     let cand = Selection {
         idx: &sc.cand,
         cnt: &sc.cand_n,

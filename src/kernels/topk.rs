@@ -113,12 +113,18 @@ kernel_params! {
         /// Unused here (topk_wide.wgsl)
         seg_len: u32,
         segs: u32,
+        /// Rows say where they sit (places.wgsl, [`Causal::places`]).
+        ragged: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
     }
 }
 
 const TOPK: Shader<Params> = Shader::new(
     "topk",
     concat!(
+        include_str!("../../shaders/places.wgsl"),
         include_str!("../../shaders/select.wgsl"),
         include_str!("../../shaders/topk.wgsl")
     ),
@@ -126,6 +132,7 @@ const TOPK: Shader<Params> = Shader::new(
 const TOPK_WIDE: Shader<Params> = Shader::new(
     "topk_wide",
     concat!(
+        include_str!("../../shaders/places.wgsl"),
         include_str!("../../shaders/select.wgsl"),
         include_str!("../../shaders/topk_wide.wgsl")
     ),
@@ -147,6 +154,8 @@ impl Params {
             topk: k,
             seg_len,
             segs,
+            ragged: chunk.places.is_some() as u32,
+            ..Default::default()
         }
     }
 }
@@ -163,7 +172,8 @@ pub struct Selection<'a> {
 
 /// For each row `t < rows` of `chunk`: `valid = min(pos0 + t + 1, n_keys)`,
 /// `k = min(sel.k, valid)`; writes the `k` positions `s < valid` with the largest
-/// `scores[t, s]` to row `t` of `sel`. Rows of `n_keys ≥ WIDE_MIN_KEYS` use the
+/// `scores[t, s]` to row `t` of `sel`. With [`Causal::places`], `valid` ends at the row's
+/// own position and the positions are written as its cache rows (`lo + s`). Rows of `n_keys ≥ WIDE_MIN_KEYS` use the
 /// multi-workgroup kernel when `scratch` holds `rows` rows (else the one-workgroup-per-row
 /// kernel, same result).
 pub fn topk(
@@ -194,10 +204,11 @@ fn topk_one_wg(rec: &mut Recorder, scores: View, chunk: Causal, sel: &Selection)
     let (rows, n_keys) = (chunk.rows as u64, chunk.n_keys as u64);
     let reads = 5 * rows * n_keys * 4;
     rec.cost(reads + rows * (sel.k as u64 + 1) * 4, 0, "");
+    let (_, places) = chunk.places_binding(gpu);
     rec.dispatch(
         &p,
         &params,
-        &[sel.idx, sel.cnt, scores.buf],
+        &[sel.idx, sel.cnt, places, scores.buf],
         gpu.grid(chunk.rows),
     );
 }
@@ -229,14 +240,20 @@ fn topk_wide(
     let pipe = |entry| gpu.pipeline(&TOPK_WIDE, entry, &[]);
     // hist0: the scores, and at most 2048 atomics per workgroup.
     rec.cost(row_bytes + g * 2048 * 4, 0, "");
-    rec.dispatch(&pipe("hist0"), &params, &[scores.buf, &sc.hist], grid);
+    let (_, places) = chunk.places_binding(gpu);
+    rec.dispatch(
+        &pipe("hist0"),
+        &params,
+        &[places, scores.buf, &sc.hist],
+        grid,
+    );
     // hist1, hist2: also a histogram scan per workgroup.
     for entry in ["hist1", "hist2"] {
         rec.cost(row_bytes + g * 2 * 2048 * 4, 0, "");
         rec.dispatch(
             &pipe(entry),
             &params,
-            &[scores.buf, &sc.hist, &sc.state],
+            &[places, scores.buf, &sc.hist, &sc.state],
             grid,
         );
     }
@@ -244,7 +261,7 @@ fn topk_wide(
     rec.dispatch(
         &pipe("count"),
         &params,
-        &[scores.buf, &sc.hist, &sc.state, &sc.segcnt],
+        &[places, scores.buf, &sc.hist, &sc.state, &sc.segcnt],
         grid,
     );
     // collect: the scores, the earlier segments' counts, k indices out, histograms zeroed.
@@ -257,22 +274,26 @@ fn topk_wide(
         &pipe("collect"),
         &params,
         &[
-            scores.buf, &sc.hist, &sc.state, &sc.segcnt, sel.idx, sel.cnt,
+            places, scores.buf, &sc.hist, &sc.state, &sc.segcnt, sel.idx, sel.cnt,
         ],
         grid,
     );
 }
 
-/// The dense case (every row has `pos0 + t + 1 ≤ sel.k` valid keys): selects all of them,
-/// `idx[t * k + j] = j` for `j ≤ pos0 + t`, `cnt[t] = pos0 + t + 1`. No scores needed.
-pub fn select_all(rec: &mut Recorder, rows: u32, pos0: u32, sel: &Selection) {
+/// The dense case (every row has at most `sel.k` valid keys: `chunk.n_keys ≤ sel.k`, each
+/// row's position below `n_keys`): selects all of them, `idx[t * k + j] = j` for
+/// `j ≤ pos0 + t`, `cnt[t] = pos0 + t + 1`; with [`Causal::places`], `j ≤ pos` written as
+/// `lo + j`. No scores needed.
+pub fn select_all(rec: &mut Recorder, chunk: Causal, sel: &Selection) {
+    let rows = chunk.rows;
     if rows == 0 {
         return;
     }
     let k = sel.k;
     assert!(
-        pos0 + rows <= k,
-        "select_all: pos0 {pos0} + rows {rows} exceeds topk {k} (use topk())"
+        chunk.n_keys <= k,
+        "select_all: {} positions exceed topk {k} (use topk())",
+        chunk.n_keys
     );
     let gpu = rec.gpu();
     let p = gpu.pipeline(&TOPK, "select_all", &[]);
@@ -281,18 +302,19 @@ pub fn select_all(rec: &mut Recorder, rows: u32, pos0: u32, sel: &Selection) {
         s_off: 0,
         s_stride: 0,
         rows,
-        n_keys: 0,
-        pos0,
+        n_keys: chunk.n_keys,
+        pos0: chunk.pos0,
         topk: k,
-        seg_len: 0,
-        segs: 0,
+        ragged: chunk.places.is_some() as u32,
+        ..Default::default()
     };
     let n = rows as u64 * k as u64;
     rec.cost((n + rows as u64) * 4, 0, "");
+    let (_, places) = chunk.places_binding(gpu);
     rec.dispatch(
         &p,
         &params,
-        &[sel.idx, sel.cnt],
+        &[sel.idx, sel.cnt, places],
         gpu.grid(n.div_ceil(256) as u32),
     );
 }
@@ -339,8 +361,23 @@ mod tests {
     }
 
     /// The chunk of `rows` rows at `pos0` over `n_keys` positions.
-    fn causal(rows: u32, n_keys: u32, pos0: u32) -> Causal {
-        Causal { rows, n_keys, pos0 }
+    fn causal(rows: u32, n_keys: u32, pos0: u32) -> Causal<'static> {
+        Causal::chunk(rows, n_keys, pos0)
+    }
+
+    /// Each row's (lo, pos): from the places buffer (`host`: what was written there), else
+    /// the chunk's.
+    fn places_of(chunk: &Causal, host: &[(u32, u32)]) -> Vec<(u32, u32)> {
+        match chunk.places {
+            Some(_) => host.to_vec(),
+            None => (0..chunk.rows).map(|t| (0, chunk.pos0 + t)).collect(),
+        }
+    }
+
+    /// A places buffer for `rows` ((lo, pos) each).
+    fn places_buffer(rows: &[(u32, u32)]) -> wgpu::Buffer {
+        let words: Vec<u32> = rows.iter().flat_map(|&(lo, p)| [lo, p]).collect();
+        gpu().buffer_from(&words, "places").unwrap()
     }
 
     fn run(
@@ -370,6 +407,19 @@ mod tests {
         chunk: Causal,
         k: u32,
     ) {
+        check_placed(mode, sc, scores, at, chunk, &[], k)
+    }
+
+    /// [`check_mode`] where `chunk` may have places, `host` being what they hold.
+    fn check_placed(
+        mode: Mode,
+        sc: &TopkScratch,
+        scores: &[f32],
+        at: (u32, u32),
+        chunk: Causal,
+        host: &[(u32, u32)],
+        k: u32,
+    ) {
         let ((offset, stride), rows) = (at, chunk.rows);
         let g = gpu();
         let sbuf = g.buffer_from(scores, "scores").unwrap();
@@ -388,23 +438,27 @@ mod tests {
         rec.finish().unwrap();
         let got_idx = g.read_u32(&idx, 0, (rows * k) as usize).unwrap();
         let got_cnt = g.read_u32(&cnt, 0, rows as usize).unwrap();
-        verify(scores, at, chunk, k, &got_idx, &got_cnt);
+        let places = places_of(&chunk, host);
+        verify(scores, at, (&places, chunk.n_keys), k, &got_idx, &got_cnt);
     }
 
-    /// Compares the kernel's `idx` / `cnt` with the CPU reference, row by row.
+    /// Compares the kernel's `idx` / `cnt` with the CPU reference, row by row (`places`: each
+    /// row's (lo, pos), over `n_keys` scores).
     fn verify(
         scores: &[f32],
         (offset, stride): (u32, u32),
-        chunk: Causal,
+        (places, n_keys): (&[(u32, u32)], u32),
         k: u32,
         got_idx: &[u32],
         got_cnt: &[u32],
     ) {
-        let Causal { rows, n_keys, pos0 } = chunk;
-        for t in 0..rows as usize {
-            let valid = ((pos0 as usize) + t + 1).min(n_keys as usize);
+        for (t, &(lo, pos)) in places.iter().enumerate() {
+            let valid = (pos as usize + 1).min(n_keys as usize);
             let base = offset as usize + t * stride as usize;
-            let want = topk_ref(&scores[base..base + n_keys as usize], valid, k as usize);
+            let want: Vec<u32> = topk_ref(&scores[base..base + n_keys as usize], valid, k as usize)
+                .into_iter()
+                .map(|s| lo + s)
+                .collect();
             let kk = want.len();
             assert_eq!(got_cnt[t] as usize, kk, "row {t}: count");
             let got = &got_idx[t * k as usize..t * k as usize + kk];
@@ -584,17 +638,61 @@ mod tests {
             cnt: &cnt,
             k,
         };
-        select_all(&mut rec, rows, pos0, &sel);
+        select_all(&mut rec, causal(rows, pos0 + rows, pos0), &sel);
+        // Placed rows: sequences at cache rows 100 and 7, positions out of order.
+        let host = [(100u32, 4u32), (7, 0), (100, 8), (7, 2)];
+        let places = places_buffer(&host);
+        let (idx2, cnt2) = (
+            g.buffer_from(&vec![POISON; 4 * k as usize], "idx").unwrap(),
+            g.buffer_from(&[POISON; 4], "cnt").unwrap(),
+        );
+        let sel2 = Selection {
+            idx: &idx2,
+            cnt: &cnt2,
+            k,
+        };
+        let placed = Causal {
+            places: Some(&places),
+            ..causal(4, 9, 0)
+        };
+        select_all(&mut rec, placed, &sel2);
         rec.finish().unwrap();
         let c = g.read_u32(&cnt, 0, rows as usize).unwrap();
         let ix = g.read_u32(&idx, 0, (rows * k) as usize).unwrap();
-        for t in 0..rows {
-            let n = pos0 + t + 1;
+        let c2 = g.read_u32(&cnt2, 0, 4).unwrap();
+        let ix2 = g.read_u32(&idx2, 0, 4 * k as usize).unwrap();
+        let all = (0..rows).map(|t| (0, pos0 + t));
+        for (t, (lo, pos)) in all.chain(host).enumerate() {
+            let (c, ix, t) = match t.checked_sub(rows as usize) {
+                None => (&c, &ix, t as u32),
+                Some(t) => (&c2, &ix2, t as u32),
+            };
+            let n = pos + 1;
             assert_eq!(c[t as usize], n);
             for j in 0..k {
-                let want = if j < n { j } else { POISON };
+                let want = if j < n { lo + j } else { POISON };
                 assert_eq!(ix[(t * k + j) as usize], want, "row {t} slot {j}");
             }
+        }
+    }
+
+    #[test]
+    fn topk_placed_rows_of_several_sequences() {
+        // A batched step's rows: each its own sequence (cache rows from lo) and position,
+        // some below k, in both kernels; the selection comes out as cache rows.
+        let mut rng = Rng::new(12);
+        let host = [(0u32, 299u32), (4096, 17), (8192, 150), (512, 64), (0, 5)];
+        let rows = host.len() as u32;
+        let (n_keys, stride, offset, k) = (300u32, 307u32, 3u32, 64u32);
+        let s = random_scores(&mut rng, (offset + rows * stride) as usize);
+        let places = places_buffer(&host);
+        let chunk = Causal {
+            places: Some(&places),
+            ..causal(rows, n_keys, 0)
+        };
+        let sc = scratch(rows);
+        for mode in [Mode::Auto, Mode::Wide(64), Mode::Wide(1024)] {
+            check_placed(mode, &sc, &s, (offset, stride), chunk, &host, k);
         }
     }
 
@@ -868,7 +966,8 @@ mod tests {
             for ((s, idx, cnt), &(rows, n, k)) in outs.iter().zip(&cases) {
                 let gi = g.read_u32(idx, 0, (rows * k) as usize).unwrap();
                 let gc = g.read_u32(cnt, 0, rows as usize).unwrap();
-                verify(s, (0, n), causal(rows, n, n - rows), k, &gi, &gc);
+                let places = places_of(&causal(rows, n, n - rows), &[]);
+                verify(s, (0, n), (&places, n), k, &gi, &gc);
             }
         }
         // The histograms are all zero again.

@@ -24,9 +24,10 @@ const LATENT_NORM_EPS: f32 = 1e-6;
 const K_NORM_EPS: f32 = 1e-6;
 
 impl Session {
-    /// `h += o_proj(SparseMLA(RMSNorm(h)))` for layer `i` over the chunk's `t` rows at
-    /// positions `pos0 ..`.
-    pub(super) fn attention(&self, rec: &mut Recorder, i: usize, layer: &Layer, t: u32, pos0: u32) {
+    /// `h += o_proj(SparseMLA(RMSNorm(h)))` for layer `i` over the chunk's rows (`span`: how
+    /// many, where each sits, and the positions they cover: see [`Session::span`]).
+    pub(super) fn attention(&self, rec: &mut Recorder, i: usize, layer: &Layer, span: Causal) {
+        let t = span.rows;
         let cfg = &self.model.config;
         let (s, d) = (&self.s, &self.dims);
         let hd = cfg.hidden_size as u32;
@@ -70,9 +71,8 @@ impl Session {
             rope: &d.rope_k_pe,
             cos_sin: &s.cos_sin,
         };
-        let cached = (pos0 + t) as usize;
-        let cache = self.caches.latent(i, cached);
-        cache::store_latent(rec, Source::Prepared(latent), &cache, (pos0, t), (kl, dr));
+        let cache = self.caches.latent(i, span.n_keys as usize);
+        cache::store_latent(rec, Source::Prepared(latent), &cache, span, (kl, dr));
 
         // Which positions each row attends: this layer's indexer on a full layer; on an
         // IndexShare layer s.sel_idx / s.sel_cnt keep the last full layer's selection.
@@ -83,7 +83,7 @@ impl Session {
         };
         if let Some(ix) = &layer.indexer {
             let ik = qkv.col(ql + row);
-            self.select(rec, i, ix, t, pos0, &sel, (iq, ik));
+            self.select(rec, i, ix, span, &sel, (iq, ik));
         }
 
         // Absorbed sparse MLA over the selected latent rows.
@@ -101,7 +101,7 @@ impl Session {
                 cos_sin: &s.cos_sin,
             }),
         };
-        let most = sel.k.min(pos0 + t);
+        let most = sel.k.min(span.n_keys);
         let plan = attention::MlaPlan::for_rows(queries.rows);
         attention::sparse_mla(rec, &queries, &cache, &sel, most, o_lat, &d.mla, plan);
         attention::up_v(rec, o_lat, &layer.kv_b, attn, t, &d.mla);
@@ -113,23 +113,22 @@ impl Session {
     /// key cache, scores every cached position for each row and keeps the top-k in `sel`
     /// (every position, while there are no more than k). `(iq, ik)`: the chunk's indexer
     /// queries (RoPE applied) and raw key rows, computed with the layer's other projections.
-    #[allow(clippy::too_many_arguments)]
     fn select(
         &self,
         rec: &mut Recorder,
         i: usize,
         ix: &Indexer,
-        t: u32,
-        pos0: u32,
+        span: Causal,
         sel: &Selection,
         (iq, ik): (View, View),
     ) {
+        let t = span.rows;
         let cfg = &self.model.config;
         let (s, d) = (&self.s, &self.dims);
         let hd = cfg.hidden_size as u32;
         let (ih, id) = (d.indexer.heads, d.indexer.dim);
         let x = View::rows(&s.x, hd);
-        let n_keys = pos0 + t;
+        let n_keys = span.n_keys;
         let keys = self
             .caches
             .keys(i, n_keys as usize)
@@ -144,18 +143,13 @@ impl Session {
             rope: &d.rope_index_k,
             cos_sin: &s.cos_sin,
         };
-        cache::store_keys(rec, Source::Prepared(key_rows), &keys, (pos0, t), id);
+        cache::store_keys(rec, Source::Prepared(key_rows), &keys, span, id);
         if n_keys <= sel.k {
-            topk::select_all(rec, t, pos0, sel);
+            topk::select_all(rec, span, sel);
         } else {
             let iw = View::rows(&s.iw, ih);
             matmul::matmul(rec, x, &ix.weights_proj, iw, t);
             let scores = View::rows(&s.scores, n_keys);
-            let chunk = Causal {
-                rows: t,
-                n_keys,
-                pos0,
-            };
             // The scores kernel rotates the queries as it reads them, but for keys rotated
             // before rounding (Hadamard): the queries take RoPE, then the same rotation (q·k
             // unchanged), beforehand.
@@ -168,8 +162,8 @@ impl Session {
                 slice: d.rope_index_q,
                 cos_sin: &s.cos_sin,
             });
-            indexer::indexer_scores(rec, iq, iw, &keys, scores, chunk, &d.indexer, rope);
-            topk::topk(rec, scores, chunk, sel, &s.topk);
+            indexer::indexer_scores(rec, iq, iw, &keys, scores, span, &d.indexer, rope);
+            topk::topk(rec, scores, span, sel, &s.topk);
         }
     }
 }

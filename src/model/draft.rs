@@ -137,8 +137,7 @@ impl Session {
         self.caches.reserve(gpu, pos0 + t)?;
         let s = &self.s;
         // Queue order: this write lands after the submissions before it have run.
-        let cs = self.rope.cos_sin(pos0..pos0 + t);
-        gpu.write(&s.cos_sin, 0, bytemuck::cast_slice(&cs));
+        let span = self.place(pos0, t);
         let (hd, t) = (cfg.hidden_size as u32, t as u32);
         let mtp = self.mtp();
         let mut rec = gpu.recorder();
@@ -152,7 +151,7 @@ impl Session {
         norm::rms_norm(&mut rec, hidden, &mtp.hnorm, cat.col(hd), t, hd, eps);
         gemv(&mut rec, None, cat, &mtp.eh_proj, h, t);
         let i = cfg.num_hidden_layers;
-        self.attention(&mut rec, i, &mtp.layer, t, pos0 as u32);
+        self.attention(&mut rec, i, &mtp.layer, span);
         self.mlp(&mut rec, i, &mtp.layer, t)?;
         // The last row after shared_head.norm: the next draft's hidden, and the LM head's
         // input.

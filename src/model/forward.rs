@@ -22,7 +22,7 @@ use super::session::{Input, Session};
 use crate::error::Result;
 use crate::gpu::Recorder;
 use crate::kernels::matmul::XQuant;
-use crate::kernels::{elementwise, embed, matmul, norm, View};
+use crate::kernels::{elementwise, embed, matmul, norm, Causal, View};
 use crate::weights::GpuWeight;
 
 impl Session {
@@ -38,7 +38,7 @@ impl Session {
         keep_hidden: bool,
     ) -> Result<()> {
         let model = self.model.clone();
-        let (cfg, gpu) = (&model.config, &*model.gpu);
+        let gpu = &*model.gpu;
         let t = match input {
             Input::Host(tokens) => tokens.len(),
             Input::Previous => 1,
@@ -48,11 +48,8 @@ impl Session {
         if let Input::Host(tokens) = input {
             self.put_tokens(tokens);
         }
-        let s = &self.s;
-        let pos0 = self.pos as u32;
-        let cs = self.rope.cos_sin(self.pos..self.pos + t);
+        let span = self.place(self.pos, t);
         let t = t as u32;
-        gpu.write(&s.cos_sin, 0, bytemuck::cast_slice(&cs));
 
         let mut rec = gpu.recorder();
         // Decode steps (one token) repeat the same dispatches with the same parameter slots,
@@ -68,16 +65,7 @@ impl Session {
         if t > 1 {
             rec.submit_every(submit_every());
         }
-        let h = View::rows(&s.h, cfg.hidden_size as u32);
-        embed::embed(&mut rec, &model.weights.embed, &s.ids, 0, t, h);
-        for (i, layer) in model.weights.layers.iter().enumerate() {
-            // h += attention(RMSNorm(h))
-            self.attention(&mut rec, i, layer, t, pos0);
-            // h += MLP(RMSNorm(h)). A MoE layer whose experts stream from the files
-            // (`--gpu-memory`) submits what is recorded so far and waits here for its
-            // routing (moe.rs); every other layer only records.
-            self.mlp(&mut rec, i, layer, t)?;
-        }
+        self.layers(&mut rec, span)?;
         if keep_hidden {
             self.keep_hidden_rows(&mut rec, t);
         }
@@ -95,6 +83,24 @@ impl Session {
             off.check_files()?;
         }
         self.pos += t as usize;
+        Ok(())
+    }
+
+    /// The embedding of the tokens in `s.ids` and every layer over the chunk's rows
+    /// (`span`: where each sits, [`Session::place_rows`]).
+    pub(super) fn layers(&self, rec: &mut Recorder, span: Causal) -> Result<()> {
+        let model = &self.model;
+        let (s, t) = (&self.s, span.rows);
+        let h = View::rows(&s.h, model.config.hidden_size as u32);
+        embed::embed(rec, &model.weights.embed, &s.ids, 0, t, h);
+        for (i, layer) in model.weights.layers.iter().enumerate() {
+            // h += attention(RMSNorm(h))
+            self.attention(rec, i, layer, span);
+            // h += MLP(RMSNorm(h)). A MoE layer whose experts stream from the files
+            // (`--gpu-memory`) submits what is recorded so far and waits here for its
+            // routing (moe.rs); every other layer only records.
+            self.mlp(rec, i, layer, t)?;
+        }
         Ok(())
     }
 
@@ -233,7 +239,7 @@ impl Session {
 
     /// The final RMSNorm and the LM head over the last `rows` of the chunk's `t` rows, into
     /// `s.logits`; with `pick`, the token the last row picks goes to `ids[0]` and its slot.
-    fn head(
+    pub(super) fn head(
         &self,
         rec: &mut Recorder,
         t: u32,
@@ -253,7 +259,7 @@ impl Session {
         let xq = self.norm_for(rec, first, norm, x, rows, head, &s.xq_x);
         gemv(rec, xq.as_ref(), x, head, logits, rows);
         if let Some((slot, pick)) = pick {
-            self.record_pick(rec, logits.row(rows - 1), pick)?;
+            self.record_pick(rec, logits.row(rows - 1), pick, s.next_token())?;
             rec.copy(&s.ids, 0, &s.picked[slot], 0, 4);
         }
         Ok(())

@@ -7,6 +7,7 @@
 //! (V3.2: n_group 8 / topk_group 4) and YaRN (V3.2's mscale in the softmax scale).
 
 mod attention;
+mod batch;
 mod dims;
 mod draft;
 mod forward;
@@ -20,6 +21,7 @@ mod scratch;
 mod session;
 pub mod source;
 
+pub use batch::BatchRow;
 pub use draft::DraftStats;
 pub use pick::Pick;
 pub use plan::{free_memory, longest_ctx, plan, plan_summary, session_room, GpuMemory, Plan};
@@ -208,6 +210,26 @@ impl Model {
     /// Start a conversation with caches for `max_ctx` tokens in `cache`'s formats.
     pub fn session_in(&self, max_ctx: usize, cache: CacheFormat) -> Result<Session> {
         Session::open(self, max_ctx, false, cache)
+    }
+
+    /// `n` sessions of up to `max_ctx` positions whose caches are regions of one pool,
+    /// allocated now, so their decode steps can run as one ([`Session::step_batch`]); `None`
+    /// when a layer's pool would not fit one storage binding.
+    pub fn pooled_sessions(
+        &self,
+        max_ctx: usize,
+        cache: CacheFormat,
+        n: usize,
+    ) -> Result<Option<Vec<Session>>> {
+        let Some(pool) = crate::cache::Caches::pool(&self.gpu, &self.config, max_ctx, n, cache)?
+        else {
+            return Ok(None);
+        };
+        let sessions = pool
+            .into_iter()
+            .map(|caches| Session::with_caches(self, caches, false))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(sessions))
     }
 
     /// The cache formats a session of `ctx` positions gets unless told otherwise: the ones

@@ -44,15 +44,18 @@ impl Sampler {
 }
 
 impl Session {
-    /// Records `pick` over the logits row `last`; the token goes to `ids[0]`.
-    pub(super) fn record_pick(&self, rec: &mut Recorder, last: View, pick: &Pick) -> Result<()> {
+    /// Records `pick` over the logits row `last`; the token goes to `out` (a session's
+    /// `ids[0]`: its next step's input, [`super::scratch::Scratch::next_token`]).
+    pub(super) fn record_pick(
+        &self,
+        rec: &mut Recorder,
+        last: View,
+        pick: &Pick,
+        out: TokenSlot,
+    ) -> Result<()> {
         let s = &self.s;
         let gpu = &*self.model.gpu;
         let vocab = self.model.config.vocab_size as u32;
-        let out = TokenSlot {
-            ids: &s.ids,
-            index: 0,
-        };
         // The penalty window, written ahead of the submission (queue order keeps the
         // previous step's reads of it first), for `run` to record with.
         let penalized = |w: &[u32], prev: bool, run: &mut dyn FnMut(&Window)| -> Result<()> {

@@ -102,6 +102,9 @@ scratch! {
         ids: z.c,
         /// RoPE's cos/sin for the chunk's positions.
         cos_sin: z.c * z.cfg.qk_rope_head_dim,
+        /// Where each row sits (u32 pairs: its cache row of position 0, its position; see
+        /// `crate::kernels::Causal::places`).
+        places: 2 * z.c,
         /// The residual stream.
         h: z.c * z.cfg.hidden_size,
         /// The normalized input of the current block.
@@ -172,6 +175,16 @@ scratch! {
         /// can be read while the next step writes the other).
         picked: [wgpu::Buffer; 2] = [0, 1].map(|_| picked_slot(gpu)),
             bytes 2 * 4;
+    }
+}
+
+impl Scratch {
+    /// Where a session's next input token lies (`ids[0]`): a step's pick goes there.
+    pub(super) fn next_token(&self) -> crate::kernels::sample::TokenSlot<'_> {
+        crate::kernels::sample::TokenSlot {
+            ids: &self.ids,
+            index: 0,
+        }
     }
 }
 

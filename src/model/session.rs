@@ -16,6 +16,7 @@ use crate::cache::{CacheFormat, Caches};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kernels::cache::{self, Source};
+use crate::kernels::Causal;
 
 /// Logits of the rows asked for, row-major `[rows, vocab]`.
 pub struct Logits {
@@ -121,6 +122,14 @@ impl Session {
             )));
         }
         let caches = Caches::new(gpu, cfg, max_ctx, cache)?;
+        Self::with_caches(model, caches, dense)
+    }
+
+    /// A session over `caches` (its own, or a region of a pool).
+    pub(super) fn with_caches(model: &Model, caches: Caches, dense: bool) -> Result<Session> {
+        let (cfg, gpu) = (&model.config, &*model.gpu);
+        let max_ctx = caches.max_ctx;
+        check_ctx(max_ctx)?;
         let shape = Shape::new(cfg, max_ctx, dense, gpu.max_binding());
         let s = Scratch::new(gpu, &shape)?;
         gpu.check()?;
@@ -171,13 +180,14 @@ impl Session {
         let id = cfg.index_head_dim as u32;
         self.caches.reserve(gpu, len)?;
         let mut rec = gpu.recorder();
-        let n = len as u32;
+        // Cache rows lo .. lo + len (a pooled session's region).
+        let (lo, n) = (self.caches.lo() as u32, len as u32);
         for i in 0..cfg.num_hidden_layers {
             let seed = seed ^ (2 * i as u32);
             let latent = self.caches.latent(i, len);
-            cache::store_latent(&mut rec, Source::Random(seed), &latent, (0, n), (kl, dr));
+            cache::store_latent(&mut rec, Source::Random(seed), &latent, (lo, n), (kl, dr));
             if let Some(keys) = self.caches.keys(i, len) {
-                cache::store_keys(&mut rec, Source::Random(seed ^ 1), &keys, (0, n), id);
+                cache::store_keys(&mut rec, Source::Random(seed ^ 1), &keys, (lo, n), id);
             }
         }
         rec.finish()?;
@@ -282,6 +292,35 @@ impl Session {
             )));
         }
         self.chunk_forward(Input::Previous, 1, Some((slot, pick)), false)
+    }
+
+    /// The chunk of `t` rows from position `pos0` of this session, placed for the next
+    /// recorded forward ([`Session::place_rows`]).
+    pub(super) fn place(&self, pos0: usize, t: usize) -> Causal<'_> {
+        let lo = self.caches.lo();
+        let rows: Vec<(usize, usize)> = (pos0..pos0 + t).map(|p| (lo, p)).collect();
+        self.place_rows(&rows)
+    }
+
+    /// Writes RoPE's cos/sin rows and the places of a chunk's rows (`rows`: each one's cache
+    /// row of position 0 and its position, in this session's scratch) for the next recorded
+    /// forward (queue order: after the submissions before it have read what was there), and
+    /// returns them as the attention kernels take them.
+    pub(super) fn place_rows(&self, rows: &[(usize, usize)]) -> Causal<'_> {
+        let gpu = &self.model.gpu;
+        let cs = self.rope.cos_sin(rows.iter().map(|r| r.1));
+        gpu.write(&self.s.cos_sin, 0, bytemuck::cast_slice(&cs));
+        let words: Vec<u32> = rows
+            .iter()
+            .flat_map(|&(lo, p)| [lo as u32, p as u32])
+            .collect();
+        gpu.write(&self.s.places, 0, bytemuck::cast_slice(&words));
+        Causal {
+            rows: rows.len() as u32,
+            n_keys: rows.iter().map(|r| r.1 + 1).max().unwrap_or(0) as u32,
+            pos0: rows.first().map_or(0, |r| r.1) as u32,
+            places: Some(&self.s.places),
+        }
     }
 
     /// The token the last pick on `slot` chose (waits for that submission only).

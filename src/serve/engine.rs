@@ -1,13 +1,16 @@
 //! The engine thread: it owns the sessions (one per slot, each with its own caches) and runs
 //! every request on them. HTTP handlers send it [`Job`]s and read [`Out`]s back.
 //!
-//! **Interleaving, not batching.** Each turn of the loop advances every active sequence by one
-//! token (a sequence still prefilling runs one prefill chunk instead), so concurrent requests
-//! progress together and a new request joins between two turns. The sequences' steps are
-//! separate GPU submissions, one after the other: queued without waiting where the GPU picks
-//! the token (greedy and top-k ≤ 256 sampling), so the host records one sequence's step while
-//! the GPU runs another's. There is no batched kernel step across sequences (that needs
-//! kernels that read several sequences' caches in one dispatch).
+//! **Batched decode.** Each turn of the loop advances every active sequence by one token (a
+//! sequence still prefilling runs one prefill chunk instead), so concurrent requests
+//! progress together and a new request joins between two turns. The sequences whose tokens
+//! the GPU picks (greedy and top-k ≤ 256 sampling, no drafts) decode **together**: one
+//! forward over one row per sequence ([`Session::step_batch`]), every weight read once for
+//! all of them, each row attending to its own slot's caches (the slots' caches are regions
+//! of one pool). It is queued a step ahead: the host reads the tokens of the previous step
+//! while the GPU runs this one. Sequences sampled on the host (min-p, presence / frequency
+//! penalties) or drafting with the MTP layer step alone, one submission each; so do all when
+//! the slots' caches could not be pooled (`--ctx` × `--parallel` past one storage binding).
 //!
 //! **Prefix cache.** Each slot remembers the tokens its caches hold. A new request goes to the
 //! free slot whose tokens share the longest prefix with its prompt; the session is rolled back
@@ -23,7 +26,7 @@ use crate::generate::{
     StopStrings,
 };
 use crate::kernels::sample::{Sampling, MAX_TOP_K};
-use crate::model::{DraftStats, Pick, Session};
+use crate::model::{BatchRow, DraftStats, Pick, Session};
 use crate::tokenizer::{TextStream, Tokenizer};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -167,6 +170,8 @@ struct Seq<'t> {
     pick: usize,
     /// Host: the token sampled and not yet processed.
     next: Option<u32>,
+    /// GPU: the step after the token being read is queued.
+    ahead: bool,
     /// Speculative decoding (the session drafts): the last token emitted, at `session.pos`
     /// and not yet run, which the next round verifies its drafts after.
     spec: Option<u32>,
@@ -289,24 +294,19 @@ pub fn run(
             slots.iter().filter(|s| s.seq.is_some()).count(),
             Ordering::SeqCst,
         );
-        // One token (or prefill chunk) for every running request.
+        // One token (or prefill chunk) for every running request: first those that do not
+        // decode with GPU picks (prefill chunks, host sampling, speculative rounds), then one
+        // batched step for the rest, then their tokens.
         for slot in slots.iter_mut() {
-            if slot.seq.is_none() {
-                continue;
+            if slot.seq.is_some() && !slot.gpu_decoding() {
+                guarded(slot, |s| s.advance());
             }
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| slot.advance()));
-            let err = match r {
-                Ok(Ok(())) => continue,
-                Ok(Err(e)) => e.0,
-                Err(_) => "internal error (a panic in the engine)".to_string(),
-            };
-            log::error!("request failed: {err}");
-            if let Some(seq) = slot.seq.take() {
-                let _ = seq.job.tx.send(Out::Error(err));
+        }
+        step_together(&mut slots);
+        for slot in slots.iter_mut() {
+            if slot.gpu_decoding() {
+                guarded(slot, |s| s.take_token());
             }
-            // The caches' state is unknown: start the slot afresh.
-            slot.session.reset();
-            slot.cached.clear();
         }
         load.busy.store(
             slots.iter().filter(|s| s.seq.is_some()).count(),
@@ -319,6 +319,71 @@ pub fn run(
             }
             *crate::gpu::lock(&load.drafts) = Some(all);
         }
+    }
+}
+
+/// Runs `f` on the slot; an error (or a panic) ends its request with that error and resets
+/// the slot.
+fn guarded(slot: &mut Slot, f: impl FnOnce(&mut Slot) -> Result<()>) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *slot)));
+    let err = match r {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.0,
+        Err(_) => "internal error (a panic in the engine)".to_string(),
+    };
+    fail(slot, err);
+}
+
+/// Ends the slot's request with `err`; its caches' state is unknown, so it starts afresh.
+fn fail(slot: &mut Slot, err: String) {
+    log::error!("request failed: {err}");
+    if let Some(seq) = slot.seq.take() {
+        let _ = seq.job.tx.send(Out::Error(err));
+    }
+    slot.session.reset();
+    slot.cached.clear();
+}
+
+/// Queues the next step of every GPU-decoding sequence that needs a token after the one
+/// waiting to be read: one batched step for those whose caches share a pool, alone for the
+/// others. A failed batch fails each of its requests.
+fn step_together(slots: &mut [Slot]) {
+    let mut rows = Vec::new();
+    let mut owners = Vec::new();
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if let Some(row) = slot.queue_ahead() {
+            rows.push(row);
+            owners.push(i);
+        }
+    }
+    // Rows whose session shares the first one's pool go together; the rest one by one.
+    let mut groups: Vec<(Vec<BatchRow>, Vec<usize>)> = Vec::new();
+    for (row, i) in rows.into_iter().zip(owners) {
+        let joins = groups.iter().position(|(g, _)| {
+            g.len() < g[0].session.chunk && g[0].session.caches.same_pool(&row.session.caches)
+        });
+        match joins {
+            Some(k) => {
+                groups[k].0.push(row);
+                groups[k].1.push(i);
+            }
+            None => groups.push((vec![row], vec![i])),
+        }
+    }
+    let mut failed = Vec::new();
+    for (mut group, owners) in groups {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Session::step_batch(&mut group)
+        }));
+        let err = match r {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => e.0,
+            Err(_) => "internal error (a panic in the engine)".to_string(),
+        };
+        failed.extend(owners.into_iter().map(|i| (i, err.clone())));
+    }
+    for (i, err) in failed {
+        fail(&mut slots[i], err);
     }
 }
 
@@ -361,6 +426,7 @@ impl<'t> Slot<'t> {
             gpu,
             pick: 0,
             next: None,
+            ahead: false,
             spec: None,
             reply,
         });
@@ -436,25 +502,64 @@ impl<'t> Slot<'t> {
         if s.drafts() > 0 {
             return self.round();
         }
-        let (next, ahead) = if seq.gpu {
-            // Queue the step that consumes the token about to be read, unless that token
-            // is surely the last.
-            let ahead = seq.out.len() + 1 < seq.job.max_tokens && s.pos < s.max_ctx();
-            if ahead {
-                let r = draw(&mut seq.sampler);
-                let pick = gpu_pick(&seq.job.params, r);
-                s.step_pick(1 - seq.pick, &pick)?;
-            }
-            let next = pollster::block_on(s.picked_token(seq.pick))?;
-            seq.pick = 1 - seq.pick;
-            (next, ahead)
-        } else {
-            let next = seq
-                .next
-                .take()
-                .ok_or_else(|| Error::msg("no token is waiting"))?;
-            (next, false)
+        if seq.gpu {
+            // Its steps are queued by `step_together` and read by `take_token`.
+            return Err(Error::msg(
+                "internal error: a GPU-decoding sequence stepped outside the batch",
+            ));
+        }
+        let next = seq
+            .next
+            .take()
+            .ok_or_else(|| Error::msg("no token is waiting"))?;
+        self.emit_next(next, false)
+    }
+
+    /// Whether the sequence decodes with GPU picks: its steps go in the turn's batch.
+    fn gpu_decoding(&self) -> bool {
+        self.seq
+            .as_ref()
+            .is_some_and(|q| q.gpu && q.prefilled == q.job.prompt.len())
+    }
+
+    /// A GPU-decoding sequence's next step, unless the token about to be read is surely its
+    /// last: the row to queue (into the pick slot not being read) for [`step_together`].
+    fn queue_ahead(&mut self) -> Option<BatchRow<'_, 'static>> {
+        if !self.gpu_decoding() {
+            return None;
+        }
+        let seq = self.seq.as_mut()?;
+        let s = &mut self.session;
+        seq.ahead = seq.out.len() + 1 < seq.job.max_tokens && s.pos < s.max_ctx();
+        if !seq.ahead {
+            return None;
+        }
+        let r = draw(&mut seq.sampler);
+        Some(BatchRow {
+            session: s,
+            slot: 1 - seq.pick,
+            pick: gpu_pick(&seq.job.params, r),
+        })
+    }
+
+    /// A GPU-decoding sequence's turn after the batched step: its token read and emitted.
+    fn take_token(&mut self) -> Result<()> {
+        let Some(seq) = self.seq.as_mut() else {
+            return Ok(());
         };
+        let next = pollster::block_on(self.session.picked_token(seq.pick))?;
+        seq.pick = 1 - seq.pick;
+        let ahead = std::mem::take(&mut seq.ahead);
+        self.emit_next(next, ahead)
+    }
+
+    /// Emits `next` (with `ahead`, the step after it is already queued) and ends the reply
+    /// there if it is the last; a host-sampled sequence runs it for the next token.
+    fn emit_next(&mut self, next: u32, ahead: bool) -> Result<()> {
+        let Some(seq) = self.seq.as_mut() else {
+            return Ok(());
+        };
+        let s = &mut self.session;
         // Where `next` goes in the caches.
         let pos = s.pos - usize::from(ahead);
         if let Some(length) = seq.emit(next, pos, s.max_ctx())? {

@@ -4,7 +4,7 @@
 //! The GPU engine runs on one thread of its own (`engine.rs`) that owns the sessions, one per
 //! slot (`--parallel`); the handlers render and tokenize the request, hand the engine a job
 //! and stream what it sends back, as server-sent events or one JSON body. Concurrent requests
-//! are interleaved token by token, not batched into one kernel step (see `engine.rs`).
+//! decode together, one batched step per token across the slots (see `engine.rs`).
 //!
 //! Errors have OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`: 400 for a
 //! malformed or ill-typed body and unsupported values, 401 for a missing or wrong API key, 404
