@@ -159,6 +159,9 @@ pub struct BenchOptions {
     pub seed: u64,
     /// Cache formats (`None`: the model's default).
     pub cache: Option<crate::cache::CacheFormat>,
+    /// Batch widths to time batched decode steps at (several sequences, one step; what
+    /// `sparsa serve` runs), each against one sequence's step in the same run.
+    pub batch: Vec<usize>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -360,6 +363,113 @@ pub struct BenchReport {
     pub calibration: Option<Calibration>,
     pub prefill: Vec<PrefillResult>,
     pub decode: Vec<DecodeResult>,
+    pub batch: Vec<BatchResult>,
+}
+
+/// Batched decode steps: `width` sequences at `context` positions each, one token each per
+/// step (pooled caches, [`Session::step_batch`]), queued a step ahead as `sparsa serve` runs
+/// them.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchResult {
+    pub context: usize,
+    pub width: usize,
+    pub ms_step_median: f64,
+    /// Tokens per second, all sequences together.
+    pub tok_per_s: f64,
+    /// `tok_per_s` over one sequence's (a batch of one, same run).
+    pub vs_one: f64,
+    /// One batched step, synchronous, profiled.
+    pub kernels: Vec<Kernel>,
+}
+
+/// Times batched decode steps of each width in `widths` (and of one sequence, the base) at
+/// each context of `opts`: `width` pooled sessions, caches filled synthetically.
+fn batched(
+    model: &Model,
+    opts: &BenchOptions,
+    log: &mut dyn FnMut(&str),
+) -> Result<Vec<BatchResult>> {
+    use crate::model::{BatchRow, Pick};
+    let gpu = &*model.gpu;
+    let widest = opts.batch.iter().copied().max().unwrap_or(1);
+    let mut out = Vec::new();
+    for &ctx in &opts.contexts {
+        let need = ctx + opts.decode + 8;
+        let cache = opts.cache.unwrap_or_else(|| model.default_cache(need));
+        let mut ss = model.pooled_sessions(need, cache, widest)?.ok_or_else(|| {
+            Error::msg(format!(
+                "--batch {widest} at {ctx}: the pooled caches exceed one storage binding"
+            ))
+        })?;
+        let toks = random_tokens(widest, model.config.vocab_size, opts.seed ^ 0xba7c);
+        let mut base = None;
+        let mut widths: Vec<usize> = std::iter::once(1).chain(opts.batch.clone()).collect();
+        widths.dedup();
+        for width in widths {
+            for (i, s) in ss.iter_mut().enumerate().take(width) {
+                s.fill_synthetic(ctx, opts.seed as u32 ^ i as u32)?;
+                s.forward_pick(&toks[i..=i], Some((0, &Pick::Argmax)))?;
+            }
+            // Pipelined: step i queued (into pick slot i % 2 ... alternate) before the
+            // tokens of step i - 1 are read.
+            let mut slot = 1;
+            let mut times = Vec::with_capacity(opts.decode);
+            for step in 0..opts.decode + 2 {
+                let t = Instant::now();
+                let mut rows: Vec<BatchRow> = ss[..width]
+                    .iter_mut()
+                    .map(|session| BatchRow {
+                        session,
+                        slot,
+                        pick: Pick::Argmax,
+                    })
+                    .collect();
+                Session::step_batch(&mut rows)?;
+                for s in &mut ss[..width] {
+                    pollster::block_on(s.picked_token(1 - slot))?;
+                }
+                slot = 1 - slot;
+                if step >= 2 {
+                    times.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+            }
+            for s in &mut ss[..width] {
+                pollster::block_on(s.picked_token(1 - slot))?;
+            }
+            times.sort_by(f64::total_cmp);
+            let ms = median(&times);
+            let (_, kernels) = profiled(gpu, opts.profile, || {
+                let mut rows: Vec<BatchRow> = ss[..width]
+                    .iter_mut()
+                    .map(|session| BatchRow {
+                        session,
+                        slot: 0,
+                        pick: Pick::Argmax,
+                    })
+                    .collect();
+                Session::step_batch(&mut rows)?;
+                for s in &mut ss[..width] {
+                    pollster::block_on(s.picked_token(0))?;
+                }
+                Ok(())
+            })?;
+            let tok_per_s = width as f64 * 1e3 / ms;
+            let one = *base.get_or_insert(tok_per_s);
+            log(&format!(
+                "batched decode at {ctx}, {width} sequences: {ms:.3} ms a step, {tok_per_s:.1} tok/s together, {:.2}x one sequence's",
+                tok_per_s / one
+            ));
+            out.push(BatchResult {
+                context: ctx,
+                width,
+                ms_step_median: ms,
+                tok_per_s,
+                vs_one: tok_per_s / one,
+                kernels,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The middle of sorted times (NaN when empty).
@@ -450,7 +560,12 @@ pub fn run(
         calibration,
         prefill: Vec::new(),
         decode: Vec::new(),
+        batch: Vec::new(),
     };
+    if !opts.batch.is_empty() {
+        report.batch = batched(model, opts, log)?;
+        return Ok(report);
+    }
     let mut modes = vec![false];
     if opts.dense {
         modes.push(true);
@@ -779,6 +894,16 @@ pub fn format_report(r: &BenchReport) -> String {
             }
             let _ = writeln!(o);
             kernel_table(&mut o, &d.kernels, r.calibration.as_ref());
+        }
+    }
+    for b in &r.batch {
+        let _ = writeln!(
+            o,
+            "\nbatched decode at {}, {} sequences: {:.3} ms a step, {:.1} tok/s together ({:.2}x one sequence's)",
+            b.context, b.width, b.ms_step_median, b.tok_per_s, b.vs_one
+        );
+        if !b.kernels.is_empty() {
+            kernel_table(&mut o, &b.kernels, r.calibration.as_ref());
         }
     }
     o

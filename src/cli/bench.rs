@@ -46,6 +46,12 @@ pub struct BenchArgs {
     /// Random weights route near-uniformly; real models do not.
     #[arg(long, requires = "gpu_memory")]
     expert_routing: Option<String>,
+    /// Batched decode instead of the other measurements: at each context, steps that run
+    /// this many sequences at once (comma-separated widths, e.g. 2,4,8; pooled caches
+    /// filled synthetically, as `sparsa serve` batches its slots), each against one
+    /// sequence's step in the same run.
+    #[arg(long, value_delimiter = ',')]
+    batch: Vec<usize>,
     /// Seed of the random tokens and synthetic caches.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -91,6 +97,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "--verify {k}: draft lengths must be 1 to 64"
         )));
     }
+    if let Some(w) = a.batch.iter().find(|w| **w == 0 || **w > 64) {
+        return Err(Error::msg(format!("--batch {w}: widths must be 1 to 64")));
+    }
     let extra = a.verify.iter().max().map_or(0, |k| k + 1);
     bench::check_contexts(&model, &a.context, a.decode + extra)?;
     let opts = BenchOptions {
@@ -107,6 +116,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         profile: !a.no_profile,
         seed: a.seed,
         cache: a.m.cache_type.0,
+        batch: a.batch.clone(),
     };
     let mut log = |s: &str| eprintln!("bench: {s}");
     let cal = if a.calibrate {

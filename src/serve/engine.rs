@@ -356,11 +356,15 @@ fn step_together(slots: &mut [Slot]) {
             owners.push(i);
         }
     }
-    // Rows whose session shares the first one's pool go together; the rest one by one.
+    // Rows whose session shares a group's pool join it; the rest step alone.
+    // `SPARSA_SERVE_BATCH=0`: every row alone (what the engine did before batching; a
+    // measurement aid).
+    let batch = crate::knobs::knob_on!("SPARSA_SERVE_BATCH");
     let mut groups: Vec<(Vec<BatchRow>, Vec<usize>)> = Vec::new();
     for (row, i) in rows.into_iter().zip(owners) {
         let joins = groups.iter().position(|(g, _)| {
-            g.len() < g[0].session.chunk && g[0].session.caches.same_pool(&row.session.caches)
+            let lead = &g[0].session;
+            batch && g.len() < lead.chunk && lead.caches.same_pool(&row.session.caches)
         });
         match joins {
             Some(k) => {
