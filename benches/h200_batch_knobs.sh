@@ -11,8 +11,8 @@ D=/tmp/m
 for k in SPARSA_NONE=0 SPARSA_ROWS_UNROLL=1 SPARSA_GEMV_TPR=8 SPARSA_GEMV_TPR=16 SPARSA_GEMV_TPR=64; do
   echo "== $k"
   env $k timeout 120 $S bench --model $D --context 512 --decode 16 --prompt-len 0 --batch 8 \
-    > $OUT/knobs-$k.txt 2>&1
-  grep -E "^bench: batched|rror" $OUT/knobs-$k.txt
-  grep -E "gemv_dot_experts_rows|gemv_dot_rows|gemv_dot_experts\[|gemv_dot\[" $OUT/knobs-$k.txt | head -4
+    > $OUT/knobs-${k/=/-}.txt 2>&1
+  grep -E "^bench: batched|rror" $OUT/knobs-${k/=/-}.txt
+  grep -E "gemv_dot_experts_rows|gemv_dot_rows|gemv_dot_experts\[|gemv_dot\[" $OUT/knobs-${k/=/-}.txt | head -4
 done
 rm -rf $D
