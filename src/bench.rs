@@ -404,32 +404,37 @@ fn batched(
         let toks = random_tokens(widest, model.config.vocab_size, opts.seed ^ 0xba7c);
         let mut base = None;
         let mut widths: Vec<usize> = std::iter::once(1).chain(opts.batch.clone()).collect();
+        widths.sort_unstable();
         widths.dedup();
+        // One batched step of the sessions `ss`, their picks into `slot`.
+        let step = |ss: &mut [Session], slot: usize| {
+            let mut rows: Vec<BatchRow> = ss
+                .iter_mut()
+                .map(|session| BatchRow {
+                    session,
+                    slot,
+                    pick: Pick::Argmax,
+                })
+                .collect();
+            Session::step_batch(&mut rows)
+        };
         for width in widths {
             for (i, s) in ss.iter_mut().enumerate().take(width) {
                 s.fill_synthetic(ctx, opts.seed as u32 ^ i as u32)?;
                 s.forward_pick(&toks[i..=i], Some((0, &Pick::Argmax)))?;
             }
-            // Pipelined: step i queued (into pick slot i % 2 ... alternate) before the
-            // tokens of step i - 1 are read.
+            // Pipelined: each step queued (pick slots alternating) before the tokens of the
+            // one before it are read.
             let mut slot = 1;
             let mut times = Vec::with_capacity(opts.decode);
-            for step in 0..opts.decode + 2 {
+            for i in 0..opts.decode + 2 {
                 let t = Instant::now();
-                let mut rows: Vec<BatchRow> = ss[..width]
-                    .iter_mut()
-                    .map(|session| BatchRow {
-                        session,
-                        slot,
-                        pick: Pick::Argmax,
-                    })
-                    .collect();
-                Session::step_batch(&mut rows)?;
+                step(&mut ss[..width], slot)?;
                 for s in &mut ss[..width] {
                     pollster::block_on(s.picked_token(1 - slot))?;
                 }
                 slot = 1 - slot;
-                if step >= 2 {
+                if i >= 2 {
                     times.push(t.elapsed().as_secs_f64() * 1e3);
                 }
             }
@@ -439,15 +444,7 @@ fn batched(
             times.sort_by(f64::total_cmp);
             let ms = median(&times);
             let (_, kernels) = profiled(gpu, opts.profile, || {
-                let mut rows: Vec<BatchRow> = ss[..width]
-                    .iter_mut()
-                    .map(|session| BatchRow {
-                        session,
-                        slot: 0,
-                        pick: Pick::Argmax,
-                    })
-                    .collect();
-                Session::step_batch(&mut rows)?;
+                step(&mut ss[..width], 0)?;
                 for s in &mut ss[..width] {
                     pollster::block_on(s.picked_token(0))?;
                 }

@@ -428,42 +428,34 @@ fn store<F: Copy>(
         None => [dummy; 3],
     };
     let (ragged, places_buf) = at.places_binding(gpu);
-    if places.is_some() {
-        assert!(random == 0, "{entry}: synthetic rows have no places");
-        for seg in cache.segs {
-            let params = Params {
-                src_off: sv.map_or(0, |v| v.offset),
-                src_stride: sv.map_or(0, |v| v.stride),
-                row_words: cache.row_words,
-                rows,
-                seg_lo: seg.lo,
-                seg_len: seg.len,
-                ragged,
-                ..base
-            };
-            rec.cost(rows as u64 * cache.row_words as u64 * 4 * 2, 0, "");
-            let srcb = sv.map_or(dummy, |v| v.buf);
-            let bufs = [srcb, &seg.buf, side[0], side[1], side[2], places_buf];
-            rec.dispatch(&p, &params, &bufs, gpu.grid(rows));
-        }
-        return;
-    }
+    assert!(
+        places.is_none() || random == 0,
+        "{entry}: synthetic rows have no places"
+    );
     let end = pos0 + rows;
     for seg in cache.segs {
-        let (lo, hi) = (pos0.max(seg.lo), end.min(seg.lo + seg.len));
-        if lo >= hi {
-            continue;
-        }
-        let n = hi - lo;
-        let r = lo - pos0;
+        // The rows this segment's dispatch takes (from chunk row r, n of them): with places
+        // every row (the kernel skips those outside the segment), else the rows whose
+        // positions fall in it.
+        let (r, n) = if places.is_some() {
+            (0, rows)
+        } else {
+            let (lo, hi) = (pos0.max(seg.lo), end.min(seg.lo + seg.len));
+            if lo >= hi {
+                continue;
+            }
+            (lo - pos0, hi - lo)
+        };
         let params = Params {
             src_off: sv.map_or(0, |v| v.offset + r * v.stride),
             src_stride: sv.map_or(0, |v| v.stride),
             dst_off: 0,
             row_words: cache.row_words,
             rows: n,
-            pos0: lo,
+            pos0: pos0 + r,
             seg_lo: seg.lo,
+            seg_len: seg.len,
+            ragged,
             seed,
             cs_row: r,
             ..base
@@ -475,7 +467,7 @@ fn store<F: Copy>(
     }
     let covered = cache.segs.last().map_or(0, |s| s.lo + s.len);
     assert!(
-        end <= covered,
+        places.is_some() || end <= covered,
         "{entry}: positions up to {end} written, the cache's segments hold {covered}"
     );
 }

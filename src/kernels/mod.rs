@@ -78,17 +78,14 @@ impl<'a> Causal<'a> {
         }
     }
 
-    /// The last position of the chunk plus one: where its cache rows end (without places).
-    pub fn end(&self) -> u32 {
-        self.pos0 + self.rows
+    /// `P.ragged` of the kernels that take places: 1 with them.
+    pub(crate) fn ragged(&self) -> u32 {
+        self.places.is_some() as u32
     }
 
-    /// `P.ragged` of the kernels that take places, and the buffer to bind (a dummy without).
+    /// [`Causal::ragged`], and the buffer to bind (a dummy without places).
     pub(crate) fn places_binding(&self, gpu: &'a crate::gpu::Gpu) -> (u32, &'a wgpu::Buffer) {
-        match self.places {
-            Some(b) => (1, b),
-            None => (0, gpu.dummy()),
-        }
+        (self.ragged(), self.places.unwrap_or(gpu.dummy()))
     }
 }
 

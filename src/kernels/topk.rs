@@ -154,7 +154,7 @@ impl Params {
             topk: k,
             seg_len,
             segs,
-            ragged: chunk.places.is_some() as u32,
+            ragged: chunk.ragged(),
             ..Default::default()
         }
     }
@@ -305,7 +305,7 @@ pub fn select_all(rec: &mut Recorder, chunk: Causal, sel: &Selection) {
         n_keys: chunk.n_keys,
         pos0: chunk.pos0,
         topk: k,
-        ragged: chunk.places.is_some() as u32,
+        ragged: chunk.ragged(),
         ..Default::default()
     };
     let n = rows as u64 * k as u64;

@@ -25,7 +25,7 @@ const K_NORM_EPS: f32 = 1e-6;
 
 impl Session {
     /// `h += o_proj(SparseMLA(RMSNorm(h)))` for layer `i` over the chunk's rows (`span`: how
-    /// many, where each sits, and the positions they cover: see [`Session::span`]).
+    /// many, where each sits, and the positions they cover: see [`Session::place_rows`]).
     pub(super) fn attention(&self, rec: &mut Recorder, i: usize, layer: &Layer, span: Causal) {
         let t = span.rows;
         let cfg = &self.model.config;

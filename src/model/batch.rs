@@ -39,34 +39,26 @@ impl Session {
         }
         for r in rows.iter_mut() {
             let s = &mut *r.session;
-            if s.pos >= s.max_ctx() {
-                return Err(Error::msg(format!(
-                    "context full: {} cached tokens fill --ctx {}",
-                    s.pos,
-                    s.max_ctx()
-                )));
-            }
+            s.check_step()?;
             s.caches.reserve(&s.model.gpu, s.pos + 1)?;
         }
         let lead = &*rows[0].session;
-        for r in &rows[1..] {
-            let s = &*r.session;
-            let windowed = |p: &Pick| match p {
-                Pick::Argmax => false,
-                Pick::PenalizedArgmax { window, .. } | Pick::Sample { window, .. } => {
-                    !window.is_empty()
-                }
-            };
-            if !s.caches.same_pool(&lead.caches) || s.dense != lead.dense {
-                return Err(Error::msg(
-                    "a batched step over sessions that do not share a cache pool",
-                ));
+        let apart = |s: &Session| !s.caches.same_pool(&lead.caches) || s.dense != lead.dense;
+        if rows[1..].iter().any(|r| apart(r.session)) {
+            return Err(Error::msg(
+                "a batched step over sessions that do not share a cache pool",
+            ));
+        }
+        let windowed = |p: &Pick| match p {
+            Pick::Argmax => false,
+            Pick::PenalizedArgmax { window, .. } | Pick::Sample { window, .. } => {
+                !window.is_empty()
             }
-            if windowed(&r.pick) || windowed(&rows[0].pick) {
-                return Err(Error::msg(
-                    "a batched step with repetition-penalty windows (pick those alone)",
-                ));
-            }
+        };
+        if n > 1 && rows.iter().any(|r| windowed(&r.pick)) {
+            return Err(Error::msg(
+                "a batched step with repetition-penalty windows (pick those alone)",
+            ));
         }
         let model = lead.model.clone();
         let gpu = &*model.gpu;

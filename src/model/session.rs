@@ -284,6 +284,12 @@ impl Session {
     /// One decode step on the token the previous pick left on the GPU (which need not have
     /// finished): `pick` chooses the next one, which goes to `slot`.
     pub fn step_pick(&mut self, slot: usize, pick: &Pick) -> Result<()> {
+        self.check_step()?;
+        self.chunk_forward(Input::Previous, 1, Some((slot, pick)), false)
+    }
+
+    /// Refuses a decode step when the caches hold `--ctx` tokens already.
+    pub(super) fn check_step(&self) -> Result<()> {
         if self.pos >= self.max_ctx() {
             return Err(Error::msg(format!(
                 "context full: {} cached tokens fill --ctx {}",
@@ -291,7 +297,7 @@ impl Session {
                 self.max_ctx()
             )));
         }
-        self.chunk_forward(Input::Previous, 1, Some((slot, pick)), false)
+        Ok(())
     }
 
     /// The chunk of `t` rows from position `pos0` of this session, placed for the next

@@ -325,13 +325,18 @@ pub fn run(
 /// Runs `f` on the slot; an error (or a panic) ends its request with that error and resets
 /// the slot.
 fn guarded(slot: &mut Slot, f: impl FnOnce(&mut Slot) -> Result<()>) {
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut *slot)));
-    let err = match r {
-        Ok(Ok(())) => return,
-        Ok(Err(e)) => e.0,
-        Err(_) => "internal error (a panic in the engine)".to_string(),
-    };
-    fail(slot, err);
+    if let Some(err) = caught(|| f(&mut *slot)) {
+        fail(slot, err);
+    }
+}
+
+/// Runs `f`: its error, or a panic's, as the message the request fails with.
+fn caught(f: impl FnOnce() -> Result<()>) -> Option<String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.0),
+        Err(_) => Some("internal error (a panic in the engine)".to_string()),
+    }
 }
 
 /// Ends the slot's request with `err`; its caches' state is unknown, so it starts afresh.
@@ -376,15 +381,9 @@ fn step_together(slots: &mut [Slot]) {
     }
     let mut failed = Vec::new();
     for (mut group, owners) in groups {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Session::step_batch(&mut group)
-        }));
-        let err = match r {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => e.0,
-            Err(_) => "internal error (a panic in the engine)".to_string(),
-        };
-        failed.extend(owners.into_iter().map(|i| (i, err.clone())));
+        if let Some(err) = caught(|| Session::step_batch(&mut group)) {
+            failed.extend(owners.into_iter().map(|i| (i, err.clone())));
+        }
     }
     for (i, err) in failed {
         fail(&mut slots[i], err);
