@@ -2,7 +2,11 @@
 //! (timestamp queries) and the share of the measured copy bandwidth, per format. For tuning
 //! the GEMV kernels on a real GPU; `sparsa bench` reports them per model step.
 //!
-//!     cargo run --release --example gemv_shapes -- [q4,q8,bf16] [reps]
+//!     cargo run --release --example gemv_shapes -- [q4,q8,bf16] [reps] [rows,...]
+//!
+//! `rows` (default 1): rows of x per product, each list entry a pass over the shapes (a
+//! batched decode step's or a verification's several rows: x is then quantized once, as
+//! the forward does, and the GEMVs read the weights once for all rows).
 //!
 //! `SPARSA_GEMV_XQ=1`: x is quantized once beforehand (`matmul::quantize_x`, timed apart)
 //! and q4 GEMVs read it; `SPARSA_GEMV_UNROLL` / `SPARSA_GEMV_TPR` override the integer-dot
@@ -70,40 +74,53 @@ fn main() -> sparsa::Result<()> {
     let mut args = std::env::args().skip(1);
     let formats = args.next().unwrap_or_else(|| "q4,q8,bf16".into());
     let reps: u32 = args.next().and_then(|r| r.parse().ok()).unwrap_or(20);
+    let row_counts: Vec<u32> = args
+        .next()
+        .map(|r| r.split(',').filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or_else(|| vec![1]);
     let gpu = Gpu::new(None)?;
     let cal = sparsa::bench::calibrate(&gpu)?;
     let bw = cal.copy_bytes_per_s;
     println!("{}", gpu.adapter.line());
     println!(
-        "copy bandwidth {:.1} GB/s; {reps} dispatches per shape",
-        bw / 1e9
+        "copy bandwidth {:.1} GB/s, f32 FMA {:.2} TFLOP/s, 8-bit dot4 {:.2} T/s; {reps} dispatches per shape",
+        bw / 1e9,
+        cal.fma_flops_per_s / 1e12,
+        cal.int_dots_per_s.unwrap_or(0.0) / 1e12
     );
     let xv: Vec<f32> = (0..154880)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
     let x = gpu.buffer_from(&xv, "x")?;
-    let y = gpu.buffer(4 * 154880, "y")?;
     let xq_on = std::env::var("SPARSA_GEMV_XQ").is_ok_and(|v| v == "1");
-    let xq_buf = gpu.buffer(matmul::xq_bytes(16384, 1), "xq")?;
-    for fmt in formats.split(',') {
+    let max_rows = row_counts.iter().copied().max().unwrap_or(1);
+    let xq_buf = gpu.buffer(matmul::xq_bytes(16384, max_rows), "xq")?;
+    let y = gpu.buffer(4 * 154880 * max_rows as u64, "y")?;
+    for (fmt, x_rows) in formats
+        .split(',')
+        .flat_map(|f| row_counts.iter().map(move |&r| (f, r)))
+    {
+        let xq_on = xq_on || x_rows > 1;
+        let fmt_rows = format!("{fmt}x{x_rows}");
+        let fmt = fmt_rows.as_str();
         println!(
             "\n{fmt}: {:<16} {:>7} {:>6} {:>9} {:>9} {:>5}",
             "matrix", "rows", "cols", "MB", "us", "%bw"
         );
         let (mut all_b, mut all_t) = (0.0, 0.0);
         for &(name, rows, cols) in SHAPES {
-            let w = weight(&gpu, fmt, rows, cols)?;
+            let w = weight(&gpu, fmt.split('x').next().unwrap_or(fmt), rows, cols)?;
             let xview = View::rows(&x, cols as u32);
             let order = xq_on.then(|| matmul::takes_xq(xview, &w)).flatten();
             let run = |n: u32| -> sparsa::Result<()> {
                 let mut rec = gpu.recorder();
-                let q =
-                    order.map(|o| matmul::quantize_x(&mut rec, xview, 1, cols as u32, o, &xq_buf));
+                let q = order
+                    .map(|o| matmul::quantize_x(&mut rec, xview, x_rows, cols as u32, o, &xq_buf));
                 for _ in 0..n {
                     let yv = View::rows(&y, rows as u32);
                     match &q {
                         Some(q) => matmul::matmul_xq(&mut rec, q, xview, &w, yv),
-                        None => matmul::matmul(&mut rec, xview, &w, yv, 1),
+                        None => matmul::matmul(&mut rec, xview, &w, yv, x_rows),
                     }
                 }
                 rec.finish()

@@ -30,6 +30,10 @@ pub struct Calibration {
     pub transfer_copy_bytes_per_s: f64,
     /// f32 fused multiply-add rate, FLOP/s (an FMA is 2 FLOP).
     pub fma_flops_per_s: f64,
+    /// Packed 8-bit integer dot products (`dot4I8Packed`, 4 multiply-adds each) per second:
+    /// what bounds the integer-dot GEMVs at several rows of x. None in the browser, whose
+    /// WGSL may lack them.
+    pub int_dots_per_s: Option<f64>,
     /// Bytes of one copy and the number of copies timed.
     pub copy_bytes: u64,
     pub copies: u32,
@@ -64,8 +68,13 @@ kernel_params! {
 const CALIBRATE: Shader<CalibrateParams> =
     Shader::new("calibrate", include_str!("../shaders/calibrate.wgsl"));
 
-/// The calibration shader (the backend test translates it with the kernels' shaders).
-pub const SHADERS: &[crate::gpu::ShaderCode] = &[CALIBRATE.code()];
+const CALIBRATE_DOT: Shader<CalibrateParams> = Shader::new(
+    "calibrate_dot",
+    include_str!("../shaders/calibrate_dot.wgsl"),
+);
+
+/// The calibration shaders (the backend test translates them with the kernels' shaders).
+pub const SHADERS: &[crate::gpu::ShaderCode] = &[CALIBRATE.code(), CALIBRATE_DOT.code()];
 
 /// Copy bandwidth and FMA rate, each the best of a few timed runs after a warm-up.
 pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
@@ -105,10 +114,33 @@ pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
     let copy_bytes_per_s = 2.0 * size as f64 * copies as f64 / best;
     drop((a, b));
 
-    // FMA: grow the grid until one dispatch takes ≥ 100 ms (GPUs raise their clocks under
-    // sustained load), then the best of three at that size.
     let out = gpu.buffer(16, "calibrate out")?;
-    let pipe = gpu.pipeline(&CALIBRATE, "fma_rate", &[]);
+    let fma_flops_per_s = 64.0 * rate_probe(gpu, &CALIBRATE, "fma_rate", &out)?;
+    let int_dots_per_s = if cfg!(target_arch = "wasm32") {
+        None
+    } else {
+        Some(32.0 * rate_probe(gpu, &CALIBRATE_DOT, "dot_rate", &out)?)
+    };
+    Ok(Calibration {
+        copy_bytes_per_s,
+        transfer_copy_bytes_per_s,
+        fma_flops_per_s,
+        int_dots_per_s,
+        copy_bytes: size,
+        copies,
+    })
+}
+
+/// Rounds per second of a peak-rate probe `entry` (each invocation runs `iters` rounds):
+/// the grid grows until one dispatch takes ≥ 100 ms (GPUs raise their clocks under
+/// sustained load), then the best of three at that size.
+fn rate_probe(
+    gpu: &Gpu,
+    shader: &'static Shader<CalibrateParams>,
+    entry: &'static str,
+    out: &wgpu::Buffer,
+) -> Result<f64> {
+    let pipe = gpu.pipeline(shader, entry, &[]);
     let iters = 512u32;
     let p = CalibrateParams {
         a: 0.999,
@@ -117,22 +149,13 @@ pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
         pad: 0,
     };
     let mut groups = 64u32;
-    let rate = loop {
-        let best = best_time(gpu, |rec| {
-            rec.dispatch(&pipe, &p, &[&out], gpu.grid(groups))
-        })?;
+    loop {
+        let best = best_time(gpu, |rec| rec.dispatch(&pipe, &p, &[out], gpu.grid(groups)))?;
         if best >= 0.1 || groups >= 1 << 20 {
-            break 64.0 * iters as f64 * 256.0 * groups as f64 / best;
+            return Ok(iters as f64 * 256.0 * groups as f64 / best);
         }
         groups *= 2;
-    };
-    Ok(Calibration {
-        copy_bytes_per_s,
-        transfer_copy_bytes_per_s,
-        fma_flops_per_s: rate,
-        copy_bytes: size,
-        copies,
-    })
+    }
 }
 
 /// How the caches reach the context of a decode measurement.

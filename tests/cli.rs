@@ -193,6 +193,7 @@ fn bench_reports_dsa_dense_kernels_and_calibration() {
     let cal = &r["calibration"];
     assert!(cal["copy_bytes_per_s"].as_f64().unwrap() > 0.0, "{cal}");
     assert!(cal["fma_flops_per_s"].as_f64().unwrap() > 0.0, "{cal}");
+    assert!(cal["int_dots_per_s"].as_f64().unwrap() > 0.0, "{cal}");
     assert_eq!(r["prefill"][0]["tokens"], 20);
     let decode = r["decode"].as_array().unwrap();
     assert_eq!(decode.len(), 2);

@@ -308,6 +308,18 @@ fn env_tpr() -> Option<u32> {
         && (4..=64).contains(&v))
 }
 
+/// Most slots of one expert `gemv_dot_experts_rows` takes per pass over the expert's rows,
+/// at `rows` token rows: 4 (an expert with more slots takes more passes, the later ones
+/// reading its rows from the caches). Fewer accumulators per invocation leave room for more
+/// invocations: on the H200, a 78-layer GLM-5 q4 step of 8 sequences (random routing over
+/// 16 experts, about 4 slots an expert) spent 30.1 ms in the kernel at 4, 30.9 at 2, 33.0
+/// at 8 (BENCHMARKS.md, "Batched decode: what bounds the several-row GEMVs").
+/// `SPARSA_EXPERT_BATCH` overrides (a measurement knob).
+fn expert_batch(rows: u32) -> u32 {
+    let cap = knob!("SPARSA_EXPERT_BATCH", |v| (1..=GEMV_MAX_ROWS).contains(&v));
+    rows.min(cap.unwrap_or(4))
+}
+
 /// Whether decode GEMVs over `w` take 4 rows per lane (gemv4q): for 4-bit weights, whose
 /// GEMV is bound by the x loads per element. 8-bit weights measured slower that way and keep
 /// 2 rows per lane (BENCHMARKS.md, "Kernel choices").
@@ -844,7 +856,12 @@ fn experts_as(
         None => tpr4,
     };
     let pipe = if grouped {
-        pipeline(rec, "gemv_dot_experts_rows", w, rows_knobs(tpr4, rows, 2))
+        pipeline(
+            rec,
+            "gemv_dot_experts_rows",
+            w,
+            rows_knobs(tpr4, expert_batch(rows), 2),
+        )
     } else if let Some(maxb) = dot {
         pipeline(
             rec,
