@@ -101,15 +101,15 @@ fn main() -> sparsa::Result<()> {
         .flat_map(|f| row_counts.iter().map(move |&r| (f, r)))
     {
         let xq_on = xq_on || x_rows > 1;
-        let fmt_rows = format!("{fmt}x{x_rows}");
-        let fmt = fmt_rows.as_str();
+        // Lines are labelled with the format and the rows of x: q4x8.
+        let label = format!("{fmt}x{x_rows}");
         println!(
-            "\n{fmt}: {:<16} {:>7} {:>6} {:>9} {:>9} {:>5}",
+            "\n{label}: {:<16} {:>7} {:>6} {:>9} {:>9} {:>5}",
             "matrix", "rows", "cols", "MB", "us", "%bw"
         );
         let (mut all_b, mut all_t) = (0.0, 0.0);
         for &(name, rows, cols) in SHAPES {
-            let w = weight(&gpu, fmt.split('x').next().unwrap_or(fmt), rows, cols)?;
+            let w = weight(&gpu, fmt, rows, cols)?;
             let xview = View::rows(&x, cols as u32);
             let order = xq_on.then(|| matmul::takes_xq(xview, &w)).flatten();
             let run = |n: u32| -> sparsa::Result<()> {
@@ -140,21 +140,21 @@ fn main() -> sparsa::Result<()> {
             let b = k.iter().filter(gemv).map(|s| s.bytes).sum::<u64>() as f64 / reps as f64;
             if let Some(q) = k.iter().find(|s| s.name.contains("quantize")) {
                 println!(
-                    "{fmt}: {name:<16} x quantized once: {:.1} us",
+                    "{label}: {name:<16} x quantized once: {:.1} us",
                     q.seconds * 1e6 / q.count as f64
                 );
             }
             all_b += b;
             all_t += secs;
             println!(
-                "{fmt}: {name:<16} {rows:>7} {cols:>6} {:>9.1} {:>9.1} {:>5.0}",
+                "{label}: {name:<16} {rows:>7} {cols:>6} {:>9.1} {:>9.1} {:>5.0}",
                 b / 1e6,
                 secs * 1e6,
                 100.0 * b / secs / bw
             );
         }
         println!(
-            "{fmt}: {:<16} {:>7} {:>6} {:>9.1} {:>9.1} {:>5.0}",
+            "{label}: {:<16} {:>7} {:>6} {:>9.1} {:>9.1} {:>5.0}",
             "all",
             "",
             "",

@@ -441,6 +441,13 @@ fn batched(
                 .collect();
             Session::step_batch(&mut rows)
         };
+        // Waits for the picks of the sessions `ss` in `slot`.
+        let read = |ss: &mut [Session], slot: usize| -> Result<()> {
+            for s in ss {
+                pollster::block_on(s.picked_token(slot))?;
+            }
+            Ok(())
+        };
         for width in widths {
             for (i, s) in ss.iter_mut().enumerate().take(width) {
                 s.fill_synthetic(ctx, opts.seed as u32 ^ i as u32)?;
@@ -453,25 +460,18 @@ fn batched(
             for i in 0..opts.decode + 2 {
                 let t = Instant::now();
                 step(&mut ss[..width], slot)?;
-                for s in &mut ss[..width] {
-                    pollster::block_on(s.picked_token(1 - slot))?;
-                }
+                read(&mut ss[..width], 1 - slot)?;
                 slot = 1 - slot;
                 if i >= 2 {
                     times.push(t.elapsed().as_secs_f64() * 1e3);
                 }
             }
-            for s in &mut ss[..width] {
-                pollster::block_on(s.picked_token(1 - slot))?;
-            }
+            read(&mut ss[..width], 1 - slot)?;
             times.sort_by(f64::total_cmp);
             let ms = median(&times);
             let (_, kernels) = profiled(gpu, opts.profile, || {
                 step(&mut ss[..width], 0)?;
-                for s in &mut ss[..width] {
-                    pollster::block_on(s.picked_token(0))?;
-                }
-                Ok(())
+                read(&mut ss[..width], 0)
             })?;
             let tok_per_s = width as f64 * 1e3 / ms;
             let one = *base.get_or_insert(tok_per_s);
