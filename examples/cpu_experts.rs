@@ -5,7 +5,10 @@
 //! (default), q8, fp8 or bf16; EXPERTS (default 16) experts of GLM-5's shape (hidden 6144,
 //! moe_intermediate 2048) with random weights; each round runs 8 of them on one token row,
 //! as a decode step's layer does, cycling through all so the reads come from RAM, not cache.
-//! RAYON_NUM_THREADS sets the threads.
+//! RAYON_NUM_THREADS sets the threads. SPARSA_CE_BACKING says where the experts' bytes live:
+//! `heap` (default, a Vec), `file` (written to a file in the temporary directory and
+//! memory-mapped, as the runtime reads a model's files: the page cache), `anon` (an anonymous
+//! mapping) or `thp` (an anonymous mapping advised to use transparent huge pages).
 use sparsa::experts::cpu::{run_experts, CpuExpert, CpuMatrix};
 use sparsa::weights::quant::{quantize_fp8, quantize_rows};
 use sparsa::weights::{DType, QFormat, WFormat};
@@ -55,7 +58,63 @@ fn main() {
         })
         .collect();
     let bytes_per_expert: usize = mats[0].iter().map(|(w, s)| w.len() + s.len()).sum();
-    let list: Vec<CpuExpert> = mats
+    // Every matrix's weight and scale bytes, one after another, in the chosen backing.
+    let backing = std::env::var("SPARSA_CE_BACKING").unwrap_or_else(|_| "heap".into());
+    let total: usize = mats.iter().flatten().map(|(w, s)| w.len() + s.len()).sum();
+    let fill = |dst: &mut [u8]| {
+        let mut at = 0;
+        for (w, s) in mats.iter().flatten() {
+            dst[at..at + w.len()].copy_from_slice(w);
+            at += w.len();
+            dst[at..at + s.len()].copy_from_slice(s);
+            at += s.len();
+        }
+    };
+    let held: Box<dyn std::ops::Deref<Target = [u8]>> = match backing.as_str() {
+        "heap" => {
+            let mut v = vec![0u8; total];
+            fill(&mut v);
+            Box::new(v)
+        }
+        "file" => {
+            let path = std::env::temp_dir().join(format!("cpu_experts.{}", std::process::id()));
+            let mut v = vec![0u8; total];
+            fill(&mut v);
+            std::fs::write(&path, &v).expect("writing the experts' file");
+            drop(v);
+            let f = std::fs::File::open(&path).expect("opening the experts' file");
+            // SAFETY: the file is this process's own and nothing writes it while mapped.
+            let m = unsafe { memmap2::Mmap::map(&f) }.expect("mapping the experts' file");
+            std::fs::remove_file(&path).ok();
+            Box::new(m)
+        }
+        "anon" | "thp" => {
+            let mut m = memmap2::MmapMut::map_anon(total).expect("an anonymous mapping");
+            #[cfg(target_os = "linux")]
+            if backing == "thp" {
+                m.advise(memmap2::Advice::HugePage)
+                    .expect("madvise(MADV_HUGEPAGE)");
+            }
+            fill(&mut m);
+            Box::new(m.make_read_only().expect("mprotect"))
+        }
+        other => panic!("SPARSA_CE_BACKING={other}: expected heap, file, anon or thp"),
+    };
+    // The (weights, scales) slices of each matrix in `held`.
+    let mut at = 0;
+    let spans: Vec<[(&[u8], &[u8]); 3]> = mats
+        .iter()
+        .map(|m| {
+            std::array::from_fn(|j| {
+                let (w, s) = (&held[at..at + m[j].0.len()], m[j].0.len());
+                at += s;
+                let sc = &held[at..at + m[j].1.len()];
+                at += m[j].1.len();
+                (w, sc)
+            })
+        })
+        .collect();
+    let list: Vec<CpuExpert> = spans
         .iter()
         .enumerate()
         .map(|(i, m)| {
@@ -63,8 +122,8 @@ fn main() {
                 CpuMatrix::new(
                     &format!("expert {i} matrix {j}"),
                     format,
-                    &m[j].0,
-                    &m[j].1,
+                    m[j].0,
+                    m[j].1,
                     n,
                     k,
                 )
@@ -103,7 +162,7 @@ fn main() {
     // RAM read rate on the same threads.
     let ram = sparsa::experts::cpu::ram_read_bandwidth();
     println!(
-        "{format:?}: {} threads, 8 experts of {:.1} MB per round: {:.2} ms per round, {:.1} GB/s; RAM read {:.1} GB/s; {:.0} % of it (checksum {:.3})",
+        "{format:?} ({backing}): {} threads, 8 experts of {:.1} MB per round: {:.2} ms per round, {:.1} GB/s; RAM read {:.1} GB/s; {:.0} % of it (checksum {:.3})",
         rayon::current_num_threads(),
         bytes_per_expert as f64 / 1e6,
         dt / rounds as f64 * 1e3,

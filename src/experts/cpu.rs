@@ -20,6 +20,53 @@ use rayon::prelude::*;
 /// float rows go 256 at a time).
 const MAX_BLOCK: usize = 256;
 
+/// The instruction sets the executor has rows for, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    /// AVX-512 with VNNI (and BW, VL): q4 / q8 rows take one `vpdpwssd` per 32 weights.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512,
+    /// AVX2 and FMA: q4 / q8 rows on `maddubs`, FP8 rows decoded on the bits.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2,
+    /// What the compiler vectorizes for the build's target.
+    Portable,
+}
+
+impl Isa {
+    /// The best set this CPU has, checked once (`SPARSA_CPU_AVX512=0`: AVX2 at most, a
+    /// measurement aid).
+    fn here() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            let all = Isa::all_here();
+            let avx512 = crate::knobs::knob_on!("SPARSA_CPU_AVX512");
+            all.into_iter()
+                .find(|&i| avx512 || i != Isa::Avx512)
+                .unwrap_or(Isa::Portable)
+        })
+    }
+
+    /// Every set this CPU has, best first (Portable last).
+    fn all_here() -> Vec<Isa> {
+        let mut v = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma");
+            if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni")
+            {
+                v.push(Isa::Avx512);
+            }
+            if avx2 {
+                v.push(Isa::Avx2);
+            }
+        }
+        v.push(Isa::Portable);
+        v
+    }
+}
+
 /// One `[n, k]` matrix as stored: the rows' bytes and, for quantized formats, the scale
 /// tensor's bytes (bf16 per row block for q8 / q4, f32 `scale_inv` per 128 × 128 block for
 /// FP8), both little-endian as in the safetensors file.
@@ -75,27 +122,34 @@ impl<'a> CpuMatrix<'a> {
     /// `xs.len()` rows of x: a weight row is read once, from cache, for all of them). `xq`:
     /// the same rows quantized ([`XRow`]) where [`CpuMatrix::int_dot`] applies.
     fn rows_into(&self, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32], row0: usize) {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has AVX2 and FMA (checked just above).
-            unsafe { rows_avx2(self, xs, xq, y, row0) };
-            return;
+        self.rows_on(Isa::here(), xs, xq, y, row0)
+    }
+
+    /// [`CpuMatrix::rows_into`] on the instruction set `isa` (which the CPU must have: tests
+    /// take each one the CPU has).
+    fn rows_on(&self, isa: Isa, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32], row0: usize) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `isa` is one the CPU has (Isa::here, Isa::all_here).
+            Isa::Avx512 => unsafe { rows_avx512(self, xs, xq, y, row0) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Isa::Avx2 => unsafe { rows_avx2(self, xs, xq, y, row0) },
+            _ => {
+                let _ = xq;
+                rows_generic(self, xs, y, row0)
+            }
         }
-        let _ = xq;
-        rows_generic(self, xs, y, row0);
     }
 
     /// Whether products with this matrix take x quantized ([`XRow`]) for integer dot
     /// products: q4 / q8 in whole blocks, on a CPU with AVX2 and FMA (`SPARSA_CPU_INT_DOT=0`:
     /// never, a measurement aid).
     fn int_dot(&self) -> bool {
-        #[cfg(target_arch = "x86_64")]
         if let WFormat::Quant(QFormat::Q4 { block } | QFormat::Q8 { block }) = self.format {
             return self.k.is_multiple_of(block)
                 && crate::knobs::knob_on!("SPARSA_CPU_INT_DOT")
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma");
+                && Isa::here() != Isa::Portable;
         }
         false
     }
@@ -103,6 +157,11 @@ impl<'a> CpuMatrix<'a> {
     /// `y = W · x` (`y` has `n` elements, `x` has `k`), the rows spread over rayon's
     /// threads in chunks as [`run_experts`] spreads them.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        self.matvec_on(Isa::here(), x, y)
+    }
+
+    /// [`CpuMatrix::matvec`] on the instruction set `isa` (one the CPU has).
+    fn matvec_on(&self, isa: Isa, x: &[f32], y: &mut [f32]) {
         assert!(
             x.len() >= self.k && y.len() >= self.n,
             "CpuMatrix::matvec: short x or y"
@@ -114,7 +173,7 @@ impl<'a> CpuMatrix<'a> {
         y[..self.n]
             .par_chunks_mut(chunk)
             .enumerate()
-            .for_each(|(c, ys)| self.rows_into(&xs, &xr, ys, c * chunk));
+            .for_each(|(c, ys)| self.rows_on(isa, &xs, &xr, ys, c * chunk));
     }
 }
 
@@ -149,6 +208,9 @@ pub struct XRow {
     /// `s_b / 254`, the scale of `254 · h + l`.
     s254: Vec<f32>,
     m: Vec<f32>,
+    /// `254 · h + l` as one 16-bit integer per element (|·| ≤ 32,385), in h's order: the
+    /// AVX-512 rows' x, whose products are then the AVX2 rows' integer sums exactly.
+    w: Vec<i16>,
 }
 
 impl XRow {
@@ -160,6 +222,7 @@ impl XRow {
             s: vec![0.0; nb],
             s254: vec![0.0; nb],
             m: vec![0.0; nb],
+            w: vec![0; nb * 32],
         };
         for b in 0..nb {
             let v = &x[32 * b..32 * b + 32];
@@ -174,6 +237,7 @@ impl XRow {
                 let l = ((f - h) * 254.0).round_ties_even().clamp(-127.0, 127.0);
                 r.h[32 * b + j] = h as i8;
                 r.l[32 * b + j] = l as i8;
+                r.w[32 * b + j] = 254 * h as i16 + l as i16;
                 sh += h as i32;
                 sl += l as i32;
             }
@@ -296,6 +360,86 @@ unsafe fn int_row_avx2(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XR
         o0 += f0;
     }
     hsum(_mm256_add_ps(a0, a1)) - 8.0 * (o0 + o1)
+}
+
+/// [`rows_avx2`] with the q4 / q8 rows on AVX-512 VNNI ([`int_row_avx512`]) where x comes
+/// quantized; everything else as AVX2 does it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+unsafe fn rows_avx512(m: &CpuMatrix, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32], row0: usize) {
+    match m.format {
+        WFormat::Quant(q @ (QFormat::Q4 { block } | QFormat::Q8 { block }))
+            if m.k.is_multiple_of(block) && xq.len() == xs.len() =>
+        {
+            for (i, out) in y.chunks_exact_mut(xs.len()).enumerate() {
+                for (o, xr) in out.iter_mut().zip(xq) {
+                    *o = int_row_avx512(m, q, block, row0 + i, xr);
+                }
+            }
+        }
+        _ => rows_avx2(m, xs, xq, y, row0),
+    }
+}
+
+/// [`int_row_avx2`] on AVX-512 VNNI: per 32 weights, the codes widened to 16 bits (q4's
+/// nibbles, 0..15, low ones first as x's order has them; q8's signed bytes) and one
+/// `vpdpwssd` against x's `254 · h + l` ([`XRow`]'s 16-bit form), which gives the AVX2
+/// rows' integer sums exactly; then one conversion and one multiply-add by `w_scale ·
+/// s_b / 254`, as there.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
+unsafe fn int_row_avx512(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XRow) -> f32 {
+    use std::arch::x86_64::*;
+    let k = m.k;
+    let nb = k / block;
+    let rb = q.file_row_bytes(k);
+    let row = m.w[r * rb..(r + 1) * rb].as_ptr();
+    let scales = m.scale[2 * r * nb..2 * (r + 1) * nb].as_ptr() as *const u16;
+    let chunks = k / 32;
+    // Chunk c's scale is block c >> per's.
+    let per = (block / 32).trailing_zeros();
+    assert!(x.w.len() >= k && x.s254.len() >= chunks && x.m.len() >= chunks);
+    let (xw, xs, xm) = (x.w.as_ptr(), x.s254.as_ptr(), x.m.as_ptr());
+    let q4 = matches!(q, QFormat::Q4 { .. });
+    let mask = _mm256_set1_epi8(15);
+    // The 16 bytes of nibbles twice: the low half's words shifted by 0, the high half's by 4.
+    let shifts = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    // Chunk c's 16 lanes of integer sums, and its scale.
+    // SAFETY (in the closure): c < chunks, so the codes of elements 32c .. 32c + 32 lie in
+    // the row, their scale in the row's nb scales, and x holds chunk c (asserted above).
+    let chunk = |c: usize| -> (__m512i, f32) {
+        let bits = u16::from_le(scales.add(c >> per).read_unaligned());
+        let ws = f32::from_bits((bits as u32) << 16);
+        let codes = if q4 {
+            let v = _mm_loadu_si128(row.add(16 * c) as *const __m128i);
+            let n = _mm256_and_si256(_mm256_srlv_epi16(_mm256_set_m128i(v, v), shifts), mask);
+            _mm512_cvtepu8_epi16(n)
+        } else {
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(row.add(32 * c) as *const __m256i))
+        };
+        let xv = _mm512_loadu_si512(xw.add(32 * c) as *const __m512i);
+        (_mm512_dpwssd_epi32(_mm512_setzero_si512(), codes, xv), ws)
+    };
+    // Two chunks a step into two sums: independent chains for the out-of-order core.
+    let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let (mut o0, mut o1) = (0f32, 0f32);
+    let mut c = 0;
+    while c + 2 <= chunks {
+        let (d0, w0) = chunk(c);
+        let (d1, w1) = chunk(c + 1);
+        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_set1_ps(w0 * *xs.add(c)), a0);
+        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_set1_ps(w1 * *xs.add(c + 1)), a1);
+        o0 += w0 * *xm.add(c);
+        o1 += w1 * *xm.add(c + 1);
+        c += 2;
+    }
+    if c < chunks {
+        let (d0, w0) = chunk(c);
+        a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_set1_ps(w0 * *xs.add(c)), a0);
+        o0 += w0 * *xm.add(c);
+    }
+    let off = if q4 { 8.0 * (o0 + o1) } else { 0.0 };
+    _mm512_reduce_add_ps(_mm512_add_ps(a0, a1)) - off
 }
 
 /// An FP8 row (whole 128-column blocks) against x with AVX2: 8 e4m3 bytes at a time become
@@ -795,19 +939,38 @@ mod tests {
             for format in formats() {
                 let (w, s, back) = stored(format, &data, n, k);
                 let m = CpuMatrix::new("w", format, &w, &s, n, k).unwrap();
-                let mut y = vec![f32::NAN; n];
-                m.matvec(&x, &mut y);
-                let want = matvec_ref(&back, &x, n, k);
-                // x quantized for integer dot products adds at most its bound.
-                let extra: Vec<f32> = match m.int_dot() {
-                    true => back.chunks(k).map(|w| x_split_bound(&x, w)).collect(),
-                    false => Vec::new(),
-                };
-                let what = format!("matvec {format:?} [{n}, {k}], int dot {}", m.int_dot());
-                assert_close_plus(&y, &want, 1e-4, 1e-4, &extra, &what);
-                // And exactly (to f32 rounding) the product with x as quantized.
-                let want = matvec_ref(&back, &seen(&m, &x), n, k);
-                assert_close(&y, &want, 1e-4, 1e-4, &what);
+                // Every instruction set this CPU has (the portable rows do not take x
+                // quantized, so they run only where the others do not quantize it).
+                let mut first: Option<Vec<f32>> = None;
+                for isa in Isa::all_here() {
+                    if isa == Isa::Portable && m.int_dot() {
+                        continue;
+                    }
+                    let mut y = vec![f32::NAN; n];
+                    m.matvec_on(isa, &x, &mut y);
+                    // The integer rows of every set take the same integer sums: only the
+                    // order of the float additions differs.
+                    match &first {
+                        Some(f) if m.int_dot() => {
+                            assert_close(&y, f, 1e-5, 1e-5, &format!("{format:?} {isa:?}"))
+                        }
+                        _ => first = Some(y.clone()),
+                    }
+                    let want = matvec_ref(&back, &x, n, k);
+                    // x quantized for integer dot products adds at most its bound.
+                    let extra: Vec<f32> = match m.int_dot() {
+                        true => back.chunks(k).map(|w| x_split_bound(&x, w)).collect(),
+                        false => Vec::new(),
+                    };
+                    let what = format!(
+                        "matvec {format:?} [{n}, {k}] on {isa:?}, int dot {}",
+                        m.int_dot()
+                    );
+                    assert_close_plus(&y, &want, 1e-4, 1e-4, &extra, &what);
+                    // And exactly (to f32 rounding) the product with x as quantized.
+                    let want = matvec_ref(&back, &seen(&m, &x), n, k);
+                    assert_close(&y, &want, 1e-4, 1e-4, &what);
+                }
             }
         }
     }
