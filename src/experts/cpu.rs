@@ -428,7 +428,11 @@ unsafe fn int_row_avx512(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &
         let (d0, w0) = chunk(c);
         let (d1, w1) = chunk(c + 1);
         a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_set1_ps(w0 * *xs.add(c)), a0);
-        a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_set1_ps(w1 * *xs.add(c + 1)), a1);
+        a1 = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(d1),
+            _mm512_set1_ps(w1 * *xs.add(c + 1)),
+            a1,
+        );
         o0 += w0 * *xm.add(c);
         o1 += w1 * *xm.add(c + 1);
         c += 2;
