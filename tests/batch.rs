@@ -149,3 +149,107 @@ fn a_batch_refuses_sessions_of_different_pools() {
     let err = Session::step_batch(&mut rows).unwrap_err().to_string();
     assert!(err.contains("cache pool"), "{err}");
 }
+
+/// `Session::warm_batch` (what `sparsa serve` runs at startup for every width it batches):
+/// afterwards a batched step of any of those widths compiles no pipeline, past the indexer's
+/// top-k too, and the sessions are as they were: a sequence stopped between two steps (its
+/// next input picked on the GPU) goes on with the tokens it gets alone.
+#[test]
+fn a_warm_up_compiles_every_width_and_changes_nothing() {
+    let (tok, model) = builtin();
+    let texts = [
+        "Once upon a time",
+        "She opened the letter and read it twice. Then she",
+        "The old lighthouse keeper climbed the stairs every evening. He lit the lamp, wound the clock, and watched the ships pass in the dark. One night a storm came from the north, and the sea rose higher than anyone in the village could remember. The keeper",
+    ];
+    let prompts: Vec<Vec<u32>> = texts.iter().map(|t| tok.encode(t).unwrap()).collect();
+    assert!(prompts[2].len() > 64, "a prompt past the indexer's top-k");
+    // Widths 3, 2, then 1 as the sequences finish, the long prompt's row in each (past the
+    // indexer's top-k: its scores and top-k run; before it, only a selection of every
+    // position, which prefill compiles too).
+    let want = [4usize, 8, 12];
+    let cache = model.default_cache(CTX);
+    let mut ss = model
+        .pooled_sessions(CTX, cache, prompts.len())
+        .unwrap()
+        .expect("the built-in model's pool fits one binding");
+    // Session 1 has a conversation: its first token read, the next input left on the GPU.
+    ss[1]
+        .forward_pick(&prompts[1], Some((0, &Pick::Argmax)))
+        .unwrap();
+    let mut outs = vec![Vec::new(); 3];
+    outs[1].push(pollster::block_on(ss[1].picked_token(0)).unwrap());
+    let pos = ss[1].pos;
+    for width in 1..=ss.len() {
+        Session::warm_batch(&mut ss[..width]).unwrap();
+    }
+    assert_eq!(ss[1].pos, pos, "the warm-up rolls the positions back");
+    for i in [0, 2] {
+        ss[i]
+            .forward_pick(&prompts[i], Some((0, &Pick::Argmax)))
+            .unwrap();
+        outs[i].push(pollster::block_on(ss[i].picked_token(0)).unwrap());
+    }
+    let compiled = variants(&model);
+    let mut widths = Vec::new();
+    loop {
+        let mut rows: Vec<BatchRow> = ss
+            .iter_mut()
+            .zip(&outs)
+            .zip(want)
+            .filter(|((_, out), want)| out.len() < *want)
+            .map(|((session, _), _)| BatchRow {
+                session,
+                slot: 0,
+                pick: Pick::Argmax,
+            })
+            .collect();
+        if rows.is_empty() {
+            break;
+        }
+        widths.push(rows.len());
+        Session::step_batch(&mut rows).unwrap();
+        drop(rows);
+        for ((s, out), want) in ss.iter_mut().zip(&mut outs).zip(want) {
+            if out.len() < want {
+                out.push(pollster::block_on(s.picked_token(0)).unwrap());
+            }
+        }
+    }
+    assert!(
+        [1, 2, 3].iter().all(|w| widths.contains(w)),
+        "batch widths {widths:?}"
+    );
+    let new: Vec<String> = variants(&model)
+        .into_iter()
+        .filter(|v| !compiled.contains(v))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "batched steps compiled pipelines after the warm-up: {new:#?}"
+    );
+    for (i, out) in outs.iter().enumerate() {
+        assert_eq!(
+            *out,
+            alone(&model, &prompts[i], want[i]),
+            "sequence {i} after the warm-up vs alone"
+        );
+    }
+}
+
+/// The pipelines compiled so far, as `shader::entry defines`.
+fn variants(model: &Model) -> Vec<String> {
+    model
+        .gpu
+        .shader_variants()
+        .iter()
+        .map(|v| {
+            format!(
+                "{}::{} {}",
+                v.shader.name,
+                v.entry,
+                v.defines.replace('\n', " ")
+            )
+        })
+        .collect()
+}

@@ -234,6 +234,103 @@ fn bench_reports_dsa_dense_kernels_and_calibration() {
     }
 }
 
+/// `sparsa bench --batch`: a line and a JSON entry per width (and one sequence's, the base)
+/// with a positive speed and its ratio to one sequence's; a batched step is one forward for
+/// all its rows, so it makes about as many dispatches as one sequence's step and moves less
+/// than twice its bytes (every weight read once). Bad widths are refused before loading.
+#[test]
+fn bench_batch_reports_each_width_against_one_sequence() {
+    let dir = tmpdir("bench-batch");
+    let json = dir.join("bench.json");
+    let out = bin()
+        .args(["bench", "--batch", "2", "--context", "200", "--decode", "2"])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // "batched decode at 200, 2 sequences: 49.623 ms a step, 40.3 tok/s together (1.35x
+    // one sequence's)": its tok/s and ratio.
+    let printed = |width: usize| -> (f64, f64) {
+        let head = format!("batched decode at 200, {width} sequences: ");
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&head))
+            .unwrap_or_else(|| panic!("no line for {width} sequences: {text}"));
+        let number_before = |end: &str| -> f64 {
+            let before = &line[..line.find(end).unwrap_or_else(|| panic!("{line}"))];
+            let start = before.rfind([' ', '(']).map_or(0, |i| i + 1);
+            before[start..].parse().unwrap_or_else(|_| panic!("{line}"))
+        };
+        (
+            number_before(" tok/s together"),
+            number_before("x one sequence's"),
+        )
+    };
+    let (one, base) = printed(1);
+    let (two, ratio) = printed(2);
+    assert!(one > 0.0 && two > 0.0, "{text}");
+    assert_eq!(base, 1.0, "{text}");
+    assert!(ratio > 0.0, "{text}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let batch = r["batch"].as_array().unwrap();
+    assert_eq!(batch.len(), 2, "{batch:?}");
+    let sum = |b: &serde_json::Value, field: &str| -> u64 {
+        b["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k[field].as_u64().unwrap())
+            .sum()
+    };
+    for (b, width) in batch.iter().zip([1, 2]) {
+        assert_eq!(b["width"], width, "{b}");
+        assert_eq!(b["context"], 200, "{b}");
+        let tok_per_s = b["tok_per_s"].as_f64().unwrap();
+        let ms = b["ms_step_median"].as_f64().unwrap();
+        assert!(tok_per_s > 0.0 && ms > 0.0, "{b}");
+        assert!(
+            (tok_per_s - width as f64 * 1e3 / ms).abs() < 1e-6 * tok_per_s,
+            "{b}"
+        );
+        assert!(sum(b, "count") > 0, "{b}");
+    }
+    let tok = |i: usize| batch[i]["tok_per_s"].as_f64().unwrap();
+    assert_eq!(batch[0]["vs_one"].as_f64(), Some(1.0));
+    let vs_one = batch[1]["vs_one"].as_f64().unwrap();
+    assert!((vs_one - tok(1) / tok(0)).abs() < 1e-9, "{vs_one}");
+    assert!(
+        (vs_one - ratio).abs() < 0.006,
+        "printed {ratio}, JSON {vs_one}"
+    );
+    // One forward for both rows: not two steps' dispatches, nor two reads of the weights.
+    let (calls, bytes) = (|i| sum(&batch[i], "count"), |i| sum(&batch[i], "bytes"));
+    assert!(
+        calls(1) < 2 * calls(0),
+        "dispatches of a step of 2 vs 1: {} vs {}",
+        calls(1),
+        calls(0)
+    );
+    assert!(
+        bytes(1) < 2 * bytes(0),
+        "bytes of a step of 2 vs 1: {} vs {}",
+        bytes(1),
+        bytes(0)
+    );
+    for bad in ["0", "abc", "65", "2,-1"] {
+        let e = fails(&["bench", "--batch", bad], None);
+        assert!(
+            e.contains("--batch") && e.contains("expected batch widths from 1 to 64"),
+            "--batch {bad}: {e}"
+        );
+    }
+}
+
 #[test]
 fn bench_rejects_a_context_the_adapter_cannot_hold() {
     let out = bin()

@@ -50,7 +50,7 @@ pub struct BenchArgs {
     /// this many sequences at once (comma-separated widths, e.g. 2,4,8; pooled caches
     /// filled synthetically, as `sparsa serve` batches its slots), each against one
     /// sequence's step in the same run.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_name = "WIDTHS", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_width)]
     batch: Vec<usize>,
     /// Seed of the random tokens and synthetic caches.
     #[arg(long, default_value_t = 0)]
@@ -97,9 +97,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "--verify {k}: draft lengths must be 1 to 64"
         )));
     }
-    if let Some(w) = a.batch.iter().find(|w| **w == 0 || **w > 64) {
-        return Err(Error::msg(format!("--batch {w}: widths must be 1 to 64")));
-    }
     let extra = a.verify.iter().max().map_or(0, |k| k + 1);
     bench::check_contexts(&model, &a.context, a.decode + extra)?;
     let opts = BenchOptions {
@@ -142,4 +139,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .map_err(|e| Error::msg(format!("--json {}: {e}", path.display())))?;
     }
     Ok(())
+}
+
+/// A `--batch` width (sequences per batched step, 1 to 64), checked as the flag is parsed:
+/// a bad one is refused before the model loads, with what the flag takes.
+fn parse_width(s: &str) -> std::result::Result<usize, String> {
+    let allowed = "expected batch widths from 1 to 64, comma-separated (e.g. 2,4,8)";
+    match s.trim().parse::<usize>() {
+        Ok(w) if (1..=64).contains(&w) => Ok(w),
+        _ => Err(allowed.into()),
+    }
 }

@@ -94,4 +94,81 @@ impl Session {
         }
         Ok(())
     }
+
+    /// Throwaway batched steps of every session of `sessions` (greedy picks), run only so
+    /// that the pipelines of a step of that many rows are compiled: the first step of each
+    /// width compiles them otherwise, a stall in the middle of a request. Two steps: one at
+    /// the sessions' positions, and, where their context reaches past the indexer's top-k,
+    /// one there (the indexer's scores and top-k run only past it, every position is
+    /// selected before). The sessions are left as they were: a step writes each one's
+    /// caches at a position past what it holds (rows a later token overwrites before any
+    /// step reads them, as after [`Session::truncate`]), its picks overwrite the token each
+    /// session's next step reads on the GPU, which is saved first and written back after,
+    /// and the positions are rolled back. Refused while a picked token waits to be read (a
+    /// step would overwrite its pick slot); otherwise the conditions of
+    /// [`Session::step_batch`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn warm_batch(sessions: &mut [Session]) -> Result<()> {
+        let Some(first) = sessions.first() else {
+            return Ok(());
+        };
+        if sessions
+            .iter()
+            .any(|s| s.pending.iter().any(Option::is_some))
+        {
+            return Err(Error::msg(
+                "a throwaway batched step while a picked token waits to be read",
+            ));
+        }
+        let model = first.model.clone();
+        let gpu = &*model.gpu;
+        let saved = gpu.buffer(4 * sessions.len() as u64, "warm-up ids")?;
+        let mut rec = gpu.recorder();
+        for (b, s) in sessions.iter().enumerate() {
+            rec.copy(&s.s.ids, 0, &saved, 4 * b as u64, 4);
+        }
+        drop(rec);
+        let pos: Vec<usize> = sessions.iter().map(|s| s.pos).collect();
+        // Past the indexer's top-k: position `topk` has topk + 1 keys (a dense session's
+        // top-k is its whole context, so it never gets there).
+        let indexed = sessions.iter().all(|s| s.topk < s.max_ctx());
+        let mut stepped = Ok(());
+        for past_topk in [false, true] {
+            if past_topk {
+                if !indexed {
+                    break;
+                }
+                for s in sessions.iter_mut() {
+                    s.pos = s.pos.max(s.topk);
+                }
+            }
+            let mut rows: Vec<BatchRow> = sessions
+                .iter_mut()
+                .map(|session| BatchRow {
+                    session,
+                    slot: 0,
+                    pick: Pick::Argmax,
+                })
+                .collect();
+            stepped = Session::step_batch(&mut rows);
+            drop(rows);
+            for (s, &p) in sessions.iter_mut().zip(&pos) {
+                s.pos = p;
+            }
+            if stepped.is_err() {
+                break;
+            }
+        }
+        // Restored whether or not the steps ran (a failed one may have recorded part).
+        let mut rec = gpu.recorder();
+        for (b, s) in sessions.iter().enumerate() {
+            rec.copy(&saved, 4 * b as u64, &s.s.ids, 0, 4);
+        }
+        rec.finish()?;
+        // The picks were waited for with the rest: nothing to read.
+        for s in sessions.iter_mut() {
+            s.pending = [None, None];
+        }
+        stepped
+    }
 }

@@ -362,9 +362,7 @@ fn step_together(slots: &mut [Slot]) {
         }
     }
     // Rows whose session shares a group's pool join it; the rest step alone.
-    // `SPARSA_SERVE_BATCH=0`: every row alone (what the engine did before batching; a
-    // measurement aid).
-    let batch = crate::knobs::knob_on!("SPARSA_SERVE_BATCH");
+    let batch = batching();
     let mut groups: Vec<(Vec<BatchRow>, Vec<usize>)> = Vec::new();
     for (row, i) in rows.into_iter().zip(owners) {
         let joins = groups.iter().position(|(g, _)| {
@@ -388,6 +386,49 @@ fn step_together(slots: &mut [Slot]) {
     for (i, err) in failed {
         fail(&mut slots[i], err);
     }
+}
+
+/// Whether rows that share a pool step together. `SPARSA_SERVE_BATCH=0`: every row alone
+/// (what the engine did before batching; a measurement aid).
+fn batching() -> bool {
+    crate::knobs::knob_on!("SPARSA_SERVE_BATCH")
+}
+
+/// Compiles, before the first request, the pipelines of every batched step the engine can
+/// run on `sessions` (the slots, between conversations) with throwaway steps
+/// ([`Session::warm_batch`]) of each width from 1 to the number of slots that share the
+/// first one's cache pool (at most a prefill chunk, as [`step_together`] groups them).
+/// Otherwise the first step of each width compiles them mid-request, and every request
+/// running then stalls (each new width compiles its matrix-vector products; on lavapipe a
+/// tenth of a second a width with the built-in model, more with larger ones). Slots that
+/// draft never step in a batch, so nothing is warmed for them. Leaves the sessions as they
+/// were.
+pub fn warm(sessions: &mut [Session]) -> Result<()> {
+    let Some(first) = sessions.first() else {
+        return Ok(());
+    };
+    if first.drafts() > 0 {
+        return Ok(());
+    }
+    let pooled = sessions
+        .iter()
+        .take_while(|s| s.caches.same_pool(&first.caches))
+        .count();
+    let widest = if batching() {
+        pooled.min(first.chunk).max(1)
+    } else {
+        1
+    };
+    let t0 = Instant::now();
+    for width in 1..=widest {
+        Session::warm_batch(&mut sessions[..width])
+            .map_err(|e| e.context(format!("warming up a batched step of {width} slots")))?;
+    }
+    log::info!(
+        "warm-up: the pipelines of batched steps of widths 1 to {widest} compiled in {:.2} s",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

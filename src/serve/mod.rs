@@ -97,16 +97,19 @@ fn random() -> u64 {
 }
 
 /// Serves until `stop()` turns true (polled every 100 ms) or SIGTERM, then stops accepting,
-/// gives running requests `grace` to finish and returns. `on_listen` gets the bound address.
+/// gives running requests `grace` to finish and returns. `on_listen` gets the bound address,
+/// once the engine has compiled the pipelines of its batched steps ([`engine::warm`]).
 pub fn serve(
     opts: Options,
-    served: Served,
+    mut served: Served,
     stop: Box<dyn Fn() -> bool + Send>,
     on_listen: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     if served.sessions.is_empty() {
         return Err(Error::msg("--parallel must be at least 1"));
     }
+    // Before listening: a request never waits on the pipelines of a batch width.
+    engine::warm(&mut served.sessions)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
