@@ -83,10 +83,9 @@ fn main() -> sparsa::Result<()> {
     let bw = cal.copy_bytes_per_s;
     println!("{}", gpu.adapter.line());
     println!(
-        "copy bandwidth {:.1} GB/s, f32 FMA {:.2} TFLOP/s, 8-bit dot4 {:.2} T/s; {reps} dispatches per shape",
+        "copy bandwidth {:.1} GB/s, {}; {reps} dispatches per shape",
         bw / 1e9,
-        cal.fma_flops_per_s / 1e12,
-        cal.int_dots_per_s.unwrap_or(0.0) / 1e12
+        cal.rates()
     );
     let xv: Vec<f32> = (0..154880)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)

@@ -34,9 +34,28 @@ pub struct Calibration {
     /// what bounds the integer-dot GEMVs at several rows of x. None in the browser, whose
     /// WGSL may lack them.
     pub int_dots_per_s: Option<f64>,
+    /// Tensor-core rate, FLOP/s: 16×16×16 cooperative-matrix multiply-adds with f16 inputs
+    /// and f32 accumulation (what the GEMM tile runs), on devices whose tile uses them; None
+    /// elsewhere. Prefill kernels on tensor cores report their % of it.
+    pub mma_flops_per_s: Option<f64>,
     /// Bytes of one copy and the number of copies timed.
     pub copy_bytes: u64,
     pub copies: u32,
+}
+
+impl Calibration {
+    /// The compute rates in words: "f32 FMA 57.90 TFLOP/s, 8-bit dot4 13.35 T/s, f16 tensor
+    /// cores 300.00 TFLOP/s" (the last two where measured).
+    pub fn rates(&self) -> String {
+        let mut s = format!("f32 FMA {:.2} TFLOP/s", self.fma_flops_per_s / 1e12);
+        if let Some(d) = self.int_dots_per_s {
+            s += &format!(", 8-bit dot4 {:.2} T/s", d / 1e12);
+        }
+        if let Some(m) = self.mma_flops_per_s {
+            s += &format!(", f16 tensor cores {:.2} TFLOP/s", m / 1e12);
+        }
+        s
+    }
 }
 
 /// The shortest wall time of three submissions of what `record` records, after one
@@ -73,10 +92,20 @@ const CALIBRATE_DOT: Shader<CalibrateParams> = Shader::new(
     include_str!("../shaders/calibrate_dot.wgsl"),
 );
 
-/// The calibration shaders (the backend test translates them with the kernels' shaders).
-pub const SHADERS: &[crate::gpu::ShaderCode] = &[CALIBRATE.code(), CALIBRATE_DOT.code()];
+const CALIBRATE_COOP: Shader<CalibrateParams> = Shader::new(
+    "calibrate_coop",
+    include_str!("../shaders/calibrate_coop.wgsl"),
+);
 
-/// Copy bandwidth and FMA rate, each the best of a few timed runs after a warm-up.
+/// The calibration shaders (the backend test translates them with the kernels' shaders).
+pub const SHADERS: &[crate::gpu::ShaderCode] = &[
+    CALIBRATE.code(),
+    CALIBRATE_DOT.code(),
+    CALIBRATE_COOP.code(),
+];
+
+/// Copy bandwidth and the FMA, integer-dot and (on tensor cores) cooperative-matrix rates,
+/// each the best of a few timed runs after a warm-up.
 pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
     let size = gpu.max_binding().min(1 << 30) & !((1 << 20) - 1);
     let a = gpu.buffer(size, "calibrate src")?;
@@ -121,11 +150,18 @@ pub fn calibrate(gpu: &Gpu) -> Result<Calibration> {
     } else {
         Some(32.0 * rate_probe(gpu, &CALIBRATE_DOT, "dot_rate", &out)?)
     };
+    // A round is 8 multiply-adds of 16 × 16 × 16 (8,192 FLOP each) per subgroup of 32
+    // invocations (the only subgroup size the tile runs on).
+    let mma_flops_per_s = match gpu.tensor_cores() {
+        true => Some(2048.0 * rate_probe(gpu, &CALIBRATE_COOP, "mma_rate", &out)?),
+        false => None,
+    };
     Ok(Calibration {
         copy_bytes_per_s,
         transfer_copy_bytes_per_s,
         fma_flops_per_s,
         int_dots_per_s,
+        mma_flops_per_s,
         copy_bytes: size,
         copies,
     })
@@ -819,12 +855,12 @@ pub fn format_report(r: &BenchReport) -> String {
     if let Some(c) = &r.calibration {
         let _ = writeln!(
             o,
-            "calibration: kernel copy {:.1} GB/s (read+write, {} × {} MiB; copy_buffer_to_buffer {:.1} GB/s), f32 FMA {:.2} TFLOP/s",
+            "calibration: kernel copy {:.1} GB/s (read+write, {} × {} MiB; copy_buffer_to_buffer {:.1} GB/s), {}",
             c.copy_bytes_per_s / 1e9,
             c.copies,
             c.copy_bytes >> 20,
             c.transfer_copy_bytes_per_s / 1e9,
-            c.fma_flops_per_s / 1e12
+            c.rates()
         );
     }
     for p in &r.prefill {
@@ -934,23 +970,37 @@ fn kernel_table(o: &mut String, ks: &[Kernel], cal: Option<&Calibration>) {
     if ks.is_empty() {
         return;
     }
+    // % of the tensor-core rate, where the device has one (the GEMMs' tile runs there).
+    let mma = cal.and_then(|c| c.mma_flops_per_s);
     let _ = writeln!(
         o,
-        "  {:<34} {:>6} {:>10} {:>10} {:>10} {:>7} {:>7}",
-        "kernel", "calls", "ms", "MB", "GFLOP", "%bw", "%fma"
+        "  {:<34} {:>6} {:>10} {:>10} {:>10} {:>7} {:>7}{}",
+        "kernel",
+        "calls",
+        "ms",
+        "MB",
+        "GFLOP",
+        "%bw",
+        "%fma",
+        if mma.is_some() { "     %tc" } else { "" }
     );
     for k in ks {
         let s = k.ms * 1e-3;
+        let pct = |rate: f64| match s > 0.0 {
+            true => format!("{:.0}", 100.0 * k.flops as f64 / s / rate),
+            false => "-".into(),
+        };
         let (bw, fl) = match (cal, s > 0.0) {
             (Some(c), true) => (
                 format!("{:.0}", 100.0 * k.bytes as f64 / s / c.copy_bytes_per_s),
-                format!("{:.0}", 100.0 * k.flops as f64 / s / c.fma_flops_per_s),
+                pct(c.fma_flops_per_s),
             ),
             _ => ("-".into(), "-".into()),
         };
+        let tc = mma.map_or(String::new(), |m| format!(" {:>7}", pct(m)));
         let _ = writeln!(
             o,
-            "  {:<34} {:>6} {:>10.4} {:>10.2} {:>10.3} {:>7} {:>7}",
+            "  {:<34} {:>6} {:>10.4} {:>10.2} {:>10.3} {:>7} {:>7}{tc}",
             k.name,
             k.count,
             k.ms,
@@ -979,4 +1029,27 @@ pub fn check_contexts(model: &Model, contexts: &[usize], decode: usize) -> Resul
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tensor-core probe runs only on adapters with tensor cores (the H200 runs in
+    /// BENCHMARKS.md); this keeps it compiling everywhere, through the path those devices
+    /// use (naga, then the memory-model patch).
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    fn tensor_core_probe_compiles() {
+        let src = crate::gpu::shader_source(
+            "",
+            <CalibrateParams as crate::gpu::KernelParams>::WGSL,
+            "",
+            CALIBRATE_COOP.source,
+        );
+        let (words, layout) = crate::gpu::spirv::compile(&src, "mma_rate").unwrap();
+        assert!(words.len() > 100);
+        let bindings: Vec<u32> = layout.iter().map(|e| e.binding).collect();
+        assert_eq!(bindings, [0, 1]);
+    }
 }

@@ -67,6 +67,18 @@ const SKIPS: &[Skip] = &[
               the module is also SPIR-V passed through to the driver. DX12 runs the f32 tile \
               (matmul::gemm)",
     },
+    Skip {
+        shader: "calibrate_coop",
+        backend: wgpu::Backend::Metal,
+        why: "the tensor-core peak probe of `bench --calibrate` runs only where the GEMM tile \
+              runs on tensor cores (16×16×16 cooperative matrices), which Metal does not",
+    },
+    Skip {
+        shader: "calibrate_coop",
+        backend: wgpu::Backend::Dx12,
+        why: "the tensor-core peak probe of `bench --calibrate` runs only where the GEMM tile \
+              runs on tensor cores, which DX12 under wgpu 30 does not",
+    },
 ];
 
 /// Whether the engine could compile `shader` on `backend` (the gate each [`SKIPS`] entry must
@@ -75,7 +87,8 @@ fn engine_may_select(shader: &str, backend: wgpu::Backend) -> bool {
     match shader {
         // The only way to matmul_coop: a GEMM on a device with tensor cores, which only
         // Vulkan adapters can have.
-        "matmul_coop" => {
+        // The tensor-core probe of `bench --calibrate` runs where the tile does.
+        "matmul_coop" | "calibrate_coop" => {
             let tensor_cores = tensor_cores_possible(backend);
             let features = device_features(wgpu::Features::all(), tensor_cores);
             tensor_cores || features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)

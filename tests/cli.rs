@@ -194,6 +194,12 @@ fn bench_reports_dsa_dense_kernels_and_calibration() {
     assert!(cal["copy_bytes_per_s"].as_f64().unwrap() > 0.0, "{cal}");
     assert!(cal["fma_flops_per_s"].as_f64().unwrap() > 0.0, "{cal}");
     assert!(cal["int_dots_per_s"].as_f64().unwrap() > 0.0, "{cal}");
+    // The tensor-core rate: measured where the GEMM tile runs on tensor cores, else null.
+    match &cal["mma_flops_per_s"] {
+        serde_json::Value::Null => {}
+        v => assert!(v.as_f64().is_some_and(|m| m > 0.0), "{cal}"),
+    }
+    assert!(cal.get("mma_flops_per_s").is_some(), "{cal}");
     assert_eq!(r["prefill"][0]["tokens"], 20);
     let decode = r["decode"].as_array().unwrap();
     assert_eq!(decode.len(), 2);

@@ -118,13 +118,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut log = |s: &str| eprintln!("bench: {s}");
     let cal = if a.calibrate {
         let c = bench::calibrate(&model.gpu)?;
-        let dots = c.int_dots_per_s.map_or(String::new(), |d| {
-            format!(", 8-bit dot4 {:.2} T/s", d / 1e12)
-        });
         log(&format!(
-            "calibration: copy {:.1} GB/s, f32 FMA {:.2} TFLOP/s{dots}",
+            "calibration: copy {:.1} GB/s, {}",
             c.copy_bytes_per_s / 1e9,
-            c.fma_flops_per_s / 1e12
+            c.rates()
         ));
         Some(c)
     } else {

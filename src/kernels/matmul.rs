@@ -184,9 +184,10 @@ pub fn shader_for(entry: &str, tensor_cores: bool) -> ShaderCode {
     shader_of(entry, tensor_cores).code()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 10] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 11] {
     [
         ("W_DTYPE", u(f.code())),
+        ("Q4_MODE", u(coop_q4_mode())),
         ("QB", u(f.block().max(1) as u32)),
         ("S_BF16", u(f.scale_bf16() as u32)),
         ("T", u(k.t)),
@@ -197,6 +198,17 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 10] {
         ("XQ", u(k.xq)),
         ("UNROLL", u(k.unroll)),
     ]
+}
+
+/// How the tensor-core tile stages q4 weights: 0 (default), one f16 value each, staged a
+/// 32-bit word of nibbles per invocation; 1, f16 hi and lo halves, element pairs (three
+/// products per multiply-add, as before 2026-12-04); 2, one f16 value, element pairs. A q4
+/// weight is a nibble (-8..7, at most 3 significant bits) times a bf16 scale (8), so f16's
+/// 11 bits hold it exactly in f16's normal range; below it (|w| < 2^-14) f16 keeps it to
+/// 2^-24 (an absolute error under 3·10^-8 per weight, the size of f32 rounding in the sums
+/// it joins). `SPARSA_COOP_Q4` selects (a measurement aid).
+fn coop_q4_mode() -> u32 {
+    knob!("SPARSA_COOP_Q4", |v| v <= 2).unwrap_or(0)
 }
 
 /// The dense kernels.
