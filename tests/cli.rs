@@ -169,27 +169,45 @@ fn devices_lists_an_adapter() {
     assert!(s.contains("max binding"), "{s}");
 }
 
-#[test]
-fn bench_reports_dsa_dense_kernels_and_calibration() {
-    // The built-in model on this adapter: a short prefill, one decode step at a synthetic
-    // context longer than index_topk (64), DSA and dense, profiled and calibrated.
-    let dir = tmpdir("bench");
-    let json = dir.join("bench.json");
+/// `sparsa bench ARGS --json FILE` on the built-in model (in a temporary directory named
+/// `name`), which must succeed: its printed report and its JSON.
+fn bench_json(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+    let json = tmpdir(name).join("bench.json");
     let out = bin()
-        .args(["bench", "--calibrate", "--dense", "--context", "300"])
-        .args(["--prompt-len", "20", "--decode", "1", "--json"])
+        .arg("bench")
+        .args(args)
+        .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "bench failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let r = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (String::from_utf8_lossy(&out.stdout).into_owned(), r)
+}
+
+#[test]
+fn bench_reports_dsa_dense_kernels_and_calibration() {
+    // The built-in model on this adapter: a short prefill, one decode step at a synthetic
+    // context longer than index_topk (64), DSA and dense, profiled and calibrated.
+    let (text, r) = bench_json(
+        "bench",
+        &[
+            "--calibrate",
+            "--dense",
+            "--context",
+            "300",
+            "--prompt-len",
+            "20",
+            "--decode",
+            "1",
+        ],
+    );
     assert!(text.contains("decode at context 300 (dsa"), "{text}");
     assert!(text.contains("decode at context 300 (dense"), "{text}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let cal = &r["calibration"];
     assert!(cal["copy_bytes_per_s"].as_f64().unwrap() > 0.0, "{cal}");
     assert!(cal["fma_flops_per_s"].as_f64().unwrap() > 0.0, "{cal}");
@@ -246,19 +264,9 @@ fn bench_reports_dsa_dense_kernels_and_calibration() {
 /// than twice its bytes (every weight read once). Bad widths are refused before loading.
 #[test]
 fn bench_batch_reports_each_width_against_one_sequence() {
-    let dir = tmpdir("bench-batch");
-    let json = dir.join("bench.json");
-    let out = bin()
-        .args(["bench", "--batch", "2", "--context", "200", "--decode", "2"])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench failed: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let (text, r) = bench_json(
+        "bench-batch",
+        &["--batch", "2", "--context", "200", "--decode", "2"],
     );
     // "batched decode at 200, 2 sequences: 49.623 ms a step, 40.3 tok/s together (1.35x
     // one sequence's)": its tok/s and ratio.
@@ -283,7 +291,6 @@ fn bench_batch_reports_each_width_against_one_sequence() {
     assert!(one > 0.0 && two > 0.0, "{text}");
     assert_eq!(base, 1.0, "{text}");
     assert!(ratio > 0.0, "{text}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let batch = r["batch"].as_array().unwrap();
     assert_eq!(batch.len(), 2, "{batch:?}");
     let sum = |b: &serde_json::Value, field: &str| -> u64 {

@@ -295,6 +295,26 @@ unsafe fn dot_avx2(
     )
 }
 
+/// Row `r` of a q4 / q8 matrix in whole blocks as the integer rows read it: its codes, its
+/// bf16 scales, its 32-element chunks, and the shift from a chunk to its scale's block
+/// (chunk c's scale is block c >> shift's).
+#[cfg(target_arch = "x86_64")]
+fn int_row_parts(
+    m: &CpuMatrix,
+    q: QFormat,
+    block: usize,
+    r: usize,
+) -> (*const u8, *const u16, usize, u32) {
+    let nb = m.k / block;
+    let rb = q.file_row_bytes(m.k);
+    (
+        m.w[r * rb..(r + 1) * rb].as_ptr(),
+        m.scale[2 * r * nb..2 * (r + 1) * nb].as_ptr() as *const u16,
+        m.k / 32,
+        (block / 32).trailing_zeros(),
+    )
+}
+
 /// A q4 or q8 row (whole blocks) against a quantized x row with 8-bit integer products
 /// ([`dot_avx2`]: per 32 weights, q4's nibbles 0..15 against x's h and l; q8's |w| against
 /// x's bytes with w's sign), one conversion and one multiply per 32 weights to scale them
@@ -304,20 +324,14 @@ unsafe fn dot_avx2(
 unsafe fn int_row_avx2(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XRow) -> f32 {
     use std::arch::x86_64::*;
     let k = m.k;
-    let nb = k / block;
-    let rb = q.file_row_bytes(k);
-    let row = m.w[r * rb..(r + 1) * rb].as_ptr();
-    let scales = m.scale[2 * r * nb..2 * (r + 1) * nb].as_ptr() as *const u16;
-    let chunks = k / 32;
-    // Chunk c's scale is block c >> per's.
-    let per = (block / 32).trailing_zeros();
+    let (row, scales, chunks, per) = int_row_parts(m, q, block, r);
     assert!(x.h.len() >= k && x.l.len() >= k && x.s254.len() >= chunks && x.m.len() >= chunks);
     let (xh, xl, xs, xm) = (x.h.as_ptr(), x.l.as_ptr(), x.s254.as_ptr(), x.m.as_ptr());
     let q4 = matches!(q, QFormat::Q4 { .. });
     let mask = _mm_set1_epi8(15);
     // Chunk c's 32 products as f32 lanes, scaled, and (q4) w_scale · m_c.
     // SAFETY (in the closure): c < chunks, so the codes of elements 32c .. 32c + 32
-    // lie in the row, their scale in the row's nb scales, and x holds chunk c
+    // lie in the row, their scale among the row's scales, and x holds chunk c
     // (asserted above).
     let chunk = |c: usize| -> (__m256, f32) {
         let j = 32 * c;
@@ -391,13 +405,7 @@ unsafe fn rows_avx512(m: &CpuMatrix, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32],
 unsafe fn int_row_avx512(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XRow) -> f32 {
     use std::arch::x86_64::*;
     let k = m.k;
-    let nb = k / block;
-    let rb = q.file_row_bytes(k);
-    let row = m.w[r * rb..(r + 1) * rb].as_ptr();
-    let scales = m.scale[2 * r * nb..2 * (r + 1) * nb].as_ptr() as *const u16;
-    let chunks = k / 32;
-    // Chunk c's scale is block c >> per's.
-    let per = (block / 32).trailing_zeros();
+    let (row, scales, chunks, per) = int_row_parts(m, q, block, r);
     assert!(x.w.len() >= k && x.s254.len() >= chunks && x.m.len() >= chunks);
     let (xw, xs, xm) = (x.w.as_ptr(), x.s254.as_ptr(), x.m.as_ptr());
     let q4 = matches!(q, QFormat::Q4 { .. });
@@ -406,7 +414,7 @@ unsafe fn int_row_avx512(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &
     let shifts = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
     // Chunk c's 16 lanes of integer sums, and its scale.
     // SAFETY (in the closure): c < chunks, so the codes of elements 32c .. 32c + 32 lie in
-    // the row, their scale in the row's nb scales, and x holds chunk c (asserted above).
+    // the row, their scale among the row's scales, and x holds chunk c (asserted above).
     let chunk = |c: usize| -> (__m512i, f32) {
         let bits = u16::from_le(scales.add(c >> per).read_unaligned());
         let ws = f32::from_bits((bits as u32) << 16);
