@@ -342,6 +342,16 @@ fn bench_batch_reports_each_width_against_one_sequence() {
             "--batch {bad}: {e}"
         );
     }
+    // The batched steps are all it measures: the other measurements' flags are refused.
+    for other in [&["--dense"][..], &["--verify", "3"]] {
+        let args: Vec<&str> = ["bench", "--batch", "2"]
+            .iter()
+            .chain(other)
+            .copied()
+            .collect();
+        let e = fails(&args, None);
+        assert!(e.contains("--batch") && e.contains(other[0]), "{e}");
+    }
 }
 
 #[test]

@@ -49,8 +49,9 @@ pub struct BenchArgs {
     /// Batched decode instead of the other measurements: at each context, steps that run
     /// this many sequences at once (comma-separated widths, e.g. 2,4,8; pooled caches
     /// filled synthetically, as `sparsa serve` batches its slots), each against one
-    /// sequence's step in the same run.
-    #[arg(long, value_name = "WIDTHS", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_width)]
+    /// sequence's step in the same run (--prompt-len does not apply; --dense and --verify
+    /// are refused with it).
+    #[arg(long, value_name = "WIDTHS", value_delimiter = ',', allow_hyphen_values = true, value_parser = parse_width, conflicts_with_all = ["dense", "verify"])]
     batch: Vec<usize>,
     /// Seed of the random tokens and synthetic caches.
     #[arg(long, default_value_t = 0)]
