@@ -408,6 +408,59 @@ fn generate_streaming_experts_is_greedy_reference() {
     );
 }
 
+/// `bench --gpu-memory` with the misses on the CPU: the offloading lines, and a token's time
+/// split into the CPU's experts, the routing waits and the upload stalls.
+#[test]
+fn bench_reports_where_an_offloaded_token_goes() {
+    let dir = data("dsv32");
+    let src = sparsa::model::ModelSource::open(&dir).unwrap();
+    let gpu = sparsa::gpu::Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).unwrap();
+    let ctx = 80;
+    let scratch = sparsa::model::Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
+    let p = sparsa::model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
+    let budget = (p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes).to_string();
+    let (text, _) = bench_json(
+        "bench-offload",
+        &[
+            "--model",
+            dir.to_str().unwrap(),
+            "--gpu-memory",
+            &budget,
+            "--cpu-experts",
+            "on",
+            "--context",
+            "64",
+            "--decode",
+            "4",
+            "--prompt-len",
+            "0",
+            "--no-profile",
+        ],
+    );
+    assert!(text.contains("expert offloading"), "{text}");
+    assert!(text.contains("; CPU: "), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("a token's time, host clock"))
+        .unwrap_or_else(|| panic!("no time split: {text}"));
+    // "... CPU experts X ms, waiting ... routing Y ms, stalled on uploads Z ms; ..."
+    let ms_after = |label: &str| -> f64 {
+        let rest = &line[line
+            .find(label)
+            .unwrap_or_else(|| panic!("{label}: {line}"))
+            + label.len()..];
+        rest.trim_start()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(ms_after("CPU experts") > 0.0, "{line}");
+    assert!(ms_after("routing") > 0.0, "{line}");
+    assert!(ms_after("stalled on uploads") >= 0.0, "{line}");
+}
+
 /// The CPU-expert flags: a bad value names the flag and what it takes; without
 /// `--gpu-memory` they are refused (nothing streams, so nothing runs on the CPU).
 #[test]
