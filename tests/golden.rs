@@ -272,7 +272,7 @@ fn dsv32_fp8_sharded_matches_transformers() {
 }
 
 /// sparsa's own q8 / q4 formats as `sparsa quantize` writes them (row blocks of 32 with
-/// partial tails, f16 scales, q4 nibbles), made by `tests/reference/make_quant_goldens.py`:
+/// partial tails, bf16 scales, q4 nibbles), made by `tests/reference/make_quant_goldens.py`:
 /// transformers ran on exactly the dequantized weights, so the f32 tolerance applies.
 #[test]
 fn glm52_q4_matches_transformers() {
