@@ -995,18 +995,19 @@ fn kernel_table(o: &mut String, ks: &[Kernel], cal: Option<&Calibration>) {
     );
     for k in ks {
         let s = k.ms * 1e-3;
-        let pct = |rate: f64| match s > 0.0 {
-            true => format!("{:.0}", 100.0 * k.flops as f64 / s / rate),
+        // `amount` per second of this kernel as % of `rate`.
+        let pct = |amount: u64, rate: f64| match s > 0.0 {
+            true => format!("{:.0}", 100.0 * amount as f64 / s / rate),
             false => "-".into(),
         };
-        let (bw, fl) = match (cal, s > 0.0) {
-            (Some(c), true) => (
-                format!("{:.0}", 100.0 * k.bytes as f64 / s / c.copy_bytes_per_s),
-                pct(c.fma_flops_per_s),
+        let (bw, fl) = match cal {
+            Some(c) => (
+                pct(k.bytes, c.copy_bytes_per_s),
+                pct(k.flops, c.fma_flops_per_s),
             ),
-            _ => ("-".into(), "-".into()),
+            None => ("-".into(), "-".into()),
         };
-        let tc = mma.map_or(String::new(), |m| format!(" {:>7}", pct(m)));
+        let tc = mma.map_or(String::new(), |m| format!(" {:>7}", pct(k.flops, m)));
         let _ = writeln!(
             o,
             "  {:<34} {:>6} {:>10.4} {:>10.2} {:>10.3} {:>7} {:>7}{tc}",

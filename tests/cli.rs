@@ -365,6 +365,16 @@ fn bench_rejects_a_context_the_adapter_cannot_hold() {
     assert!(err.contains("--context 4000000000"), "{err}");
 }
 
+/// The `--gpu-memory` budget (bytes) that holds the golden model `family` at `ctx` positions
+/// with one routed-expert slot per MoE layer, as the loader plans it on this adapter.
+fn one_slot_per_layer(family: &str, ctx: usize) -> u64 {
+    let src = sparsa::model::ModelSource::open(&data(family)).unwrap();
+    let gpu = sparsa::gpu::Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).unwrap();
+    let scratch = sparsa::model::Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
+    let p = sparsa::model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
+    p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes
+}
+
 /// `--gpu-memory` with room for one routed expert per MoE layer: the experts stream through
 /// the cache and the greedy ids are still transformers' (auto keeps f32 caches); a budget one
 /// byte smaller, with f32 caches, is a one-line error saying what is needed.
@@ -372,12 +382,7 @@ fn bench_rejects_a_context_the_adapter_cannot_hold() {
 fn generate_streaming_experts_is_greedy_reference() {
     let prompt = reference_tokens("dsv32", "tokens_0");
     let want = reference_tokens("dsv32", "greedy_0");
-    let src = sparsa::model::ModelSource::open(&data("dsv32")).unwrap();
-    let gpu = sparsa::gpu::Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).unwrap();
-    let ctx = prompt.len() + want.len();
-    let scratch = sparsa::model::Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
-    let p = sparsa::model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
-    let one_slot = p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes;
+    let one_slot = one_slot_per_layer("dsv32", prompt.len() + want.len());
     let run = |budget: u64, cache: &str| {
         let b = budget.to_string();
         greedy_ids(
@@ -413,12 +418,7 @@ fn generate_streaming_experts_is_greedy_reference() {
 #[test]
 fn bench_reports_where_an_offloaded_token_goes() {
     let dir = data("dsv32");
-    let src = sparsa::model::ModelSource::open(&dir).unwrap();
-    let gpu = sparsa::gpu::Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).unwrap();
-    let ctx = 80;
-    let scratch = sparsa::model::Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
-    let p = sparsa::model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
-    let budget = (p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes).to_string();
+    let budget = one_slot_per_layer("dsv32", 80).to_string();
     let (text, _) = bench_json(
         "bench-offload",
         &[

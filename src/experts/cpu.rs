@@ -951,11 +951,20 @@ mod tests {
             for format in formats() {
                 let (w, s, back) = stored(format, &data, n, k);
                 let m = CpuMatrix::new("w", format, &w, &s, n, k).unwrap();
+                let int_dot = m.int_dot();
+                let want = matvec_ref(&back, &x, n, k);
+                // x quantized for integer dot products adds at most its bound.
+                let extra: Vec<f32> = match int_dot {
+                    true => back.chunks(k).map(|w| x_split_bound(&x, w)).collect(),
+                    false => Vec::new(),
+                };
+                // The product with x as quantized.
+                let want_seen = matvec_ref(&back, &seen(&m, &x), n, k);
                 // Every instruction set this CPU has (the portable rows do not take x
                 // quantized, so they run only where the others do not quantize it).
                 let mut first: Option<Vec<f32>> = None;
                 for isa in Isa::all_here() {
-                    if isa == Isa::Portable && m.int_dot() {
+                    if isa == Isa::Portable && int_dot {
                         continue;
                     }
                     let mut y = vec![f32::NAN; n];
@@ -963,25 +972,16 @@ mod tests {
                     // The integer rows of every set take the same integer sums: only the
                     // order of the float additions differs.
                     match &first {
-                        Some(f) if m.int_dot() => {
+                        Some(f) if int_dot => {
                             assert_close(&y, f, 1e-5, 1e-5, &format!("{format:?} {isa:?}"))
                         }
                         _ => first = Some(y.clone()),
                     }
-                    let want = matvec_ref(&back, &x, n, k);
-                    // x quantized for integer dot products adds at most its bound.
-                    let extra: Vec<f32> = match m.int_dot() {
-                        true => back.chunks(k).map(|w| x_split_bound(&x, w)).collect(),
-                        false => Vec::new(),
-                    };
-                    let what = format!(
-                        "matvec {format:?} [{n}, {k}] on {isa:?}, int dot {}",
-                        m.int_dot()
-                    );
+                    let what =
+                        format!("matvec {format:?} [{n}, {k}] on {isa:?}, int dot {int_dot}");
                     assert_close_plus(&y, &want, 1e-4, 1e-4, &extra, &what);
                     // And exactly (to f32 rounding) the product with x as quantized.
-                    let want = matvec_ref(&back, &seen(&m, &x), n, k);
-                    assert_close(&y, &want, 1e-4, 1e-4, &what);
+                    assert_close(&y, &want_seen, 1e-4, 1e-4, &what);
                 }
             }
         }
