@@ -14,8 +14,10 @@
 //! timed by the host clock, and the same under timestamp queries.
 use sparsa::gpu::Gpu;
 use sparsa::kernels::{matmul, View};
-use sparsa::weights::quant::QFormat;
-use sparsa::weights::{DType, GpuWeight};
+
+#[path = "common/weights.rs"]
+mod weights;
+use weights::weight;
 
 /// (name, rows, cols) of the matrices one GLM-5 decode step multiplies by.
 const SHAPES: &[(&str, usize, usize)] = &[
@@ -31,44 +33,6 @@ const SHAPES: &[(&str, usize, usize)] = &[
     ("shared down", 6144, 2048),
     ("lm_head", 154880, 6144),
 ];
-
-/// Deterministic bytes (xorshift), so no host f32 copy of a large matrix is needed.
-fn bytes(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
-fn weight(gpu: &Gpu, fmt: &str, rows: usize, cols: usize) -> sparsa::Result<GpuWeight> {
-    let q = |f: QFormat| {
-        let w = bytes(rows * f.file_row_bytes(cols), 7);
-        // bf16 scales of about 0.01 (0x3c24), never NaN.
-        let s: Vec<u8> = (0..rows * cols.div_ceil(f.block()))
-            .flat_map(|_| [0x24u8, 0x3c])
-            .collect();
-        GpuWeight::upload_quant_raw(gpu, &w, &s, rows, cols, f, None, "w")
-    };
-    match fmt {
-        "q4" => q(QFormat::Q4 { block: 32 }),
-        "q8" => q(QFormat::Q8 { block: 32 }),
-        _ => {
-            // bf16 of small normal values: exponent byte 0x3c or 0x3d, any mantissa.
-            let mut b = bytes(rows * cols * 2, 9);
-            for (i, v) in b.iter_mut().enumerate() {
-                if i % 2 == 1 {
-                    *v = 0x3c | (*v & 0x81);
-                }
-            }
-            GpuWeight::upload_bytes(gpu, &[&b], rows, cols, DType::BF16, 1, None, "w")
-        }
-    }
-}
 
 fn main() -> sparsa::Result<()> {
     let mut args = std::env::args().skip(1);

@@ -1057,9 +1057,10 @@ mod tests {
             "",
             CALIBRATE_COOP.source,
         );
-        let (words, layout) = crate::gpu::spirv::compile(&src, "mma_rate").unwrap();
-        assert!(words.len() > 100);
-        let bindings: Vec<u32> = layout.iter().map(|e| e.binding).collect();
+        let c = crate::gpu::spirv::compile(&src, "mma_rate").unwrap();
+        assert!(c.words.len() > 100);
+        let bindings: Vec<u32> = c.layout.iter().map(|e| e.binding).collect();
         assert_eq!(bindings, [0, 1]);
+        assert!(c.workgroup_bytes <= crate::gpu::COOP_WORKGROUP_BYTES);
     }
 }

@@ -9,7 +9,7 @@
 //!   synthetic context), on the test adapter and on a device opened with WebGPU's default
 //!   limits (kernels that size themselves by the limits pick other variants there); plus
 //!   the tensor-core GEMMs those runs would have compiled on an adapter with tensor cores
-//!   (`kernels::matmul::shader_for`); plus, for a shader without defines, any entry point
+//!   (`kernels::matmul::tensor_core_variant`); plus, for a shader without defines, any entry point
 //!   no workload reached (the benchmark's calibration kernels).
 //! - Each variant is validated with the capabilities wgpu gives a device opened with the
 //!   features the engine requests on that backend (`gpu::device_features`; mapped as wgpu
@@ -533,13 +533,7 @@ fn variants() -> (BTreeSet<ShaderVariant>, Vec<String>) {
     let tensor_core: Vec<ShaderVariant> = variants
         .iter()
         .filter(|v| v.shader.name.starts_with("matmul"))
-        .filter_map(|v| {
-            let shader = sparsa::kernels::matmul::shader_for(v.entry, true);
-            (shader != v.shader).then(|| ShaderVariant {
-                shader,
-                ..v.clone()
-            })
-        })
+        .filter_map(sparsa::kernels::matmul::tensor_core_variant)
         .collect();
     assert!(
         !tensor_core.is_empty(),

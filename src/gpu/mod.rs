@@ -29,14 +29,17 @@ mod stats;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use adapter::list_adapters;
-pub use adapter::{device_features, tensor_cores_possible, AdapterSummary, LimitsRequest};
+pub use adapter::{
+    device_features, tensor_cores_possible, AdapterSummary, LimitsRequest, COOP_WORKGROUP_BYTES,
+};
 pub(crate) use params::kernel_params;
 pub use params::{Kernel, KernelParams, Shader, ShaderCode, ShaderVariant, WgslScalar};
 pub use pools::buffers::Write;
+pub(crate) use pools::pipelines::define_lines;
 pub use pools::pipelines::shader_prelude;
 /// For the kernel tests that assemble a shader's source as the pipeline cache does.
 #[cfg(test)]
-pub(crate) use pools::pipelines::{define_lines, shader_source};
+pub(crate) use pools::pipelines::shader_source;
 pub use profile::{Cost, KernelStat, ProfileClock};
 pub use recorder::Recorder;
 pub use stats::{GpuStats, HostTimes};

@@ -35,11 +35,21 @@ const SEM_WORKGROUP_MEMORY: u32 = 0x100;
 const SEM_MAKE_AVAILABLE: u32 = 0x2000;
 const SEM_MAKE_VISIBLE: u32 = 0x4000;
 
+/// An entry point compiled by [`compile`].
+pub struct Compiled {
+    pub words: Vec<u32>,
+    /// The module's bind group 0 layout entries that the entry point uses.
+    pub layout: Vec<wgpu::BindGroupLayoutEntry>,
+    /// Bytes of workgroup memory the entry point's variables take. A passthrough module is
+    /// not validated by wgpu, so the caller checks this against the device's limit (a
+    /// driver given a shader over it hung, on the H200).
+    pub workgroup_bytes: u32,
+}
+
 /// Compiles `entry` of the WGSL `source` to SPIR-V 1.6 for a Vulkan device: buffer and
 /// index bounds checks kept (clamped accesses), no loop bounding or division checks (as for
-/// sparsa's other shaders, see `Gpu::shader_module`). Returns the words and the module's
-/// bind group 0 layout entries used by `entry`.
-pub fn compile(source: &str, entry: &str) -> Result<(Vec<u32>, Vec<wgpu::BindGroupLayoutEntry>)> {
+/// sparsa's other shaders, see `Gpu::shader_module`).
+pub fn compile(source: &str, entry: &str) -> Result<Compiled> {
     let fail = |what: &str, e: String| Error::msg(format!("shader entry {entry}: {what}: {e}"));
     let module =
         naga::front::wgsl::parse_str(source).map_err(|e| fail("WGSL", e.emit_to_string(source)))?;
@@ -55,6 +65,13 @@ pub fn compile(source: &str, entry: &str) -> Result<(Vec<u32>, Vec<wgpu::BindGro
         .position(|e| e.name == entry)
         .ok_or_else(|| fail("lookup", "no such entry point".into()))?;
     let ep_info = info.get_entry_point(ep);
+    let mut workgroup_bytes = 0u32;
+    for (handle, var) in module.global_variables.iter() {
+        if var.space == naga::AddressSpace::WorkGroup && !ep_info[handle].is_empty() {
+            let size = module.types[var.ty].inner.size(module.to_ctx());
+            workgroup_bytes += size.next_multiple_of(16);
+        }
+    }
     let mut layout = Vec::new();
     for (handle, var) in module.global_variables.iter() {
         let Some(binding) = &var.binding else {
@@ -107,7 +124,11 @@ pub fn compile(source: &str, entry: &str) -> Result<(Vec<u32>, Vec<wgpu::BindGro
     let mut words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
         .map_err(|e| fail("SPIR-V", e.to_string()))?;
     publish_workgroup_memory(&mut words)?;
-    Ok((words, layout))
+    Ok(Compiled {
+        words,
+        layout,
+        workgroup_bytes,
+    })
 }
 
 /// One instruction: its offset in the words and its length.
@@ -279,7 +300,13 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 
     #[test]
     fn workgroup_accesses_become_non_private_and_barriers_publish() {
-        let (words, layout) = compile(SHADER, "main").unwrap();
+        let Compiled {
+            words,
+            layout,
+            workgroup_bytes,
+        } = compile(SHADER, "main").unwrap();
+        // 256 f16 and 256 f32.
+        assert_eq!(workgroup_bytes, 512 + 1024);
         // Bindings 0 (read-only) and 1 (read-write); 2 is not used by the entry point.
         let kinds: Vec<_> = layout
             .iter()

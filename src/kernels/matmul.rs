@@ -14,7 +14,7 @@
 //! grouped GEMM beyond: one workgroup per (expert, 64 columns) gathers the slots routed to its
 //! expert into 64-row tiles.
 use super::{Recorder, View};
-use crate::gpu::{kernel_params, u, Kernel, Shader, ShaderCode};
+use crate::gpu::{kernel_params, u, Kernel, Shader, ShaderCode, ShaderVariant};
 use crate::knobs::{knob, knob_on};
 use crate::weights::{GpuWeight, QFormat, WFormat};
 use bytemuck::Zeroable;
@@ -163,7 +163,24 @@ fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
 
 fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Kernel<Params> {
     let shader = shader_of(entry, rec.gpu().tensor_cores());
-    rec.gpu().pipeline(shader, entry, &defines(w.format, k))
+    if std::ptr::eq(shader, &MATMUL_COOP) {
+        rec.gpu()
+            .pipeline(shader, entry, &coop_defines(w.format, k))
+    } else {
+        rec.gpu().pipeline(shader, entry, &defines(w.format, k))
+    }
+}
+
+/// [`defines`] and those only the tensor-core tile reads.
+fn coop_defines(f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
+    defines(f, k)
+        .into_iter()
+        .chain(coop_only_defines())
+        .collect()
+}
+
+fn coop_only_defines() -> [(&'static str, String); 1] {
+    [("Q4_MODE", u(coop_q4_mode()))]
 }
 
 /// The shader whose `entry` runs on a device with or without tensor cores.
@@ -178,16 +195,21 @@ fn shader_of(entry: &str, tensor_cores: bool) -> &'static Shader<Params> {
     }
 }
 
-/// [`shader_of`] for the backend test, which also translates the tensor-core variants of the
-/// GEMMs it saw compiled on a device without them.
-pub fn shader_for(entry: &str, tensor_cores: bool) -> ShaderCode {
-    shader_of(entry, tensor_cores).code()
+/// The variant a device with tensor cores compiles instead of `v`, a GEMM compiled on a
+/// device without them (the tensor-core shader, with the defines only it reads); None for
+/// the other matmul variants. For the backend test, which translates those too.
+pub fn tensor_core_variant(v: &ShaderVariant) -> Option<ShaderVariant> {
+    let shader = shader_of(v.entry, true).code();
+    (shader != v.shader).then(|| ShaderVariant {
+        shader,
+        entry: v.entry,
+        defines: v.defines.clone() + &crate::gpu::define_lines(&coop_only_defines()),
+    })
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 11] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 10] {
     [
         ("W_DTYPE", u(f.code())),
-        ("Q4_MODE", u(coop_q4_mode())),
         ("QB", u(f.block().max(1) as u32)),
         ("S_BF16", u(f.scale_bf16() as u32)),
         ("T", u(k.t)),
@@ -1747,14 +1769,20 @@ mod tests {
             let src = crate::gpu::shader_source(
                 "",
                 <Params as crate::gpu::KernelParams>::WGSL,
-                &crate::gpu::define_lines(&defines(f, KNOBS)),
+                &crate::gpu::define_lines(&coop_defines(f, KNOBS)),
                 MATMUL_COOP.source,
             );
             for entry in ["gemm", "gemm_experts"] {
-                let (words, layout) = crate::gpu::spirv::compile(&src, entry)
+                let c = crate::gpu::spirv::compile(&src, entry)
                     .unwrap_or_else(|e| panic!("{entry} {f:?}: {e}"));
-                assert!(words.len() > 1000, "{entry} {f:?}");
-                let bindings: Vec<u32> = layout.iter().map(|e| e.binding).collect();
+                assert!(c.words.len() > 1000, "{entry} {f:?}");
+                // Devices run this tile only where it fits their workgroup memory.
+                assert!(
+                    c.workgroup_bytes <= crate::gpu::COOP_WORKGROUP_BYTES,
+                    "{entry} {f:?}: {} bytes of workgroup memory",
+                    c.workgroup_bytes
+                );
+                let bindings: Vec<u32> = c.layout.iter().map(|e| e.binding).collect();
                 let want: &[u32] = if entry == "gemm" {
                     &[0, 1, 2, 3, 4]
                 } else {

@@ -44,6 +44,12 @@ impl Session {
             Input::Previous => 1,
             Input::OnGpu(t) => t,
         };
+        if want_logits > t.min(super::scratch::LOGIT_ROWS) {
+            return Err(crate::Error::msg(format!(
+                "a chunk of {t} rows cannot leave the logits of {want_logits} (at most {})",
+                t.min(super::scratch::LOGIT_ROWS)
+            )));
+        }
         self.caches.reserve(gpu, self.pos + t)?;
         if let Input::Host(tokens) = input {
             self.put_tokens(tokens);

@@ -11,6 +11,26 @@ use crate::gpu::Gpu;
 use crate::kernels::sample::SampleScratch;
 use crate::kernels::topk::TopkScratch;
 
+/// Rows per prefill chunk at most, for a model whose hidden size is at least
+/// [`LARGE_HIDDEN`]. Larger chunks read each weight once for more rows and give the GEMMs
+/// more tiles to spread over the GPU: on an H200 (4-layer GLM-5 q4 synth), prefill of 2,048
+/// tokens ran at 4,371 tok/s in chunks of 128 rows, 5,069 in chunks of 512, 5,134 in chunks
+/// of 1,024 and 5,113 in chunks of 2,048 (BENCHMARKS.md, "Prefill on tensor cores: the tile
+/// restaged, chunks of 512 rows"). The scratch grows with it (about 1.2 MB a row for
+/// GLM-5's shapes, besides the scores). Smaller models keep [`SMALL_CHUNK_ROWS`]: their
+/// GEMMs are small, and the scratch of 512 rows would outweigh the built-in model's weights.
+/// The browser, where memory is tight and GEMMs run on the f32 tile, keeps it too.
+/// `SPARSA_PREFILL_CHUNK` overrides (a measurement knob).
+pub(super) const CHUNK_ROWS: usize = 512;
+pub(super) const SMALL_CHUNK_ROWS: usize = 128;
+pub(super) const LARGE_HIDDEN: usize = 2048;
+
+/// Rows whose logits one chunk leaves at most: a prompt wants its last row's, a
+/// verification k + 1, a batched step one a sequence; callers that want every row's
+/// (`Session::forward` with all logits) run chunks of this many rows. A vocabulary of
+/// 154,880 takes 620 KB a row.
+pub(super) const LOGIT_ROWS: usize = 128;
+
 /// What the scratch sizes depend on.
 pub(super) struct Shape<'a> {
     pub cfg: &'a Config,
@@ -32,13 +52,13 @@ impl<'a> Shape<'a> {
         }
     }
 
-    /// Rows per prefill chunk: the widest per-row scratch (scores are `[chunk, ctx]`, logits
-    /// `[chunk, vocab]`, the absorbed queries `[chunk, heads * kv_lora]`, …) fits one binding.
+    /// Rows per prefill chunk: at most [`CHUNK_ROWS`] or [`SMALL_CHUNK_ROWS`], and the widest per-row scratch
+    /// (scores are `[chunk, ctx]`, the absorbed queries `[chunk, heads * kv_lora]`, …) fits
+    /// one binding.
     fn chunk_rows(cfg: &Config, ctx: usize, max_binding: u64) -> usize {
         let lim = max_binding as usize / 4;
         let widest = [
             ctx,
-            cfg.vocab_size,
             cfg.num_attention_heads * cfg.kv_lora_rank,
             pairs(cfg) * 2 * cfg.moe_intermediate_size.max(1),
             pairs(cfg) * cfg.hidden_size,
@@ -46,7 +66,15 @@ impl<'a> Shape<'a> {
         ]
         .into_iter()
         .fold(1, usize::max);
-        (lim / widest).clamp(1, 128)
+        let cap = crate::knobs::knob!("SPARSA_PREFILL_CHUNK", |v| (1..=8192).contains(&v));
+        let large = cfg.hidden_size >= LARGE_HIDDEN && !cfg!(target_arch = "wasm32");
+        let default = if large { CHUNK_ROWS } else { SMALL_CHUNK_ROWS };
+        (lim / widest).clamp(1, cap.map_or(default, |c| c as usize))
+    }
+
+    /// Rows whose logits one chunk can leave: at most [`LOGIT_ROWS`] (and the chunk's).
+    pub fn logit_rows(&self) -> usize {
+        self.c.min(LOGIT_ROWS)
     }
 
     /// Columns of the dense MLP buffers: the dense layers' or the shared experts' width.
@@ -147,7 +175,7 @@ scratch! {
         moe_out: z.c * pairs(z.cfg) * z.cfg.hidden_size,
         mlp_gate_up: z.c * 2 * z.mlp_inter(),
         mlp_act: z.c * z.mlp_inter(),
-        logits: z.c * z.cfg.vocab_size,
+        logits: z.logit_rows() * z.cfg.vocab_size,
         /// Speculative decoding (draft.rs), where the model runs an MTP layer: the main
         /// model's hidden rows after its final norm (then the MTP layer's own, after
         /// `shared_head.norm`), and the MTP input `[enorm(embedding) | hnorm(hidden)]`.
@@ -221,4 +249,51 @@ fn picked_slot(gpu: &Gpu) -> wgpu::Buffer {
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bard() -> Config {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m");
+        Config::from_dir(&dir).unwrap()
+    }
+
+    /// The built-in model's config with GLM-5's widths.
+    fn glm5_widths() -> Config {
+        let mut c = bard();
+        c.hidden_size = 6144;
+        c.vocab_size = 154880;
+        c.num_attention_heads = 64;
+        c.kv_lora_rank = 512;
+        c.intermediate_size = 12288;
+        c.moe_intermediate_size = 2048;
+        c.num_experts_per_tok = 8;
+        c.n_shared_experts = 1;
+        c
+    }
+
+    /// Large models prefill in chunks of 512 rows and leave at most 128 rows of logits; the
+    /// built-in model keeps chunks of 128; a binding too small for 512 rows of the widest
+    /// scratch takes fewer.
+    #[test]
+    fn chunks_are_512_rows_for_large_models_and_logits_128() {
+        let glm = glm5_widths();
+        let s = Shape::new(&glm, 4096, false, 2047 << 20);
+        assert_eq!((s.c, s.logit_rows()), (CHUNK_ROWS, LOGIT_ROWS));
+        let bard = bard();
+        let s = Shape::new(&bard, 1024, false, 2047 << 20);
+        assert_eq!((s.c, s.logit_rows()), (SMALL_CHUNK_ROWS, SMALL_CHUNK_ROWS));
+        // 128 MiB bindings: the absorbed queries (64 heads × 512 a row) allow 1,024 rows,
+        // the scores of a 131,072 context 256.
+        let s = Shape::new(&glm, 131072, false, 128 << 20);
+        assert_eq!(s.c, 256);
+        // The planner's scratch bytes count the logits of 128 rows, not 512.
+        let rows = |z: &Shape| z.logit_rows() * glm.vocab_size * 4;
+        assert_eq!(
+            rows(&Shape::new(&glm, 4096, false, 2047 << 20)),
+            128 * 154880 * 4
+        );
+    }
 }

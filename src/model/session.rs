@@ -223,7 +223,12 @@ impl Session {
             vocab
         });
         let mut rows = 0;
-        for part in tokens.chunks(self.chunk) {
+        let chunk = if all_logits {
+            self.chunk.min(super::scratch::LOGIT_ROWS)
+        } else {
+            self.chunk
+        };
+        for part in tokens.chunks(chunk) {
             let last = rows + part.len() == tokens.len();
             let want = if all_logits {
                 part.len()

@@ -166,10 +166,19 @@ impl Gpu {
         src: &str,
         entry: &str,
     ) -> (wgpu::ShaderModule, wgpu::PipelineLayout) {
-        let (words, entries) = match spirv::compile(src, entry) {
+        let spirv::Compiled {
+            words,
+            layout: entries,
+            workgroup_bytes,
+        } = match spirv::compile(src, entry) {
             Ok(x) => x,
             Err(e) => panic!("shader {name}: {e}"),
         };
+        let limit = self.device.limits().max_compute_workgroup_storage_size;
+        assert!(
+            workgroup_bytes <= limit,
+            "shader {name} ({entry}): {workgroup_bytes} bytes of workgroup memory, the device allows {limit}"
+        );
         let desc = wgpu::ShaderModuleDescriptorPassthrough {
             label: Some(name),
             entry_points: std::borrow::Cow::Owned(vec![wgpu::PassthroughShaderEntryPoint {
