@@ -709,6 +709,12 @@ fn rope(f: &Fields) -> Result<Rope> {
     Ok(Rope { theta, kind })
 }
 
+/// The built-in model's directory in the source tree, for the unit tests that read its files.
+#[cfg(test)]
+pub(crate) fn bard_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

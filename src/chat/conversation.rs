@@ -624,12 +624,12 @@ mod tests {
     use super::*;
 
     fn bard_tokenizer() -> Tokenizer {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m");
+        let dir = crate::config::bard_dir();
         Tokenizer::from_dir(&dir).unwrap()
     }
 
     fn bard_format() -> ChatFormat {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m");
+        let dir = crate::config::bard_dir();
         ChatFormat::new(ChatTemplate::from_dir(&dir).unwrap())
     }
 

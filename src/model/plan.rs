@@ -366,10 +366,7 @@ mod tests {
 
     #[test]
     fn the_bard_model_plans_slots_and_says_what_does_not_fit() {
-        let src = crate::model::ModelSource::open(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m"),
-        )
-        .unwrap();
+        let src = crate::model::ModelSource::open(&crate::config::bard_dir()).unwrap();
         let cfg = &src.config;
         let p = plan(cfg, &src.weights, 1 << 40, 256, 1 << 20, None).unwrap();
         assert!(!p.slots.offloads());
@@ -394,10 +391,7 @@ mod tests {
     }
 
     fn bard() -> (Config, info::Summary) {
-        let src = crate::model::ModelSource::open(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m"),
-        )
-        .unwrap();
+        let src = crate::model::ModelSource::open(&crate::config::bard_dir()).unwrap();
         let s = info::summarize(&src.config, &src.weights).unwrap();
         (src.config, s)
     }

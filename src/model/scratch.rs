@@ -256,7 +256,7 @@ mod tests {
     use super::*;
 
     fn bard() -> Config {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m");
+        let dir = crate::config::bard_dir();
         Config::from_dir(&dir).unwrap()
     }
 

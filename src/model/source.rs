@@ -215,7 +215,7 @@ mod tests {
     #[test]
     fn builtin_model_parses_and_matches_its_directory() {
         let b = ModelSource::builtin().unwrap();
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/sparsa-bard-12m");
+        let dir = crate::config::bard_dir();
         let d = ModelSource::open(&dir).unwrap();
         assert_eq!(b.config.num_hidden_layers, d.config.num_hidden_layers);
         assert_eq!(b.config.eos_token_ids, d.config.eos_token_ids);
