@@ -247,6 +247,8 @@ impl From<KernelStat> for Kernel {
 #[derive(Clone, Debug, Serialize)]
 pub struct PrefillResult {
     pub tokens: usize,
+    /// Rows per chunk the prompt ran in (the last chunk may have fewer).
+    pub chunk_rows: usize,
     pub seconds: f64,
     pub tok_per_s: f64,
     /// Per-kernel times of the same prefill, run again with profiling on.
@@ -644,8 +646,9 @@ pub fn run(
                 s.forward(&toks, false)?;
                 let seconds = t.elapsed().as_secs_f64();
                 log(&format!(
-                    "prefill {n} tokens: {seconds:.3} s, {:.1} tok/s",
-                    n as f64 / seconds
+                    "prefill {n} tokens: {seconds:.3} s, {:.1} tok/s (chunks of {} rows)",
+                    n as f64 / seconds,
+                    s.chunk
                 ));
                 let kernels = if opts.profile {
                     s.reset();
@@ -655,6 +658,7 @@ pub fn run(
                 };
                 report.prefill.push(PrefillResult {
                     tokens: n,
+                    chunk_rows: s.chunk,
                     seconds,
                     tok_per_s: n as f64 / seconds,
                     kernels,
@@ -866,8 +870,8 @@ pub fn format_report(r: &BenchReport) -> String {
     for p in &r.prefill {
         let _ = writeln!(
             o,
-            "\nprefill {} tokens: {:.3} s, {:.1} tok/s",
-            p.tokens, p.seconds, p.tok_per_s
+            "\nprefill {} tokens: {:.3} s, {:.1} tok/s (chunks of {} rows)",
+            p.tokens, p.seconds, p.tok_per_s, p.chunk_rows
         );
         kernel_table(&mut o, &p.kernels, r.calibration.as_ref());
     }

@@ -219,6 +219,12 @@ fn bench_reports_dsa_dense_kernels_and_calibration() {
     }
     assert!(cal.get("mma_flops_per_s").is_some(), "{cal}");
     assert_eq!(r["prefill"][0]["tokens"], 20);
+    // The built-in model (hidden 256) prefills in chunks of 128 rows.
+    assert_eq!(r["prefill"][0]["chunk_rows"], 128);
+    assert!(
+        text.contains("prefill 20 tokens: ") && text.contains("tok/s (chunks of 128 rows)"),
+        "{text}"
+    );
     let decode = r["decode"].as_array().unwrap();
     assert_eq!(decode.len(), 2);
     let names = |i: usize| -> Vec<String> {
