@@ -400,6 +400,8 @@ fn cpu_rows<'a>(
 /// bytes times rows per expert) and the uploads' host copies.
 #[derive(Default)]
 struct Rates {
+    /// Read only where the CPU runs experts (natively).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     cpu: Option<f64>,
     upload: Option<f64>,
 }
