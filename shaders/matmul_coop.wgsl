@@ -156,9 +156,7 @@ fn tile(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
     let nc = 32u * (sg / 4u);
     // The accumulators start from zeros in memory: a zero-valued cooperative matrix
     // (OpConstantNull) left garbage in them on NVIDIA's driver.
-    for (var i = lid; i < 256u; i += 256u) {
-        Cs[i] = 0.0;
-    }
+    Cs[lid] = 0.0;
     if (lid % 16u == 0u) {
         for (var p = 0u; p < 4u; p++) {
             x_rows[lid / 16u + 16u * p] = xr[p];

@@ -315,6 +315,17 @@ fn int_row_parts(
     )
 }
 
+/// The bf16 weight scale of chunk `c` of a row from [`int_row_parts`] (`scales`, `per`).
+///
+/// # Safety
+/// `c` is below the row's chunks.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn chunk_scale(scales: *const u16, c: usize, per: u32) -> f32 {
+    let bits = u16::from_le(scales.add(c >> per).read_unaligned());
+    f32::from_bits((bits as u32) << 16)
+}
+
 /// A q4 or q8 row (whole blocks) against a quantized x row with 8-bit integer products
 /// ([`dot_avx2`]: per 32 weights, q4's nibbles 0..15 against x's h and l; q8's |w| against
 /// x's bytes with w's sign), one conversion and one multiply per 32 weights to scale them
@@ -335,8 +346,7 @@ unsafe fn int_row_avx2(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XR
     // (asserted above).
     let chunk = |c: usize| -> (__m256, f32) {
         let j = 32 * c;
-        let bits = u16::from_le(scales.add(c >> per).read_unaligned());
-        let ws = f32::from_bits((bits as u32) << 16);
+        let ws = chunk_scale(scales, c, per);
         let h = _mm256_loadu_si256(xh.add(j) as *const __m256i);
         let l = _mm256_loadu_si256(xl.add(j) as *const __m256i);
         let (sum, off) = if q4 {
@@ -429,11 +439,7 @@ unsafe fn int_row_avx512(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &
         let xv = _mm512_loadu_si512(xw.add(32 * c) as *const __m512i);
         _mm512_dpwssd_epi32(_mm512_setzero_si512(), codes, xv)
     };
-    // Chunk c's weight scale.
-    let scale = |c: usize| -> f32 {
-        let bits = u16::from_le(scales.add(c >> per).read_unaligned());
-        f32::from_bits((bits as u32) << 16)
-    };
+    let scale = |c: usize| chunk_scale(scales, c, per);
     let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let (mut o0, mut o1) = (0f32, 0f32);
     let mut c = 0;

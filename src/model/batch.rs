@@ -31,10 +31,10 @@ impl Session {
             return Ok(());
         };
         let n = rows.len();
-        if n > first.session.chunk {
+        let room = first.session.logit_room();
+        if n > room {
             return Err(Error::msg(format!(
-                "a batched step of {n} sessions: the scratch holds {} rows",
-                first.session.chunk
+                "a batched step of {n} sessions: the scratch holds the logits of {room} rows"
             )));
         }
         for r in rows.iter_mut() {

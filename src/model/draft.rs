@@ -87,11 +87,11 @@ impl Session {
                 self.model.label
             )));
         }
-        if k + 1 > self.chunk {
+        if k + 1 > self.logit_room() {
             return Err(Error::msg(format!(
-                "--draft {k}: verifying {} positions at once exceeds this session's chunk of {} rows",
+                "--draft {k}: verifying {} positions at once exceeds the {} rows whose logits this session's scratch holds",
                 k + 1,
-                self.chunk
+                self.logit_room()
             )));
         }
         self.drafts = k;

@@ -44,10 +44,10 @@ impl Session {
             Input::Previous => 1,
             Input::OnGpu(t) => t,
         };
-        if want_logits > t.min(super::scratch::LOGIT_ROWS) {
+        let room = t.min(self.logit_room());
+        if want_logits > room {
             return Err(crate::Error::msg(format!(
-                "a chunk of {t} rows cannot leave the logits of {want_logits} (at most {})",
-                t.min(super::scratch::LOGIT_ROWS)
+                "a chunk of {t} rows cannot leave the logits of {want_logits} (at most {room})"
             )));
         }
         self.caches.reserve(gpu, self.pos + t)?;

@@ -27,8 +27,8 @@ pub(super) const LARGE_HIDDEN: usize = 2048;
 
 /// Rows whose logits one chunk leaves at most: a prompt wants its last row's, a
 /// verification k + 1, a batched step one a sequence; callers that want every row's
-/// (`Session::forward` with all logits) run chunks of this many rows. A vocabulary of
-/// 154,880 takes 620 KB a row.
+/// (`Session::forward` with all logits) run chunks of that many rows (`Session::logit_rows`).
+/// A vocabulary of 154,880 takes 620 KB a row.
 pub(super) const LOGIT_ROWS: usize = 128;
 
 /// What the scratch sizes depend on.
@@ -40,15 +40,19 @@ pub(super) struct Shape<'a> {
     pub ctx: usize,
     /// Positions a query attends: `min(index_topk, ctx)`, or `ctx` when dense.
     pub sel: usize,
+    /// Rows whose logits one chunk can leave ([`Shape::logit_rows`]).
+    pub logits: usize,
 }
 
 impl<'a> Shape<'a> {
     pub fn new(cfg: &'a Config, ctx: usize, dense: bool, max_binding: u64) -> Shape<'a> {
+        let c = Self::chunk_rows(cfg, ctx, max_binding);
         Shape {
             cfg,
-            c: Self::chunk_rows(cfg, ctx, max_binding),
+            c,
             ctx,
             sel: if dense { ctx } else { cfg.index_topk.min(ctx) },
+            logits: Self::logit_rows(cfg, c, max_binding),
         }
     }
 
@@ -72,9 +76,11 @@ impl<'a> Shape<'a> {
         (lim / widest).clamp(1, cap.map_or(default, |c| c as usize))
     }
 
-    /// Rows whose logits one chunk can leave: at most [`LOGIT_ROWS`] (and the chunk's).
-    pub fn logit_rows(&self) -> usize {
-        self.c.min(LOGIT_ROWS)
+    /// Rows whose logits one chunk of `c` rows can leave: at most [`LOGIT_ROWS`], and as
+    /// many as one binding holds.
+    fn logit_rows(cfg: &Config, c: usize, max_binding: u64) -> usize {
+        let fit = (max_binding as usize / 4 / cfg.vocab_size.max(1)).max(1);
+        c.min(LOGIT_ROWS).min(fit)
     }
 
     /// Columns of the dense MLP buffers: the dense layers' or the shared experts' width.
@@ -175,7 +181,7 @@ scratch! {
         moe_out: z.c * pairs(z.cfg) * z.cfg.hidden_size,
         mlp_gate_up: z.c * 2 * z.mlp_inter(),
         mlp_act: z.c * z.mlp_inter(),
-        logits: z.logit_rows() * z.cfg.vocab_size,
+        logits: z.logits * z.cfg.vocab_size,
         /// Speculative decoding (draft.rs), where the model runs an MTP layer: the main
         /// model's hidden rows after its final norm (then the MTP layer's own, after
         /// `shared_head.norm`), and the MTP input `[enorm(embedding) | hnorm(hidden)]`.
@@ -281,19 +287,21 @@ mod tests {
     fn chunks_are_512_rows_for_large_models_and_logits_128() {
         let glm = glm5_widths();
         let s = Shape::new(&glm, 4096, false, 2047 << 20);
-        assert_eq!((s.c, s.logit_rows()), (CHUNK_ROWS, LOGIT_ROWS));
+        assert_eq!((s.c, s.logits), (CHUNK_ROWS, LOGIT_ROWS));
         let bard = bard();
         let s = Shape::new(&bard, 1024, false, 2047 << 20);
-        assert_eq!((s.c, s.logit_rows()), (SMALL_CHUNK_ROWS, SMALL_CHUNK_ROWS));
+        assert_eq!((s.c, s.logits), (SMALL_CHUNK_ROWS, SMALL_CHUNK_ROWS));
         // 128 MiB bindings: the absorbed queries (64 heads × 512 a row) allow 1,024 rows,
         // the scores of a 131,072 context 256.
         let s = Shape::new(&glm, 131072, false, 128 << 20);
         assert_eq!(s.c, 256);
         // The planner's scratch bytes count the logits of 128 rows, not 512.
-        let rows = |z: &Shape| z.logit_rows() * glm.vocab_size * 4;
+        let rows = |z: &Shape| z.logits * glm.vocab_size * 4;
         assert_eq!(
             rows(&Shape::new(&glm, 4096, false, 2047 << 20)),
             128 * 154880 * 4
         );
+        // A binding of 64 MiB holds 108 rows of GLM-5's logits.
+        assert_eq!(Shape::new(&glm, 4096, false, 64 << 20).logits, 108);
     }
 }

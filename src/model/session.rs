@@ -53,6 +53,8 @@ pub struct Session {
     pub pos: usize,
     /// Rows per prefill chunk.
     pub chunk: usize,
+    /// Rows whose logits the scratch holds (see [`Session::logit_room`]).
+    logit_rows: usize,
     /// Positions attended per query: `min(index_topk, max_ctx)`, or `max_ctx` when dense.
     pub(super) topk: usize,
     /// Attention over every cached position (no indexer): the baseline DSA is measured
@@ -138,6 +140,7 @@ impl Session {
             caches,
             pos: 0,
             chunk: shape.c,
+            logit_rows: shape.logits,
             topk: shape.sel,
             dense,
             rope: RopeTable::new(cfg),
@@ -153,6 +156,13 @@ impl Session {
     /// GPU bytes a session's scratch takes (the planner places them before the experts).
     pub fn scratch_bytes(cfg: &Config, max_ctx: usize, max_binding: u64) -> u64 {
         Scratch::bytes(&Shape::new(cfg, max_ctx, false, max_binding))
+    }
+
+    /// Rows whose logits one forward can leave: a verification's k + 1 rows, a batched
+    /// step's sessions, the rows of a chunk that wants every row's. At most `chunk`, which
+    /// callers may lower.
+    pub(super) fn logit_room(&self) -> usize {
+        self.chunk.min(self.logit_rows)
     }
 
     pub fn max_ctx(&self) -> usize {
@@ -224,7 +234,7 @@ impl Session {
         });
         let mut rows = 0;
         let chunk = if all_logits {
-            self.chunk.min(super::scratch::LOGIT_ROWS)
+            self.logit_room()
         } else {
             self.chunk
         };
