@@ -9,7 +9,7 @@
 //!   synthetic context), on the test adapter and on a device opened with WebGPU's default
 //!   limits (kernels that size themselves by the limits pick other variants there); plus
 //!   the tensor-core GEMMs those runs would have compiled on an adapter with tensor cores
-//!   (`kernels::matmul::tensor_core_variant`); plus, for a shader without defines, any entry point
+//!   (`kernels::matmul::tensor_core_variants`); plus, for a shader without defines, any entry point
 //!   no workload reached (the benchmark's calibration kernels).
 //! - Each variant is validated with the capabilities wgpu gives a device opened with the
 //!   features the engine requests on that backend (`gpu::device_features`; mapped as wgpu
@@ -68,6 +68,18 @@ const SKIPS: &[Skip] = &[
               (matmul::gemm)",
     },
     Skip {
+        shader: "matmul_coop_x1",
+        backend: wgpu::Backend::Metal,
+        why: "matmul_coop reading x element by element (x rows off 4-float boundaries): \
+              skipped for matmul_coop's reasons",
+    },
+    Skip {
+        shader: "matmul_coop_x1",
+        backend: wgpu::Backend::Dx12,
+        why: "matmul_coop reading x element by element (x rows off 4-float boundaries): \
+              skipped for matmul_coop's reasons",
+    },
+    Skip {
         shader: "calibrate_coop",
         backend: wgpu::Backend::Metal,
         why: "the tensor-core peak probe of `bench --calibrate` runs only where the GEMM tile \
@@ -88,7 +100,7 @@ fn engine_may_select(shader: &str, backend: wgpu::Backend) -> bool {
         // The only way to matmul_coop: a GEMM on a device with tensor cores, which only
         // Vulkan adapters can have.
         // The tensor-core probe of `bench --calibrate` runs where the tile does.
-        "matmul_coop" | "calibrate_coop" => {
+        "matmul_coop" | "matmul_coop_x1" | "calibrate_coop" => {
             let tensor_cores = tensor_cores_possible(backend);
             let features = device_features(wgpu::Features::all(), tensor_cores);
             tensor_cores || features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
@@ -533,7 +545,7 @@ fn variants() -> (BTreeSet<ShaderVariant>, Vec<String>) {
     let tensor_core: Vec<ShaderVariant> = variants
         .iter()
         .filter(|v| v.shader.name.starts_with("matmul"))
-        .filter_map(sparsa::kernels::matmul::tensor_core_variant)
+        .flat_map(sparsa::kernels::matmul::tensor_core_variants)
         .collect();
     assert!(
         !tensor_core.is_empty(),

@@ -97,11 +97,25 @@ const MATMUL_DOT: Shader<Params> = Shader::new(
         include_str!("../../shaders/matmul_dot.wgsl")
     ),
 );
-/// MATMUL with the GEMM tile on tensor cores (its `enable` lines first).
+/// MATMUL with the GEMM tile on tensor cores (its `enable` lines first), reading x in
+/// 16-byte loads: for x rows on 4-float boundaries and K a multiple of 4 ([`x_in_quads`]).
 const MATMUL_COOP: Shader<Params> = Shader::new(
     "matmul_coop",
     concat!(
         include_str!("../../shaders/matmul_coop.wgsl"),
+        include_str!("../../shaders/coop_x4.wgsl"),
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/fp8.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
+        include_str!("../../shaders/matmul.wgsl")
+    ),
+);
+/// MATMUL_COOP reading x element by element (any x layout).
+const MATMUL_COOP_X1: Shader<Params> = Shader::new(
+    "matmul_coop_x1",
+    concat!(
+        include_str!("../../shaders/matmul_coop.wgsl"),
+        include_str!("../../shaders/coop_x1.wgsl"),
         include_str!("../../shaders/weights.wgsl"),
         include_str!("../../shaders/fp8.wgsl"),
         include_str!("../../shaders/quant.wgsl"),
@@ -110,7 +124,12 @@ const MATMUL_COOP: Shader<Params> = Shader::new(
 );
 
 /// This module's shaders (for [`super::shaders`]).
-pub(super) const SHADERS: &[ShaderCode] = &[MATMUL.code(), MATMUL_DOT.code(), MATMUL_COOP.code()];
+pub(super) const SHADERS: &[ShaderCode] = &[
+    MATMUL.code(),
+    MATMUL_DOT.code(),
+    MATMUL_COOP.code(),
+    MATMUL_COOP_X1.code(),
+];
 
 /// Kernel variant knobs that become defines (all are always defined: one shader module).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -124,6 +143,9 @@ struct Knobs {
     xq: u32,
     /// gemv_dot: 16-byte words per row a lane loads before using them.
     unroll: u32,
+    /// The tensor-core GEMMs: x read in 16-byte loads ([`x_in_quads`]; not a define, a
+    /// shader of its own).
+    x4: bool,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -133,6 +155,7 @@ const KNOBS: Knobs = Knobs {
     maxb: 1,
     xq: 0,
     unroll: 1,
+    x4: false,
 };
 
 /// gemv_dot's knobs after the measurement overrides.
@@ -162,8 +185,8 @@ fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
 }
 
 fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Kernel<Params> {
-    let shader = shader_of(entry, rec.gpu().tensor_cores());
-    if std::ptr::eq(shader, &MATMUL_COOP) {
+    let shader = shader_of(entry, rec.gpu().tensor_cores(), k.x4);
+    if [MATMUL_COOP.name, MATMUL_COOP_X1.name].contains(&shader.name) {
         rec.gpu()
             .pipeline(shader, entry, &coop_defines(w.format, k))
     } else {
@@ -179,15 +202,29 @@ fn coop_defines(f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
         .collect()
 }
 
-fn coop_only_defines() -> [(&'static str, String); 1] {
-    [("Q4_MODE", u(coop_q4_mode()))]
+fn coop_only_defines() -> [(&'static str, String); 2] {
+    [("Q4_MODE", u(coop_q4_mode())), ("X_F16", u(coop_x_f16()))]
 }
 
-/// The shader whose `entry` runs on a device with or without tensor cores.
-fn shader_of(entry: &str, tensor_cores: bool) -> &'static Shader<Params> {
+/// Whether the tensor-core tile takes x as one f16 value instead of hi and lo halves: 0
+/// (default) or 1 with `SPARSA_COOP_X_F16=1`, a measurement aid. One product instead of two
+/// made the tile 15–25 % faster on an H200, but it moved logits of the golden models by up
+/// to 6.8 (their MoE routing and top-k selections flip at near ties) and changed argmaxes:
+/// it does not keep the transformers goldens, so it is not a default (BENCHMARKS.md).
+fn coop_x_f16() -> u32 {
+    knob!("SPARSA_COOP_X_F16", |v| v <= 1).unwrap_or(0)
+}
+
+/// The shader whose `entry` runs on a device with or without tensor cores; `x4`: x can be
+/// read in 16-byte loads ([`x_in_quads`]).
+fn shader_of(entry: &str, tensor_cores: bool, x4: bool) -> &'static Shader<Params> {
     // The GEMMs take the tensor-core tile: dense `gemm` and the routed experts' `gemm_experts`.
     if (entry == "gemm" || entry == "gemm_experts") && tensor_cores {
-        &MATMUL_COOP
+        if x4 {
+            &MATMUL_COOP
+        } else {
+            &MATMUL_COOP_X1
+        }
     } else if entry.starts_with("gemv_dot") || entry == "quantize_x_rows" {
         &MATMUL_DOT
     } else {
@@ -195,16 +232,22 @@ fn shader_of(entry: &str, tensor_cores: bool) -> &'static Shader<Params> {
     }
 }
 
-/// The variant a device with tensor cores compiles instead of `v`, a GEMM compiled on a
-/// device without them (the tensor-core shader, with the defines only it reads); None for
-/// the other matmul variants. For the backend test, which translates those too.
-pub fn tensor_core_variant(v: &ShaderVariant) -> Option<ShaderVariant> {
-    let shader = shader_of(v.entry, true).code();
-    (shader != v.shader).then(|| ShaderVariant {
-        shader,
-        entry: v.entry,
-        defines: v.defines.clone() + &crate::gpu::define_lines(&coop_only_defines()),
-    })
+/// The variants a device with tensor cores compiles instead of `v`, a GEMM compiled on a
+/// device without them (the tensor-core shaders, x in 16-byte loads and element loads, with
+/// the defines only they read); none for the other matmul variants. For the backend test,
+/// which translates those too.
+pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
+    let portable = shader_of(v.entry, false, false).code();
+    if portable != v.shader || shader_of(v.entry, true, true).code() == portable {
+        return vec![];
+    }
+    [true, false]
+        .map(|x4| ShaderVariant {
+            shader: shader_of(v.entry, true, x4).code(),
+            entry: v.entry,
+            defines: v.defines.clone() + &crate::gpu::define_lines(&coop_only_defines()),
+        })
+        .to_vec()
 }
 
 fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 10] {
@@ -253,6 +296,16 @@ enum Dense {
 /// boundaries.
 fn gemv4_ok(rows: u32, x: View, w: &GpuWeight) -> bool {
     whole_words(w) && x.offset.is_multiple_of(4) && (rows == 1 || x.stride.is_multiple_of(4))
+}
+
+/// Whether the tensor-core GEMM can read x in 16-byte loads: every x row it reads (`x` and
+/// rows `row` floats apart) starts on a 4-float boundary and K is a multiple of 4, so a
+/// row's last load ends inside the buffer.
+fn x_in_quads(x: View, row: u32, w: &GpuWeight) -> bool {
+    [x.offset, x.stride, row]
+        .iter()
+        .all(|v| v.is_multiple_of(4))
+        && w.cols.is_multiple_of(4)
 }
 
 /// Whether `w`'s rows are whole 16-byte words (quantized: K a multiple of the elements per
@@ -495,7 +548,7 @@ pub fn quantize_x<'a>(
 ) -> XQuant<'a> {
     debug_assert!(k.is_multiple_of(32) && out.size() >= xq_bytes(k, rows));
     let fmt = WFormat::Quant(order);
-    let shader = shader_of("quantize_x_rows", false);
+    let shader = shader_of("quantize_x_rows", false, false);
     let pipe = rec.gpu().pipeline(
         shader,
         "quantize_x_rows",
@@ -592,7 +645,10 @@ fn matmul_as(
         Dense::GemvDot(tpr4, maxb) => {
             pipeline(rec, "gemv_dot", w, dot_knobs(tpr4, maxb, xq.is_some()))
         }
-        Dense::Gemm(64) => pipeline(rec, "gemm", w, KNOBS),
+        Dense::Gemm(64) => {
+            let x4 = x_in_quads(x, x.stride, w);
+            pipeline(rec, "gemm", w, Knobs { x4, ..KNOBS })
+        }
         Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
     };
     for c in &w.chunks {
@@ -920,7 +976,9 @@ fn experts_as(
     } else if gemv {
         pipeline(rec, "gemv_experts", w, KNOBS)
     } else {
-        pipeline(rec, "gemm_experts", w, KNOBS)
+        // Per-slot rows are x_row apart (the token rows) and x.stride apart (the slots).
+        let x4 = x_in_quads(x, x_row, w);
+        pipeline(rec, "gemm_experts", w, Knobs { x4, ..KNOBS })
     };
     for c in &w.chunks {
         if c.rows == 0 {
@@ -1756,6 +1814,25 @@ mod tests {
         }
     }
 
+    /// x in 16-byte loads only where every row the tile reads starts on a 4-float boundary
+    /// and K is a multiple of 4 (else the last load of a row could pass the buffer's end).
+    #[test]
+    fn x_in_quads_needs_aligned_rows_and_k() {
+        let g = gpu();
+        let buf = g.buffer(4 * 4096, "x").unwrap();
+        let w = |cols: usize| {
+            GpuWeight::from_f32(g, &vec![0.0; 8 * cols], 8, cols, DType::F32, None, "w").unwrap()
+        };
+        let (w64, w66) = (w(64), w(66));
+        let v = |offset, stride| View::new(&buf, offset, stride);
+        assert!(x_in_quads(v(0, 64), 64, &w64));
+        assert!(x_in_quads(v(8, 68), 0, &w64));
+        assert!(!x_in_quads(v(2, 64), 64, &w64), "offset");
+        assert!(!x_in_quads(v(0, 66), 66, &w64), "stride");
+        assert!(!x_in_quads(v(0, 64), 66, &w64), "row");
+        assert!(!x_in_quads(v(0, 68), 68, &w66), "K");
+    }
+
     /// The tensor-core GEMM shader for every weight format through the compiler path the
     /// device uses (naga, then the memory-model patch): it only runs on adapters with
     /// tensor cores (the H200 run in BENCHMARKS.md), so this keeps it compiling everywhere.
@@ -1765,16 +1842,16 @@ mod tests {
             .map(WFormat::from)
             .into_iter()
             .chain(QUANT.map(WFormat::Quant));
-        for f in formats {
+        for (f, shader) in formats.flat_map(|f| [(f, &MATMUL_COOP), (f, &MATMUL_COOP_X1)]) {
             let src = crate::gpu::shader_source(
                 "",
                 <Params as crate::gpu::KernelParams>::WGSL,
                 &crate::gpu::define_lines(&coop_defines(f, KNOBS)),
-                MATMUL_COOP.source,
+                shader.source,
             );
             for entry in ["gemm", "gemm_experts"] {
                 let c = crate::gpu::spirv::compile(&src, entry)
-                    .unwrap_or_else(|e| panic!("{entry} {f:?}: {e}"));
+                    .unwrap_or_else(|e| panic!("{} {entry} {f:?}: {e}", shader.name));
                 assert!(c.words.len() > 1000, "{entry} {f:?}");
                 // Devices run this tile only where it fits their workgroup memory.
                 assert!(

@@ -1,0 +1,15 @@
+// x for the tensor-core tile (matmul_coop.wgsl) element by element, for x rows off 4-float
+// boundaries or K not a multiple of 4: elements k .. k + 3 of the row at `row` (NONE: zeros;
+// zeros past K).
+fn xquad(row: u32, k: u32) -> vec4<f32> {
+    var q = vec4<f32>(0.0);
+    if (row == NONE) {
+        return q;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        if (k + j < P.k) {
+            q[j] = x[row + k + j];
+        }
+    }
+    return q;
+}
