@@ -94,9 +94,9 @@ fn put_b(at: u32, v: vec2<f32>) {
 // `xquad(row, k)`, elements k .. k + 3 of x row `row`, comes from coop_x4.wgsl or coop_x1.wgsl.
 
 // q4 weights without a lo half, in whole K-tiles (P.k and the row stride multiples of HK,
-// scale blocks of whole K-tiles): each invocation stages 32-bit words of 8 nibbles (one
-// scale) a K-tile, instead of element pairs each with its own bounds checks, word and
-// scale loads.
+// scale blocks of whole 32-column groups, so a word's 8 nibbles share one scale): each
+// invocation stages NPR 32-bit words of 8 nibbles a K-tile, instead of element pairs each
+// with its own bounds checks, word and scale loads.
 const Q4_TILE: bool = W_DTYPE == 5u && Q4_MODE == 0u && QB % 32u == 0u;
 
 // What one invocation stages a K-step: 4 quads of x (tile rows `arow(i)`, columns
@@ -109,7 +109,7 @@ struct Staged {
     scale: array<f32, NPR>,
 }
 
-// Tile row of x pair i of invocation lid: rows 4 apart for the two halves of a subgroup.
+// Tile row of x quad i of invocation lid: rows 4 apart for the two halves of a subgroup.
 fn arow(lid: u32, i: u32) -> u32 {
     let s = lid / 32u;
     return (s % 4u) + 4u * ((lid / 16u) % 2u) + 8u * (s / 4u) + 16u * i;

@@ -428,9 +428,9 @@ unsafe fn rows_avx512(m: &CpuMatrix, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32],
 /// s_b / 254`, as there. With one scale a chunk (32-element blocks, the default) those
 /// factors are made 16 chunks at a time as vectors: on a 2-core AMD EPYC (Zen 4) that took
 /// `examples/cpu_experts` q4 from 13.3–14.5 to 18.0–18.4 GB/s on 2 threads, 16.5–20.7 to
-/// 14.7–16.2 ms a round on one (q8: 15.9–17.3 to 19.0–19.3 GB/s), side by side. There q4
-/// takes two chunks at a time on bytes (`pair_q4`, one `vpdpbusd` for h and one for l, no
-/// widening): one thread 10.8 / 9.8 → 13.4 / 12.4 GB/s on the same machine.
+/// 14.7–16.2 ms a round on one (q8: 15.9–17.3 to 19.0–19.3 GB/s), side by side. In that
+/// loop q4 takes two chunks at a time on bytes (`pair_q4`, one `vpdpbusd` for h and one for
+/// l, no widening): one thread 10.8 / 9.8 → 13.4 / 12.4 GB/s on the same machine.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
 unsafe fn int_row_avx512(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XRow) -> f32 {

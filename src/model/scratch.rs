@@ -27,7 +27,7 @@ pub(super) const LARGE_HIDDEN: usize = 2048;
 
 /// Rows whose logits one chunk leaves at most: a prompt wants its last row's, a
 /// verification k + 1, a batched step one a sequence; callers that want every row's
-/// (`Session::forward` with all logits) run chunks of that many rows (`Session::logit_rows`).
+/// (`Session::forward` with all logits) run chunks of that many rows (`Session::logit_room`).
 /// A vocabulary of 154,880 takes 620 KB a row.
 pub(super) const LOGIT_ROWS: usize = 128;
 
