@@ -9,15 +9,12 @@
 # Build here, carry .h200/ and .gl/ (the Vulkan loader debs, see the device README):
 #   cargo test --release --lib --no-run          # -> target/release/deps/sparsa-HASH
 #   cargo test --release --test golden --no-run  # -> target/release/deps/golden-HASH
-#   strip and `xz -6` them into .h200/libtest.xz and .h200/golden.xz (17 + 2 MB)
+#   strip and `xz -6` them into .h200/libtest.xz and .h200/golden.xz (17 + 2 MB), or into
+#   .h200/bundle.tar.xz with the sparsa binary (see h200_setup.sh)
 # then on the GPU machine, from the repository root: bash benches/h200_check.sh
 # Prints one line per suite; the full outputs go to $OUT.
 set -u
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-F=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; [ -f $F ] && export VK_DRIVER_FILES=$F
-export XDG_RUNTIME_DIR=/tmp/x; mkdir -p -m 700 /tmp/x
-OUT="${OUT:-benches/results/new}"; mkdir -p "$OUT"
-for n in libtest golden; do xz -dc .h200/$n.xz > /tmp/$n; chmod +x /tmp/$n; done
+. benches/h200_setup.sh
 # A shader over the driver's limits can hang it: every step has a timeout.
 timeout 300 /tmp/libtest kernels:: bench:: gpu:: --test-threads=4 > $OUT/libtests.txt 2>&1
 echo "lib tests (rc $?): $(grep 'test result' $OUT/libtests.txt)"

@@ -710,6 +710,14 @@ fn wpair(row: u32, k: u32) -> vec2<f32> {
     if (row == NONE || k >= P.k) {
         return vec2<f32>(0.0);
     }
+    if (P.w_t != 0u) {
+        // Transposed: `row` is the column's first element, K runs down the rows.
+        var b = 0.0;
+        if (k + 1u < P.k) {
+            b = wload(row + (k + 1u) * P.ws);
+        }
+        return vec2<f32>(wload(row + k * P.ws), b);
+    }
     if (k + 1u < P.k) {
         return wload2(row + k);
     }
@@ -943,6 +951,56 @@ fn store_slot(li: u32, m: u32, e: u32, nc: u32, v: vec4<f32>) {
             y[base + n] = v[j];
         }
     }
+}
+
+// Per-head GEMM: slot t · topk + h is token row t's head h, which runs block h
+// (rows e_rows apart; the window from r_lo), or its transpose where P.w_t is set. One
+// workgroup per (head, row tile, column tile), no slot lists. Weights in one chunk (checked
+// by kernels/matmul.rs).
+@compute @workgroup_size(256)
+fn gemm_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let tokens = P.rows / P.topk;
+    let mt = (tokens + BM - 1u) / BM;
+    let nt = (P.n + BN - 1u) / BN;
+    let e = g / (mt * nt);
+    if (e >= P.n_experts) {
+        return;
+    }
+    // Consecutive workgroups share a weight tile.
+    let m0 = (g % mt) * BM;
+    let n0 = ((g / mt) % nt) * BN;
+    var wr = vec2<u32>(NONE);
+    for (var q = 0u; q < 2u; q++) {
+        let n = n0 + lid / 8u + 32u * q;
+        if (n < P.n) {
+            if (P.w_t != 0u) {
+                wr[q] = expert_row(e, 0u) * P.ws + n;
+            } else {
+                wr[q] = expert_row(e, n) * P.ws;
+            }
+        }
+    }
+    var xr = vec4<u32>(NONE);
+    for (var p = 0u; p < 4u; p++) {
+        let t = m0 + lid / BK + 16u * p;
+        if (t < tokens) {
+            xr[p] = slot_x(t * P.topk + e);
+        }
+    }
+    let acc = tile(xr, wr, lid);
+    var yrow = P.topk * P.y_stride;
+    if (P.y_row != 0u) {
+        yrow = P.y_row;
+    }
+    let t0 = m0 + 4u * (lid / 16u);
+    let nc = n0 + 4u * (lid % 16u);
+    let base = P.y_off + t0 * yrow + e * P.y_stride;
+    if (t0 < tokens) { store4(base, nc, P.n, acc.r0); }
+    if (t0 + 1u < tokens) { store4(base + yrow, nc, P.n, acc.r1); }
+    if (t0 + 2u < tokens) { store4(base + 2u * yrow, nc, P.n, acc.r2); }
+    if (t0 + 3u < tokens) { store4(base + 3u * yrow, nc, P.n, acc.r3); }
 }
 
 @compute @workgroup_size(256)

@@ -198,7 +198,7 @@ fn tile(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
     var d0 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     var d1 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     // Uniform: P is.
-    let q4 = Q4_TILE && P.k % HK == 0u && P.ws % HK == 0u;
+    let q4 = Q4_TILE && P.k % HK == 0u && P.ws % HK == 0u && P.w_t == 0u;
     store_step(lid, 0u, load_step(lid, 0u, q4), q4);
     workgroupBarrier();
     var cur = 0u;

@@ -13,71 +13,13 @@ use super::topk::Selection;
 use super::{matmul, Recorder, View};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
-use crate::knobs::{knob, knob_on};
-use crate::weights::{GpuWeight, WFormat};
-use bytemuck::Zeroable;
+use crate::knobs::knob;
+use crate::weights::GpuWeight;
 
-const WG: u32 = 256;
-/// up_v: outputs per workgroup.
-const VT: u32 = 16;
 /// mla_combine: latent columns per workgroup (`CW` in mla.wgsl).
 const COMBINE_COLS: u32 = 64;
-
-kernel_params! {
-    struct Params {
-        a_off: u32,
-        a_stride: u32,
-        b_off: u32,
-        b_stride: u32,
-        c_off: u32,
-        c_stride: u32,
-        o_off: u32,
-        o_stride: u32,
-        rows: u32,
-        heads: u32,
-        dn: u32,
-        dr: u32,
-        dv: u32,
-        kv_lora: u32,
-        topk: u32,
-        tiles: u32,
-        scale: f32,
-        /// Elements per kv_b row on the GPU (kv_lora, or padded to the block)
-        w_stride: u32,
-        _pad0: u32,
-        _pad1: u32,
-    }
-}
-
-/// Every pipeline of attention.wgsl sets all its defines.
-fn defines(w: WFormat, tr: u32) -> [(&'static str, String); 5] {
-    [
-        ("W_DTYPE", u(w.code())),
-        ("QB", u(w.block().max(1) as u32)),
-        ("S_BF16", u(w.scale_bf16() as u32)),
-        ("TR", u(tr)),
-        ("DS", u(absorb_slices(tr))),
-    ]
-}
-
-/// absorb_q's slices of dn per column: 4 for one query row (decode), where the product is
-/// too small to fill the GPU one column per invocation (BENCHMARKS.md, "Kernel choices").
-fn absorb_slices(tr: u32) -> u32 {
-    if tr == 1 {
-        4
-    } else {
-        1
-    }
-}
-
-/// Query rows per workgroup for the two weight products.
-fn row_tile(rows: u32) -> u32 {
-    match rows {
-        1 => 1,
-        2..=4 => 4,
-        _ => 8,
-    }
-}
+/// Invocations per `mla` workgroup.
+const WG: u32 = 256;
 
 fn check_wkvb(what: &str, wkvb: &GpuWeight, heads: u32, dn: u32, dv: u32) {
     assert_eq!(
@@ -139,10 +81,9 @@ pub struct MlaQueries<'a> {
     pub rope: Option<QueryRope<'a>>,
 }
 
-/// `q_abs[t, h*kv_lora + c] = Σ_{d<dn} q[t, h*(dn+dr) + d] · wkvb[h*(dn+dv) + d, c]`.
-/// At decode and verification (up to [`matmul::GEMV_MAX_ROWS`] rows) the per-head
-/// transposed GEMV runs it where kv_b's rows are whole 16-byte words
-/// ([`matmul::matmul_heads_t`]; see [`kvb_gemv`]).
+/// `q_abs[t, h*kv_lora + c] = Σ_{d<dn} q[t, h*(dn+dr) + d] · wkvb[h*(dn+dv) + d, c]`:
+/// kv_b's k_nope rows of each head, transposed ([`matmul::matmul_heads_t`]: a per-head GEMV
+/// at decode and verification, the per-head GEMM at a prefill chunk's rows).
 pub fn absorb_q(
     rec: &mut Recorder,
     q: View,
@@ -154,78 +95,17 @@ pub fn absorb_q(
     let MlaDims {
         heads, dn, dr, dv, ..
     } = *d;
-    if rows == 0 || heads == 0 {
-        return;
-    }
-    let kv_lora = wkvb.cols as u32;
-    if heads_gemv(rows, q_abs, heads * kv_lora) {
-        check_wkvb("absorb_q", wkvb, heads, dn, dv);
-        // Head h of row t: q's row t from h · (dn + dr); q_abs's rows are the heads' rows.
-        let y = View::new(q_abs.buf, q_abs.offset, kv_lora);
-        let win = matmul::Window { first: 0, n: dn };
-        if matmul::matmul_heads_t(rec, q, dn + dr, wkvb, heads, win, y, rows) {
-            return;
-        }
-    }
-    let tiles = (wkvb.cols as u32).div_ceil(WG / absorb_slices(row_tile(rows)));
-    kvb_product(
-        rec,
-        "absorb_q",
-        q,
-        wkvb,
-        q_abs,
-        [rows, heads, dn, dr, dv],
-        tiles,
-    );
-}
-
-/// Shared launcher of `absorb_q` and `up_v`: both multiply per-head activations by row
-/// blocks of `kv_b_proj` (`dims` = rows, heads, dn, dr, dv; `tiles` column tiles per head).
-fn kvb_product(
-    rec: &mut Recorder,
-    entry: &'static str,
-    a: View,
-    wkvb: &GpuWeight,
-    out: View,
-    dims: [u32; 5],
-    tiles: u32,
-) {
-    let [rows, heads, dn, dr, dv] = dims;
-    check_wkvb(entry, wkvb, heads, dn, dv);
-    let kv_lora = wkvb.cols as u32;
-    let tr = row_tile(rows);
-    let gpu = rec.gpu();
-    let p = gpu.pipeline(&ATTENTION, entry, &defines(wkvb.format, tr));
-    let params = Params {
-        a_off: a.offset,
-        a_stride: a.stride,
-        o_off: out.offset,
-        o_stride: out.stride,
-        rows,
+    check_wkvb("absorb_q", wkvb, heads, dn, dv);
+    let h = matmul::Heads {
+        x: q,
+        head_stride: dn + dr,
         heads,
-        dn,
-        dr,
-        dv,
-        kv_lora,
-        tiles,
-        w_stride: wkvb.stride as u32,
-        ..Params::zeroed()
+        win: matmul::Window { first: 0, n: dn },
+        y: q_abs,
+        y_head: wkvb.cols as u32,
+        rows,
     };
-    let n = grid_count(
-        entry,
-        tiles as u64 * heads as u64 * rows.div_ceil(tr) as u64,
-    );
-    rec.dispatch(
-        &p,
-        &params,
-        &[
-            a.buf,
-            &wkvb.chunks[0].buf,
-            out.buf,
-            wkvb.chunks[0].scale.as_ref().unwrap_or(gpu.dummy()),
-        ],
-        gpu.grid(n),
-    );
+    matmul::matmul_heads_t(rec, wkvb, &h);
 }
 
 kernel_params! {
@@ -266,15 +146,6 @@ kernel_params! {
     }
 }
 
-const ATTENTION: Shader<Params> = Shader::new(
-    "attention",
-    concat!(
-        include_str!("../../shaders/weights.wgsl"),
-        include_str!("../../shaders/fp8.wgsl"),
-        include_str!("../../shaders/quant.wgsl"),
-        include_str!("../../shaders/attention.wgsl")
-    ),
-);
 const MLA: Shader<MlaParams> = Shader::new(
     "mla",
     concat!(
@@ -285,7 +156,7 @@ const MLA: Shader<MlaParams> = Shader::new(
 );
 
 /// This module's shaders (for [`super::shaders`]).
-pub(super) const SHADERS: &[ShaderCode] = &[ATTENTION.code(), MLA.code()];
+pub(super) const SHADERS: &[ShaderCode] = &[MLA.code()];
 
 /// Workgroups `sparse_mla` aims for before it splits the selected positions. Measured on
 /// the H200 (full-depth GLM-5, a 4-position verification at 4K): 1,024 → 256 took `mla`
@@ -526,10 +397,9 @@ pub fn sparse_mla(
     );
 }
 
-/// `o[t, h*dv + v] = Σ_c wkvb[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c]`.
-/// At decode and verification (up to [`matmul::GEMV_MAX_ROWS`] rows) the routed GEMV runs
-/// it with head h of each row as a slot of expert h ([`matmul::matmul_heads`]: 16-byte
-/// weight loads, every row of the head's block once per row; see [`kvb_gemv`]).
+/// `o[t, h*dv + v] = Σ_c wkvb[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c]`: kv_b's
+/// value rows of each head ([`matmul::matmul_heads`]: a per-head GEMV at decode and
+/// verification, the per-head GEMM at a prefill chunk's rows).
 pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u32, d: &MlaDims) {
     let MlaDims {
         heads,
@@ -538,31 +408,17 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
         kv_lora,
         ..
     } = *d;
-    if rows == 0 || heads == 0 || dv == 0 {
-        return;
-    }
-    if heads_gemv(rows, o, heads * dv) {
-        check_wkvb("up_v", wkvb, heads, dn, dv);
-        let y = View::new(o.buf, o.offset, dv);
-        let win = matmul::Window { first: dn, n: dv };
-        matmul::matmul_heads(rec, o_lat, kv_lora, wkvb, heads, win, y, rows);
-        return;
-    }
-    let tiles = dv.div_ceil(VT);
-    kvb_product(rec, "up_v", o_lat, wkvb, o, [rows, heads, dn, 0, dv], tiles);
-}
-
-/// Whether absorb_q or up_v over `rows` rows runs as a per-head GEMV writing `out` (rows
-/// of `cols` = heads × columns per head): at a decode step, or at a few rows whose output
-/// rows are contiguous (each head's row written as a slot's: a verification's).
-fn heads_gemv(rows: u32, out: View, cols: u32) -> bool {
-    (rows == 1 || (rows <= matmul::GEMV_MAX_ROWS && out.stride == cols)) && kvb_gemv()
-}
-
-/// Whether absorb_q and up_v run as per-head GEMVs at decode (`SPARSA_KVB_GEMV=0`: this
-/// file's kernels, a measurement aid).
-fn kvb_gemv() -> bool {
-    knob_on!("SPARSA_KVB_GEMV")
+    check_wkvb("up_v", wkvb, heads, dn, dv);
+    let h = matmul::Heads {
+        x: o_lat,
+        head_stride: kv_lora,
+        heads,
+        win: matmul::Window { first: dn, n: dv },
+        y: o,
+        y_head: dv,
+        rows,
+    };
+    matmul::matmul_heads(rec, wkvb, &h);
 }
 
 #[cfg(test)]
@@ -573,7 +429,7 @@ mod tests {
     use crate::kernels::testutil::{
         assert_close, assert_close_plus, cache_segments, gpu, x_split_bound, Placed, Rng,
     };
-    use crate::weights::DType;
+    use crate::weights::{DType, WFormat};
 
     /// The weight as the GPU sees it (rounded to `dtype`).
     fn rounded(w: &[f32], dtype: DType) -> Vec<f32> {
@@ -740,7 +596,7 @@ mod tests {
                 let (wg, wr) = weight_any(&w, &d, dtype);
                 // Output rows padded (the tiled kernel past one row) or contiguous (the
                 // per-head GEMV up to 8 rows, as a verification's).
-                for (rows, pad) in [(1usize, 7), (3, 7), (3, 0), (8, 0), (11, 0)] {
+                for (rows, pad) in [(1usize, 7), (3, 7), (3, 0), (8, 0), (11, 0), (70, 5)] {
                     let qc = d.heads * (d.dn + d.dr);
                     let q = rng.vec(rows * qc, 1.0);
                     let qb = Placed::new(g, &q, qc, (2, qc + 3), f32::NAN);
@@ -793,7 +649,7 @@ mod tests {
             let w = rng.vec(d.heads * (d.dn + d.dv) * d.kv, 0.5);
             for dtype in all_formats() {
                 let (wg, wr) = weight_any(&w, &d, dtype);
-                for (rows, opad) in [(1usize, 1), (4, 1), (4, 0), (7, 0), (10, 0)] {
+                for (rows, opad) in [(1usize, 1), (4, 1), (4, 0), (7, 0), (10, 0), (70, 3)] {
                     let ic = d.heads * d.kv;
                     let ol = rng.vec(rows * ic, 1.0);
                     let ib = Placed::new(g, &ol, ic, (pad.0, ic + pad.1), f32::NAN);

@@ -70,6 +70,11 @@ kernel_params! {
         /// `x_stride` apart within a row (0: the slots are contiguous, `topk · x_stride`).
         /// A per-head product over query rows that hold more than the heads.
         x_row: u32,
+        /// With `e_direct`: elements between token rows of y (0: `topk · y_stride`).
+        y_row: u32,
+        /// 1: the weights are read transposed (the per-head GEMM of `matmul_heads_t`): K
+        /// runs down a window's `k` rows, `ws` apart, and output column n is column n of W.
+        w_t: u32,
     }
 }
 
@@ -218,8 +223,9 @@ fn coop_x_f16() -> u32 {
 /// The shader whose `entry` runs on a device with or without tensor cores; `x4`: x can be
 /// read in 16-byte loads ([`x_in_quads`]).
 fn shader_of(entry: &str, tensor_cores: bool, x4: bool) -> &'static Shader<Params> {
-    // The GEMMs take the tensor-core tile: dense `gemm` and the routed experts' `gemm_experts`.
-    if (entry == "gemm" || entry == "gemm_experts") && tensor_cores {
+    // The GEMMs take the tensor-core tile: dense `gemm`, the routed experts' `gemm_experts`
+    // and the per-head `gemm_heads`.
+    if ["gemm", "gemm_experts", "gemm_heads"].contains(&entry) && tensor_cores {
         if x4 {
             &MATMUL_COOP
         } else {
@@ -301,11 +307,10 @@ fn gemv4_ok(rows: u32, x: View, w: &GpuWeight) -> bool {
 /// Whether the tensor-core GEMM can read x in 16-byte loads: every x row it reads (`x` and
 /// rows `row` floats apart) starts on a 4-float boundary and K is a multiple of 4, so a
 /// row's last load ends inside the buffer.
-fn x_in_quads(x: View, row: u32, w: &GpuWeight) -> bool {
-    [x.offset, x.stride, row]
+fn x_in_quads(x: View, row: u32, k: u32) -> bool {
+    [x.offset, x.stride, row, k]
         .iter()
         .all(|v| v.is_multiple_of(4))
-        && w.cols.is_multiple_of(4)
 }
 
 /// Whether `w`'s rows are whole 16-byte words (quantized: K a multiple of the elements per
@@ -646,7 +651,7 @@ fn matmul_as(
             pipeline(rec, "gemv_dot", w, dot_knobs(tpr4, maxb, xq.is_some()))
         }
         Dense::Gemm(64) => {
-            let x4 = x_in_quads(x, x.stride, w);
+            let x4 = x_in_quads(x, x.stride, w.cols as u32);
             pipeline(rec, "gemm", w, Knobs { x4, ..KNOBS })
         }
         Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
@@ -752,34 +757,50 @@ pub struct Window {
     pub n: u32,
 }
 
-/// A per-head product over `rows` ≤ [`GEMV_MAX_ROWS`] token rows: `w` stacks `heads`
-/// blocks of `w.rows / heads` rows, and for each token `t` and head `h`,
-/// `y[t * heads + h, v] = Σ_k x[t, h, k] · w[h * block + win.first + v, k]`, `v < win.n`,
-/// where head h of token row t is `w.cols` elements of x from
-/// `x.offset + t * x.stride + h * head_stride` (y rows of `y.stride` ≥ `win.n`). The
-/// routed-expert GEMV with head h as slot h's expert: absorbed MLA's value up-projection
-/// (`attention::up_v`) at decode and verification.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_heads(
-    rec: &mut Recorder,
-    x: View,
-    head_stride: u32,
-    w: &GpuWeight,
-    heads: u32,
-    win: Window,
-    y: View,
-    rows: u32,
-) {
-    assert!(
-        rows <= GEMV_MAX_ROWS,
-        "matmul_heads: {rows} rows (a GEMV of at most {GEMV_MAX_ROWS})"
-    );
+/// A per-head product's operands over `rows` token rows: `w` stacks `heads` blocks of
+/// `w.rows / heads` rows, of which `win` is multiplied; head h of token row t reads x from
+/// `x.offset + t * x.stride + h * head_stride` and writes y from
+/// `y.offset + t * y.stride + h * y_head`.
+#[derive(Clone, Copy)]
+pub struct Heads<'a> {
+    pub x: View<'a>,
+    pub head_stride: u32,
+    pub heads: u32,
+    pub win: Window,
+    pub y: View<'a>,
+    pub y_head: u32,
+    pub rows: u32,
+}
+
+impl Heads<'_> {
+    /// Whether a GEMV serves these rows: at most [`GEMV_MAX_ROWS`], and past one row y's
+    /// heads follow each other (each head's row is a slot's row).
+    fn gemv(&self) -> bool {
+        self.rows == 1 || (self.rows <= GEMV_MAX_ROWS && self.y.stride == self.heads * self.y_head)
+    }
+}
+
+/// For each token row t and head h,
+/// `y[t, h, v] = Σ_k x[t, h, k] · w[h * block + win.first + v, k]`, `v < win.n`, k over
+/// `w.cols`: absorbed MLA's value up-projection
+/// (`attention::up_v`). At decode and verification the routed-expert GEMV with head h as
+/// slot h's expert; at more rows (a prefill chunk) the per-head GEMM (`gemm_heads`: the
+/// GEMM tile per head, on tensor cores where the device has them).
+pub fn matmul_heads(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
+    if h.rows == 0 || h.heads == 0 || w.rows == 0 {
+        return;
+    }
+    if !h.gemv() {
+        heads_gemm(rec, w, h, false);
+        return;
+    }
     let routed = Routed {
         ids: rec.gpu().dummy(),
-        n_experts: heads,
-        topk: heads,
+        n_experts: h.heads,
+        topk: h.heads,
     };
-    let slots = View::new(x.buf, x.offset, head_stride);
+    let slots = View::new(h.x.buf, h.x.offset, h.head_stride);
+    let y = View::new(h.y.buf, h.y.offset, h.y_head);
     experts_as(
         rec,
         slots,
@@ -787,44 +808,39 @@ pub fn matmul_heads(
         true,
         w,
         &routed,
-        Some(win),
+        Some(h.win),
         y,
-        rows,
-        x.stride,
+        h.rows,
+        h.x.stride,
     )
 }
 
 /// Columns of a `gemvt_experts` workgroup, in 16-byte words (`TW` in the shader).
 const GEMVT_WORDS: u32 = 8;
 
-/// The transposed product of [`matmul_heads`]: over `rows` ≤ [`GEMV_MAX_ROWS`] token rows,
-/// `y[t * heads + h, c] = Σ_{d < win.n} x[t, h, d] · w[h * block + win.first + d, c]`
-/// for every column c of `w`, where head h of token row t is x's elements from
-/// `x.offset + t * x.stride + h * head_stride` (`head_stride` ≥ `win.n`; y rows of
-/// `y.stride` ≥ `w.cols`): absorbed MLA's query absorption (`attention::absorb_q`) at
-/// decode and verification. Reads each row of the windows once per token row, in 16-byte
-/// words; false (nothing recorded) where `w`'s rows are not whole 16-byte words.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_heads_t(
-    rec: &mut Recorder,
-    x: View,
-    head_stride: u32,
-    w: &GpuWeight,
-    heads: u32,
-    win: Window,
-    y: View,
-    rows: u32,
-) -> bool {
-    assert!(
-        rows <= GEMV_MAX_ROWS,
-        "matmul_heads_t: {rows} rows (a GEMV of at most {GEMV_MAX_ROWS})"
-    );
-    if !whole_words(w) {
-        return false;
+/// The transposed product of [`matmul_heads`]: for each token row t and head h,
+/// `y[t, h, c] = Σ_{d < win.n} x[t, h, d] · w[h * block + win.first + d, c]` for every
+/// column c of `w`: absorbed MLA's query absorption (`attention::absorb_q`). At decode and
+/// verification a per-head transposed GEMV that reads each row of the windows once per token
+/// row in 16-byte words (where `w`'s rows are whole words); otherwise the per-head GEMM
+/// reading the weights transposed.
+pub fn matmul_heads_t(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
+    if h.rows == 0 || h.heads == 0 || w.rows == 0 {
+        return;
     }
-    if rows == 0 || heads == 0 || w.rows == 0 {
-        return true;
+    if !(h.gemv() && whole_words(w)) {
+        heads_gemm(rec, w, h, true);
+        return;
     }
+    let Heads {
+        x,
+        head_stride,
+        heads,
+        win,
+        rows,
+        ..
+    } = *h;
+    let y = View::new(h.y.buf, h.y.offset, h.y_head);
     let block = block_rows("matmul_heads_t", w, heads, Some(win));
     let pipe = pipeline(rec, "gemvt_experts", w, KNOBS);
     let slots = rows * heads;
@@ -868,7 +884,73 @@ pub fn matmul_heads_t(
             grid,
         );
     }
-    true
+}
+
+/// The per-head GEMM of [`matmul_heads`] (`transposed`: of [`matmul_heads_t`]): one
+/// workgroup per (head, 64 token rows, 64 outputs), the GEMM tile over the head's window.
+fn heads_gemm(rec: &mut Recorder, w: &GpuWeight, h: &Heads, transposed: bool) {
+    let Heads {
+        x,
+        head_stride,
+        heads,
+        win,
+        y,
+        y_head,
+        rows,
+    } = *h;
+    assert_eq!(
+        w.chunks.len(),
+        1,
+        "per-head GEMM: the weight must be one chunk ({} chunks of a {}×{} matrix)",
+        w.chunks.len(),
+        w.rows,
+        w.cols
+    );
+    let block = block_rows("per-head GEMM", w, heads, Some(win));
+    // K and outputs per head: a window's rows by the columns, or the columns transposed.
+    let (k, n) = match transposed {
+        false => (w.cols as u32, win.n),
+        true => (win.n, w.cols as u32),
+    };
+    let x4 = x_in_quads(View::new(x.buf, x.offset, head_stride), x.stride, k);
+    let pipe = pipeline(rec, "gemm_heads", w, Knobs { x4, ..KNOBS });
+    let c = &w.chunks[0];
+    let p = Params {
+        k,
+        n,
+        rows: rows * heads,
+        topk: heads,
+        x_off: x.offset,
+        x_stride: head_stride,
+        y_off: y.offset,
+        y_stride: y_head,
+        row0: 0,
+        crow: c.rows as u32,
+        x_per_slot: 1,
+        n_experts: heads,
+        ws: w.stride as u32,
+        e_rows: block,
+        r_lo: win.first,
+        e_direct: 1,
+        x_row: x.stride,
+        y_row: y.stride,
+        w_t: transposed as u32,
+        ..Params::zeroed()
+    };
+    let tiles = heads as u64 * rows.div_ceil(EXPERT_TILE) as u64 * n.div_ceil(EXPERT_TILE) as u64;
+    assert!(
+        tiles <= u32::MAX as u64,
+        "per-head GEMM: too many workgroups"
+    );
+    let (kk, nn, sl) = (k as u64, n as u64, (rows * heads) as u64);
+    rec.cost(
+        heads as u64 * win.n as u64 * w.row_bytes() + 4 * sl * (kk + nn),
+        2 * sl * nn * kk,
+        w.format.name(),
+    );
+    let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
+    let grid = rec.gpu().grid(tiles as u32);
+    rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, scale], grid);
 }
 
 /// Rows of each of the `n` blocks `w` stacks (checked: whole blocks, `win` inside one).
@@ -977,7 +1059,7 @@ fn experts_as(
         pipeline(rec, "gemv_experts", w, KNOBS)
     } else {
         // Per-slot rows are x_row apart (the token rows) and x.stride apart (the slots).
-        let x4 = x_in_quads(x, x_row, w);
+        let x4 = x_in_quads(x, x_row, w.cols as u32);
         pipeline(rec, "gemm_experts", w, Knobs { x4, ..KNOBS })
     };
     for c in &w.chunks {
@@ -1008,6 +1090,8 @@ fn experts_as(
             r_lo: win.first,
             e_direct: direct as u32,
             x_row,
+            y_row: 0,
+            w_t: 0,
         };
         let groups = if grouped {
             (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr)
@@ -1820,17 +1904,13 @@ mod tests {
     fn x_in_quads_needs_aligned_rows_and_k() {
         let g = gpu();
         let buf = g.buffer(4 * 4096, "x").unwrap();
-        let w = |cols: usize| {
-            GpuWeight::from_f32(g, &vec![0.0; 8 * cols], 8, cols, DType::F32, None, "w").unwrap()
-        };
-        let (w64, w66) = (w(64), w(66));
         let v = |offset, stride| View::new(&buf, offset, stride);
-        assert!(x_in_quads(v(0, 64), 64, &w64));
-        assert!(x_in_quads(v(8, 68), 0, &w64));
-        assert!(!x_in_quads(v(2, 64), 64, &w64), "offset");
-        assert!(!x_in_quads(v(0, 66), 66, &w64), "stride");
-        assert!(!x_in_quads(v(0, 64), 66, &w64), "row");
-        assert!(!x_in_quads(v(0, 68), 68, &w66), "K");
+        assert!(x_in_quads(v(0, 64), 64, 64));
+        assert!(x_in_quads(v(8, 68), 0, 64));
+        assert!(!x_in_quads(v(2, 64), 64, 64), "offset");
+        assert!(!x_in_quads(v(0, 66), 66, 64), "stride");
+        assert!(!x_in_quads(v(0, 64), 66, 64), "row");
+        assert!(!x_in_quads(v(0, 68), 68, 66), "K");
     }
 
     /// The tensor-core GEMM shader for every weight format through the compiler path the
@@ -1849,7 +1929,7 @@ mod tests {
                 &crate::gpu::define_lines(&coop_defines(f, KNOBS)),
                 shader.source,
             );
-            for entry in ["gemm", "gemm_experts"] {
+            for entry in ["gemm", "gemm_experts", "gemm_heads"] {
                 let c = crate::gpu::spirv::compile(&src, entry)
                     .unwrap_or_else(|e| panic!("{} {entry} {f:?}: {e}", shader.name));
                 assert!(c.words.len() > 1000, "{entry} {f:?}");
@@ -1860,7 +1940,7 @@ mod tests {
                     c.workgroup_bytes
                 );
                 let bindings: Vec<u32> = c.layout.iter().map(|e| e.binding).collect();
-                let want: &[u32] = if entry == "gemm" {
+                let want: &[u32] = if entry != "gemm_experts" {
                     &[0, 1, 2, 3, 4]
                 } else {
                     &[0, 1, 2, 3, 4, 5]
