@@ -10,7 +10,7 @@ use sparsa::experts::policy::{belady, simulate, Policy};
 use sparsa::generate::{generate, Sampler, SamplingParams};
 use sparsa::gpu::Gpu;
 use sparsa::model::{self, GpuMemory};
-use sparsa::model::{Budget, Model, ModelSource, Session};
+use sparsa::model::{Budget, Model, ModelSource};
 use std::sync::Arc;
 
 fn main() -> sparsa::Result<()> {
@@ -30,8 +30,7 @@ fn main() -> sparsa::Result<()> {
     let gpu = Arc::new(Gpu::new(None)?);
     // One slot fewer than experts on every MoE layer: every layer streams, so every layer's
     // routing is read back and recorded (the trace does not depend on the cache).
-    let scratch = Session::scratch_bytes(cfg, ctx, gpu.max_binding());
-    let p = model::plan(cfg, &src.weights, 1 << 50, ctx, scratch, None)?;
+    let p = model::plan(cfg, &src.weights, 1 << 50, ctx, gpu.max_binding(), None)?;
     for prefetch in [false, true] {
         let budget = Budget {
             memory: GpuMemory::Bytes(

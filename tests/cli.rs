@@ -376,8 +376,8 @@ fn bench_rejects_a_context_the_adapter_cannot_hold() {
 fn one_slot_per_layer(family: &str, ctx: usize) -> u64 {
     let src = sparsa::model::ModelSource::open(&data(family)).unwrap();
     let gpu = sparsa::gpu::Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).unwrap();
-    let scratch = sparsa::model::Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
-    let p = sparsa::model::plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
+    let binding = gpu.max_binding();
+    let p = sparsa::model::plan(&src.config, &src.weights, 1 << 50, ctx, binding, None).unwrap();
     p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes
 }
 

@@ -357,7 +357,7 @@ fn scratch_estimate_covers_a_session() {
         let before = g.stats().buffer_bytes_created;
         let s = m.session(ctx).unwrap();
         let made = g.stats().buffer_bytes_created - before - s.caches.bytes();
-        let est = Session::scratch_bytes(&src.config, ctx, g.max_binding());
+        let est = Session::scratch_bytes(&src.config, ctx, g.max_binding(), m.streams_chunks());
         assert!(
             made <= est && est - made < (64 << 10),
             "ctx {ctx}: session scratch {made} bytes, estimate {est}"

@@ -15,7 +15,7 @@ use sparsa::gpu::Gpu;
 use sparsa::model::info::{summarize, summarize_tensors, Summary, TensorClass};
 use sparsa::model::plan::gib;
 use sparsa::model::{
-    free_memory, longest_ctx, plan_summary, session_room, GpuMemory, ModelSource, Plan, Session,
+    free_memory, longest_ctx, plan_sized, session_room, GpuMemory, ModelSource, Plan, Session,
 };
 use sparsa::synth::{check_index, has_weights, tensor_list, ConfigDir};
 use sparsa::weights::quant::DEFAULT_BLOCK;
@@ -342,7 +342,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     let room = room_of(c, &s, m.gpu_memory, memory.as_ref()).unwrap_or(None);
     let in_range = u32::try_from(ctx).is_ok();
     let scratch = if in_range {
-        Session::scratch_bytes(c, ctx, binding)
+        Session::scratch_bytes(c, ctx, binding, false)
     } else {
         0
     };
@@ -503,8 +503,7 @@ impl Fit<'_> {
 
     /// The plan for `budget` bytes, with caches in `cache` (`None`: chosen for the budget).
     fn plan(&self, budget: u64, ctx: usize, cache: Option<CacheFormat>) -> Result<Plan> {
-        let scratch = Session::scratch_bytes(self.cfg, ctx, self.binding);
-        plan_summary(self.cfg, self.s, budget, ctx, scratch, cache)
+        plan_sized(self.cfg, self.s, budget, ctx, self.binding, cache)
     }
 
     /// The longest context (up to `self.ctx`) whose plan fits `budget`, if any, and the

@@ -182,7 +182,9 @@ impl MlaPlan {
     /// The plan for `rows` query rows: at most 8 heads per workgroup up to
     /// [`matmul::GEMV_MAX_ROWS`] rows (a decode step or a verification: twice the
     /// workgroups of 16 heads; on the H200 a full-depth GLM-5 decode step's `mla` 4.37 →
-    /// 3.60 ms, a 4-position verification's 11.5 → 11.1 ms), 16 at a prefill's many rows.
+    /// 3.60 ms, a 4-position verification's 11.5 → 11.1 ms), 16 at a prefill's many rows
+    /// (4-layer GLM-5 at 2,048 / 8,192 tokens: 115 / 784 ms with 16, 130 / 883 with 8, 162 /
+    /// 1,121 with 4; each selected row is read once per head group).
     /// SPARSA_MLA_HG (1, 2, 4, 8 or 16) and SPARSA_MLA_GROUPS override them (measurement
     /// knobs).
     pub fn for_rows(rows: u32) -> MlaPlan {

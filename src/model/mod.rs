@@ -24,7 +24,9 @@ pub mod source;
 pub use batch::BatchRow;
 pub use draft::DraftStats;
 pub use pick::Pick;
-pub use plan::{free_memory, longest_ctx, plan, plan_summary, session_room, GpuMemory, Plan};
+pub use plan::{
+    free_memory, longest_ctx, plan, plan_sized, plan_summary, session_room, GpuMemory, Plan,
+};
 pub use session::{Logits, Session};
 pub use source::ModelSource;
 
@@ -149,8 +151,7 @@ impl Model {
         let plan = match budget {
             Some(b) => {
                 let bytes = b.memory.bytes(gpu.memory_size())?;
-                let scratch = Session::scratch_bytes(&config, b.ctx, gpu.max_binding());
-                let p = plan::plan(&config, files, bytes, b.ctx, scratch, b.cache)?;
+                let p = plan::plan(&config, files, bytes, b.ctx, gpu.max_binding(), b.cache)?;
                 log::info!("{}", p.describe());
                 Some(p)
             }
@@ -257,7 +258,14 @@ impl Model {
             &self.config,
             ctx,
             self.gpu.max_binding(),
+            self.streams_chunks(),
         ))
+    }
+
+    /// Whether sessions prefill in the larger chunks of streamed experts: the plan
+    /// offloads experts and reserved the scratch for them ([`plan::plan_sized`]).
+    pub fn streams_chunks(&self) -> bool {
+        self.plan.as_ref().is_some_and(|p| p.streamed_chunks)
     }
 
     /// The longest context, at most `cap`, whose caches in `format` a session could open now

@@ -99,6 +99,9 @@ pub struct Plan {
     pub cache: CacheFormat,
     /// The bytes reserved for the caches (at `ctx` positions in `cache`) and the scratch.
     pub session_bytes: u64,
+    /// The scratch is reserved for the prefill chunks of streamed experts
+    /// ([`plan_sized`]).
+    pub streamed_chunks: bool,
 }
 
 impl Plan {
@@ -117,7 +120,7 @@ impl Plan {
         let sl = &self.slots;
         let total = sl.moe_layers() * sl.n_experts;
         format!(
-            "GPU memory plan for {} (caches {}): {}; routed experts {} of {} ({:.1} %) in {} slots of {} (exact: fixed {} B, expert {} B)",
+            "GPU memory plan for {} (caches {}): {}; routed experts {} of {} ({:.1} %) in {} slots of {} (exact: fixed {} B, expert {} B){}",
             gib(self.budget),
             self.cache.name(),
             parts.join(", "),
@@ -127,7 +130,12 @@ impl Plan {
             sl.resident_experts(),
             gib(sl.expert_bytes),
             self.fixed(),
-            sl.expert_bytes
+            sl.expert_bytes,
+            if self.streamed_chunks {
+                "; the scratch holds the larger prefill chunks of streamed experts"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -215,7 +223,14 @@ pub fn longest_ctx(
         per_token
             .checked_mul(ctx as u64)
             .and_then(|c| {
-                c.checked_add(crate::model::Session::scratch_bytes(cfg, ctx, max_binding))
+                // The resident chunks' scratch: where the plan streams experts and the larger
+                // chunks' does not fit, it keeps these (plan_sized).
+                c.checked_add(crate::model::Session::scratch_bytes(
+                    cfg,
+                    ctx,
+                    max_binding,
+                    false,
+                ))
             })
             .is_some_and(|b| b <= room)
     };
@@ -239,29 +254,51 @@ pub fn longest_ctx(
 
 /// Place the model in `budget` bytes: embeddings and lm_head, attention and indexer, dense
 /// MLPs and routers, shared experts, caches for `ctx` tokens in `cache` (`None`:
-/// [`CacheFormat::auto`] with the room the budget leaves after the weights, `scratch` and one
-/// routed-expert slot per MoE layer), `scratch` bytes; the rest becomes routed-expert slots,
-/// spread evenly over the MoE layers (at least one each).
+/// [`CacheFormat::auto`] with the room the budget leaves after the weights, the scratch and
+/// one routed-expert slot per MoE layer), a session's scratch for storage bindings of
+/// `max_binding` bytes ([`plan_sized`]); the rest becomes routed-expert slots, spread evenly
+/// over the MoE layers (at least one each).
 pub fn plan(
     cfg: &Config,
     files: &WeightFiles,
     budget: u64,
     ctx: usize,
-    scratch: u64,
+    max_binding: u64,
     cache: Option<CacheFormat>,
 ) -> Result<Plan> {
-    plan_summary(
-        cfg,
-        &info::summarize(cfg, files)?,
-        budget,
-        ctx,
-        scratch,
-        cache,
-    )
+    let s = info::summarize(cfg, files)?;
+    plan_sized(cfg, &s, budget, ctx, max_binding, cache)
 }
 
-/// [`plan`] for a model described by its [`Summary`](info::Summary): of the files on disk,
-/// or of a tensor list derived from `config.json` (`sparsa info` before downloading).
+/// [`plan_summary`] with a session's scratch for storage bindings of `max_binding` bytes:
+/// for the resident prefill chunks, or, where that plan streams routed experts, for the
+/// larger chunks of streamed experts (`STREAMED_CHUNK_ROWS` in scratch.rs: fewer uploads a
+/// prompt) if the budget still holds the same caches with them.
+pub fn plan_sized(
+    cfg: &Config,
+    s: &info::Summary,
+    budget: u64,
+    ctx: usize,
+    max_binding: u64,
+    cache: Option<CacheFormat>,
+) -> Result<Plan> {
+    let scratch = |streamed| crate::model::Session::scratch_bytes(cfg, ctx, max_binding, streamed);
+    let p = plan_summary(cfg, s, budget, ctx, scratch(false), cache)?;
+    if !p.slots.offloads() {
+        return Ok(p);
+    }
+    match plan_summary(cfg, s, budget, ctx, scratch(true), cache) {
+        Ok(q) if q.slots.offloads() && q.cache == p.cache => Ok(Plan {
+            streamed_chunks: true,
+            ..q
+        }),
+        _ => Ok(p),
+    }
+}
+
+/// [`plan`] for a model described by its [`Summary`](info::Summary) (of the files on disk,
+/// or of a tensor list derived from `config.json`: `sparsa info` before downloading), with
+/// `scratch` bytes for a session's scratch.
 pub fn plan_summary(
     cfg: &Config,
     s: &info::Summary,
@@ -294,6 +331,7 @@ pub fn plan_summary(
         ctx,
         cache,
         session_bytes: caches.saturating_add(scratch),
+        streamed_chunks: false,
     };
     if n_moe == 0 || e == 0 {
         return Ok(p);
@@ -368,7 +406,8 @@ mod tests {
     fn the_bard_model_plans_slots_and_says_what_does_not_fit() {
         let src = crate::model::ModelSource::open(&crate::config::bard_dir()).unwrap();
         let cfg = &src.config;
-        let p = plan(cfg, &src.weights, 1 << 40, 256, 1 << 20, None).unwrap();
+        let binding = 2047 << 20;
+        let p = plan(cfg, &src.weights, 1 << 40, 256, binding, None).unwrap();
         assert!(!p.slots.offloads());
         assert_eq!(p.slots.per_layer[0], 0, "layer 0 is dense");
         assert!(p.slots.per_layer[1..]
@@ -378,16 +417,62 @@ mod tests {
         // half-layers' worth going to the first layers.
         let n_moe = p.slots.moe_layers() as u64;
         let budget = p.fixed() + n_moe * p.slots.expert_bytes * 3 / 2;
-        let q = plan(cfg, &src.weights, budget, 256, 1 << 20, None).unwrap();
+        let q = plan(cfg, &src.weights, budget, 256, binding, None).unwrap();
         assert!(q.slots.offloads());
         assert_eq!(q.slots.resident_experts() as u64, n_moe * 3 / 2);
         assert!(q.slots.per_layer[1..].iter().all(|&s| s == 1 || s == 2));
         assert!(q.describe().contains("routed experts"));
-        let e = plan(cfg, &src.weights, p.fixed(), 256, 1 << 20, None).unwrap_err();
+        let e = plan(cfg, &src.weights, p.fixed(), 256, binding, None).unwrap_err();
         assert!(
             e.0.contains("--gpu-memory") && e.0.contains("lower --ctx"),
             "{e}"
         );
+    }
+
+    /// Where a plan streams experts, the scratch is for the larger prefill chunks if the
+    /// budget holds it with a slot per MoE layer, else for the resident chunks.
+    #[test]
+    fn streamed_experts_get_the_larger_chunks_where_they_fit() {
+        let (mut cfg, mut s) = bard();
+        // GLM-5's widths, where the chunks differ (the built-in model keeps 128 rows), and
+        // experts of about GLM-5's size, so that a gigabyte of scratch is worth a few.
+        let routed = TensorClass::ALL
+            .iter()
+            .position(|c| *c == TensorClass::RoutedExperts)
+            .unwrap();
+        s.classes[routed].gpu_bytes *= 4096;
+        cfg.hidden_size = 6144;
+        cfg.num_attention_heads = 64;
+        cfg.kv_lora_rank = 512;
+        cfg.intermediate_size = 12288;
+        cfg.moe_intermediate_size = 2048;
+        let (ctx, binding, f32) = (1024, 2047 << 20, Some(CacheFormat::F32));
+        let scratch = |st| crate::model::Session::scratch_bytes(&cfg, ctx, binding, st);
+        let (small, large) = (scratch(false), scratch(true));
+        assert!(large > small + (1 << 30), "{small} {large}");
+        let all = plan_sized(&cfg, &s, u64::MAX, ctx, binding, f32).unwrap();
+        assert!(!all.slots.offloads() && !all.streamed_chunks);
+        assert!(all.parts.contains(&("scratch", small)));
+        let (n_moe, expert) = (all.slots.moe_layers() as u64, all.slots.expert_bytes);
+        let rest = all.fixed() - small;
+        let p = plan_sized(
+            &cfg,
+            &s,
+            rest + large + 2 * n_moe * expert,
+            ctx,
+            binding,
+            f32,
+        );
+        let p = p.unwrap();
+        assert!(p.slots.offloads() && p.streamed_chunks);
+        assert!(p.parts.contains(&("scratch", large)));
+        assert_eq!(p.slots.resident_experts() as u64, 2 * n_moe);
+        assert!(p.describe().contains("larger prefill chunks"));
+        // Room for one slot a layer beside the resident chunks' scratch only.
+        let q = plan_sized(&cfg, &s, rest + small + n_moe * expert, ctx, binding, f32);
+        let q = q.unwrap();
+        assert!(q.slots.offloads() && !q.streamed_chunks);
+        assert!(q.parts.contains(&("scratch", small)));
     }
 
     fn bard() -> (Config, info::Summary) {
@@ -446,8 +531,9 @@ mod tests {
         let binding = 128 << 20;
         for f in CacheFormat::LADDER {
             let per = Caches::bytes_per_token(&cfg, f);
-            let need =
-                |n: usize| per * n as u64 + crate::model::Session::scratch_bytes(&cfg, n, binding);
+            let need = |n: usize| {
+                per * n as u64 + crate::model::Session::scratch_bytes(&cfg, n, binding, false)
+            };
             let room = need(5000);
             assert_eq!(
                 longest_ctx(&cfg, f, room, binding, usize::MAX),

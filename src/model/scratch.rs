@@ -22,6 +22,15 @@ use crate::kernels::topk::TopkScratch;
 /// The browser, where memory is tight and GEMMs run on the f32 tile, keeps it too.
 /// `SPARSA_PREFILL_CHUNK` overrides (a measurement knob).
 pub(super) const CHUNK_ROWS: usize = 512;
+/// Rows per prefill chunk of a large model whose routed experts stream from the files (a
+/// `--gpu-memory` plan that offloads them): a chunk uploads each missed expert once per
+/// layer, so larger chunks upload less. On an H200, full-depth GLM-5 q4 synth under
+/// `--gpu-memory 24GiB`, 8,192 tokens: 185.7 tok/s in chunks of 512 rows, 224.2 in chunks
+/// of 1,024, 238.2 in chunks of 2,048 (the resident model's speed, 237.4), and decode
+/// after it 243.6 / 248.9 / 251.7 ms a token: the larger scratch leaves fewer expert slots
+/// (BENCHMARKS.md, "Per-head GEMMs and prefill chunks under a memory budget"). The planner
+/// takes them only where the budget still holds the same caches ([`super::plan::plan_sized`]).
+pub(super) const STREAMED_CHUNK_ROWS: usize = 2048;
 pub(super) const SMALL_CHUNK_ROWS: usize = 128;
 pub(super) const LARGE_HIDDEN: usize = 2048;
 
@@ -45,8 +54,16 @@ pub(super) struct Shape<'a> {
 }
 
 impl<'a> Shape<'a> {
-    pub fn new(cfg: &'a Config, ctx: usize, dense: bool, max_binding: u64) -> Shape<'a> {
-        let c = Self::chunk_rows(cfg, ctx, max_binding);
+    /// `streamed`: the model's routed experts stream from the files
+    /// ([`STREAMED_CHUNK_ROWS`]).
+    pub fn new(
+        cfg: &'a Config,
+        ctx: usize,
+        dense: bool,
+        max_binding: u64,
+        streamed: bool,
+    ) -> Shape<'a> {
+        let c = Self::chunk_rows(cfg, ctx, max_binding, streamed);
         Shape {
             cfg,
             c,
@@ -56,10 +73,11 @@ impl<'a> Shape<'a> {
         }
     }
 
-    /// Rows per prefill chunk: at most [`CHUNK_ROWS`] or [`SMALL_CHUNK_ROWS`], and the widest per-row scratch
+    /// Rows per prefill chunk: at most [`CHUNK_ROWS`] ([`STREAMED_CHUNK_ROWS`] where experts
+    /// stream) or [`SMALL_CHUNK_ROWS`], and the widest per-row scratch
     /// (scores are `[chunk, ctx]`, the absorbed queries `[chunk, heads * kv_lora]`, …) fits
     /// one binding.
-    fn chunk_rows(cfg: &Config, ctx: usize, max_binding: u64) -> usize {
+    fn chunk_rows(cfg: &Config, ctx: usize, max_binding: u64, streamed: bool) -> usize {
         let lim = max_binding as usize / 4;
         let widest = [
             ctx,
@@ -72,7 +90,11 @@ impl<'a> Shape<'a> {
         .fold(1, usize::max);
         let cap = crate::knobs::knob!("SPARSA_PREFILL_CHUNK", |v| (1..=8192).contains(&v));
         let large = cfg.hidden_size >= LARGE_HIDDEN && !cfg!(target_arch = "wasm32");
-        let default = if large { CHUNK_ROWS } else { SMALL_CHUNK_ROWS };
+        let default = match (large, streamed) {
+            (true, true) => STREAMED_CHUNK_ROWS,
+            (true, false) => CHUNK_ROWS,
+            (false, _) => SMALL_CHUNK_ROWS,
+        };
         (lim / widest).clamp(1, cap.map_or(default, |c| c as usize))
     }
 
@@ -286,22 +308,27 @@ mod tests {
     #[test]
     fn chunks_are_512_rows_for_large_models_and_logits_128() {
         let glm = glm5_widths();
-        let s = Shape::new(&glm, 4096, false, 2047 << 20);
+        let s = Shape::new(&glm, 4096, false, 2047 << 20, false);
         assert_eq!((s.c, s.logits), (CHUNK_ROWS, LOGIT_ROWS));
+        // Streamed experts: chunks of 2,048 rows, still 128 rows of logits.
+        let s = Shape::new(&glm, 4096, false, 2047 << 20, true);
+        assert_eq!((s.c, s.logits), (STREAMED_CHUNK_ROWS, LOGIT_ROWS));
         let bard = bard();
-        let s = Shape::new(&bard, 1024, false, 2047 << 20);
-        assert_eq!((s.c, s.logits), (SMALL_CHUNK_ROWS, SMALL_CHUNK_ROWS));
+        for streamed in [false, true] {
+            let s = Shape::new(&bard, 1024, false, 2047 << 20, streamed);
+            assert_eq!((s.c, s.logits), (SMALL_CHUNK_ROWS, SMALL_CHUNK_ROWS));
+        }
         // 128 MiB bindings: the absorbed queries (64 heads × 512 a row) allow 1,024 rows,
         // the scores of a 131,072 context 256.
-        let s = Shape::new(&glm, 131072, false, 128 << 20);
+        let s = Shape::new(&glm, 131072, false, 128 << 20, true);
         assert_eq!(s.c, 256);
         // The planner's scratch bytes count the logits of 128 rows, not 512.
         let rows = |z: &Shape| z.logits * glm.vocab_size * 4;
         assert_eq!(
-            rows(&Shape::new(&glm, 4096, false, 2047 << 20)),
+            rows(&Shape::new(&glm, 4096, false, 2047 << 20, false)),
             128 * 154880 * 4
         );
         // A binding of 64 MiB holds 108 rows of GLM-5's logits.
-        assert_eq!(Shape::new(&glm, 4096, false, 64 << 20).logits, 108);
+        assert_eq!(Shape::new(&glm, 4096, false, 64 << 20, false).logits, 108);
     }
 }

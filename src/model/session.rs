@@ -132,7 +132,13 @@ impl Session {
         let (cfg, gpu) = (&model.config, &*model.gpu);
         let max_ctx = caches.max_ctx;
         check_ctx(max_ctx)?;
-        let shape = Shape::new(cfg, max_ctx, dense, gpu.max_binding());
+        let shape = Shape::new(
+            cfg,
+            max_ctx,
+            dense,
+            gpu.max_binding(),
+            model.streams_chunks(),
+        );
         let s = Scratch::new(gpu, &shape)?;
         gpu.check()?;
         Ok(Session {
@@ -153,9 +159,10 @@ impl Session {
         })
     }
 
-    /// GPU bytes a session's scratch takes (the planner places them before the experts).
-    pub fn scratch_bytes(cfg: &Config, max_ctx: usize, max_binding: u64) -> u64 {
-        Scratch::bytes(&Shape::new(cfg, max_ctx, false, max_binding))
+    /// GPU bytes a session's scratch takes (the planner places them before the experts);
+    /// `streamed`: with the prefill chunks of a model whose experts stream.
+    pub fn scratch_bytes(cfg: &Config, max_ctx: usize, max_binding: u64, streamed: bool) -> u64 {
+        Scratch::bytes(&Shape::new(cfg, max_ctx, false, max_binding, streamed))
     }
 
     /// Rows whose logits one forward can leave: a verification's k + 1 rows, a batched

@@ -206,9 +206,16 @@ pub fn budget(
     slots: u64,
     policy: sparsa::experts::Policy,
 ) -> sparsa::model::Budget {
-    use sparsa::model::{plan, Budget, GpuMemory, Session};
-    let scratch = Session::scratch_bytes(&src.config, ctx, gpu.max_binding());
-    let p = plan(&src.config, &src.weights, 1 << 50, ctx, scratch, None).unwrap();
+    use sparsa::model::{plan, Budget, GpuMemory};
+    let p = plan(
+        &src.config,
+        &src.weights,
+        1 << 50,
+        ctx,
+        gpu.max_binding(),
+        None,
+    )
+    .unwrap();
     Budget {
         memory: GpuMemory::Bytes(
             p.fixed() + p.slots.moe_layers() as u64 * p.slots.expert_bytes * slots,
