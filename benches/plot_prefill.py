@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 R = Path(__file__).resolve().parent / "results"
 A = R / "2026-12-04-h200-prefill"
 B = R / "2026-12-04-h200-prefill2"
+C = R / "2026-12-04-h200-heads"
 LINE = re.compile(r"^(?:bench: )?prefill (\d+) tokens: [\d.]+ s, ([\d.]+) tok/s")
 
 
@@ -51,14 +52,16 @@ def llama_pp(path):
 
 PANELS = [
     ("4 layers (GLM-5 shape, 16 experts)", [
-        ("sparsa q4, K-steps of 64 (this tile)", bench_lines(B / "run6/console.txt", "4 layers (a)"), "-"),
-        ("sparsa q4, restaged tile (morning)", bench_lines(A / "run4/chunk512-a.txt"), "--"),
+        ("sparsa q4, per-head GEMMs (afternoon)", bench_lines(C / "run1/console.txt", "4 layers, new (a)"), "-"),
+        ("sparsa q4, K-steps of 64 (noon)", bench_lines(B / "run6/console.txt", "4 layers (a)"), "--"),
+        ("sparsa q4, restaged tile (morning)", bench_lines(A / "run4/chunk512-a.txt"), "-."),
         ("transformers bf16, sdpa", transformers(A / "run5/tf.json"), ":"),
     ]),
     ("78 layers (GLM-5 shape, 16 experts, random weights)", [
-        ("sparsa q4, K-steps of 64 (this tile)", bench_lines(B / "run6/full.txt"), "-"),
-        ("sparsa q4, restaged tile (morning)", bench_lines(A / "run6/console.txt", "resident"), "--"),
-        ("sparsa q4, --gpu-memory 24GiB (build before the lo-half fix)", bench_lines(B / "run4/console.txt", "gpu-memory"), "-."),
+        ("sparsa q4, per-head GEMMs (afternoon)", bench_lines(C / "run1/full-new.txt"), "-"),
+        ("sparsa q4, --gpu-memory 24GiB, chunks of 2,048 (afternoon)", bench_lines(C / "run4/24g.txt"), "-"),
+        ("sparsa q4, K-steps of 64 (noon)", bench_lines(B / "run6/full.txt"), "--"),
+        ("sparsa q4, --gpu-memory 24GiB, chunks of 512 (noon)", bench_lines(B / "run4/console.txt", "gpu-memory"), "-."),
         ("llama.cpp Q4_K_M (2026-12-02)", llama_pp(R / "2026-12-02-h200-decode/peer3/llama_bench.txt"), ":"),
     ]),
 ]
