@@ -51,6 +51,43 @@ fn generate_print_ids_is_greedy_reference() {
     assert_eq!(stdout.trim(), join(&want));
 }
 
+/// `--prefill-chunk`: the prompt prefilled in chunks of 5 rows gives transformers' greedy
+/// tokens too; 0 and more than 8192 rows are refused naming the flag.
+#[test]
+fn prefill_chunk_keeps_the_greedy_reference_and_is_checked() {
+    let prompt = reference_tokens("dsv32", "tokens_0");
+    let want = reference_tokens("dsv32", "greedy_0");
+    let out = greedy_ids(&prompt, want.len(), &["--prefill-chunk", "5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {err}");
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), join(&want));
+    for bad in ["0", "8193", "x"] {
+        let e = fails(&["generate", "--prefill-chunk", bad], None);
+        assert!(e.contains("--prefill-chunk"), "{bad}: {e}");
+    }
+    // The chunks bench runs are the ones asked for (the built-in model's default is 128).
+    let out = bin()
+        .args([
+            "bench",
+            "--context",
+            "64",
+            "--prompt-len",
+            "40",
+            "--decode",
+            "2",
+        ])
+        .args(["--no-profile", "--prefill-chunk", "16"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("(chunks of 16 rows)"), "{text}");
+}
+
 #[test]
 fn logits_writes_safetensors() {
     let prompt = reference_tokens("glm52", "tokens_1");

@@ -167,6 +167,7 @@ pub fn run(a: InfoArgs) -> Result<()> {
     // A directory with config.json and no weights (yet) is planned from the config.
     let source = match &m.model {
         Some(dir) if dir.join("config.json").is_file() && !has_weights(dir) => {
+            m.set_prefill_chunk();
             Source::Config(ConfigDir::open(dir).map_err(|e| {
                 if e.0.starts_with(&dir.display().to_string()) {
                     Error::msg(format!("--model {e}"))

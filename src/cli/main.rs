@@ -165,6 +165,13 @@ pub(crate) struct ModelArgs {
     /// f32|bf16|i8 (e.g. fp8/i8, the smallest). docs/CACHE.md has their sizes and quality.
     #[arg(long, default_value = "auto", value_parser = parse_cache_type, value_name = "TYPE")]
     cache_type: CacheType,
+    /// Rows per prefill chunk (1 to 8192). Default: 512 for large models, 2048 where
+    /// --gpu-memory streams routed experts and holds the larger scratch (a chunk uploads each
+    /// missed expert once per layer), 128 for small models. Larger chunks prefill faster and
+    /// take more GPU memory (about 1.2 MB a row for GLM-5), which --gpu-memory takes from
+    /// the resident experts.
+    #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u32).range(1..=8192))]
+    prefill_chunk: Option<u32>,
 }
 
 /// `--cache-type`: `None` is auto.
@@ -181,6 +188,11 @@ fn parse_cache_type(s: &str) -> std::result::Result<CacheType, String> {
 }
 
 impl ModelArgs {
+    /// --prefill-chunk for the sessions and plans that follow (the defaults without it).
+    pub(crate) fn set_prefill_chunk(&self) {
+        sparsa::model::set_prefill_chunk(self.prefill_chunk.map_or(0, |r| r as usize));
+    }
+
     /// --cache-type, `None` for auto.
     pub(crate) fn cache_type(&self) -> Option<sparsa::cache::CacheFormat> {
         self.cache_type.0
@@ -341,6 +353,7 @@ fn main() {
 
 /// The model's files, checked (config, weight headers) before any GPU is opened.
 pub(crate) fn open_source(m: &ModelArgs) -> Result<ModelSource> {
+    m.set_prefill_chunk();
     match &m.model {
         Some(dir) => ModelSource::open(dir).map_err(|e| {
             // Most errors start with the path they are about; the others get the directory.

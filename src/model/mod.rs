@@ -27,6 +27,7 @@ pub use pick::Pick;
 pub use plan::{
     free_memory, longest_ctx, plan, plan_sized, plan_summary, session_room, GpuMemory, Plan,
 };
+pub use scratch::set_prefill_chunk;
 pub use session::{Logits, Session};
 pub use source::ModelSource;
 

@@ -20,7 +20,8 @@ use crate::kernels::topk::TopkScratch;
 /// GLM-5's shapes, besides the scores). Smaller models keep [`SMALL_CHUNK_ROWS`]: their
 /// GEMMs are small, and the scratch of 512 rows would outweigh the built-in model's weights.
 /// The browser, where memory is tight and GEMMs run on the f32 tile, keeps it too.
-/// `SPARSA_PREFILL_CHUNK` overrides (a measurement knob).
+/// `--prefill-chunk` ([`set_prefill_chunk`]) overrides, else `SPARSA_PREFILL_CHUNK` (a
+/// measurement knob).
 pub(super) const CHUNK_ROWS: usize = 512;
 /// Rows per prefill chunk of a large model whose routed experts stream from the files (a
 /// `--gpu-memory` plan that offloads them): a chunk uploads each missed expert once per
@@ -33,6 +34,17 @@ pub(super) const CHUNK_ROWS: usize = 512;
 pub(super) const STREAMED_CHUNK_ROWS: usize = 2048;
 pub(super) const SMALL_CHUNK_ROWS: usize = 128;
 pub(super) const LARGE_HIDDEN: usize = 2048;
+
+/// Rows per prefill chunk that `--prefill-chunk` asked for (0: the defaults above).
+static CHUNK_OVERRIDE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Rows per prefill chunk for the sessions and plans made after it (`--prefill-chunk`; 0
+/// restores the defaults). Still at most what one storage binding holds of the widest
+/// per-row scratch. Larger chunks prefill faster where experts stream (fewer uploads) and
+/// take about 1.2 MB of GPU memory a row for GLM-5's shapes.
+pub fn set_prefill_chunk(rows: usize) {
+    CHUNK_OVERRIDE.store(rows, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// Rows whose logits one chunk leaves at most: a prompt wants its last row's, a
 /// verification k + 1, a batched step one a sequence; callers that want every row's
@@ -88,7 +100,10 @@ impl<'a> Shape<'a> {
         ]
         .into_iter()
         .fold(1, usize::max);
-        let cap = crate::knobs::knob!("SPARSA_PREFILL_CHUNK", |v| (1..=8192).contains(&v));
+        let cap = match CHUNK_OVERRIDE.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => crate::knobs::knob!("SPARSA_PREFILL_CHUNK", |v| (1..=8192).contains(&v)),
+            n => Some(n as u32),
+        };
         let large = cfg.hidden_size >= LARGE_HIDDEN && !cfg!(target_arch = "wasm32");
         let default = match (large, streamed) {
             (true, true) => STREAMED_CHUNK_ROWS,
