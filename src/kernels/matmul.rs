@@ -773,6 +773,28 @@ pub struct Heads<'a> {
 }
 
 impl Heads<'_> {
+    /// The kernel parameters that lay out the slots (token row t's head h is slot
+    /// `t * heads + h`, expert h, its window of `w`'s block of `block` rows); the caller
+    /// adds K, the outputs and the chunk.
+    fn slot_params(&self, w: &GpuWeight, block: u32) -> Params {
+        Params {
+            rows: self.rows * self.heads,
+            topk: self.heads,
+            x_off: self.x.offset,
+            x_stride: self.head_stride,
+            x_row: self.x.stride,
+            x_per_slot: 1,
+            y_off: self.y.offset,
+            y_stride: self.y_head,
+            n_experts: self.heads,
+            ws: w.stride as u32,
+            e_rows: block,
+            r_lo: self.win.first,
+            e_direct: 1,
+            ..Params::zeroed()
+        }
+    }
+
     /// Whether a GEMV serves these rows: at most [`GEMV_MAX_ROWS`], and past one row y's
     /// heads follow each other (each head's row is a slot's row).
     fn gemv(&self) -> bool {
@@ -834,13 +856,12 @@ pub fn matmul_heads_t(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
     }
     let Heads {
         x,
-        head_stride,
+        y,
         heads,
         win,
         rows,
         ..
     } = *h;
-    let y = View::new(h.y.buf, h.y.offset, h.y_head);
     let block = block_rows("matmul_heads_t", w, heads, Some(win));
     let pipe = pipeline(rec, "gemvt_experts", w, KNOBS);
     let slots = rows * heads;
@@ -852,22 +873,9 @@ pub fn matmul_heads_t(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
         let p = Params {
             k: w.cols as u32,
             n: win.n,
-            rows: slots,
-            topk: heads,
-            x_off: x.offset,
-            x_stride: head_stride,
-            y_off: y.offset,
-            y_stride: y.stride,
             row0: c.row0 as u32,
             crow: c.rows as u32,
-            x_per_slot: 1,
-            n_experts: heads,
-            ws: w.stride as u32,
-            e_rows: block,
-            r_lo: win.first,
-            e_direct: 1,
-            x_row: x.stride,
-            ..Params::zeroed()
+            ..h.slot_params(w, block)
         };
         let (k, n, sl) = (w.cols as u64, win.n as u64, slots as u64);
         rec.cost(
@@ -895,8 +903,8 @@ fn heads_gemm(rec: &mut Recorder, w: &GpuWeight, h: &Heads, transposed: bool) {
         heads,
         win,
         y,
-        y_head,
         rows,
+        ..
     } = *h;
     assert_eq!(
         w.chunks.len(),
@@ -918,24 +926,9 @@ fn heads_gemm(rec: &mut Recorder, w: &GpuWeight, h: &Heads, transposed: bool) {
     let p = Params {
         k,
         n,
-        rows: rows * heads,
-        topk: heads,
-        x_off: x.offset,
-        x_stride: head_stride,
-        y_off: y.offset,
-        y_stride: y_head,
-        row0: 0,
-        crow: c.rows as u32,
-        x_per_slot: 1,
-        n_experts: heads,
-        ws: w.stride as u32,
-        e_rows: block,
-        r_lo: win.first,
-        e_direct: 1,
-        x_row: x.stride,
         y_row: y.stride,
         w_t: transposed as u32,
-        ..Params::zeroed()
+        ..h.slot_params(w, block)
     };
     let tiles = heads as u64 * rows.div_ceil(EXPERT_TILE) as u64 * n.div_ceil(EXPERT_TILE) as u64;
     assert!(
