@@ -18,6 +18,7 @@ R = Path(__file__).resolve().parent / "results"
 A = R / "2026-12-04-h200-prefill"
 B = R / "2026-12-04-h200-prefill2"
 C = R / "2026-12-04-h200-heads"
+D = R / "2026-12-04-h200-direct"
 LINE = re.compile(r"^(?:bench: )?prefill (\d+) tokens: [\d.]+ s, ([\d.]+) tok/s")
 
 
@@ -58,6 +59,7 @@ PANELS = [
         ("transformers bf16, sdpa", transformers(A / "run5/tf.json"), ":"),
     ]),
     ("78 layers (GLM-5 shape, 16 experts, random weights)", [
+        ("sparsa q4, 64 × 128 tensor-core tiles (evening)", bench_lines(D / "run6/bench78.tn128.txt"), "-"),
         ("sparsa q4, per-head GEMMs (afternoon)", bench_lines(C / "run1/full-new.txt"), "-"),
         ("sparsa q4, --gpu-memory 24GiB, chunks of 2,048 (afternoon)", bench_lines(C / "run4/24g.txt"), "-"),
         ("sparsa q4, K-steps of 64 (noon)", bench_lines(B / "run6/full.txt"), "--"),

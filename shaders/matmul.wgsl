@@ -12,11 +12,12 @@
 //   gemv          y[t, n] for all t < T, RPW weight rows n per workgroup.
 //   gemv4         the same over 16-byte words (aligned rows and x), RR rows per lane.
 //   gemv4q        gemv4 for one x row and quantized weights, 4 rows per lane.
-//   gemm          64×64 tiles of (t × n) by `tile`: matmul_tile.wgsl (tile64: K-tiles of 16,
-//                 4×4 outputs per invocation) or matmul_coop.wgsl (tensor cores).
+//   gemm          64×TN tiles of (t × n) by `tile`: matmul_tile.wgsl (tile64: TN = 64, K-tiles
+//                 of 16, 4×4 outputs per invocation) or matmul_coop.wgsl (tensor cores; TN
+//                 64 or 128, a define from kernels/matmul.rs).
 //   gemm128       128×128 tiles, K-tiles of 8, 8×8 outputs per invocation (large products).
 //   gemv_experts  one slot × RPW expert rows per workgroup.
-//   gemm_experts  one (expert, 64-column tile) per workgroup; gathers the slots routed to
+//   gemm_experts  one (expert, TN-column tile) per workgroup; gathers the slots routed to
 //                 that expert into 64-row tiles (a grouped GEMM).
 
 // Params (binding 0): declared once, in src/kernels/matmul.rs (`Params`), and put before this source.
@@ -784,13 +785,13 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
     let mt = (P.rows + BM - 1u) / BM;
-    let nt = (P.n + BN - 1u) / BN;
+    let nt = (P.n + TN - 1u) / TN;
     if (g >= mt * nt) {
         return;
     }
     // Consecutive workgroups share a weight tile (the larger operand).
     let m0 = (g % mt) * BM;
-    let n0 = (g / mt) * BN;
+    let n0 = (g / mt) * TN;
     var xr = vec4<u32>(NONE);
     for (var p = 0u; p < 4u; p++) {
         let t = m0 + lid / BK + 16u * p;
@@ -798,21 +799,21 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             xr[p] = P.x_off + t * P.x_stride;
         }
     }
-    var wr = vec2<u32>(NONE);
-    for (var q = 0u; q < 2u; q++) {
+    var wr: array<u32, TN / 32u>;
+    for (var q = 0u; q < TN / 32u; q++) {
         let n = n0 + lid / 8u + 32u * q;
-        if (n < P.n) {
-            wr[q] = n * P.ws;
-        }
+        wr[q] = select(NONE, n * P.ws, n < P.n);
     }
     let acc = tile(xr, wr, lid);
     let t0 = m0 + 4u * (lid / 16u);
-    let nc = n0 + 4u * (lid % 16u);
     let base = P.y_off + t0 * P.y_stride;
-    if (t0 < P.rows) { store4(base, nc, P.n, acc.r0); }
-    if (t0 + 1u < P.rows) { store4(base + P.y_stride, nc, P.n, acc.r1); }
-    if (t0 + 2u < P.rows) { store4(base + 2u * P.y_stride, nc, P.n, acc.r2); }
-    if (t0 + 3u < P.rows) { store4(base + 3u * P.y_stride, nc, P.n, acc.r3); }
+    for (var h = 0u; h < TN / 64u; h++) {
+        let nc = n0 + 64u * h + 4u * (lid % 16u);
+        if (t0 < P.rows) { store4(base, nc, P.n, acc[h].r0); }
+        if (t0 + 1u < P.rows) { store4(base + P.y_stride, nc, P.n, acc[h].r1); }
+        if (t0 + 2u < P.rows) { store4(base + 2u * P.y_stride, nc, P.n, acc[h].r2); }
+        if (t0 + 3u < P.rows) { store4(base + 3u * P.y_stride, nc, P.n, acc[h].r3); }
+    }
 }
 
 // ---- GEMM, 128×128 tiles ----------------------------------------------------------------
@@ -963,17 +964,18 @@ fn gemm_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let g = wid.x + wid.y * nwg.x;
     let tokens = P.rows / P.topk;
     let mt = (tokens + BM - 1u) / BM;
-    let nt = (P.n + BN - 1u) / BN;
+    let nt = (P.n + TN - 1u) / TN;
     let e = g / (mt * nt);
     if (e >= P.n_experts) {
         return;
     }
     // Consecutive workgroups share a weight tile.
     let m0 = (g % mt) * BM;
-    let n0 = ((g / mt) % nt) * BN;
-    var wr = vec2<u32>(NONE);
-    for (var q = 0u; q < 2u; q++) {
+    let n0 = ((g / mt) % nt) * TN;
+    var wr: array<u32, TN / 32u>;
+    for (var q = 0u; q < TN / 32u; q++) {
         let n = n0 + lid / 8u + 32u * q;
+        wr[q] = NONE;
         if (n < P.n) {
             if (P.w_t != 0u) {
                 wr[q] = expert_row(e, 0u) * P.ws + n;
@@ -995,29 +997,32 @@ fn gemm_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         yrow = P.y_row;
     }
     let t0 = m0 + 4u * (lid / 16u);
-    let nc = n0 + 4u * (lid % 16u);
     let base = P.y_off + t0 * yrow + e * P.y_stride;
-    if (t0 < tokens) { store4(base, nc, P.n, acc.r0); }
-    if (t0 + 1u < tokens) { store4(base + yrow, nc, P.n, acc.r1); }
-    if (t0 + 2u < tokens) { store4(base + 2u * yrow, nc, P.n, acc.r2); }
-    if (t0 + 3u < tokens) { store4(base + 3u * yrow, nc, P.n, acc.r3); }
+    for (var h = 0u; h < TN / 64u; h++) {
+        let nc = n0 + 64u * h + 4u * (lid % 16u);
+        if (t0 < tokens) { store4(base, nc, P.n, acc[h].r0); }
+        if (t0 + 1u < tokens) { store4(base + yrow, nc, P.n, acc[h].r1); }
+        if (t0 + 2u < tokens) { store4(base + 2u * yrow, nc, P.n, acc[h].r2); }
+        if (t0 + 3u < tokens) { store4(base + 3u * yrow, nc, P.n, acc[h].r3); }
+    }
 }
 
 @compute @workgroup_size(256)
 fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let nt = (P.n + BN - 1u) / BN;
+    let nt = (P.n + TN - 1u) / TN;
     let e = P.e0 + g / nt;
-    let n0 = (g % nt) * BN;
+    let n0 = (g % nt) * TN;
     if (e >= P.n_experts || expert_row(e, n0) >= P.row0 + P.crow || expert_row(e, P.n) <= P.row0) {
         return;
     }
     // This invocation's weight rows for the B loads (fixed for the whole workgroup).
-    var wr = vec2<u32>(NONE);
-    for (var q = 0u; q < 2u; q++) {
+    var wr: array<u32, TN / 32u>;
+    for (var q = 0u; q < TN / 32u; q++) {
         let n = n0 + lid / 8u + 32u * q;
         let gr = expert_row(e, n);
+        wr[q] = NONE;
         if (n < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
             wr[q] = (gr - P.row0) * P.ws;
         }
@@ -1060,11 +1065,13 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         }
         let acc = tile(xr, wr, lid);
         let l0 = 4u * (lid / 16u);
-        let nc = n0 + 4u * (lid % 16u);
-        store_slot(l0, m, e, nc, acc.r0);
-        store_slot(l0 + 1u, m, e, nc, acc.r1);
-        store_slot(l0 + 2u, m, e, nc, acc.r2);
-        store_slot(l0 + 3u, m, e, nc, acc.r3);
+        for (var h = 0u; h < TN / 64u; h++) {
+            let nc = n0 + 64u * h + 4u * (lid % 16u);
+            store_slot(l0, m, e, nc, acc[h].r0);
+            store_slot(l0 + 1u, m, e, nc, acc[h].r1);
+            store_slot(l0 + 2u, m, e, nc, acc[h].r2);
+            store_slot(l0 + 3u, m, e, nc, acc[h].r3);
+        }
         // Move the slots beyond this tile to the front.
         let rest = c - m;
         var keep = 0u;

@@ -2,13 +2,15 @@ enable f16;
 enable wgpu_cooperative_matrix;
 
 // The GEMM tile on tensor cores: cooperative matrices of 16×16×16, f16 inputs, f32
-// accumulation. Put before matmul.wgsl (whose `gemm` and `gemm_experts` call `tile`) on
+// accumulation. Put before matmul.wgsl (whose `gemm`, `gemm_experts` and `gemm_heads` call `tile`) on
 // adapters that offer that configuration with subgroups of 32 (kernels/matmul.rs checks).
 //
-// Same contract as `tile64`: one 64 × 64 output tile over the whole K, `xr[p]` the x offset
-// of tile row `lid / 16 + 16 p`, `wr[q]` the weight offset of tile column `lid / 8 + 32 q`
-// (NONE = zero row), the result in tile64's layout (invocation (lid % 16, lid / 16) holds
-// rows 4 ty .. 4 ty + 3, columns 4 tx .. 4 tx + 3). Call in uniform control flow.
+// Same contract as `tile` in matmul_tile.wgsl, over TN columns (the TN define, from
+// kernels/matmul.rs: 128 where the weights need no lo half, else 64): one 64 × TN output tile
+// over the whole K, `xr[p]` the x offset of tile row `lid / 16 + 16 p`, `wr[q]` the weight
+// offset of tile column `lid / 8 + 32 q` (NONE = zero row), the result as TN / 64 blocks of
+// tile64's layout (block h: columns 64 h ..; invocation (lid % 16, lid / 16) holds rows
+// 4 ty .. 4 ty + 3, columns 4 tx .. 4 tx + 3). Call in uniform control flow.
 //
 // Precision: every f32 value v is split into f16 halves hi + lo (`hi_part`), and the product
 // is hi·hi + lo·hi + hi·lo (lo·lo, about 2^-21 relative, is dropped), so results match the
@@ -21,10 +23,13 @@ enable wgpu_cooperative_matrix;
 // supported models (documented in BENCHMARKS.md).
 //
 // Subgroup s = lid / 32 (8 subgroups of 32) owns output rows 16 (s % 4) .. + 15 and
-// columns 32 (s / 4) .. + 31: two accumulators (four with the lo products).
+// columns TN / 2 · (s / 4) .. + TN / 2 - 1: NB = TN / 32 accumulators (twice that with the lo
+// products). 128 columns stage x once for twice the products of 64: q4 GEMMs ran 51–63
+// TFLOP/s against 41–50 with 64 (BENCHMARKS.md, "The tensor-core tile, 64 × 128").
 //
 // Staging: x and the weights go through workgroup memory as f16 pairs, K-steps of 64. Where
-// two stages fit (x and the weights without lo halves), while the subgroups multiply one
+// two stages fit (only with X_F16 and 64 columns: x's lo half, or 128 columns, fill the
+// room of the second), while the subgroups multiply one
 // K-step's tiles the next K-step's values are written to the other stage, so one barrier a
 // K-step suffices; else the next K-step's values wait in registers during the products.
 // x comes in 16-byte loads where its rows allow (`xquad`: coop_x4.wgsl or coop_x1.wgsl).
@@ -32,11 +37,15 @@ enable wgpu_cooperative_matrix;
 // chosen so that the two halves of a subgroup write rows 4 apart: with 144-byte rows their
 // pairs are 16 banks apart, and writing them in opposite orders puts them on disjoint
 // banks; 144-byte rows also keep the matrix loads' 8 rows of 16 bytes on disjoint banks.
+// (Staged in 8-byte units instead, vec4<f16>, the tile was 9–16 % slower on the H200.)
 
 const HK: u32 = 64u;                    // K per staged tile
 const HP: u32 = HK / 2u + 4u;           // row stride of the staged tiles in f16 pairs (144 bytes)
-const STAGE: u32 = 64u * HP;            // pairs per stage and matrix: 64 rows × HP
-const NPR: u32 = HK / 32u;              // weight words (q4) or groups of 4 pairs an invocation stages
+const NB: u32 = TN / 32u;               // B fragments (and accumulators) a subgroup
+const TH: u32 = TN / 64u;               // 64-column blocks of the tile
+const ASTAGE: u32 = 64u * HP;           // pairs per stage of an x matrix: 64 rows × HP
+const BSTAGE: u32 = TN * HP;            // pairs per stage of a weight matrix: TN rows × HP
+const NPR: u32 = HK / 32u;              // weight words (q4) or groups of 4 pairs an invocation stages per 64 rows
 // Weights that are not exact in f16: f32, FP8 and q8 (an FP8 or int8 code times an f32 or
 // bf16 scale). q4 (a nibble times a bf16 scale: at most 11 significant bits) is, in f16's
 // normal range (kernels/matmul.rs, `coop_q4_mode`), unless Q4_MODE asks for its lo half.
@@ -46,15 +55,15 @@ const X_LO: bool = X_F16 == 0u;
 
 // Two stages where they fit in the workgroup memory NVIDIA's driver offers (48 KB; sparsa
 // allows itself 44), else one.
-const MATS: u32 = 2u + select(0u, 1u, X_LO) + select(0u, 1u, W_LO);
-const STAGES: u32 = select(1u, 2u, 2u * MATS * STAGE * 4u + 4096u + 512u <= 45056u);
-var<workgroup> Ahi: array<vec2<f16>, STAGES * STAGE>;   // [stage][64 rows of x][HP]
-var<workgroup> Alo: array<vec2<f16>, select(4u, STAGES * STAGE, X_LO)>;
-var<workgroup> Bhi: array<vec2<f16>, STAGES * STAGE>;   // [stage][64 weight rows][HP]: B = Wᵀ column-major
-var<workgroup> Blo: array<vec2<f16>, select(4u, STAGES * STAGE, W_LO)>;
-var<workgroup> Cs: array<f32, 1024>;          // a quarter of the output tile: [16][64] row-major
+const STAGE_BYTES: u32 = 4u * (ASTAGE * select(1u, 2u, X_LO) + BSTAGE * select(1u, 2u, W_LO));
+const STAGES: u32 = select(1u, 2u, 2u * STAGE_BYTES + 4096u + 2048u <= 45056u);
+var<workgroup> Ahi: array<vec2<f16>, STAGES * ASTAGE>;   // [stage][64 rows of x][HP]
+var<workgroup> Alo: array<vec2<f16>, select(4u, STAGES * ASTAGE, X_LO)>;
+var<workgroup> Bhi: array<vec2<f16>, STAGES * BSTAGE>;   // [stage][TN weight rows][HP]: B = Wᵀ column-major
+var<workgroup> Blo: array<vec2<f16>, select(4u, STAGES * BSTAGE, W_LO)>;
+var<workgroup> Cs: array<f32, 1024>;          // a 16 × 64 part of the output tile, row-major
 var<workgroup> x_rows: array<u32, 64>;        // the x offset of each tile row
-var<workgroup> w_rows: array<u32, 64>;        // the weight offset of each tile column
+var<workgroup> w_rows: array<u32, TN>;        // the weight offset of each tile column
 
 // v = hi + lo with hi = v truncated to f16's 11 significant bits (exact in f32 and, in f16's
 // normal range, in f16) and lo = v - hi (exact in f32, rounded to f16). The split is done on
@@ -100,19 +109,48 @@ fn put_b(at: u32, v: vec2<f32>) {
 const Q4_TILE: bool = W_DTYPE == 5u && Q4_MODE == 0u && QB % 32u == 0u;
 
 // What one invocation stages a K-step: 4 quads of x (tile rows `arow(i)`, columns
-// 4 (lid % 16) .. + 3) and 4 NPR pairs of weights (q4: NPR words of 8 weights; else 4 NPR
-// pairs of tile column lid / 4, pair columns 4 (lid % 4) + 16 j .. + 3).
-struct Staged {
-    a: array<vec4<f32>, 4>,
+// 4 (lid % 16) .. + 3) and, for each 64-column block of the tile (b0, and b1 where TN is
+// 128), 4 NPR pairs of weights (q4: NPR words of 8 weights; else 4 NPR pairs of tile column
+// lid / 4 + 64 h, pair columns 4 (lid % 4) + 16 j .. + 3). The blocks are fields, not an
+// array indexed in a loop: dynamically indexed, NVIDIA's compiler put them in local memory.
+struct StagedB {
     b: array<vec2<f32>, 4 * NPR>,
     word: array<u32, NPR>,
     scale: array<f32, NPR>,
+}
+struct Staged {
+    a: array<vec4<f32>, 4>,
+    b0: StagedB,
+    b1: StagedB,
 }
 
 // Tile row of x quad i of invocation lid: rows 4 apart for the two halves of a subgroup.
 fn arow(lid: u32, i: u32) -> u32 {
     let s = lid / 32u;
     return (s % 4u) + 4u * ((lid / 16u) % 2u) + 8u * (s / 4u) + 16u * i;
+}
+
+// The weights invocation lid stages for tile column `row`'s K-step at k0.
+fn load_b(lid: u32, row: u32, k0: u32, q4: bool) -> StagedB {
+    var sb: StagedB;
+    let q = lid % 4u;
+    if (q4) {
+        for (var j = 0u; j < NPR; j++) {
+            sb.word[j] = 0u;
+            sb.scale[j] = 0.0;
+            if (row != NONE) {
+                sb.word[j] = w[w_word(row + k0) + q + 4u * j];
+                sb.scale[j] = q_scale((row + k0 + 32u * j) / QB);
+            }
+        }
+    } else {
+        for (var j = 0u; j < NPR; j++) {
+            for (var i = 0u; i < 4u; i++) {
+                sb.b[4u * j + i] = wpair(row, k0 + 32u * j + 8u * q + 2u * i);
+            }
+        }
+    }
+    return sb;
 }
 
 // Loads what invocation lid stages for the K-step at k0.
@@ -122,29 +160,35 @@ fn load_step(lid: u32, k0: u32, q4: bool) -> Staged {
     for (var i = 0u; i < 4u; i++) {
         st.a[i] = xquad(x_rows[arow(lid, i)], k0 + c);
     }
-    let row = w_rows[lid / 4u];
-    let q = lid % 4u;
-    if (q4) {
-        for (var j = 0u; j < NPR; j++) {
-            st.word[j] = 0u;
-            st.scale[j] = 0.0;
-            if (row != NONE) {
-                st.word[j] = w[w_word(row + k0) + q + 4u * j];
-                st.scale[j] = q_scale((row + k0 + 32u * j) / QB);
-            }
-        }
-    } else {
-        for (var j = 0u; j < NPR; j++) {
-            for (var i = 0u; i < 4u; i++) {
-                st.b[4u * j + i] = wpair(row, k0 + 32u * j + 8u * q + 2u * i);
-            }
-        }
+    st.b0 = load_b(lid, w_rows[lid / 4u], k0, q4);
+    if (TH == 2u) {
+        st.b1 = load_b(lid, w_rows[lid / 4u + 64u], k0, q4);
     }
     return st;
 }
 
-// Writes what load_step loaded into the stage starting at pair `base`.
-fn store_step(lid: u32, base: u32, st: Staged, q4: bool) {
+// Writes what load_b loaded for the tile column at B pair `row_at` (its row's start).
+fn store_b(lid: u32, row_at: u32, sb: StagedB, q4: bool) {
+    for (var j = 0u; j < NPR; j++) {
+        let at = row_at + 4u * (lid % 4u) + 16u * j;
+        if (q4) {
+            let lo = q_nib_lo(sb.word[j]) * sb.scale[j];
+            let hi = q_nib_hi(sb.word[j]) * sb.scale[j];
+            Bhi[at] = vec2<f16>(lo.xy);
+            Bhi[at + 1u] = vec2<f16>(lo.zw);
+            Bhi[at + 2u] = vec2<f16>(hi.xy);
+            Bhi[at + 3u] = vec2<f16>(hi.zw);
+        } else {
+            for (var i = 0u; i < 4u; i++) {
+                put_b(at + i, sb.b[4u * j + i]);
+            }
+        }
+    }
+}
+
+// Writes what load_step loaded into stage `stage`.
+fn store_step(lid: u32, stage: u32, st: Staged, q4: bool) {
+    let base = stage * ASTAGE;
     // A quad is two pairs. The two halves of a subgroup write their rows' pairs in opposite
     // orders: rows 4 apart are 16 banks apart, so pairs of the same parity would collide.
     let odd = (lid / 16u) % 2u == 1u;
@@ -155,27 +199,33 @@ fn store_step(lid: u32, base: u32, st: Staged, q4: bool) {
         put_a(r + c, select(st.a[i].xy, st.a[i].zw, odd));
         put_a(r + c2, select(st.a[i].zw, st.a[i].xy, odd));
     }
-    for (var j = 0u; j < NPR; j++) {
-        let at = base + (lid / 4u) * HP + 4u * (lid % 4u) + 16u * j;
-        if (q4) {
-            let lo = q_nib_lo(st.word[j]) * st.scale[j];
-            let hi = q_nib_hi(st.word[j]) * st.scale[j];
-            Bhi[at] = vec2<f16>(lo.xy);
-            Bhi[at + 1u] = vec2<f16>(lo.zw);
-            Bhi[at + 2u] = vec2<f16>(hi.xy);
-            Bhi[at + 3u] = vec2<f16>(hi.zw);
-        } else {
-            for (var i = 0u; i < 4u; i++) {
-                put_b(at + i, st.b[4u * j + i]);
-            }
-        }
+    let bbase = stage * BSTAGE + (lid / 4u) * HP;
+    store_b(lid, bbase, st.b0, q4);
+    if (TH == 2u) {
+        store_b(lid, bbase + 64u * HP, st.b1, q4);
     }
 }
 
-fn tile(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
+// The invocation's 4 × 4 outputs of the 16 × 64 part in Cs (row-major), at `r`.
+fn cs_block(r: u32) -> Acc16 {
+    return Acc16(
+        vec4<f32>(Cs[r], Cs[r + 1u], Cs[r + 2u], Cs[r + 3u]),
+        vec4<f32>(Cs[r + 64u], Cs[r + 65u], Cs[r + 66u], Cs[r + 67u]),
+        vec4<f32>(Cs[r + 128u], Cs[r + 129u], Cs[r + 130u], Cs[r + 131u]),
+        vec4<f32>(Cs[r + 192u], Cs[r + 193u], Cs[r + 194u], Cs[r + 195u]),
+    );
+}
+
+// a + v / LO_SCALE.
+fn add_lo(a: Acc16, v: Acc16) -> Acc16 {
+    let f = 1.0 / LO_SCALE;
+    return Acc16(a.r0 + f * v.r0, a.r1 + f * v.r1, a.r2 + f * v.r2, a.r3 + f * v.r3);
+}
+
+fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32) -> array<Acc16, TN / 64u> {
     let sg = lid / 32u;
     let mr = 16u * (sg % 4u);
-    let nc = 32u * (sg / 4u);
+    let nc = (TN / 2u) * (sg / 4u);
     // The accumulators start from zeros in memory: a zero-valued cooperative matrix
     // (OpConstantNull) left garbage in them on NVIDIA's driver.
     if (lid < 256u) {
@@ -187,16 +237,20 @@ fn tile(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
         }
     }
     if (lid % 8u == 0u) {
-        for (var q = 0u; q < 2u; q++) {
+        for (var q = 0u; q < TN / 32u; q++) {
             w_rows[lid / 8u + 32u * q] = wr[q];
         }
     }
     workgroupBarrier();
     var c0 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     var c1 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var c2 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var c3 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     // The lo halves' products, times LO_SCALE.
     var d0 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     var d1 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var d2 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var d3 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     // Uniform: P is.
     let q4 = Q4_TILE && P.k % HK == 0u && P.ws % HK == 0u && P.w_t == 0u;
     store_step(lid, 0u, load_step(lid, 0u, q4), q4);
@@ -209,19 +263,34 @@ fn tile(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
             st = load_step(lid, k0 + HK, q4);
         }
         for (var kk = 0u; kk < HK / 2u; kk += 8u) {
-            let ah = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[cur + mr * HP + kk], HP);
-            let b0 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[cur + nc * HP + kk], HP);
-            let b1 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[cur + (nc + 16u) * HP + kk], HP);
+            let ia = cur * ASTAGE + mr * HP + kk;
+            let ib = cur * BSTAGE + nc * HP + kk;
+            let ah = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia], HP);
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[ib], HP);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[ib + 16u * HP], HP);
             c0 = coopMultiplyAdd(ah, b0, c0);
             c1 = coopMultiplyAdd(ah, b1, c1);
-            if (X_LO) {
-                let al = coopLoadT<coop_mat16x16<f16, A>>(&Alo[cur + mr * HP + kk], HP);
+            if (NB == 4u) {
+                let b2 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[ib + 32u * HP], HP);
+                let b3 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[ib + 48u * HP], HP);
+                c2 = coopMultiplyAdd(ah, b2, c2);
+                c3 = coopMultiplyAdd(ah, b3, c3);
+                if (X_LO) {
+                    let al = coopLoadT<coop_mat16x16<f16, A>>(&Alo[ia], HP);
+                    d0 = coopMultiplyAdd(al, b0, d0);
+                    d1 = coopMultiplyAdd(al, b1, d1);
+                    d2 = coopMultiplyAdd(al, b2, d2);
+                    d3 = coopMultiplyAdd(al, b3, d3);
+                }
+            } else if (X_LO) {
+                let al = coopLoadT<coop_mat16x16<f16, A>>(&Alo[ia], HP);
                 d0 = coopMultiplyAdd(al, b0, d0);
                 d1 = coopMultiplyAdd(al, b1, d1);
             }
+            // Weights with lo halves run 64-column tiles (kernels/matmul.rs): NB = 2.
             if (W_LO) {
-                let l0 = coopLoad<coop_mat16x16<f16, B>>(&Blo[cur + nc * HP + kk], HP);
-                let l1 = coopLoad<coop_mat16x16<f16, B>>(&Blo[cur + (nc + 16u) * HP + kk], HP);
+                let l0 = coopLoad<coop_mat16x16<f16, B>>(&Blo[ib], HP);
+                let l1 = coopLoad<coop_mat16x16<f16, B>>(&Blo[ib + 16u * HP], HP);
                 d0 = coopMultiplyAdd(ah, l0, d0);
                 d1 = coopMultiplyAdd(ah, l1, d1);
             }
@@ -230,47 +299,66 @@ fn tile(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
             // One stage: everyone is done reading it before it is overwritten.
             workgroupBarrier();
         } else {
-            cur = STAGE - cur;
+            cur = 1u - cur;
         }
         if (more) {
             store_step(lid, cur, st, q4);
         }
         workgroupBarrier();
     }
-    // The result goes through Cs in quarters: the subgroups of rows 0..15, 16..31, ...;
-    // the lo products (where there are any) a second time.
-    var acc: Acc16;
+    // The result goes through Cs 16 rows × 64 columns at a time: the subgroups of rows
+    // 0..15, 16..31, ... of each 64-column block (acc0, acc1); the lo products (where there
+    // are any) a second time.
+    var acc0: Acc16;
+    var acc1: Acc16;
     let ty = lid / 16u;
     let r = 4u * (ty % 4u) * 64u + 4u * (lid % 16u);
     let parts = select(1u, 2u, X_LO || W_LO);
+    let block = nc / 64u;
+    let col = nc % 64u;
     for (var quarter = 0u; quarter < 4u; quarter++) {
-        for (var part = 0u; part < parts; part++) {
-            if (mr / 16u == quarter) {
+        for (var hp = 0u; hp < TH * parts; hp++) {
+            let h = hp / parts;
+            let part = hp % parts;
+            if (mr / 16u == quarter && block == h) {
                 if (part == 0u) {
-                    coopStoreT(c0, &Cs[nc], 64u);
-                    coopStoreT(c1, &Cs[nc + 16u], 64u);
+                    coopStoreT(c0, &Cs[col], 64u);
+                    coopStoreT(c1, &Cs[col + 16u], 64u);
+                    if (NB == 4u) {
+                        coopStoreT(c2, &Cs[col + 32u], 64u);
+                        coopStoreT(c3, &Cs[col + 48u], 64u);
+                    }
                 } else {
-                    coopStoreT(d0, &Cs[nc], 64u);
-                    coopStoreT(d1, &Cs[nc + 16u], 64u);
+                    coopStoreT(d0, &Cs[col], 64u);
+                    coopStoreT(d1, &Cs[col + 16u], 64u);
+                    if (NB == 4u) {
+                        coopStoreT(d2, &Cs[col + 32u], 64u);
+                        coopStoreT(d3, &Cs[col + 48u], 64u);
+                    }
                 }
             }
             workgroupBarrier();
             if (ty / 4u == quarter) {
-                let v = Acc16(
-                    vec4<f32>(Cs[r], Cs[r + 1u], Cs[r + 2u], Cs[r + 3u]),
-                    vec4<f32>(Cs[r + 64u], Cs[r + 65u], Cs[r + 66u], Cs[r + 67u]),
-                    vec4<f32>(Cs[r + 128u], Cs[r + 129u], Cs[r + 130u], Cs[r + 131u]),
-                    vec4<f32>(Cs[r + 192u], Cs[r + 193u], Cs[r + 194u], Cs[r + 195u]),
-                );
-                if (part == 0u) {
-                    acc = v;
+                let v = cs_block(r);
+                if (h == 0u) {
+                    if (part == 0u) {
+                        acc0 = v;
+                    } else {
+                        acc0 = add_lo(acc0, v);
+                    }
+                } else if (part == 0u) {
+                    acc1 = v;
                 } else {
-                    let f = 1.0 / LO_SCALE;
-                    acc = Acc16(acc.r0 + f * v.r0, acc.r1 + f * v.r1, acc.r2 + f * v.r2, acc.r3 + f * v.r3);
+                    acc1 = add_lo(acc1, v);
                 }
             }
             workgroupBarrier();
         }
+    }
+    var acc: array<Acc16, TN / 64u>;
+    acc[0] = acc0;
+    if (TH == 2u) {
+        acc[TH - 1u] = acc1;
     }
     return acc;
 }

@@ -1,5 +1,10 @@
-// The GEMM tile of `gemm` and `gemm_experts` on adapters without the tensor-core path
-// (matmul_coop.wgsl): f32 FMAs, `tile64` in matmul.wgsl.
-fn tile(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
-    return tile64(xr, wr, lid);
+// The GEMM tile of `gemm`, `gemm_experts` and `gemm_heads` on adapters without the
+// tensor-core path (matmul_coop.wgsl): f32 FMAs, `tile64` in matmul.wgsl, 64 columns.
+const TN: u32 = 64u;
+
+// One 64 × TN output tile over the whole K: `xr[p]` the x offset of tile row
+// `lid / 16 + 16 p`, `wr[q]` the weight offset of tile column `lid / 8 + 32 q` (NONE = zero
+// row); the result as TN / 64 blocks of 64 columns in tile64's layout.
+fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32) -> array<Acc16, TN / 64u> {
+    return array<Acc16, TN / 64u>(tile64(xr, vec2<u32>(wr[0], wr[1]), lid));
 }

@@ -28,8 +28,9 @@ pub const GEMV_PASSES_MAX_ROWS: u32 = 32;
 /// `matmul` uses 128×128 GEMM tiles for more than 128 rows when there are at least this many
 /// of them, else 64×64 (the smaller tiles keep more of the GPU busy).
 const GEMM128_MIN_TILES: u32 = 100;
-/// The grouped expert GEMM's tile (`BM` = `BN` in the shader).
-const EXPERT_TILE: u32 = 64;
+/// Rows of the GEMM tiles of `gemm`, `gemm_experts` and `gemm_heads` (`BM` in the shader);
+/// their columns are [`tile_cols`].
+const GEMM_TILE_ROWS: u32 = 64;
 /// Weight rows per GEMV workgroup (`RPW` in the shader).
 const GEMV_RPW: u32 = 4;
 
@@ -203,12 +204,45 @@ fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Ker
 fn coop_defines(f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
     defines(f, k)
         .into_iter()
-        .chain(coop_only_defines())
+        .chain(coop_only_defines(f))
         .collect()
 }
 
-fn coop_only_defines() -> [(&'static str, String); 2] {
-    [("Q4_MODE", u(coop_q4_mode())), ("X_F16", u(coop_x_f16()))]
+fn coop_only_defines(f: WFormat) -> [(&'static str, String); 3] {
+    coop_only_defines_for(f.code())
+}
+
+/// [`coop_only_defines`] for the `W_DTYPE` code `w_dtype`.
+fn coop_only_defines_for(w_dtype: u32) -> [(&'static str, String); 3] {
+    [
+        ("Q4_MODE", u(coop_q4_mode())),
+        ("X_F16", u(coop_x_f16())),
+        ("TN", u(coop_tile_cols(w_dtype))),
+    ]
+}
+
+/// Columns of the tensor-core tile for weights in format `f` (the `TN` define): 128 where
+/// the weights are staged as one f16 value (bf16, f16, q4), so each staged x value feeds
+/// twice the products of 64 columns; 64 where they need a lo half too (f32, FP8, q8, q4 with
+/// `SPARSA_COOP_Q4=1`), whose 128-column stage would not fit the workgroup memory.
+fn coop_tile_cols(w_dtype: u32) -> u32 {
+    let w_lo = matches!(w_dtype, 0 | 3 | 4) || (w_dtype == 5 && coop_q4_mode() == 1);
+    // `SPARSA_COOP_TN=64` keeps 64 columns for every format (a measurement aid).
+    if w_lo || knob!("SPARSA_COOP_TN", |v| v == 64 || v == 128) == Some(64) {
+        64
+    } else {
+        128
+    }
+}
+
+/// Columns of the GEMM tile `gemm`, `gemm_experts` and `gemm_heads` run with on `rec`'s
+/// device for weights in format `f` (`TN` in the shaders).
+fn tile_cols(rec: &Recorder, f: WFormat) -> u32 {
+    if rec.gpu().tensor_cores() {
+        coop_tile_cols(f.code())
+    } else {
+        64
+    }
 }
 
 /// Whether the tensor-core tile takes x as one f16 value instead of hi and lo halves: 0
@@ -247,11 +281,21 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
     if portable != v.shader || shader_of(v.entry, true, true).code() == portable {
         return vec![];
     }
+    let w_dtype = v
+        .defines
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("const W_DTYPE = ")?
+                .strip_suffix("u;")?
+                .parse()
+                .ok()
+        })
+        .expect("a GEMM variant's defines name its W_DTYPE");
     [true, false]
         .map(|x4| ShaderVariant {
             shader: shader_of(v.entry, true, x4).code(),
             entry: v.entry,
-            defines: v.defines.clone() + &crate::gpu::define_lines(&coop_only_defines()),
+            defines: v.defines.clone() + &crate::gpu::define_lines(&coop_only_defines_for(w_dtype)),
         })
         .to_vec()
 }
@@ -677,6 +721,7 @@ fn matmul_as(
             Dense::Gemv => n.div_ceil(GEMV_RPW),
             Dense::Gemv4(tpr4, rr) => n.div_ceil(256 / tpr4 * rr),
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
+            Dense::Gemm(64) => rows.div_ceil(GEMM_TILE_ROWS) * n.div_ceil(tile_cols(rec, w.format)),
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
         };
         let grid = rec.gpu().grid(groups);
@@ -930,7 +975,9 @@ fn heads_gemm(rec: &mut Recorder, w: &GpuWeight, h: &Heads, transposed: bool) {
         w_t: transposed as u32,
         ..h.slot_params(w, block)
     };
-    let tiles = heads as u64 * rows.div_ceil(EXPERT_TILE) as u64 * n.div_ceil(EXPERT_TILE) as u64;
+    let tiles = heads as u64
+        * rows.div_ceil(GEMM_TILE_ROWS) as u64
+        * n.div_ceil(tile_cols(rec, w.format)) as u64;
     assert!(
         tiles <= u32::MAX as u64,
         "per-head GEMM: too many workgroups"
@@ -1093,7 +1140,7 @@ fn experts_as(
         } else if gemv {
             slots * rpe.div_ceil(GEMV_RPW)
         } else {
-            (e1 - e0) * rpe.div_ceil(EXPERT_TILE)
+            (e1 - e0) * rpe.div_ceil(tile_cols(rec, w.format))
         };
         let grid = rec.gpu().grid(groups);
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
