@@ -780,6 +780,18 @@ fn store4(base: u32, n: u32, nmax: u32, v: vec4<f32>) {
     if (n + 3u < nmax) { y[base + n + 3u] = v.w; }
 }
 
+// Stores an invocation's part of a 64 × TN tile (what `tile` returned): its rows t0 .. t0 + 3
+// below `tmax`, `ys` apart from `base`, columns n0 + 64 h + 4 (lid % 16) .. + 3 below P.n.
+fn store_tile(acc: array<Acc16, TN / 64u>, base: u32, ys: u32, t0: u32, tmax: u32, n0: u32, lid: u32) {
+    for (var h = 0u; h < TN / 64u; h++) {
+        let nc = n0 + 64u * h + 4u * (lid % 16u);
+        if (t0 < tmax) { store4(base, nc, P.n, acc[h].r0); }
+        if (t0 + 1u < tmax) { store4(base + ys, nc, P.n, acc[h].r1); }
+        if (t0 + 2u < tmax) { store4(base + 2u * ys, nc, P.n, acc[h].r2); }
+        if (t0 + 3u < tmax) { store4(base + 3u * ys, nc, P.n, acc[h].r3); }
+    }
+}
+
 @compute @workgroup_size(256)
 fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
@@ -806,14 +818,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
     let acc = tile(xr, wr, lid);
     let t0 = m0 + 4u * (lid / 16u);
-    let base = P.y_off + t0 * P.y_stride;
-    for (var h = 0u; h < TN / 64u; h++) {
-        let nc = n0 + 64u * h + 4u * (lid % 16u);
-        if (t0 < P.rows) { store4(base, nc, P.n, acc[h].r0); }
-        if (t0 + 1u < P.rows) { store4(base + P.y_stride, nc, P.n, acc[h].r1); }
-        if (t0 + 2u < P.rows) { store4(base + 2u * P.y_stride, nc, P.n, acc[h].r2); }
-        if (t0 + 3u < P.rows) { store4(base + 3u * P.y_stride, nc, P.n, acc[h].r3); }
-    }
+    store_tile(acc, P.y_off + t0 * P.y_stride, P.y_stride, t0, P.rows, n0, lid);
 }
 
 // ---- GEMM, 128×128 tiles ----------------------------------------------------------------
@@ -997,14 +1002,7 @@ fn gemm_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         yrow = P.y_row;
     }
     let t0 = m0 + 4u * (lid / 16u);
-    let base = P.y_off + t0 * yrow + e * P.y_stride;
-    for (var h = 0u; h < TN / 64u; h++) {
-        let nc = n0 + 64u * h + 4u * (lid % 16u);
-        if (t0 < tokens) { store4(base, nc, P.n, acc[h].r0); }
-        if (t0 + 1u < tokens) { store4(base + yrow, nc, P.n, acc[h].r1); }
-        if (t0 + 2u < tokens) { store4(base + 2u * yrow, nc, P.n, acc[h].r2); }
-        if (t0 + 3u < tokens) { store4(base + 3u * yrow, nc, P.n, acc[h].r3); }
-    }
+    store_tile(acc, P.y_off + t0 * yrow + e * P.y_stride, yrow, t0, tokens, n0, lid);
 }
 
 @compute @workgroup_size(256)

@@ -25,8 +25,8 @@ pub const GEMV_MAX_ROWS: u32 = 8;
 /// Up to this many rows `matmul` runs GEMV passes of up to [`GEMV_MAX_ROWS`] rows (each
 /// reads the weights once); beyond, a tiled GEMM.
 pub const GEMV_PASSES_MAX_ROWS: u32 = 32;
-/// `matmul` uses 128×128 GEMM tiles for more than 128 rows when there are at least this many
-/// of them, else 64×64 (the smaller tiles keep more of the GPU busy).
+/// Without tensor cores `matmul` uses 128×128 GEMM tiles for more than 128 rows when there
+/// are at least this many of them, else 64×64 (the smaller tiles keep more of the GPU busy).
 const GEMM128_MIN_TILES: u32 = 100;
 /// Rows of the GEMM tiles of `gemm`, `gemm_experts` and `gemm_heads` (`BM` in the shader);
 /// their columns are [`tile_cols`].
@@ -204,16 +204,12 @@ fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Ker
 fn coop_defines(f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
     defines(f, k)
         .into_iter()
-        .chain(coop_only_defines(f))
+        .chain(coop_only_defines(f.code()))
         .collect()
 }
 
-fn coop_only_defines(f: WFormat) -> [(&'static str, String); 3] {
-    coop_only_defines_for(f.code())
-}
-
-/// [`coop_only_defines`] for the `W_DTYPE` code `w_dtype`.
-fn coop_only_defines_for(w_dtype: u32) -> [(&'static str, String); 3] {
+/// The defines only the tensor-core tile reads, for weights of `W_DTYPE` code `w_dtype`.
+fn coop_only_defines(w_dtype: u32) -> [(&'static str, String); 3] {
     [
         ("Q4_MODE", u(coop_q4_mode())),
         ("X_F16", u(coop_x_f16())),
@@ -235,13 +231,16 @@ fn coop_tile_cols(w_dtype: u32) -> u32 {
     }
 }
 
+/// Columns of the f32 GEMM tile (`TN` in matmul_tile.wgsl).
+const PORTABLE_TILE_COLS: u32 = 64;
+
 /// Columns of the GEMM tile `gemm`, `gemm_experts` and `gemm_heads` run with on `rec`'s
 /// device for weights in format `f` (`TN` in the shaders).
 fn tile_cols(rec: &Recorder, f: WFormat) -> u32 {
     if rec.gpu().tensor_cores() {
         coop_tile_cols(f.code())
     } else {
-        64
+        PORTABLE_TILE_COLS
     }
 }
 
@@ -295,7 +294,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .map(|x4| ShaderVariant {
             shader: shader_of(v.entry, true, x4).code(),
             entry: v.entry,
-            defines: v.defines.clone() + &crate::gpu::define_lines(&coop_only_defines_for(w_dtype)),
+            defines: v.defines.clone() + &crate::gpu::define_lines(&coop_only_defines(w_dtype)),
         })
         .to_vec()
 }
@@ -940,7 +939,8 @@ pub fn matmul_heads_t(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
 }
 
 /// The per-head GEMM of [`matmul_heads`] (`transposed`: of [`matmul_heads_t`]): one
-/// workgroup per (head, 64 token rows, 64 outputs), the GEMM tile over the head's window.
+/// workgroup per (head, 64 token rows, [`tile_cols`] outputs), the GEMM tile over the head's
+/// window.
 fn heads_gemm(rec: &mut Recorder, w: &GpuWeight, h: &Heads, transposed: bool) {
     let Heads {
         x,
