@@ -316,6 +316,27 @@ struct LayerState {
     predicted: Vec<u32>,
 }
 
+/// The pairs of a hybrid round left to the CPU ([`Offload::serve_hybrid`]).
+pub struct CpuPart {
+    /// The MoE layer.
+    pub layer: usize,
+    /// Pairs per row, and the experts' intermediate size.
+    k: usize,
+    inter: usize,
+    /// Every pair's expert.
+    experts: Vec<u32>,
+    /// The missed experts in order of first use, each with the pairs (indices into
+    /// `experts`) that chose it.
+    order: Vec<(u32, Vec<usize>)>,
+}
+
+impl CpuPart {
+    /// The pairs the CPU runs, in the order of [`Offload::run_cpu`]'s outputs.
+    pub fn pairs(&self) -> impl Iterator<Item = usize> + '_ {
+        self.order.iter().flat_map(|(_, ps)| ps.iter().copied())
+    }
+}
+
 /// The routed-expert cache of a model loaded under a budget.
 pub struct Offload {
     pub slots: Slots,
@@ -596,10 +617,8 @@ impl Offload {
 
     /// [`Offload::serve`] for a chunk of few rows (see [`Offload::hybrid_for`]), in one round:
     /// the resident experts (and those the cache takes in, [`SlotTable::place_hybrid`]) run
-    /// on the GPU through `run`, which submits them; meanwhile the CPU computes the other
-    /// pairs from the mapped files, and `put(pair, output)` receives each one's expert output
-    /// (`hidden` floats, before its routing weight). `x`: the chunk's `rows` rows of the
-    /// experts' input.
+    /// on the GPU through `run`, which submits them. Returns the pairs left to the CPU, for
+    /// [`Offload::run_cpu`] (None: every pair ran on the GPU).
     #[cfg(not(target_arch = "wasm32"))]
     #[allow(clippy::too_many_arguments)]
     pub fn serve_hybrid(
@@ -608,18 +627,13 @@ impl Offload {
         i: usize,
         source: &ExpertSource,
         experts: Vec<u32>,
-        (rows, x): (usize, &[f32]),
+        rows: usize,
         (gate_up, down): (&GpuWeight, &GpuWeight),
         run: impl FnOnce(&[u32]) -> Result<()>,
-        mut put: impl FnMut(usize, &[f32]) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<Option<CpuPart>> {
         let layer = self.layer(i)?;
         let mut st = crate::gpu::lock(layer);
         let experts = self.prepare(i, &mut st, experts, rows)?;
-        let k = experts.len() / rows.max(1);
-        let hidden = gate_up.cols;
-        let n = st.table.slots();
-        let inter = gate_up.rows / n / 2;
         let bytes = self.slots.expert_bytes as f64;
         // Auto: upload a miss where its rows cost the CPU more than its upload would.
         let rates = match self.cpu {
@@ -635,7 +649,7 @@ impl Offload {
                 r * bytes / cpu > bytes / up
             })
         };
-        let (round, cpu_pairs) = st.table.place_hybrid(&experts, upload);
+        let (round, pairs) = st.table.place_hybrid(&experts, upload);
         for _ in 0..rows {
             st.table.tick();
         }
@@ -650,25 +664,52 @@ impl Offload {
             st.table.clear();
             return Err(err);
         }
-        drop(st);
-        if cpu_pairs.is_empty() {
-            return Ok(());
-        }
-        // The CPU's part, while the GPU runs its own: the missed experts in order of first
-        // use, each with the rows that chose it.
-        let t0 = std::time::Instant::now();
+        let inter = gate_up.rows / st.table.slots() / 2;
         let mut order: Vec<(u32, Vec<usize>)> = Vec::new();
-        for &p in &cpu_pairs {
+        for &p in &pairs {
             match order.iter_mut().find(|(e, _)| *e == experts[p]) {
                 Some((_, ps)) => ps.push(p),
                 None => order.push((experts[p], vec![p])),
             }
         }
+        Ok((!pairs.is_empty()).then(|| CpuPart {
+            layer: i,
+            k: experts.len() / rows.max(1),
+            inter,
+            experts,
+            order,
+        }))
+    }
+
+    /// The CPU's part of a hybrid round ([`Offload::serve_hybrid`]), from the mapped files:
+    /// the missed experts in order of first use, each with the rows that chose it. `x`: the
+    /// chunk's rows of the experts' input. Returns the pairs' expert outputs (`hidden`
+    /// floats each, before the routing weight), one after another in the order of
+    /// [`CpuPart::pairs`].
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run_cpu(
+        &self,
+        source: &ExpertSource,
+        part: &CpuPart,
+        x: &[f32],
+        (gate_up, down): (&GpuWeight, &GpuWeight),
+    ) -> Result<Vec<f32>> {
+        let CpuPart {
+            layer: i,
+            k,
+            inter,
+            ref experts,
+            ref order,
+        } = *part;
+        let hidden = gate_up.cols;
+        let bytes = self.slots.expert_bytes as f64;
+        let t0 = std::time::Instant::now();
+        let n_pairs: usize = order.iter().map(|(_, ps)| ps.len()).sum();
         let mut jobs = Vec::with_capacity(order.len());
         let mut at = 0;
-        let mut pair_of_row = Vec::with_capacity(cpu_pairs.len());
-        let mut rows_of: Vec<&[f32]> = Vec::with_capacity(cpu_pairs.len());
-        for (e, ps) in &order {
+        let mut pair_of_row = Vec::with_capacity(n_pairs);
+        let mut rows_of: Vec<&[f32]> = Vec::with_capacity(n_pairs);
+        for (e, ps) in order {
             for &p in ps {
                 pair_of_row.push(p);
                 rows_of.push(&x[p / k * hidden..(p / k + 1) * hidden]);
@@ -695,17 +736,29 @@ impl Offload {
                     experts[p]
                 )));
             }
-            put(p, o)?;
         }
+        let outs = out.clone();
         let per_rows: f64 = order.iter().map(|(_, ps)| ps.len() as f64 * bytes).sum();
         Rates::add(&mut crate::gpu::lock(&self.rates).cpu, per_rows, secs);
         let mut s = crate::gpu::lock(&self.stats);
-        s.cpu_pairs += cpu_pairs.len() as u64;
+        s.cpu_pairs += n_pairs as u64;
         s.cpu_experts += order.len() as u64;
         s.cpu_bytes += order.len() as u64 * self.slots.expert_bytes;
         s.cpu_s += secs;
         self.files_read.store(true, Ordering::Relaxed);
-        Ok(())
+        Ok(outs)
+    }
+
+    /// Runs `job` on the CPU executor's threads without waiting for it (on a thread of its
+    /// own without them): a hybrid round's CPU part, while the caller records what follows.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+        match &self.pool {
+            Some(pool) => pool.spawn(job),
+            None => {
+                std::thread::spawn(job);
+            }
+        }
     }
 
     /// Fault in the pages of the experts in `sources` (the offloaded layers', with their

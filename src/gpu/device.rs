@@ -29,6 +29,9 @@ pub(super) struct Health {
     /// Raised (e.g. by a Ctrl-C handler) to stop a long host loop such as the weight upload
     /// at its next step (see [`Gpu::interrupt_flag`]).
     interrupt: Arc<AtomicBool>,
+    /// The first error of host work a submission waited for (a hybrid round's CPU experts,
+    /// [`super::Recorder::before_submit`]) since the last [`Gpu::check`].
+    pub(super) host: Mutex<Option<crate::error::Error>>,
 }
 
 impl Health {
@@ -62,6 +65,7 @@ impl Health {
             lost,
             submits: AtomicU64::new(0),
             interrupt: Arc::default(),
+            host: Mutex::default(),
         }
     }
 }
@@ -247,6 +251,9 @@ impl Gpu {
     /// Fails once the device is lost, and with the first GPU validation / out-of-memory
     /// error seen since the last check.
     pub fn check(&self) -> Result<()> {
+        if let Some(e) = lock(&self.health.host).take() {
+            return Err(e);
+        }
         if !lock(&self.health.errors).is_empty() {
             // A lost device makes every later call fail validation, and its own callback runs
             // only when the device is waited on: wait (this run is failing anyway), so that

@@ -40,15 +40,37 @@ impl Gpu {
 
     /// Several `(buffer, offset, bytes)` ranges copied back in one submission and one wait
     /// (offsets multiples of 4): a step that needs a few small buffers pays one round trip.
+    /// For short waits in the middle of a step (an offloaded layer's routing): on a GPU the
+    /// thread polls without sleeping until the data is there (see [`Gpu::spin_waits`]).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_parts(&self, parts: &[(&wgpu::Buffer, u64, u64)]) -> Result<Vec<Vec<u8>>> {
-        pollster::block_on(self.read_parts_async(parts))
+        pollster::block_on(self.read_staged(parts, self.spin_waits()))
     }
 
-    /// [`Gpu::read_parts`] for every platform (see [`Gpu::read_bytes_async`]).
+    /// Whether [`Gpu::read_parts`] polls instead of sleeping until its data is there: on a
+    /// GPU, not on a CPU adapter, whose threads need the cores. On the H200, full-depth GLM-5
+    /// q4 hybrid decode: 70.1–70.6 ms a token waiting for the offloaded layers' routing
+    /// against 75.0–75.3 sleeping (BENCHMARKS.md, "Hybrid decode: the CPU's part overlapped").
+    /// `SPARSA_SPIN_WAIT=0` never polls; `=1` polls in every read-back (measurement aids).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn spin_waits(&self) -> bool {
+        crate::knobs::knob!("SPARSA_SPIN_WAIT", |v| v <= 1).unwrap_or(1) == 1
+            && !self.adapter.is_cpu()
+    }
+
+    /// [`Gpu::read_parts`] for every platform, sleeping while it waits (see
+    /// [`Gpu::read_bytes_async`]).
     pub async fn read_parts_async(
         &self,
         parts: &[(&wgpu::Buffer, u64, u64)],
+    ) -> Result<Vec<Vec<u8>>> {
+        self.read_staged(parts, false).await
+    }
+
+    async fn read_staged(
+        &self,
+        parts: &[(&wgpu::Buffer, u64, u64)],
+        spin: bool,
     ) -> Result<Vec<Vec<u8>>> {
         // Each part at a 4-byte multiple of the staging buffer, as copies require.
         let mut at = Vec::with_capacity(parts.len());
@@ -74,7 +96,7 @@ impl Gpu {
             enc.copy_buffer_to_buffer(buf, offset, &staging, to, bytes.div_ceil(4) * 4);
         }
         self.submit([enc.finish()]);
-        let data = self.read_mapped_async(&staging, size, None).await?;
+        let data = self.read_mapped(&staging, size, None, spin).await?;
         let mut slot = lock(&self.readback.staging);
         if slot.as_ref().is_none_or(|b| b.size() < staging.size()) {
             *slot = Some(staging);
@@ -95,14 +117,27 @@ impl Gpu {
         bytes: u64,
         after: Option<wgpu::SubmissionIndex>,
     ) -> Result<Vec<u8>> {
+        self.read_mapped(buf, bytes, after, false).await
+    }
+
+    /// [`Gpu::read_mapped_async`], polling without sleeping first where `spin`.
+    async fn read_mapped(
+        &self,
+        buf: &wgpu::Buffer,
+        bytes: u64,
+        after: Option<wgpu::SubmissionIndex>,
+        spin: bool,
+    ) -> Result<Vec<u8>> {
         let slice = buf.slice(..bytes.div_ceil(4).max(1) * 4);
         let (tx, rx) = oneshot();
         slice.map_async(wgpu::MapMode::Read, move |r| tx.send(r));
-        // `SPARSA_SPIN_WAIT=1`: natively, poll without blocking until the map completes
-        // (up to 100 ms, then block): a round trip per offloaded layer then does not pay a
-        // sleeping thread's wake-up. A measurement aid (it keeps one core busy waiting).
+        #[cfg(target_arch = "wasm32")]
+        let _ = spin;
+        // Natively, poll without blocking until the map completes (up to 100 ms, then
+        // block): a round trip per offloaded layer then does not pay a sleeping thread's
+        // wake-up. It keeps one core busy waiting.
         #[cfg(not(target_arch = "wasm32"))]
-        if crate::knobs::knob!("SPARSA_SPIN_WAIT", |v| v <= 1) == Some(1) {
+        if spin || crate::knobs::knob!("SPARSA_SPIN_WAIT", |v| v <= 1) == Some(1) {
             let t0 = std::time::Instant::now();
             while !rx.is_ready() && t0.elapsed() < std::time::Duration::from_millis(100) {
                 let _ = self.device.poll(wgpu::PollType::Poll);

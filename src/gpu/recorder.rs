@@ -42,6 +42,8 @@ pub struct Recorder<'g> {
     /// Submit after this many dispatches (0: only at [`Recorder::flush`]); see
     /// [`Recorder::submit_every`].
     every: usize,
+    /// What must be done before the next submission ([`Recorder::before_submit`]).
+    pending: Option<Box<dyn FnOnce() -> Result<()> + 'g>>,
     _arena: MutexGuard<'g, ()>,
 }
 
@@ -55,6 +57,7 @@ impl Gpu {
             cost: Cost::default(),
             cache: false,
             every: 0,
+            pending: None,
             _arena: super::lock(&self.params.lock),
         }
     }
@@ -216,18 +219,31 @@ impl<'g> Recorder<'g> {
         });
     }
 
+    /// Has `job` run before the next submission, whatever makes it (the host's writes it
+    /// makes, such as a hybrid round's CPU outputs, land before the dispatches recorded
+    /// since, which read them). Meanwhile the host goes on recording. An error it returns
+    /// is reported by the next [`Gpu::check`]. A job already pending runs first.
+    pub fn before_submit(&mut self, job: impl FnOnce() -> Result<()> + 'g) {
+        self.run_pending();
+        self.pending = Some(Box::new(job));
+    }
+
+    fn run_pending(&mut self) {
+        if let Some(job) = self.pending.take() {
+            if let Err(e) = job() {
+                super::lock(&self.gpu.health.host).get_or_insert(e);
+            }
+        }
+    }
+
     /// Submit everything recorded so far (does not wait, except while profiling with
     /// timestamps, when it reads the timestamps back).
     pub fn flush(&mut self) {
         if self.ops.is_empty() {
+            self.run_pending();
             return;
         }
         let watch = Stopwatch::start();
-        if !self.params.is_empty() {
-            self.gpu
-                .queue
-                .write_buffer(&self.gpu.params.buffer, 0, &self.params);
-        }
         let ops = std::mem::take(&mut self.ops);
         let timed = super::lock(&self.gpu.profile.profiler)
             .as_ref()
@@ -282,8 +298,9 @@ impl<'g> Recorder<'g> {
         let Some(qs) = queries else {
             let commands = enc.finish();
             self.gpu.counters.add(HostPart::Encode, watch);
+            // A pending job (its writes) only now: the commands were encoded meanwhile.
+            self.write_params();
             self.gpu.submit([commands]);
-            self.params.clear();
             return;
         };
         let bytes = 16 * n_disp as u64;
@@ -294,8 +311,9 @@ impl<'g> Recorder<'g> {
             mapped_at_creation: false,
         });
         enc.resolve_query_set(&qs, 0..2 * n_disp, &resolve, 0);
-        self.gpu.submit([enc.finish()]);
-        self.params.clear();
+        let commands = enc.finish();
+        self.write_params();
+        self.gpu.submit([commands]);
         match self.gpu.read_timestamps(&resolve, bytes) {
             Ok(raw) => {
                 let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&raw);
@@ -314,6 +332,18 @@ impl<'g> Recorder<'g> {
             }
             Err(e) => log::error!("profiler: {e}"),
         }
+    }
+
+    /// Before a submission: the pending job, then the parameter arena (both writes land
+    /// before the submission's commands).
+    fn write_params(&mut self) {
+        self.run_pending();
+        if !self.params.is_empty() {
+            self.gpu
+                .queue
+                .write_buffer(&self.gpu.params.buffer, 0, &self.params);
+        }
+        self.params.clear();
     }
 
     /// Submit and wait for the GPU; reports GPU errors.

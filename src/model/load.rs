@@ -117,6 +117,16 @@ impl Weights {
     pub fn head(&self) -> &GpuWeight {
         self.lm_head.as_ref().unwrap_or(&self.embed)
     }
+
+    /// Decoder layer `i`: the main model's, then the MTP layer's (`num_hidden_layers`).
+    pub fn layer(&self, i: usize) -> Option<&Layer> {
+        self.layers.get(i).or_else(|| {
+            self.mtp
+                .as_ref()
+                .filter(|_| i == self.layers.len())
+                .map(|m| &m.layer)
+        })
+    }
 }
 
 /// The multi-token-prediction layer (`model.layers.{num_hidden_layers}`), a draft model:

@@ -16,7 +16,7 @@
 use super::load::Moe;
 use super::session::Session;
 use crate::error::Result;
-use crate::experts::{ExpertSource, Offload};
+use crate::experts::{CpuPart, ExpertSource, Offload};
 use crate::gpu::Recorder;
 use crate::kernels::matmul::{Routed, XQuant};
 use crate::kernels::{elementwise, matmul, router, View};
@@ -166,7 +166,10 @@ impl Session {
                 // The next layer's router on this layer's input predicts its choices.
                 self.route(rec, nm, t, &s.prefetch_idx, &s.prefetch_weights, None);
             }
+            // The previous hybrid layer's CPU outputs are written first (and its errors
+            // reported here).
             rec.flush();
+            gpu.check()?;
             let t0 = std::time::Instant::now();
             // One readback: the routing, the prediction, and x where the CPU needs it.
             let hybrid = off.hybrid_for(t as usize);
@@ -198,20 +201,13 @@ impl Session {
                 Ok(())
             };
             if hybrid {
-                off.serve_hybrid(
-                    gpu,
-                    i,
-                    src,
-                    ids,
-                    (t as usize, &x),
-                    (&m.gate_up, &m.down),
-                    |table| gpu_round(table, true),
-                    |p, out| {
-                        let at = (p * hd * 4) as u64;
-                        gpu.write(&s.moe_out, at, bytemuck::cast_slice(out));
-                        Ok(())
-                    },
-                )?;
+                let weights = (&m.gate_up, &m.down);
+                let part = off.serve_hybrid(gpu, i, src, ids, t as usize, weights, |table| {
+                    gpu_round(table, true)
+                })?;
+                if let Some(part) = part {
+                    self.cpu_experts(rec, part, x)?;
+                }
             } else {
                 let (gu, dn) = (&m.gate_up, &m.down);
                 off.serve(gpu, i, src, ids, t as usize, gu, dn, |t| {
@@ -231,5 +227,77 @@ impl Session {
                 "expert offloading needs to wait for the GPU mid-step, which the browser cannot",
             ))
         }
+    }
+
+    /// A hybrid round's CPU part (`part`, over the chunk's expert input `x`): its outputs go
+    /// into `s.moe_out` before the next submission. With the executor's threads it runs on
+    /// them while the host records what follows (the combine, the next layer's attention and
+    /// router), and that submission waits for it (`SPARSA_CPU_OVERLAP=0`: here, a
+    /// measurement aid).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn cpu_experts(&self, rec: &mut Recorder, part: CpuPart, x: Vec<f32>) -> Result<()> {
+        let model = self.model.clone();
+        let row = 4 * model.config.hidden_size as u64;
+        // The outputs arrive in one write to `cpu_out`; each goes on to its pair's row of
+        // `moe_out` by a copy recorded now, ahead of the combine.
+        for (j, p) in part.pairs().enumerate() {
+            rec.copy(
+                &self.s.cpu_out,
+                j as u64 * row,
+                &self.s.moe_out,
+                p as u64 * row,
+                row,
+            );
+        }
+        let out = self.s.cpu_out.clone();
+        let write = move |gpu: &crate::gpu::Gpu, outs: Vec<f32>| {
+            gpu.write(&out, 0, bytemuck::cast_slice(&outs));
+        };
+        // The layer's experts, where the job finds them again (it owns what it reads).
+        let run = |model: &super::Model, part: &CpuPart, x: &[f32]| {
+            let layer = model.weights.layer(part.layer).map(|l| &l.mlp);
+            if let (Some(super::load::Mlp::Moe(m)), Some(off)) = (layer, &model.offload) {
+                if let Some(src) = &m.source {
+                    return off.run_cpu(src, part, x, (&m.gate_up, &m.down));
+                }
+            }
+            Err(crate::error::Error::msg(format!(
+                "layer {}: CPU experts for a layer that does not stream its experts",
+                part.layer
+            )))
+        };
+        if !crate::knobs::knob_on!("SPARSA_CPU_OVERLAP") {
+            let outs = run(&model, &part, &x)?;
+            write(&model.gpu, outs);
+            return Ok(());
+        }
+        let Some(off) = &model.offload else {
+            return Err(crate::error::Error::msg(
+                "CPU experts without an expert cache",
+            ));
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let job = model.clone();
+        off.spawn(move || {
+            // A panic on the pool's thread would abort the process: it becomes the error.
+            let got =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&job, &part, &x)))
+                    .unwrap_or_else(|_| {
+                        Err(crate::error::Error::msg(format!(
+                            "layer {}: the CPU experts' job panicked",
+                            part.layer
+                        )))
+                    });
+            // The receiver may be gone (the step failed before it waited): nothing to do.
+            let _ = tx.send(got);
+        });
+        rec.before_submit(move || {
+            let outs = rx.recv().map_err(|_| {
+                crate::error::Error::msg("the CPU experts' job ended without a result")
+            })??;
+            write(&model.gpu, outs);
+            Ok(())
+        });
+        Ok(())
     }
 }

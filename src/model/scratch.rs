@@ -216,6 +216,10 @@ scratch! {
         moe_act: z.c * pairs(z.cfg) * z.cfg.moe_intermediate_size.max(1),
         /// Each routed pair's expert output, before the weighted sum.
         moe_out: z.c * pairs(z.cfg) * z.cfg.hidden_size,
+        /// A hybrid round's CPU outputs, one write in the CPU's pair order; copies put each
+        /// into its pair's row of `moe_out` (natively; the browser has no CPU experts).
+        #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+        cpu_out: z.c.min(crate::experts::CPU_MAX_ROWS) * pairs(z.cfg) * z.cfg.hidden_size,
         mlp_gate_up: z.c * 2 * z.mlp_inter(),
         mlp_act: z.c * z.mlp_inter(),
         logits: z.logits * z.cfg.vocab_size,
