@@ -926,9 +926,10 @@ pub fn format_report(r: &BenchReport) -> String {
             // Where a token's host time went (totals over the measured tokens).
             let per = |secs: f64| 1e3 * secs / st.tokens.max(1) as f64;
             let (cpu, wait, up) = (per(st.cpu_s), per(st.wait_s), per(st.upload_s));
+            let cpu_wait = per(st.cpu_wait_s);
             let _ = writeln!(
                 o,
-                "  a token's time, host clock ({:.3} ms median step): CPU experts {cpu:.3} ms, waiting for each offloaded layer's routing {wait:.3} ms, stalled on uploads {up:.3} ms; the rest {:.3} ms (GPU work no wait covered, recording, submitting)",
+                "  a token's time, host clock ({:.3} ms median step): CPU experts {cpu:.3} ms (the host recording meanwhile, then waiting {cpu_wait:.3} ms for them), waiting for each offloaded layer's routing {wait:.3} ms, stalled on uploads {up:.3} ms; the rest {:.3} ms (GPU work no wait covered, recording, submitting)",
                 d.ms_median,
                 d.ms_median - cpu - wait - up
             );

@@ -486,7 +486,8 @@ fn bench_reports_where_an_offloaded_token_goes() {
         .lines()
         .find(|l| l.contains("a token's time, host clock"))
         .unwrap_or_else(|| panic!("no time split: {text}"));
-    // "... CPU experts X ms, waiting ... routing Y ms, stalled on uploads Z ms; ..."
+    // "... CPU experts X ms (... then waiting W ms ...), waiting ... routing Y ms, stalled on
+    // uploads Z ms; ..."
     let ms_after = |label: &str| -> f64 {
         let rest = &line[line
             .find(label)
@@ -500,6 +501,8 @@ fn bench_reports_where_an_offloaded_token_goes() {
             .unwrap()
     };
     assert!(ms_after("CPU experts") > 0.0, "{line}");
+    // How long the host waited for them at its next submission.
+    assert!(ms_after("then waiting") > 0.0, "{line}");
     assert!(ms_after("routing") > 0.0, "{line}");
     assert!(ms_after("stalled on uploads") >= 0.0, "{line}");
 }

@@ -127,6 +127,8 @@ fn check_source(src: ModelSource, name: &str) {
                 6 * off.slots.moe_layers() as u64 * src.config.num_experts_per_tok as u64;
             assert!(st.cpu_pairs <= decode_uses, "{st:?}");
             assert!(slots > 1 || st.cpu_pairs > 0, "{st:?}");
+            // The host's wait for the CPU's part is counted whenever the CPU ran pairs.
+            assert_eq!(st.cpu_pairs > 0, st.cpu_wait_s > 0.0, "{st:?}");
             assert!(
                 st.cpu_bytes == st.cpu_experts * off.slots.expert_bytes,
                 "{st:?}"

@@ -158,6 +158,9 @@ pub struct ExpertStats {
     pub cpu_experts: u64,
     pub cpu_bytes: u64,
     pub cpu_s: f64,
+    /// Host seconds a submission waited for the CPU's part to finish: the rest of `cpu_s`
+    /// overlapped the host's recording of what follows.
+    pub cpu_wait_s: f64,
 }
 
 impl ExpertStats {
@@ -194,6 +197,7 @@ impl ExpertStats {
             cpu_experts: self.cpu_experts - before.cpu_experts,
             cpu_bytes: self.cpu_bytes - before.cpu_bytes,
             cpu_s: self.cpu_s - before.cpu_s,
+            cpu_wait_s: self.cpu_wait_s - before.cpu_wait_s,
         }
     }
 
@@ -210,13 +214,14 @@ impl ExpertStats {
         }
         if self.cpu_pairs > 0 {
             l.push_str(&format!(
-                "; CPU: {} pairs of {} uses ({} expert reads, {:.1} MiB per token) in {:.3} s, {:.2} GB/s",
+                "; CPU: {} pairs of {} uses ({} expert reads, {:.1} MiB per token) in {:.3} s, {:.2} GB/s, the host waiting {:.3} s of it",
                 self.cpu_pairs,
                 self.uses,
                 self.cpu_experts,
                 self.cpu_bytes as f64 / self.tokens.max(1) as f64 / (1u64 << 20) as f64,
                 self.cpu_s,
-                self.cpu_bytes as f64 / self.cpu_s.max(1e-9) / 1e9
+                self.cpu_bytes as f64 / self.cpu_s.max(1e-9) / 1e9,
+                self.cpu_wait_s
             ));
         }
         l
@@ -916,6 +921,11 @@ impl Offload {
     }
 
     /// Count a chunk's rows and the wait for a routing readback.
+    /// A submission waited `secs` for a hybrid round's CPU part.
+    pub fn count_cpu_wait(&self, secs: f64) {
+        crate::gpu::lock(&self.stats).cpu_wait_s += secs;
+    }
+
     pub fn count_sync(&self, rows: usize, wait_s: f64, first_layer: bool) {
         let mut s = crate::gpu::lock(&self.stats);
         s.syncs += 1;

@@ -266,16 +266,18 @@ impl Session {
                 part.layer
             )))
         };
-        if !crate::knobs::knob_on!("SPARSA_CPU_OVERLAP") {
-            let outs = run(&model, &part, &x)?;
-            write(&model.gpu, outs);
-            return Ok(());
-        }
         let Some(off) = &model.offload else {
             return Err(crate::error::Error::msg(
                 "CPU experts without an expert cache",
             ));
         };
+        if !crate::knobs::knob_on!("SPARSA_CPU_OVERLAP") {
+            let t0 = std::time::Instant::now();
+            let outs = run(&model, &part, &x)?;
+            off.count_cpu_wait(t0.elapsed().as_secs_f64());
+            write(&model.gpu, outs);
+            return Ok(());
+        }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         let job = model.clone();
         off.spawn(move || {
@@ -292,7 +294,12 @@ impl Session {
             let _ = tx.send(got);
         });
         rec.before_submit(move || {
-            let outs = rx.recv().map_err(|_| {
+            let t0 = std::time::Instant::now();
+            let got = rx.recv();
+            if let Some(off) = &model.offload {
+                off.count_cpu_wait(t0.elapsed().as_secs_f64());
+            }
+            let outs = got.map_err(|_| {
                 crate::error::Error::msg("the CPU experts' job ended without a result")
             })??;
             write(&model.gpu, outs);
