@@ -4,7 +4,7 @@
 //! resolve when the buffer is mapped.
 
 use super::oneshot::oneshot;
-use super::{lock, Gpu};
+use super::{lock, Gpu, Recorder};
 use crate::error::{Error, Result};
 use std::sync::Mutex;
 
@@ -16,6 +16,28 @@ pub(super) struct Readback {
     staging: Mutex<Option<wgpu::Buffer>>,
     /// The latest queue submission (see [`Gpu::last_submission`]).
     pub(super) last_submit: Mutex<Option<wgpu::SubmissionIndex>>,
+}
+
+/// A read-back whose copies into the staging buffer are recorded ([`Recorder::stage_read`]):
+/// each part's (offset in the buffer, bytes).
+pub struct StagedRead {
+    staging: wgpu::Buffer,
+    parts: Vec<(u64, u64)>,
+    size: u64,
+}
+
+impl Recorder<'_> {
+    /// Records copies of `parts` (`(buffer, offset, bytes)`, offsets multiples of 4) into the
+    /// read-back staging buffer: they go with the work recorded so far, in one submission,
+    /// and [`Gpu::read_staged`] waits for them once it is flushed.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn stage_read(&mut self, parts: &[(&wgpu::Buffer, u64, u64)]) -> StagedRead {
+        let r = self.gpu().staging_for(parts);
+        for (&(buf, offset, _), &(to, len)) in parts.iter().zip(&r.parts) {
+            self.copy(buf, offset, &r.staging, to, len.div_ceil(4) * 4);
+        }
+        r
+    }
 }
 
 impl Gpu {
@@ -38,16 +60,16 @@ impl Gpu {
         Ok(parts.pop().unwrap_or_default())
     }
 
-    /// Several `(buffer, offset, bytes)` ranges copied back in one submission and one wait
-    /// (offsets multiples of 4): a step that needs a few small buffers pays one round trip.
-    /// For short waits in the middle of a step (an offloaded layer's routing): on a GPU the
-    /// thread polls without sleeping until the data is there (see [`Gpu::spin_waits`]).
+    /// The parts [`Recorder::stage_read`] copied, once the submission that carries the
+    /// copies has run. For short waits in the middle of a step (an offloaded layer's
+    /// routing): on a GPU the thread polls without sleeping until the data is there
+    /// (see [`Gpu::spin_waits`]).
     #[cfg(not(target_arch = "wasm32"))]
-    pub fn read_parts(&self, parts: &[(&wgpu::Buffer, u64, u64)]) -> Result<Vec<Vec<u8>>> {
-        pollster::block_on(self.read_staged(parts, self.spin_waits()))
+    pub fn read_staged(&self, r: StagedRead) -> Result<Vec<Vec<u8>>> {
+        pollster::block_on(self.finish_read(r, self.spin_waits()))
     }
 
-    /// Whether [`Gpu::read_parts`] polls instead of sleeping until its data is there: on a
+    /// Whether [`Gpu::read_staged`] polls instead of sleeping until its data is there: on a
     /// GPU, not on a CPU adapter, whose threads need the cores. On the H200, full-depth GLM-5
     /// q4 hybrid decode: 70.1–70.6 ms a token waiting for the offloaded layers' routing
     /// against 75.0–75.3 sleeping (BENCHMARKS.md, "Hybrid decode: the CPU's part overlapped").
@@ -58,29 +80,33 @@ impl Gpu {
             && !self.adapter.is_cpu()
     }
 
-    /// [`Gpu::read_parts`] for every platform, sleeping while it waits (see
-    /// [`Gpu::read_bytes_async`]).
+    /// Several `(buffer, offset, bytes)` ranges copied back in one submission and one wait
+    /// (offsets multiples of 4), sleeping while it waits (see [`Gpu::read_bytes_async`]).
+    /// Within a recorded step, [`Recorder::stage_read`] puts the copies in the step's own
+    /// submission instead.
     pub async fn read_parts_async(
         &self,
         parts: &[(&wgpu::Buffer, u64, u64)],
     ) -> Result<Vec<Vec<u8>>> {
-        self.read_staged(parts, false).await
+        let r = self.staging_for(parts);
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        for (&(buf, offset, _), &(to, len)) in parts.iter().zip(&r.parts) {
+            enc.copy_buffer_to_buffer(buf, offset, &r.staging, to, len.div_ceil(4) * 4);
+        }
+        self.submit([enc.finish()]);
+        self.finish_read(r, false).await
     }
 
-    async fn read_staged(
-        &self,
-        parts: &[(&wgpu::Buffer, u64, u64)],
-        spin: bool,
-    ) -> Result<Vec<Vec<u8>>> {
-        // Each part at a 4-byte multiple of the staging buffer, as copies require.
+    /// Where `parts` go in the staging buffer, each at a 4-byte multiple as copies require.
+    /// The buffer is taken out of its slot for the read (a read that overlaps another, only
+    /// possible in the browser, makes its own) and put back after it.
+    fn staging_for(&self, parts: &[(&wgpu::Buffer, u64, u64)]) -> StagedRead {
         let mut at = Vec::with_capacity(parts.len());
         let mut size = 0u64;
         for &(_, _, bytes) in parts {
-            at.push(size);
+            at.push((size, bytes));
             size += bytes.div_ceil(4) * 4;
         }
-        // The staging buffer is taken out of its slot for the read (a read that overlaps
-        // another, only possible in the browser, makes its own) and put back after it.
         let kept = lock(&self.readback.staging).take();
         let staging = match kept {
             Some(b) if b.size() >= size.max(4) => b,
@@ -91,20 +117,24 @@ impl Gpu {
                 mapped_at_creation: false,
             }),
         };
-        let mut enc = self.device.create_command_encoder(&Default::default());
-        for (&(buf, offset, bytes), &to) in parts.iter().zip(&at) {
-            enc.copy_buffer_to_buffer(buf, offset, &staging, to, bytes.div_ceil(4) * 4);
+        StagedRead {
+            staging,
+            parts: at,
+            size,
         }
-        self.submit([enc.finish()]);
-        let data = self.read_mapped(&staging, size, None, spin).await?;
+    }
+
+    /// Maps the staging buffer of `r` once every submission so far has run, puts it back in
+    /// its slot and splits it into the parts.
+    async fn finish_read(&self, r: StagedRead, spin: bool) -> Result<Vec<Vec<u8>>> {
+        let data = self.read_mapped(&r.staging, r.size, None, spin).await?;
         let mut slot = lock(&self.readback.staging);
-        if slot.as_ref().is_none_or(|b| b.size() < staging.size()) {
-            *slot = Some(staging);
+        if slot.as_ref().is_none_or(|b| b.size() < r.staging.size()) {
+            *slot = Some(r.staging);
         }
-        Ok(parts
+        Ok(r.parts
             .iter()
-            .zip(&at)
-            .map(|(&(_, _, bytes), &to)| data[to as usize..(to + bytes) as usize].to_vec())
+            .map(|&(to, len)| data[to as usize..(to + len) as usize].to_vec())
             .collect())
     }
 

@@ -166,12 +166,8 @@ impl Session {
                 // The next layer's router on this layer's input predicts its choices.
                 self.route(rec, nm, t, &s.prefetch_idx, &s.prefetch_weights, None);
             }
-            // The previous hybrid layer's CPU outputs are written first (and its errors
-            // reported here).
-            rec.flush();
-            gpu.check()?;
-            let t0 = std::time::Instant::now();
-            // One readback: the routing, the prediction, and x where the CPU needs it.
+            // One readback: the routing, the prediction, and x where the CPU needs it, its
+            // copies in the same submission as the work before them.
             let hybrid = off.hybrid_for(t as usize);
             let ids_bytes = (t as usize * k * 4) as u64;
             let mut parts = vec![(&s.router_idx, 0, ids_bytes)];
@@ -181,7 +177,13 @@ impl Session {
             if hybrid {
                 parts.push((&s.x, 0, (t as usize * hd * 4) as u64));
             }
-            let mut got = gpu.read_parts(&parts)?.into_iter();
+            let read = rec.stage_read(&parts);
+            // The previous hybrid layer's CPU outputs are written first (and its errors
+            // reported here).
+            rec.flush();
+            gpu.check()?;
+            let t0 = std::time::Instant::now();
+            let mut got = gpu.read_staged(read)?.into_iter();
             let mut take = || got.next().unwrap_or_default();
             let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&take());
             let predicted: Option<Vec<u32>> = next.map(|_| bytemuck::pod_collect_to_vec(&take()));
