@@ -167,6 +167,11 @@ impl Gpu {
                     None => self.write(&w.buf, w.offset, b),
                 }
             }
+            if jobs.is_empty() {
+                // Nothing large: no threads to start (an offloaded layer whose experts all
+                // hit calls this with nothing at all).
+                return;
+            }
             let total: usize = jobs.iter().map(|j| j.1.len()).sum();
             let threads = std::thread::available_parallelism()
                 .map_or(1, |n| n.get())
@@ -185,24 +190,27 @@ impl Gpu {
                 })
                 .collect();
             let next = AtomicU64::new(0);
-            std::thread::scope(|sc| {
-                for _ in 0..threads {
-                    sc.spawn(|| loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                        let Some(&(dst, src)) = pieces.get(i) else {
-                            break;
-                        };
-                        // SAFETY: `dst` points into a writable staging mapping (one view per
-                        // job, alive in `views` until the scope ends) with room for the
-                        // whole job; pieces of one job are disjoint ranges of it, and each
-                        // piece is copied by exactly one thread from `src`, a range of the
-                        // caller's bytes (a different allocation).
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len())
-                        }
-                    });
-                }
-            });
+            let copy_pieces = || loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                let Some(&(dst, src)) = pieces.get(i) else {
+                    break;
+                };
+                // SAFETY: `dst` points into a writable staging mapping (one view per job,
+                // alive in `views` until the copies are done) with room for the whole job;
+                // pieces of one job are disjoint ranges of it, and each piece is copied by
+                // exactly one thread from `src`, a range of the caller's bytes (a different
+                // allocation).
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) }
+            };
+            if threads == 1 {
+                copy_pieces();
+            } else {
+                std::thread::scope(|sc| {
+                    for _ in 0..threads {
+                        sc.spawn(copy_pieces);
+                    }
+                });
+            }
             drop(views);
         }
         #[cfg(target_arch = "wasm32")]
