@@ -358,3 +358,66 @@ impl Drop for Recorder<'_> {
         self.flush();
     }
 }
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use crate::error::Error;
+    use crate::gpu::Gpu;
+
+    fn gpu() -> Gpu {
+        Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).expect("a GPU adapter")
+    }
+
+    /// A pending job's writes land before the copies of the submission that waited for it,
+    /// though they were recorded before the job ran.
+    #[test]
+    fn a_pending_job_writes_before_the_submission_that_waits_for_it() {
+        let gpu = gpu();
+        let a = gpu.buffer(16, "a").unwrap();
+        let b = gpu.buffer(16, "b").unwrap();
+        let mut rec = gpu.recorder();
+        rec.copy(&a, 0, &b, 0, 16);
+        let (g, a2) = (&gpu, &a);
+        rec.before_submit(move || {
+            g.write(a2, 0, bytemuck::cast_slice(&[1.0f32, 2.0, 3.0, 4.0]));
+            Ok(())
+        });
+        rec.finish().unwrap();
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec(&gpu.read_bytes(&b, 0, 16).unwrap());
+        assert_eq!(got, [1.0, 2.0, 3.0, 4.0]);
+    }
+
+    /// A second job runs the first before it is held: neither is lost.
+    #[test]
+    fn a_second_pending_job_runs_the_first() {
+        let gpu = gpu();
+        let (c, d) = (gpu.buffer(4, "c").unwrap(), gpu.buffer(4, "d").unwrap());
+        let g = &gpu;
+        let mut rec = gpu.recorder();
+        rec.before_submit(|| {
+            g.write(&c, 0, bytemuck::bytes_of(&5.0f32));
+            Ok(())
+        });
+        rec.before_submit(|| {
+            g.write(&d, 0, bytemuck::bytes_of(&6.0f32));
+            Ok(())
+        });
+        drop(rec);
+        for (buf, want) in [(&c, 5.0f32), (&d, 6.0)] {
+            let got: Vec<f32> = bytemuck::pod_collect_to_vec(&gpu.read_bytes(buf, 0, 4).unwrap());
+            assert_eq!(got, [want]);
+        }
+    }
+
+    /// A pending job's error is reported once, by the next check.
+    #[test]
+    fn a_pending_job_error_is_reported_by_the_next_check() {
+        let gpu = gpu();
+        let mut rec = gpu.recorder();
+        rec.before_submit(|| Err(Error::msg("layer 3: the CPU experts' job panicked")));
+        drop(rec);
+        let err = gpu.check().unwrap_err().to_string();
+        assert!(err.contains("layer 3"), "{err}");
+        gpu.check().unwrap();
+    }
+}
