@@ -688,9 +688,9 @@ impl Offload {
 
     /// The CPU's part of a hybrid round ([`Offload::serve_hybrid`]), from the mapped files:
     /// the missed experts in order of first use, each with the rows that chose it. `x`: the
-    /// chunk's rows of the experts' input. Returns the pairs' expert outputs (`hidden`
-    /// floats each, before the routing weight), one after another in the order of
-    /// [`CpuPart::pairs`].
+    /// chunk's rows of the experts' input. The pairs' expert outputs (`hidden` floats each,
+    /// before the routing weight), one after another in the order of [`CpuPart::pairs`],
+    /// stay in the executor's output scratch for [`Offload::with_cpu_outputs`].
     #[cfg(not(target_arch = "wasm32"))]
     pub fn run_cpu(
         &self,
@@ -698,7 +698,7 @@ impl Offload {
         part: &CpuPart,
         x: &[f32],
         (gate_up, down): (&GpuWeight, &GpuWeight),
-    ) -> Result<Vec<f32>> {
+    ) -> Result<()> {
         let CpuPart {
             layer: i,
             k,
@@ -742,7 +742,6 @@ impl Offload {
                 )));
             }
         }
-        let outs = out.clone();
         let per_rows: f64 = order.iter().map(|(_, ps)| ps.len() as f64 * bytes).sum();
         Rates::add(&mut crate::gpu::lock(&self.rates).cpu, per_rows, secs);
         let mut s = crate::gpu::lock(&self.stats);
@@ -751,7 +750,14 @@ impl Offload {
         s.cpu_bytes += order.len() as u64 * self.slots.expert_bytes;
         s.cpu_s += secs;
         self.files_read.store(true, Ordering::Relaxed);
-        Ok(outs)
+        Ok(())
+    }
+
+    /// `f` over the outputs of the last [`Offload::run_cpu`] (without copying them out of
+    /// the executor's scratch, which the next round reuses).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn with_cpu_outputs(&self, f: impl FnOnce(&[f32])) {
+        f(&crate::gpu::lock(&self.scratch).1)
     }
 
     /// Runs `job` on the CPU executor's threads without waiting for it (on a thread of its
@@ -920,12 +926,12 @@ impl Offload {
         Ok(())
     }
 
-    /// Count a chunk's rows and the wait for a routing readback.
     /// A submission waited `secs` for a hybrid round's CPU part.
     pub fn count_cpu_wait(&self, secs: f64) {
         crate::gpu::lock(&self.stats).cpu_wait_s += secs;
     }
 
+    /// Count a chunk's rows and the wait for a routing readback.
     pub fn count_sync(&self, rows: usize, wait_s: f64, first_layer: bool) {
         let mut s = crate::gpu::lock(&self.stats);
         s.syncs += 1;

@@ -252,15 +252,19 @@ impl Session {
             );
         }
         let out = self.s.cpu_out.clone();
-        let write = move |gpu: &crate::gpu::Gpu, outs: Vec<f32>| {
-            gpu.write(&out, 0, bytemuck::cast_slice(&outs));
+        let write = move |model: &super::Model, off: &Offload| {
+            off.with_cpu_outputs(|o| model.gpu.write(&out, 0, bytemuck::cast_slice(o)));
         };
-        // The layer's experts, where the job finds them again (it owns what it reads).
+        // The closures below own the model and find the cache and the layer in it again.
+        fn offload(model: &super::Model) -> Result<&Offload> {
+            let off = model.offload.as_ref();
+            off.ok_or_else(|| crate::error::Error::msg("CPU experts without an expert cache"))
+        }
         let run = |model: &super::Model, part: &CpuPart, x: &[f32]| {
             let layer = model.weights.layer(part.layer).map(|l| &l.mlp);
-            if let (Some(super::load::Mlp::Moe(m)), Some(off)) = (layer, &model.offload) {
+            if let Some(super::load::Mlp::Moe(m)) = layer {
                 if let Some(src) = &m.source {
-                    return off.run_cpu(src, part, x, (&m.gate_up, &m.down));
+                    return offload(model)?.run_cpu(src, part, x, (&m.gate_up, &m.down));
                 }
             }
             Err(crate::error::Error::msg(format!(
@@ -268,16 +272,12 @@ impl Session {
                 part.layer
             )))
         };
-        let Some(off) = &model.offload else {
-            return Err(crate::error::Error::msg(
-                "CPU experts without an expert cache",
-            ));
-        };
+        let off = offload(&model)?;
         if !crate::knobs::knob_on!("SPARSA_CPU_OVERLAP") {
             let t0 = std::time::Instant::now();
-            let outs = run(&model, &part, &x)?;
+            run(&model, &part, &x)?;
             off.count_cpu_wait(t0.elapsed().as_secs_f64());
-            write(&model.gpu, outs);
+            write(&model, off);
             return Ok(());
         }
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -298,13 +298,12 @@ impl Session {
         rec.before_submit(move || {
             let t0 = std::time::Instant::now();
             let got = rx.recv();
-            if let Some(off) = &model.offload {
-                off.count_cpu_wait(t0.elapsed().as_secs_f64());
-            }
-            let outs = got.map_err(|_| {
+            let off = offload(&model)?;
+            off.count_cpu_wait(t0.elapsed().as_secs_f64());
+            got.map_err(|_| {
                 crate::error::Error::msg("the CPU experts' job ended without a result")
             })??;
-            write(&model.gpu, outs);
+            write(&model, off);
             Ok(())
         });
         Ok(())
