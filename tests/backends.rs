@@ -118,7 +118,7 @@ fn skip_of(shader: &str, backend: wgpu::Backend) -> Option<&'static Skip> {
 /// The adapter's GPU (lavapipe in CI); fails, never skips, without one.
 fn open(limits: sparsa::gpu::LimitsRequest) -> Arc<Gpu> {
     let filter = std::env::var("SPARSA_ADAPTER").ok();
-    let gpu = pollster::block_on(Gpu::open(filter.as_deref(), limits)).expect("a GPU adapter");
+    let gpu = Gpu::open_blocking(filter.as_deref(), limits).expect("a GPU adapter");
     Arc::new(gpu)
 }
 

@@ -74,7 +74,17 @@ impl Gpu {
     /// Open the first adapter whose name contains `filter` (case-insensitive), or the best one.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new(filter: Option<&str>) -> Result<Gpu> {
-        pollster::block_on(Self::open(filter, LimitsRequest::Adapter))
+        Self::open_blocking(filter, LimitsRequest::Adapter)
+    }
+
+    /// [`Gpu::open`], blocking, one device opened at a time in the process: instances,
+    /// adapters and devices created from several threads at once are where drivers are
+    /// least tested (the lib tests open two devices from their threads).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_blocking(filter: Option<&str>, limits: LimitsRequest) -> Result<Gpu> {
+        static OPENING: Mutex<()> = Mutex::new(());
+        let _one = lock(&OPENING);
+        pollster::block_on(Self::open(filter, limits))
     }
 
     /// [`Gpu::new`] for every platform (the browser cannot block on the adapter and device

@@ -20,10 +20,10 @@ pub fn gpu() -> &'static Gpu {
 pub fn gpu_default_limits() -> &'static Gpu {
     static G: OnceLock<Gpu> = OnceLock::new();
     G.get_or_init(|| {
-        pollster::block_on(Gpu::open(
+        Gpu::open_blocking(
             std::env::var("SPARSA_ADAPTER").ok().as_deref(),
             crate::gpu::LimitsRequest::WebGpuDefault,
-        ))
+        )
         .expect("a GPU adapter for the tests")
     })
 }

@@ -22,6 +22,11 @@ pub(in crate::gpu) struct PipelineCache {
     /// every dispatch's pipeline (1,641 at 78 layers), and building the define text for a
     /// key cost about a microsecond each.
     compiled: Mutex<HashMap<u64, Vec<Compiled>>>,
+    /// Held while a pipeline compiles: one compile at a time per device. On the H200 the
+    /// lib tests (4 threads, each compiling its kernels on first use with the driver's
+    /// shader cache cold) hung before any GPU test finished in 2 of 4 runs (2026-12-04);
+    /// compiles are once per variant, so waiting costs little.
+    compiling: Mutex<()>,
     /// `name::entry` of each pipeline (by address), for the profiler.
     labels: Mutex<HashMap<usize, String>>,
 }
@@ -63,6 +68,7 @@ impl PipelineCache {
         PipelineCache {
             prelude,
             compiled: Mutex::default(),
+            compiling: Mutex::default(),
             labels: Mutex::default(),
         }
     }
@@ -79,10 +85,19 @@ impl Gpu {
     ) -> Kernel<P> {
         self.counters.time(HostPart::Pipelines, || {
             let hash = variant_hash(shader.name, entry, defines);
-            let found = lock(&self.pipelines.compiled).get(&hash).and_then(|v| {
-                v.iter()
-                    .find(|c| c.is(shader.name, entry, defines))
-                    .map(|c| c.pipeline.clone())
+            let find = || {
+                lock(&self.pipelines.compiled).get(&hash).and_then(|v| {
+                    v.iter()
+                        .find(|c| c.is(shader.name, entry, defines))
+                        .map(|c| c.pipeline.clone())
+                })
+            };
+            let mut found = find();
+            let _compiling = found.is_none().then(|| {
+                let guard = lock(&self.pipelines.compiling);
+                // Another thread may have compiled it meanwhile.
+                found = find();
+                guard
             });
             let pipeline = match found {
                 Some(p) => p,
