@@ -707,9 +707,56 @@ fn xload(row: u32, k: u32) -> f32 {
     return x[row + k];
 }
 
+// The query row whose selected positions `gather_row` reads (mla_values sets them): its
+// first index in binding 5 and its count.
+var<private> g_first: u32;
+var<private> g_count: u32;
+
+// Element offset in this dispatch's cache segment of the row of selected position k of
+// the query row set in g_first / g_count: NONE past the count or outside the segment
+// (P.seg_lo .. P.seg_lo + P.seg_n).
+fn gather_row(k: u32) -> u32 {
+    if (k >= g_count) {
+        return NONE;
+    }
+    return seg_row(sel_pos(g_first + k));
+}
+
+// mla_logits / mla_values (float weights: no scales) take the selected positions in binding 4
+// and their counts in binding 5: bindings every tile entry has, so that the gather in wpair
+// adds none to the others' layouts.
+fn sel_pos(i: u32) -> u32 {
+    return wscale[i];
+}
+fn sel_count(t: u32) -> u32 {
+    return experts[t];
+}
+
+// The element offset of cache position `pos` in this dispatch's segment, NONE outside it.
+fn seg_row(pos: u32) -> u32 {
+    if (pos < P.seg_lo || pos - P.seg_lo >= P.seg_n) {
+        return NONE;
+    }
+    return (pos - P.seg_lo) * P.ws;
+}
+
 fn wpair(row: u32, k: u32) -> vec2<f32> {
     if (row == NONE || k >= P.k) {
         return vec2<f32>(0.0);
+    }
+    if (P.w_t == 2u) {
+        // Transposed and gathered (mla_values): K index k is the cache row of the query's
+        // k-th selected position, `row` the column.
+        let ra = gather_row(k);
+        let rb = gather_row(k + 1u);
+        var v = vec2<f32>(0.0);
+        if (ra != NONE) {
+            v.x = wload(row + ra);
+        }
+        if (rb != NONE) {
+            v.y = wload(row + rb);
+        }
+        return v;
     }
     if (P.w_t != 0u) {
         // Transposed: `row` is the column's first element, K runs down the rows.
@@ -727,8 +774,9 @@ fn wpair(row: u32, k: u32) -> vec2<f32> {
 
 // One 64 × 64 output tile over the whole K. `xr[p]`: element offset of x for tile row
 // `lid / 16 + 16 p` (NONE = zero row); `wr[q]`: element offset in the chunk of weight row
-// `lid / 8 + 32 q` (NONE = zero row). Call in uniform control flow.
-fn tile64(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
+// `lid / 8 + 32 q` (NONE = zero row). The K loop stops at `kend` (≤ P.k: past it x or the
+// weights must be zero; bounds are P.k's). Call in uniform control flow.
+fn tile64(xr: vec4<u32>, wr: vec2<u32>, lid: u32, kend: u32) -> Acc16 {
     var acc = Acc16(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     let ak = lid % BK;
     let am = lid / BK;           // + 16 p: vec4 index am / 4 + 4 p, component am % 4
@@ -744,7 +792,7 @@ fn tile64(xr: vec4<u32>, wr: vec2<u32>, lid: u32) -> Acc16 {
     var pa = vec4<f32>(xload(xr.x, ak), xload(xr.y, ak), xload(xr.z, ak), xload(xr.w, ak));
     var pb0 = wpair(wr.x, 2u * bp);
     var pb1 = wpair(wr.y, 2u * bp);
-    for (var k0 = 0u; k0 < P.k; k0 += BK) {
+    for (var k0 = 0u; k0 < kend; k0 += BK) {
         As[ai][ac] = pa.x;
         As[ai + 4u][ac] = pa.y;
         As[ai + 8u][ac] = pa.z;
@@ -816,7 +864,7 @@ fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let n = n0 + lid / 8u + 32u * q;
         wr[q] = select(NONE, n * P.ws, n < P.n);
     }
-    let acc = tile(xr, wr, lid);
+    let acc = tile(xr, wr, lid, P.k);
     let t0 = m0 + 4u * (lid / 16u);
     store_tile(acc, P.y_off + t0 * P.y_stride, P.y_stride, t0, P.rows, n0, lid);
 }
@@ -996,7 +1044,7 @@ fn gemm_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             xr[p] = slot_x(t * P.topk + e);
         }
     }
-    let acc = tile(xr, wr, lid);
+    let acc = tile(xr, wr, lid, P.k);
     var yrow = P.topk * P.y_stride;
     if (P.y_row != 0u) {
         yrow = P.y_row;
@@ -1061,7 +1109,7 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 xr[p] = slot_x(slot_list[i]);
             }
         }
-        let acc = tile(xr, wr, lid);
+        let acc = tile(xr, wr, lid, P.k);
         let l0 = 4u * (lid / 16u);
         for (var h = 0u; h < TN / 64u; h++) {
             let nc = n0 + 64u * h + 4u * (lid % 16u);
@@ -1082,6 +1130,134 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         }
         if (lid == 0u) {
             atomicStore(&slot_cnt[0], rest);
+        }
+    }
+}
+
+// ---- sparse MLA's two products over a block of query rows as GEMMs ----------------------
+// For query row t of the block (chunk row P.q_row0 + t) and its n = min(counts, topk)
+// selected positions s_j = sel_pos((P.q_row0 + t) · topk + j); x rows are per (t, head)
+// (P.heads of them a query row, P.x_stride apart), the weights are the cache segment
+// (binding 2, rows P.ws elements apart). One workgroup per (t, 64 heads, TN columns).
+var<workgroup> mla_n: array<u32, 4>;   // [0]: the row's count (16 bytes: see gemm_experts)
+
+// The workgroup's (query row of the block, first head, first column) and the row's count.
+fn mla_tile(g: u32, lid: u32) -> vec4<u32> {
+    let ht = (P.heads + BM - 1u) / BM;
+    let nt = (P.n + TN - 1u) / TN;
+    let t = g / (nt * ht);
+    if (lid == 0u) {
+        var n = 0u;
+        if (t < P.rows) {
+            n = min(sel_count(P.q_row0 + t), P.topk);
+        }
+        mla_n[0] = n;
+    }
+    return vec4<u32>(t, ((g / nt) % ht) * BM, (g % nt) * TN, 0u);
+}
+
+// Row r (0..3) of an invocation's 4 × 4 block.
+fn acc_row(a: Acc16, r: u32) -> vec4<f32> {
+    return select(select(a.r0, a.r1, r == 1u), select(a.r2, a.r3, r == 3u), r >= 2u);
+}
+
+// x offsets of the tile rows (heads h0 + lid / 16 + 16 p of block row t).
+fn mla_xr(t: u32, h0: u32, lid: u32) -> vec4<u32> {
+    var xr = vec4<u32>(NONE);
+    for (var p = 0u; p < 4u; p++) {
+        let h = h0 + lid / BK + 16u * p;
+        if (h < P.heads) {
+            xr[p] = P.x_off + (t * P.heads + h) * P.x_stride;
+        }
+    }
+    return xr;
+}
+
+// Logits: y[(t · heads + h) · y_stride + j] = x[t, h, :] · cache[s_j, :P.k] for j < n with
+// s_j in this segment (others are left as they are); columns are positions j.
+@compute @workgroup_size(256)
+fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let at = mla_tile(g, lid);
+    let n = workgroupUniformLoad(&mla_n[0]);
+    let t = at.x;
+    let j0 = at.z;
+    if (t >= P.rows || j0 >= n) {
+        return;
+    }
+    let first = (P.q_row0 + t) * P.topk;
+    var wr: array<u32, TN / 32u>;
+    for (var q = 0u; q < TN / 32u; q++) {
+        let j = j0 + lid / 8u + 32u * q;
+        wr[q] = NONE;
+        if (j < n) {
+            wr[q] = seg_row(sel_pos(first + j));
+        }
+    }
+    let acc = tile(mla_xr(t, at.y, lid), wr, lid, P.k);
+    for (var b = 0u; b < TN / 64u; b++) {
+        let jc = j0 + 64u * b + 4u * (lid % 16u);
+        var keep = vec4<bool>(false);
+        for (var i = 0u; i < 4u; i++) {
+            if (jc + i < n) {
+                keep[i] = seg_row(sel_pos(first + jc + i)) != NONE;
+            }
+        }
+        for (var r = 0u; r < 4u; r++) {
+            let h = at.y + 4u * (lid / 16u) + r;
+            if (h >= P.heads) {
+                break;
+            }
+            let row = acc_row(acc[b], r);
+            let base = P.y_off + (t * P.heads + h) * P.y_stride + jc;
+            for (var i = 0u; i < 4u; i++) {
+                if (keep[i]) {
+                    y[base + i] = row[i];
+                }
+            }
+        }
+    }
+}
+
+// Values: y[t · y_stride + h · P.n + c] (= or, with P.accumulate, +=) Σ_j x[t, h, j] ·
+// cache[s_j, c] over this segment's s_j, c < P.n; x rows are the probabilities over j.
+@compute @workgroup_size(256)
+fn mla_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let at = mla_tile(g, lid);
+    let n = workgroupUniformLoad(&mla_n[0]);
+    let t = at.x;
+    if (t >= P.rows) {
+        return;
+    }
+    g_first = (P.q_row0 + t) * P.topk;
+    g_count = n;
+    var wr: array<u32, TN / 32u>;
+    for (var q = 0u; q < TN / 32u; q++) {
+        let c = at.z + lid / 8u + 32u * q;
+        wr[q] = select(NONE, c, c < P.n);
+    }
+    let acc = tile(mla_xr(t, at.y, lid), wr, lid, min(n, P.k));
+    for (var b = 0u; b < TN / 64u; b++) {
+        let c = at.z + 64u * b + 4u * (lid % 16u);
+        for (var r = 0u; r < 4u; r++) {
+            let h = at.y + 4u * (lid / 16u) + r;
+            if (h >= P.heads) {
+                break;
+            }
+            let row = acc_row(acc[b], r);
+            let base = P.y_off + t * P.y_stride + h * P.n + c;
+            for (var i = 0u; i < 4u; i++) {
+                if (c + i < P.n) {
+                    if (P.accumulate != 0u) {
+                        y[base + i] += row[i];
+                    } else {
+                        y[base + i] = row[i];
+                    }
+                }
+            }
         }
     }
 }

@@ -5,7 +5,7 @@ enable wgpu_cooperative_matrix;
 // accumulation. Put before matmul.wgsl (whose `gemm`, `gemm_experts` and `gemm_heads` call `tile`) on
 // adapters that offer that configuration with subgroups of 32 (kernels/matmul.rs checks).
 //
-// Same contract as `tile` in matmul_tile.wgsl, over TN columns (the TN define, from
+// Same contract as `tile` in matmul_tile.wgsl (K to `kend`), over TN columns (the TN define, from
 // kernels/matmul.rs: 128 where the weights need no lo half, else 64): one 64 × TN output tile
 // over the whole K, `xr[p]` the x offset of tile row `lid / 16 + 16 p`, `wr[q]` the weight
 // offset of tile column `lid / 8 + 32 q` (NONE = zero row), the result as TN / 64 blocks of
@@ -222,7 +222,7 @@ fn add_lo(a: Acc16, v: Acc16) -> Acc16 {
     return Acc16(a.r0 + f * v.r0, a.r1 + f * v.r1, a.r2 + f * v.r2, a.r3 + f * v.r3);
 }
 
-fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32) -> array<Acc16, TN / 64u> {
+fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<Acc16, TN / 64u> {
     let sg = lid / 32u;
     let mr = 16u * (sg % 4u);
     let nc = (TN / 2u) * (sg / 4u);
@@ -256,8 +256,8 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32) -> array<Acc16, TN / 
     store_step(lid, 0u, load_step(lid, 0u, q4), q4);
     workgroupBarrier();
     var cur = 0u;
-    for (var k0 = 0u; k0 < P.k; k0 += HK) {
-        let more = k0 + HK < P.k;
+    for (var k0 = 0u; k0 < kend; k0 += HK) {
+        let more = k0 + HK < kend;
         var st: Staged;
         if (more) {
             st = load_step(lid, k0 + HK, q4);

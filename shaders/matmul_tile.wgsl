@@ -4,7 +4,8 @@ const TN: u32 = 64u;
 
 // One 64 × TN output tile over the whole K: `xr[p]` the x offset of tile row
 // `lid / 16 + 16 p`, `wr[q]` the weight offset of tile column `lid / 8 + 32 q` (NONE = zero
-// row); the result as TN / 64 blocks of 64 columns in tile64's layout.
-fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32) -> array<Acc16, TN / 64u> {
-    return array<Acc16, TN / 64u>(tile64(xr, vec2<u32>(wr[0], wr[1]), lid));
+// row); the result as TN / 64 blocks of 64 columns in tile64's layout. K runs to `kend`
+// (≤ P.k; past it x or the weights are zero).
+fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<Acc16, TN / 64u> {
+    return array<Acc16, TN / 64u>(tile64(xr, vec2<u32>(wr[0], wr[1]), lid, kend));
 }

@@ -411,3 +411,86 @@ fn mla_combine(
         out[P.o_off + t * P.o_stride + head * P.kv_lora + c] = sum * inv;
     }
 }
+
+// ---- the products as GEMMs (kernels/attention.rs `sparse_mla_gemm`) ----------------------
+// For a block of query rows (chunk rows P.row0 ..), the two products run on the GEMM tile
+// (matmul.wgsl's mla_logits and mla_values); these two prepare and normalize between them.
+
+// mla_qcat: the block's queries as GEMM rows, out[P.o_off + (t · heads + h) · o_stride + i]
+// = query(P.row0 + t, h, i) for i < kv_lora + dr: q_abs then the (rotated) q_pe. One
+// invocation per element. Its bindings are mla's, so it names the ones it does not read
+// (a bind group's entries must match the pipeline's layout).
+@compute @workgroup_size(256)
+fn mla_qcat(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+    let n = qd();
+    if (i >= P.rows * P.heads * n) {
+        if (i == 0xffffffffu) {
+            out[0] = f32(cache[0] + idx[0] + cnt[0]);
+        }
+        return;
+    }
+    let th = i / n;
+    out[P.o_off + th * P.o_stride + i % n] = query(P.row0 + th / P.heads, th % P.heads, i % n);
+}
+
+// mla_softmax: one workgroup per (block row t, head h): the logits out[P.o_off + (t · heads
+// + h) · o_stride + j], j < n = min(count, topk), become softmax(logit · scale) and the rest
+// of the first split_len columns zeros (a row with no position: all zeros). The counts are
+// read through binding 2 (qa), as u32: bind the selection's counts there.
+@compute @workgroup_size(256)
+fn mla_softmax(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if (g >= P.rows * P.heads) {
+        return;
+    }
+    let n = min(bitcast<u32>(qa[P.row0 + g / P.heads]), P.topk);
+    let base = P.o_off + g * P.o_stride;
+    var mx = NEG_BIG;
+    for (var j = lid; j < n; j += WG) {
+        mx = max(mx, out[base + j] * P.scale);
+    }
+    red[lid] = mx;
+    workgroupBarrier();
+    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
+        if (lid < off) {
+            red[lid] = max(red[lid], red[lid + off]);
+        }
+        workgroupBarrier();
+    }
+    let m = red[0];
+    workgroupBarrier();
+    var l = 0.0;
+    for (var j = lid; j < n; j += WG) {
+        let e = exp(out[base + j] * P.scale - m);
+        out[base + j] = e;
+        l += e;
+    }
+    red[lid] = l;
+    workgroupBarrier();
+    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
+        if (lid < off) {
+            red[lid] = red[lid] + red[lid + off];
+        }
+        workgroupBarrier();
+    }
+    var inv = 0.0;
+    if (red[0] > 0.0) {
+        inv = 1.0 / red[0];
+    }
+    for (var j = lid; j < P.split_len; j += WG) {
+        var p = 0.0;
+        if (j < n) {
+            p = out[base + j] * inv;
+        }
+        out[base + j] = p;
+    }
+}

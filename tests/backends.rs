@@ -34,7 +34,10 @@ use sparsa::generate::generate;
 use sparsa::gpu::{
     device_features, shader_prelude, tensor_cores_possible, Gpu, ShaderCode, ShaderVariant,
 };
+use sparsa::kernels::attention::{self, MlaDims, MlaGemmUse, MlaPlan, MlaQueries};
+use sparsa::kernels::cache::{CacheRows, Segment};
 use sparsa::kernels::matmul::{self, matmul_experts, Routed};
+use sparsa::kernels::topk::Selection;
 use sparsa::kernels::View;
 use sparsa::model::{Model, ModelSource, Session};
 use sparsa::sampling::{Sampler, SamplingParams};
@@ -288,6 +291,65 @@ fn exercise_matmul(gpu: &Gpu, all: bool) {
     }
 }
 
+/// Sparse MLA's prefill GEMMs (`sparse_mla_gemm`), which a model runs only on tensor cores:
+/// 20 query rows of 4 heads over 100 cached positions, in f32 and bf16 caches, two
+/// segments, rows in blocks of 8.
+fn exercise_mla_gemms(gpu: &Gpu) {
+    let (rows, heads, kv, dr, keys, topk) = (20u32, 4u32, 64u32, 8u32, 100u32, 48u32);
+    let d = MlaDims {
+        heads,
+        dn: 8,
+        dr,
+        dv: 8,
+        kv_lora: kv,
+        scale: 0.1,
+    };
+    let filled = |n: u32, what| {
+        let v: Vec<f32> = (0..n).map(|i| ((i % 13) as f32 - 6.0) / 8.0).collect();
+        gpu.buffer_from(&v, what).unwrap()
+    };
+    let q_abs = filled(rows * heads * kv, "q_abs");
+    let q = filled(rows * heads * (8 + dr), "q");
+    let o = gpu.buffer(4 * (rows * heads * kv) as u64, "o_lat").unwrap();
+    let idx: Vec<u32> = (0..rows * topk).map(|i| (i * 7) % keys).collect();
+    let cnt: Vec<u32> = (0..rows).map(|t| (t * 5) % topk).collect();
+    let (idx, cnt) = (
+        gpu.buffer_from(&idx, "idx").unwrap(),
+        gpu.buffer_from(&cnt, "cnt").unwrap(),
+    );
+    let sel = Selection {
+        idx: &idx,
+        cnt: &cnt,
+        k: topk,
+    };
+    for (format, words) in [
+        (LatentFormat::F32, kv + dr),
+        (LatentFormat::Bf16, (kv + dr) / 2),
+    ] {
+        let segs = [(0, 64), (64, keys - 64)].map(|(lo, len)| Segment {
+            buf: filled(len * words, "cache"),
+            lo,
+            len,
+        });
+        let cache = CacheRows {
+            segs: &segs,
+            format,
+            row_words: words,
+        };
+        let queries = MlaQueries {
+            absorbed: View::rows(&q_abs, heads * kv),
+            q: View::rows(&q, heads * (8 + dr)),
+            rows,
+            rope: None,
+        };
+        let plan = MlaPlan::for_rows(rows).with_gemm(MlaGemmUse::Always, 8);
+        let mut rec = gpu.recorder();
+        let o_lat = View::rows(&o, heads * kv);
+        attention::sparse_mla(&mut rec, &queries, &cache, &sel, topk, o_lat, &d, plan);
+        rec.finish().unwrap();
+    }
+}
+
 /// Every variant the workloads make the pipeline cache compile.
 fn recorded_variants() -> BTreeSet<ShaderVariant> {
     let mut t = Instant::now();
@@ -303,6 +365,7 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
         gpu.limits.max_compute_workgroup_storage_size / 1024
     );
     exercise_matmul(&gpu, true);
+    exercise_mla_gemms(&gpu);
     lap("matmul");
     {
         let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {}).expect("loads");

@@ -14,7 +14,7 @@ use super::{matmul, Recorder, View};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 use crate::knobs::knob;
-use crate::weights::GpuWeight;
+use crate::weights::{DType, GpuWeight};
 
 /// mla_combine: latent columns per workgroup (`CW` in mla.wgsl).
 const COMBINE_COLS: u32 = 64;
@@ -142,7 +142,8 @@ kernel_params! {
         part_splits: u32,
         /// RoPE on q_pe as it is read: 0 = none, 1 = half-split, 2 = interleaved.
         rope: u32,
-        _pad1: u32,
+        /// mla_qcat, mla_softmax: the chunk row of the block's first query row.
+        row0: u32,
     }
 }
 
@@ -176,6 +177,21 @@ const MLA_TILE: u32 = 64;
 pub struct MlaPlan {
     head_cap: u32,
     target_groups: u32,
+    gemm: MlaGemmUse,
+    /// The most query rows a block of [`sparse_mla_gemm`] takes (0: as many as
+    /// [`MLA_GEMM_LOGIT_BYTES`] hold).
+    gemm_rows: u32,
+}
+
+/// When [`sparse_mla`] runs its two products as GEMMs on the matmul tile
+/// ([`sparse_mla_gemm`]) instead of `mla.wgsl`'s kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MlaGemmUse {
+    Never,
+    /// Where the tile runs on tensor cores.
+    TensorCores,
+    /// On any device (the tests: lavapipe has no tensor cores).
+    Always,
 }
 
 impl MlaPlan {
@@ -185,15 +201,36 @@ impl MlaPlan {
     /// 3.60 ms, a 4-position verification's 11.5 → 11.1 ms), 16 at a prefill's many rows
     /// (4-layer GLM-5 at 2,048 / 8,192 tokens: 115 / 784 ms with 16, 130 / 883 with 8, 162 /
     /// 1,121 with 4; each selected row is read once per head group).
-    /// SPARSA_MLA_HG (1, 2, 4, 8 or 16) and SPARSA_MLA_GROUPS override them (measurement
-    /// knobs).
+    /// A prefill's rows run as GEMMs on tensor cores ([`sparse_mla_gemm`]) for models of
+    /// at least [`MLA_GEMM_MIN_HEADS`] heads.
+    /// SPARSA_MLA_HG (1, 2, 4, 8 or 16), SPARSA_MLA_GROUPS and SPARSA_MLA_GEMM (0: never,
+    /// 1: on tensor cores at a prefill's rows, 2: at a prefill's rows on any device)
+    /// override them (measurement knobs).
     pub fn for_rows(rows: u32) -> MlaPlan {
         let cap = knob!("SPARSA_MLA_HG", |v| v.is_power_of_two() && v <= 16);
         let groups = knob!("SPARSA_MLA_GROUPS", |v| v >= 1);
         let few = rows <= matmul::GEMV_MAX_ROWS;
+        let gemm = match knob!("SPARSA_MLA_GEMM", |v| v <= 2) {
+            _ if few => MlaGemmUse::Never,
+            Some(0) => MlaGemmUse::Never,
+            Some(2) => MlaGemmUse::Always,
+            _ => MlaGemmUse::TensorCores,
+        };
         MlaPlan {
             head_cap: cap.unwrap_or(if few { 8 } else { 16 }),
             target_groups: groups.unwrap_or(MLA_TARGET_GROUPS),
+            gemm,
+            gemm_rows: 0,
+        }
+    }
+
+    /// This plan with the GEMMs used as `gemm` says (and blocks of at most `rows` query
+    /// rows; 0: as many as fit).
+    pub const fn with_gemm(self, gemm: MlaGemmUse, rows: u32) -> MlaPlan {
+        MlaPlan {
+            gemm,
+            gemm_rows: rows,
+            ..self
         }
     }
 }
@@ -260,6 +297,8 @@ pub fn sparse_mla(
     MlaPlan {
         head_cap,
         target_groups,
+        gemm,
+        gemm_rows,
     }: MlaPlan,
 ) {
     let MlaQueries {
@@ -303,6 +342,18 @@ pub fn sparse_mla(
     );
     let hgroups = heads.div_ceil(sh.hg);
     let n_max = max_count.min(topk).max(1);
+    let as_gemm = match gemm {
+        MlaGemmUse::Never => false,
+        MlaGemmUse::TensorCores => gpu.tensor_cores() && heads >= MLA_GEMM_MIN_HEADS,
+        MlaGemmUse::Always => true,
+    };
+    // Blocks of a few rows (a dense model's long selections) would be dispatches by the
+    // thousand: those keep the kernel.
+    let enough = GemmBlock::new(d, rows, n_max, 0).rows >= rows.min(MLA_GEMM_MIN_ROWS);
+    if as_gemm && enough && cache.format != LatentFormat::Fp8 {
+        sparse_mla_gemm(rec, qs, cache, sel, (n_max, gemm_rows), o_lat, d, &sh);
+        return;
+    }
     let groups = rows as u64 * hgroups as u64;
     let want = (target_groups as u64 / groups.max(1)).min((MLA_MAX_SPLITS / nseg) as u64) as u32;
     let (splits, split_len) = if want <= 1 {
@@ -338,7 +389,7 @@ pub fn sparse_mla(
         split_base: 0,
         part_splits,
         rope: QueryRope::mode(qs.rope.as_ref()),
-        _pad1: 0,
+        row0: 0,
     };
     let row_bytes = 4 * cache.row_words as u64;
     let flops = 2 * rows as u64 * heads as u64 * n_max as u64 * (2 * kv_lora + dr) as u64;
@@ -397,6 +448,170 @@ pub fn sparse_mla(
             rows as u64 * heads as u64 * kv_lora.div_ceil(COMBINE_COLS) as u64,
         )),
     );
+}
+
+/// Most bytes of logits [`sparse_mla_gemm`] holds at once: the query rows of a chunk go
+/// in blocks of as many rows as fit.
+const MLA_GEMM_LOGIT_BYTES: u64 = 64 << 20;
+/// The fewest heads a model has for [`sparse_mla`] to take the GEMMs on tensor cores: a
+/// query row's heads are the rows of its 64-row tiles, so with fewer most of each tile is
+/// padding (the golden models have 3 or 4, GLM-5 64, DeepSeek-V3.2 128).
+pub const MLA_GEMM_MIN_HEADS: u32 = 16;
+/// The fewest query rows a block of [`sparse_mla_gemm`] may take (fewer rows than that in
+/// all are one block).
+const MLA_GEMM_MIN_ROWS: u32 = 16;
+
+/// The blocks [`sparse_mla_gemm`] runs: query rows at a time, the queries' row stride and
+/// the logits' (selected positions rounded up to 64).
+struct GemmBlock {
+    rows: u32,
+    q_stride: u32,
+    n: u32,
+}
+
+impl GemmBlock {
+    fn new(d: &MlaDims, rows: u32, n_max: u32, most_rows: u32) -> GemmBlock {
+        let n = n_max.next_multiple_of(64);
+        let fit = MLA_GEMM_LOGIT_BYTES / Self::logit_bytes(d, 1, n);
+        let mut block = fit.clamp(1, rows.max(1) as u64) as u32;
+        if most_rows > 0 {
+            block = block.min(most_rows);
+        }
+        GemmBlock {
+            rows: block,
+            q_stride: (d.kv_lora + d.dr).next_multiple_of(4),
+            n,
+        }
+    }
+
+    fn query_bytes(d: &MlaDims, rows: u32) -> u64 {
+        4 * rows as u64 * d.heads as u64 * (d.kv_lora + d.dr).next_multiple_of(4) as u64
+    }
+
+    fn logit_bytes(d: &MlaDims, rows: u32, n: u32) -> u64 {
+        4 * rows as u64 * d.heads as u64 * n as u64
+    }
+}
+
+/// The device scratch [`sparse_mla`] takes at most for chunks of `rows` query rows and up
+/// to `topk` selected positions a row (the GEMMs' queries and logits), for memory plans:
+/// none for models with fewer than [`MLA_GEMM_MIN_HEADS`] heads, which keep the kernel.
+pub fn gemm_scratch_bytes(d: &MlaDims, rows: u32, topk: u32) -> u64 {
+    if d.heads < MLA_GEMM_MIN_HEADS {
+        return 0;
+    }
+    let b = GemmBlock::new(d, rows, topk, 0);
+    GemmBlock::query_bytes(d, b.rows) + GemmBlock::logit_bytes(d, b.rows, b.n)
+}
+
+/// [`sparse_mla`] as GEMMs on the matmul tile (on tensor cores where the device has them),
+/// for blocks of query rows in turn: `mla_qcat` writes the block's queries as rows of
+/// `kv_lora + dr` (RoPE applied), `mla_logits` multiplies them by each row's selected cache
+/// rows (a GEMM per query row: its heads × its positions), `mla_softmax` turns the logits
+/// into probabilities, and `mla_values` multiplies those by the same rows' latents.
+/// Each segment of the cache is read by dispatches of its own; its values are added up.
+/// f32 and bf16 caches (the tile's weight formats).
+#[allow(clippy::too_many_arguments)]
+fn sparse_mla_gemm(
+    rec: &mut Recorder,
+    qs: &MlaQueries,
+    cache: &CacheRows<LatentFormat>,
+    sel: &Selection,
+    (n_max, most_rows): (u32, u32),
+    o_lat: View,
+    d: &MlaDims,
+    sh: &MlaShape,
+) {
+    let MlaDims {
+        heads,
+        dn,
+        dr,
+        kv_lora,
+        scale,
+        ..
+    } = *d;
+    let rows = qs.rows;
+    let (format, row_elems) = match cache.format {
+        LatentFormat::F32 => (DType::F32, cache.row_words),
+        LatentFormat::Bf16 => (DType::BF16, 2 * cache.row_words),
+        LatentFormat::Fp8 => unreachable!("sparse_mla_gemm: FP8 rows are not a tile format"),
+    };
+    let qd = kv_lora + dr;
+    let GemmBlock {
+        rows: block,
+        q_stride,
+        n,
+    } = GemmBlock::new(d, rows, n_max, most_rows);
+    let gpu = rec.gpu();
+    let bufs = gpu
+        .scratch("mla queries", GemmBlock::query_bytes(d, block))
+        .and_then(|q| {
+            Ok((
+                q,
+                gpu.scratch("mla logits", GemmBlock::logit_bytes(d, block, n))?,
+            ))
+        });
+    let (qbuf, sbuf) = match bufs {
+        Ok(b) => b,
+        Err(e) => {
+            gpu.report_error(e.to_string());
+            return;
+        }
+    };
+    let defines = sh.defines(cache.format);
+    let qcat = gpu.pipeline(&MLA, "mla_qcat", &defines);
+    let softmax = gpu.pipeline(&MLA, "mla_softmax", &defines);
+    let cs = qs.rope.map_or(gpu.dummy(), |r| r.cos_sin);
+    let seg0 = &cache.segs[0].buf;
+    for row0 in (0..rows).step_by(block as usize) {
+        let br = block.min(rows - row0);
+        let params = MlaParams {
+            qa_off: qs.absorbed.offset,
+            qa_stride: qs.absorbed.stride,
+            q_off: qs.q.offset,
+            q_stride: qs.q.stride,
+            o_stride: q_stride,
+            rows: br,
+            heads,
+            dn,
+            dr,
+            kv_lora,
+            topk: sel.k,
+            split_len: n,
+            scale,
+            rope: QueryRope::mode(qs.rope.as_ref()),
+            row0,
+            ..MlaParams::default()
+        };
+        let elems = br as u64 * heads as u64 * qd as u64;
+        let grid = gpu.grid(grid_count("mla_qcat", elems.div_ceil(WG as u64)));
+        rec.cost(8 * elems, 0, "");
+        let bound = [&qbuf, qs.absorbed.buf, qs.q.buf, seg0, sel.idx, sel.cnt, cs];
+        rec.dispatch(&qcat, &params, &bound, grid);
+        let g = matmul::MlaGemm {
+            rows: br,
+            row0,
+            heads,
+            idx: sel.idx,
+            cnt: sel.cnt,
+            topk: sel.k,
+            format,
+            row_elems,
+        };
+        let logits = View::new(&sbuf, 0, n);
+        for seg in cache.segs {
+            matmul::mla_logits(rec, &g, View::new(&qbuf, 0, q_stride), qd, seg, logits, n);
+        }
+        let o_stride = n;
+        let params = MlaParams { o_stride, ..params };
+        let grid = gpu.grid(grid_count("mla_softmax", br as u64 * heads as u64));
+        rec.cost(8 * br as u64 * heads as u64 * n as u64, 0, "");
+        rec.dispatch(&softmax, &params, &[&sbuf, sel.cnt], grid);
+        let o = View::new(o_lat.buf, o_lat.offset + row0 * o_lat.stride, o_lat.stride);
+        for (k, seg) in cache.segs.iter().enumerate() {
+            matmul::mla_values(rec, &g, logits, n, seg, o, kv_lora, k > 0);
+        }
+    }
 }
 
 /// `o[t, h*dv + v] = Σ_c wkvb[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c]`: kv_b's
@@ -834,12 +1049,15 @@ mod tests {
     /// How [`run_sparse_in`] runs sparse_mla, its outputs one after the other in this
     /// order: up to 16 and up to 8 heads per workgroup, the positions split as a model
     /// splits them and in one split (several tiles per workgroup: the online softmax's
-    /// rescale).
-    const TEST_PLANS: [MlaPlan; 4] = {
+    /// rescale); then as GEMMs in blocks of 2 query rows ([`sparse_mla_gemm`], which FP8
+    /// caches do not take).
+    const TEST_PLANS: [MlaPlan; 5] = {
         const fn plan(head_cap: u32, target_groups: u32) -> MlaPlan {
             MlaPlan {
                 head_cap,
                 target_groups,
+                gemm: MlaGemmUse::Never,
+                gemm_rows: 0,
             }
         }
         [
@@ -847,8 +1065,36 @@ mod tests {
             plan(16, 1),
             plan(8, MLA_TARGET_GROUPS),
             plan(8, 1),
+            plan(16, MLA_TARGET_GROUPS).with_gemm(MlaGemmUse::Always, 2),
         ]
     };
+
+    #[test]
+    fn mla_gemm_blocks_hold_64_mib_of_logits() {
+        let d = |heads| MlaDims {
+            heads,
+            dn: 192,
+            dr: 64,
+            dv: 256,
+            kv_lora: 512,
+            scale: 1.0,
+        };
+        // GLM-5 (64 heads) and DeepSeek-V3.2 (128) at 2,048 selected positions.
+        let b = GemmBlock::new(&d(64), 2048, 2048, 0);
+        assert_eq!((b.rows, b.q_stride, b.n), (128, 576, 2048));
+        assert_eq!(GemmBlock::new(&d(128), 2048, 2048, 0).rows, 64);
+        // Counts round up to whole tiles; few rows make one block; a cap holds.
+        assert_eq!(GemmBlock::new(&d(64), 5, 1000, 0).rows, 5);
+        assert_eq!(GemmBlock::new(&d(64), 5, 1000, 0).n, 1024);
+        assert_eq!(GemmBlock::new(&d(64), 500, 1000, 2).rows, 2);
+        // The plan's scratch: 128 rows of queries (576 floats a head) and of logits.
+        assert_eq!(
+            gemm_scratch_bytes(&d(64), 512, 2048),
+            4 * 128 * 64 * 576 + (64 << 20)
+        );
+        // Few heads keep the kernel: nothing to plan for.
+        assert_eq!(gemm_scratch_bytes(&d(4), 512, 2048), 0);
+    }
 
     /// An f32 latent cache in one segment.
     struct F32Cache(Vec<Segment>, u32);
@@ -981,6 +1227,20 @@ mod tests {
         let sel = vec![random_selection(&mut rng, 5000, 4097)];
         let (got, want) = run_sparse(&mut rng, &d, 1, 5000, 4100, &sel, false);
         assert_close(&got, &want, 1e-5, 1e-4, "sparse_mla split, 3 heads");
+        // 70 heads: two 64-row tiles of the GEMMs, the second with 6 live rows.
+        let d = Dims {
+            heads: 70,
+            dn: 4,
+            dr: 8,
+            dv: 4,
+            kv: 72,
+        };
+        let sel: Vec<Vec<u32>> = [150usize, 0, 64]
+            .iter()
+            .map(|&c| random_selection(&mut rng, 300, c))
+            .collect();
+        let (got, want) = run_sparse(&mut rng, &d, 3, 300, 160, &sel, true);
+        assert_close(&got, &want, 1e-5, 1e-4, "sparse_mla 70 heads");
     }
 
     #[test]

@@ -13,10 +13,11 @@
 //! `matmul_experts` runs a per-slot GEMV (16-byte or scalar, as above) up to 8 tokens and a
 //! grouped GEMM beyond: one workgroup per (expert, 64 columns) gathers the slots routed to its
 //! expert into 64-row tiles.
+use super::cache::Segment;
 use super::{Recorder, View};
 use crate::gpu::{kernel_params, u, Kernel, Shader, ShaderCode, ShaderVariant};
 use crate::knobs::{knob, knob_on};
-use crate::weights::{GpuWeight, QFormat, WFormat};
+use crate::weights::{DType, GpuWeight, QFormat, WFormat};
 use bytemuck::Zeroable;
 
 /// Rows of `x` one GEMV pass handles (`T` in the shader). `matmul_experts` uses the
@@ -75,7 +76,15 @@ kernel_params! {
         y_row: u32,
         /// 1: the weights are read transposed (the per-head GEMM of `matmul_heads_t`): K
         /// runs down a window's `k` rows, `ws` apart, and output column n is column n of W.
+        /// 2: transposed and gathered (`mla_values`): K index j is a selected cache row.
         w_t: u32,
+        /// `mla_logits` / `mla_values`: x rows (query heads) per query row.
+        heads: u32,
+        /// ... the cache segment the weights binding holds: positions seg_lo .. + seg_n.
+        seg_lo: u32,
+        seg_n: u32,
+        /// ... the chunk row of the block's first query row (its selection's row).
+        q_row0: u32,
     }
 }
 
@@ -191,12 +200,16 @@ fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
 }
 
 fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Kernel<Params> {
+    pipeline_for(rec, entry, w.format, k)
+}
+
+/// [`pipeline`] for weights in format `f`.
+fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Kernel<Params> {
     let shader = shader_of(entry, rec.gpu().tensor_cores(), k.x4);
     if [MATMUL_COOP.name, MATMUL_COOP_X1.name].contains(&shader.name) {
-        rec.gpu()
-            .pipeline(shader, entry, &coop_defines(w.format, k))
+        rec.gpu().pipeline(shader, entry, &coop_defines(f, k))
     } else {
-        rec.gpu().pipeline(shader, entry, &defines(w.format, k))
+        rec.gpu().pipeline(shader, entry, &defines(f, k))
     }
 }
 
@@ -253,12 +266,21 @@ fn coop_x_f16() -> u32 {
     knob!("SPARSA_COOP_X_F16", |v| v <= 1).unwrap_or(0)
 }
 
+/// The entries that run the GEMM tile (`tile`): on tensor cores where the device has them.
+const TILE_ENTRIES: [&str; 5] = [
+    "gemm",
+    "gemm_experts",
+    "gemm_heads",
+    "mla_logits",
+    "mla_values",
+];
+
 /// The shader whose `entry` runs on a device with or without tensor cores; `x4`: x can be
 /// read in 16-byte loads ([`x_in_quads`]).
 fn shader_of(entry: &str, tensor_cores: bool, x4: bool) -> &'static Shader<Params> {
     // The GEMMs take the tensor-core tile: dense `gemm`, the routed experts' `gemm_experts`
     // and the per-head `gemm_heads`.
-    if ["gemm", "gemm_experts", "gemm_heads"].contains(&entry) && tensor_cores {
+    if TILE_ENTRIES.contains(&entry) && tensor_cores {
         if x4 {
             &MATMUL_COOP
         } else {
@@ -993,6 +1015,122 @@ fn heads_gemm(rec: &mut Recorder, w: &GpuWeight, h: &Heads, transposed: bool) {
     rec.dispatch(&pipe, &p, &[x.buf, &c.buf, y.buf, scale], grid);
 }
 
+/// Sparse MLA's products over a block of `rows` query rows as GEMMs on the tile
+/// ([`mla_logits`], [`mla_values`]): query row `t` (chunk row `row0 + t`) has `heads` x rows
+/// and attends the positions `idx[(row0 + t) · topk + j]`, `j < min(cnt[row0 + t], topk)`,
+/// whose rows are read from one cache segment at a time: rows of `row_elems` elements in
+/// `format` (f32 or bf16).
+pub struct MlaGemm<'a> {
+    pub rows: u32,
+    pub row0: u32,
+    pub heads: u32,
+    pub idx: &'a wgpu::Buffer,
+    pub cnt: &'a wgpu::Buffer,
+    pub topk: u32,
+    pub format: DType,
+    pub row_elems: u32,
+}
+
+impl MlaGemm<'_> {
+    fn params(&self, seg: &Segment) -> Params {
+        Params {
+            rows: self.rows,
+            topk: self.topk,
+            ws: self.row_elems,
+            heads: self.heads,
+            seg_lo: seg.lo,
+            seg_n: seg.len,
+            q_row0: self.row0,
+            ..Params::default()
+        }
+    }
+
+    fn dispatch(
+        &self,
+        rec: &mut Recorder,
+        entry: &'static str,
+        p: Params,
+        x: View,
+        bufs: [&wgpu::Buffer; 2],
+    ) {
+        let x4 = x_in_quads(x, p.x_stride, p.k);
+        let pipe = pipeline_for(
+            rec,
+            entry,
+            WFormat::Float(self.format),
+            Knobs { x4, ..KNOBS },
+        );
+        let tiles = self.rows as u64
+            * self.heads.div_ceil(GEMM_TILE_ROWS) as u64
+            * p.n.div_ceil(tile_cols(rec, WFormat::Float(self.format))) as u64;
+        assert!(tiles <= u32::MAX as u64, "{entry}: too many workgroups");
+        let grid = rec.gpu().grid(tiles as u32);
+        // The positions and counts where the scales and expert ids go (matmul.wgsl, sel_pos).
+        rec.dispatch(
+            &pipe,
+            &p,
+            &[x.buf, bufs[0], bufs[1], self.idx, self.cnt],
+            grid,
+        );
+    }
+}
+
+/// `s[(t · heads + h) · s.stride + j] = q[t, h, :k] · seg[idx_j, :k]` for the selected positions
+/// `j` in segment `seg` (the others' entries are left as they are), `q` rows `(t · heads + h)
+/// · q.stride` from `q.offset`, `n` columns per row (at least every count).
+pub fn mla_logits(
+    rec: &mut Recorder,
+    g: &MlaGemm,
+    q: View,
+    k: u32,
+    seg: &Segment,
+    s: View,
+    n: u32,
+) {
+    let p = Params {
+        k,
+        n,
+        x_off: q.offset,
+        x_stride: q.stride,
+        y_off: s.offset,
+        y_stride: s.stride,
+        ..g.params(seg)
+    };
+    let sel = (g.rows as u64 * g.heads as u64) * n as u64;
+    rec.cost(sel * 4 * (k as u64 + 1), 2 * sel * k as u64, "");
+    g.dispatch(rec, "mla_logits", p, q, [&seg.buf, s.buf]);
+}
+
+/// `o[t · o.stride + h · n + c] (=, or += where `add`) Σ_j p[t, h, j] · seg[idx_j, c]` over
+/// the selected positions `j` in segment `seg`, `c < n`; `p` rows `(t · heads + h) · p.stride`
+/// from `p.offset`, `k` columns (at least every count; zeros past a row's count).
+#[allow(clippy::too_many_arguments)]
+pub fn mla_values(
+    rec: &mut Recorder,
+    g: &MlaGemm,
+    p: View,
+    k: u32,
+    seg: &Segment,
+    o: View,
+    n: u32,
+    add: bool,
+) {
+    let params = Params {
+        k,
+        n,
+        x_off: p.offset,
+        x_stride: p.stride,
+        y_off: o.offset,
+        y_stride: o.stride,
+        w_t: 2,
+        accumulate: add as u32,
+        ..g.params(seg)
+    };
+    let sel = (g.rows as u64 * g.heads as u64) * k as u64;
+    rec.cost(sel * 4 * (n as u64 + 1), 2 * sel * n as u64, "");
+    g.dispatch(rec, "mla_values", params, p, [&seg.buf, o.buf]);
+}
+
 /// Rows of each of the `n` blocks `w` stacks (checked: whole blocks, `win` inside one).
 fn block_rows(what: &str, w: &GpuWeight, n: u32, win: Option<Window>) -> u32 {
     assert!(
@@ -1130,8 +1268,7 @@ fn experts_as(
             r_lo: win.first,
             e_direct: direct as u32,
             x_row,
-            y_row: 0,
-            w_t: 0,
+            ..Params::default()
         };
         let groups = if grouped {
             (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr)
@@ -1969,7 +2106,7 @@ mod tests {
                 &crate::gpu::define_lines(&coop_defines(f, KNOBS)),
                 shader.source,
             );
-            for entry in ["gemm", "gemm_experts", "gemm_heads"] {
+            for entry in TILE_ENTRIES {
                 let c = crate::gpu::spirv::compile(&src, entry)
                     .unwrap_or_else(|e| panic!("{} {entry} {f:?}: {e}", shader.name));
                 assert!(c.words.len() > 1000, "{entry} {f:?}");
@@ -1980,7 +2117,8 @@ mod tests {
                     c.workgroup_bytes
                 );
                 let bindings: Vec<u32> = c.layout.iter().map(|e| e.binding).collect();
-                let want: &[u32] = if entry != "gemm_experts" {
+                // The MLA GEMMs take the positions and counts at 4 and 5.
+                let want: &[u32] = if ["gemm", "gemm_heads"].contains(&entry) {
                     &[0, 1, 2, 3, 4]
                 } else {
                     &[0, 1, 2, 3, 4, 5]

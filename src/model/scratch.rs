@@ -250,6 +250,15 @@ scratch! {
         /// can be read while the next step writes the other).
         picked: [wgpu::Buffer; 2] = [0, 1].map(|_| picked_slot(gpu)),
             bytes 2 * 4;
+        /// Sparse MLA's GEMMs at a prefill chunk's rows: the device scratch they take on
+        /// first use (`attention::sparse_mla`), counted here so memory plans hold it.
+        #[allow(dead_code)]
+        mla_gemm: () = (),
+            bytes crate::kernels::attention::gemm_scratch_bytes(
+                &crate::kernels::attention::MlaDims::of(z.cfg),
+                z.c as u32,
+                z.sel as u32,
+            );
     }
 }
 
