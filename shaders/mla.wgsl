@@ -344,6 +344,22 @@ const SS: u32 = WG / CW;
 var<workgroup> wsh: array<f32, MAXS>;
 var<workgroup> red: array<f32, WG>;
 
+// The maximum (with `sum`: the sum) of `v` over the workgroup's invocations, through `red`.
+// Call in uniform control flow.
+fn reduce_wg(v: f32, lid: u32, sum: bool) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
+        if (lid < off) {
+            red[lid] = select(max(red[lid], red[lid + off]), red[lid] + red[lid + off], sum);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
 @compute @workgroup_size(256)
 fn mla_combine(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -364,31 +380,14 @@ fn mla_combine(
     for (var s = lid; s < P.part_splits; s = s + WG) {
         mx = max(mx, qa[pb + s * row + P.kv_lora]);
     }
-    red[lid] = mx;
-    workgroupBarrier();
-    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
-        if (lid < off) {
-            red[lid] = max(red[lid], red[lid + off]);
-        }
-        workgroupBarrier();
-    }
-    let big = red[0];
-    workgroupBarrier();
+    let big = reduce_wg(mx, lid, false);
     var l = 0.0;
     for (var s = lid; s < P.part_splits; s = s + WG) {
         let w = exp(qa[pb + s * row + P.kv_lora] - big);
         wsh[s] = w;
         l = l + w * qa[pb + s * row + P.kv_lora + 1u];
     }
-    red[lid] = l;
-    workgroupBarrier();
-    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
-        if (lid < off) {
-            red[lid] = red[lid] + red[lid + off];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
+    let total = reduce_wg(l, lid, true);
     var inv = 0.0;
     if (total > 0.0) {
         inv = 1.0 / total;
@@ -458,33 +457,17 @@ fn mla_softmax(
     for (var j = lid; j < n; j += WG) {
         mx = max(mx, out[base + j] * P.scale);
     }
-    red[lid] = mx;
-    workgroupBarrier();
-    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
-        if (lid < off) {
-            red[lid] = max(red[lid], red[lid + off]);
-        }
-        workgroupBarrier();
-    }
-    let m = red[0];
-    workgroupBarrier();
+    let m = reduce_wg(mx, lid, false);
     var l = 0.0;
     for (var j = lid; j < n; j += WG) {
         let e = exp(out[base + j] * P.scale - m);
         out[base + j] = e;
         l += e;
     }
-    red[lid] = l;
-    workgroupBarrier();
-    for (var off = WG / 2u; off > 0u; off = off >> 1u) {
-        if (lid < off) {
-            red[lid] = red[lid] + red[lid + off];
-        }
-        workgroupBarrier();
-    }
+    let total = reduce_wg(l, lid, true);
     var inv = 0.0;
-    if (red[0] > 0.0) {
-        inv = 1.0 / red[0];
+    if (total > 0.0) {
+        inv = 1.0 / total;
     }
     for (var j = lid; j < P.split_len; j += WG) {
         var p = 0.0;
