@@ -19,6 +19,7 @@ A = R / "2026-12-04-h200-prefill"
 B = R / "2026-12-04-h200-prefill2"
 C = R / "2026-12-04-h200-heads"
 D = R / "2026-12-04-h200-direct"
+E = R / "2026-12-04-h200-mla-gemm"
 LINE = re.compile(r"^(?:bench: )?prefill (\d+) tokens: [\d.]+ s, ([\d.]+) tok/s")
 
 
@@ -53,12 +54,14 @@ def llama_pp(path):
 
 PANELS = [
     ("4 layers (GLM-5 shape, 16 experts)", [
+        ("sparsa q4, MLA as GEMMs (night)", bench_lines(E / "run2/b4.1.a.txt"), "-"),
         ("sparsa q4, per-head GEMMs (afternoon)", bench_lines(C / "run1/console.txt", "4 layers, new (a)"), "-"),
         ("sparsa q4, K-steps of 64 (noon)", bench_lines(B / "run6/console.txt", "4 layers (a)"), "--"),
         ("sparsa q4, restaged tile (morning)", bench_lines(A / "run4/chunk512-a.txt"), "-."),
         ("transformers bf16, sdpa", transformers(A / "run5/tf.json"), ":"),
     ]),
     ("78 layers (GLM-5 shape, 16 experts, random weights)", [
+        ("sparsa q4, MLA as GEMMs (night)", bench_lines(E / "run3/b78.1.txt"), "-"),
         ("sparsa q4, 64 × 128 tensor-core tiles (evening)", bench_lines(D / "run6/bench78.tn128.txt"), "-"),
         ("sparsa q4, per-head GEMMs (afternoon)", bench_lines(C / "run1/full-new.txt"), "-"),
         ("sparsa q4, --gpu-memory 24GiB, chunks of 2,048 (afternoon)", bench_lines(C / "run4/24g.txt"), "-"),
