@@ -1173,8 +1173,12 @@ fn mla_xr(t: u32, h0: u32, lid: u32) -> vec4<u32> {
     return xr;
 }
 
+// A position outside every segment: a logit whose probability is 0.
+const ABSENT_LOGIT: f32 = -1.0e30;
+
 // Logits: y[(t · heads + h) · y_stride + j] = x[t, h, :] · cache[s_j, :P.k] for j < n with
-// s_j in this segment (others are left as they are); columns are positions j.
+// s_j in this segment; the others get ABSENT_LOGIT from the first segment's dispatch
+// (P.accumulate = 0) and are left as they are by the later ones. Columns are positions j.
 @compute @workgroup_size(256)
 fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
@@ -1199,9 +1203,11 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     for (var b = 0u; b < TN / 64u; b++) {
         let jc = j0 + 64u * b + 4u * (lid % 16u);
         var keep = vec4<bool>(false);
+        var absent = vec4<bool>(false);
         for (var i = 0u; i < 4u; i++) {
             if (jc + i < n) {
                 keep[i] = seg_row(sel_pos(first + jc + i)) != NONE;
+                absent[i] = !keep[i] && P.accumulate == 0u;
             }
         }
         for (var r = 0u; r < 4u; r++) {
@@ -1214,6 +1220,8 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             for (var i = 0u; i < 4u; i++) {
                 if (keep[i]) {
                     y[base + i] = row[i];
+                } else if (absent[i]) {
+                    y[base + i] = ABSENT_LOGIT;
                 }
             }
         }

@@ -599,8 +599,9 @@ fn sparse_mla_gemm(
             row_elems,
         };
         let logits = View::new(&sbuf, 0, n);
-        for seg in cache.segs {
-            matmul::mla_logits(rec, &g, View::new(&qbuf, 0, q_stride), qd, seg, logits, n);
+        let queries = View::new(&qbuf, 0, q_stride);
+        for (k, seg) in cache.segs.iter().enumerate() {
+            matmul::mla_logits(rec, &g, queries, qd, seg, logits, n, k == 0);
         }
         let o_stride = n;
         let params = MlaParams { o_stride, ..params };
@@ -1094,6 +1095,89 @@ mod tests {
         );
         // Few heads keep the kernel: nothing to plan for.
         assert_eq!(gemm_scratch_bytes(&d(4), 512, 2048), 0);
+    }
+
+    #[test]
+    fn sparse_mla_gemms_skip_positions_outside_the_segments_as_the_kernel_does() {
+        // Positions 0..96 cached in two segments, only the first (0..64) listed: selected
+        // positions past it count as absent both ways.
+        let mut rng = Rng::new(41);
+        let (rows, heads, kv, dr, topk) = (3usize, 5usize, 40usize, 8usize, 30usize);
+        let d = Dims {
+            heads,
+            dn: 4,
+            dr,
+            dv: 4,
+            kv,
+        };
+        let g = gpu();
+        let words: Vec<u32> = rng
+            .vec(96 * (kv + dr), 1.0)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        let segs = cache_segments(g, &words, kv + dr, 64);
+        let cache = CacheRows {
+            segs: &segs[..1],
+            format: LatentFormat::F32,
+            row_words: (kv + dr) as u32,
+        };
+        let q_abs = g
+            .buffer_from(&rng.vec(rows * heads * kv, 1.0), "q_abs")
+            .unwrap();
+        let q = g
+            .buffer_from(&rng.vec(rows * heads * (4 + dr), 1.0), "q")
+            .unwrap();
+        // Row 0: some positions past the segment; row 1: all of them; row 2: none.
+        let picks: [Vec<u32>; 3] = [
+            (0..topk as u32).map(|j| (j * 5) % 96).collect(),
+            (70..90).collect(),
+            (0..20).map(|j| j * 3).collect(),
+        ];
+        let mut idx = vec![0u32; rows * topk];
+        for (t, p) in picks.iter().enumerate() {
+            idx[t * topk..t * topk + p.len()].copy_from_slice(p);
+        }
+        let cnt: Vec<u32> = picks.iter().map(|p| p.len() as u32).collect();
+        let ib = g.buffer_from(&idx, "idx").unwrap();
+        let nb = g.buffer_from(&cnt, "cnt").unwrap();
+        let hk = heads * kv;
+        let run = |gemm| {
+            let ob = Placed::filled(g, rows, hk, (0, hk), 9.0);
+            let mut rec = g.recorder();
+            let queries = MlaQueries {
+                absorbed: View::rows(&q_abs, hk as u32),
+                q: View::rows(&q, (heads * (4 + dr)) as u32),
+                rows: rows as u32,
+                rope: None,
+            };
+            let sel = Selection {
+                idx: &ib,
+                cnt: &nb,
+                k: topk as u32,
+            };
+            let plan = MlaPlan::for_rows(rows as u32).with_gemm(gemm, 0);
+            let dims = d.mla(0.2);
+            sparse_mla(
+                &mut rec,
+                &queries,
+                &cache,
+                &sel,
+                topk as u32,
+                ob.view(),
+                &dims,
+                plan,
+            );
+            rec.finish().unwrap();
+            ob.read(g, "sparse_mla")
+        };
+        let kernel = run(MlaGemmUse::Never);
+        let gemms = run(MlaGemmUse::Always);
+        assert!(
+            kernel[hk..2 * hk].iter().all(|&v| v == 0.0),
+            "row 1 has no position"
+        );
+        assert_close(&gemms, &kernel, 1e-5, 1e-4, "GEMMs against the kernel");
     }
 
     /// An f32 latent cache in one segment.

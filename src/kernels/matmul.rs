@@ -60,7 +60,8 @@ kernel_params! {
         n_experts: u32,
         /// Elements per weight row in the chunk (k, or k padded to the block)
         ws: u32,
-        /// Dense gemv4q / gemv_dot: 1 = add to y instead of writing it.
+        /// Dense gemv4q / gemv_dot, mla_values: 1 = add to y instead of writing it;
+        /// mla_logits: 1 = not the first segment (positions outside it left as they are).
         accumulate: u32,
         /// Experts: rows of each expert's block in the stacked weight; its `n` rows from
         /// `r_lo` are the ones multiplied (all, from 0, for MoE experts).
@@ -1076,8 +1077,10 @@ impl MlaGemm<'_> {
 }
 
 /// `s[(t · heads + h) · s.stride + j] = q[t, h, :k] · seg[idx_j, :k]` for the selected positions
-/// `j` in segment `seg` (the others' entries are left as they are), `q` rows `(t · heads + h)
-/// · q.stride` from `q.offset`, `n` columns per row (at least every count).
+/// `j` in segment `seg`; where `first`, a logit of -10^30 (no weight) for the others, else
+/// their entries are left as they are. `q` rows `(t · heads + h) · q.stride` from
+/// `q.offset`, `n` columns per row (at least every count).
+#[allow(clippy::too_many_arguments)]
 pub fn mla_logits(
     rec: &mut Recorder,
     g: &MlaGemm,
@@ -1086,6 +1089,7 @@ pub fn mla_logits(
     seg: &Segment,
     s: View,
     n: u32,
+    first: bool,
 ) {
     let p = Params {
         k,
@@ -1094,6 +1098,7 @@ pub fn mla_logits(
         x_stride: q.stride,
         y_off: s.offset,
         y_stride: s.stride,
+        accumulate: !first as u32,
         ..g.params(seg)
     };
     let sel = (g.rows as u64 * g.heads as u64) * n as u64;
