@@ -1141,8 +1141,15 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 // (binding 2, rows P.ws elements apart). One workgroup per (t, 64 heads, TN columns).
 var<workgroup> mla_n: array<u32, 4>;   // [0]: the row's count (16 bytes: see gemm_experts)
 
-// The workgroup's (query row of the block, first head, first column) and the row's count.
-fn mla_tile(g: u32, lid: u32) -> vec4<u32> {
+// A workgroup's part: its query row of the block, first head and first column.
+struct MlaTile {
+    t: u32,
+    h0: u32,
+    c0: u32,
+}
+
+// Workgroup g's part; invocation 0 puts the row's count in mla_n.
+fn mla_tile(g: u32, lid: u32) -> MlaTile {
     let ht = (P.heads + BM - 1u) / BM;
     let nt = (P.n + TN - 1u) / TN;
     let t = g / (nt * ht);
@@ -1153,7 +1160,7 @@ fn mla_tile(g: u32, lid: u32) -> vec4<u32> {
         }
         mla_n[0] = n;
     }
-    return vec4<u32>(t, ((g / nt) % ht) * BM, (g % nt) * TN, 0u);
+    return MlaTile(t, ((g / nt) % ht) * BM, (g % nt) * TN);
 }
 
 // Row r (0..3) of an invocation's 4 × 4 block.
@@ -1185,8 +1192,8 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let g = wid.x + wid.y * nwg.x;
     let at = mla_tile(g, lid);
     let n = workgroupUniformLoad(&mla_n[0]);
-    let t = at.x;
-    let j0 = at.z;
+    let t = at.t;
+    let j0 = at.c0;
     if (t >= P.rows || j0 >= n) {
         return;
     }
@@ -1199,7 +1206,7 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             wr[q] = seg_row(sel_pos(first + j));
         }
     }
-    let acc = tile(mla_xr(t, at.y, lid), wr, lid, P.k);
+    let acc = tile(mla_xr(t, at.h0, lid), wr, lid, P.k);
     for (var b = 0u; b < TN / 64u; b++) {
         let jc = j0 + 64u * b + 4u * (lid % 16u);
         var keep = vec4<bool>(false);
@@ -1211,7 +1218,7 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             }
         }
         for (var r = 0u; r < 4u; r++) {
-            let h = at.y + 4u * (lid / 16u) + r;
+            let h = at.h0 + 4u * (lid / 16u) + r;
             if (h >= P.heads) {
                 break;
             }
@@ -1236,7 +1243,7 @@ fn mla_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let g = wid.x + wid.y * nwg.x;
     let at = mla_tile(g, lid);
     let n = workgroupUniformLoad(&mla_n[0]);
-    let t = at.x;
+    let t = at.t;
     if (t >= P.rows) {
         return;
     }
@@ -1244,14 +1251,14 @@ fn mla_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     g_count = n;
     var wr: array<u32, TN / 32u>;
     for (var q = 0u; q < TN / 32u; q++) {
-        let c = at.z + lid / 8u + 32u * q;
+        let c = at.c0 + lid / 8u + 32u * q;
         wr[q] = select(NONE, c, c < P.n);
     }
-    let acc = tile(mla_xr(t, at.y, lid), wr, lid, min(n, P.k));
+    let acc = tile(mla_xr(t, at.h0, lid), wr, lid, min(n, P.k));
     for (var b = 0u; b < TN / 64u; b++) {
-        let c = at.z + 64u * b + 4u * (lid % 16u);
+        let c = at.c0 + 64u * b + 4u * (lid % 16u);
         for (var r = 0u; r < 4u; r++) {
-            let h = at.y + 4u * (lid / 16u) + r;
+            let h = at.h0 + 4u * (lid / 16u) + r;
             if (h >= P.heads) {
                 break;
             }

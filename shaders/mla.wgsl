@@ -44,11 +44,12 @@ const ABSENT: u32 = 0xffffffffu; // a selected position outside this dispatch's 
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 @group(0) @binding(2) var<storage, read> qa: array<f32>;
 @group(0) @binding(3) var<storage, read> qin: array<f32>;
-@group(0) @binding(4) var<storage, read> cache: array<u32>;
-@group(0) @binding(5) var<storage, read> idx: array<u32>;
-@group(0) @binding(6) var<storage, read> cnt: array<u32>;
-// RoPE's cos/sin per chunk row (P.rope != 0: q_pe is rotated as it is read).
-@group(0) @binding(7) var<storage, read> cs: array<f32>;
+// RoPE's cos/sin per chunk row (P.rope != 0: q_pe is rotated as it is read). Before the
+// cache rows so that mla_qcat, which reads bindings 1 to 4, binds a prefix of mla's.
+@group(0) @binding(4) var<storage, read> cs: array<f32>;
+@group(0) @binding(5) var<storage, read> cache: array<u32>;
+@group(0) @binding(6) var<storage, read> idx: array<u32>;
+@group(0) @binding(7) var<storage, read> cnt: array<u32>;
 
 var<workgroup> qsh: array<vec4<f32>, HG * QD4>;
 var<workgroup> sp: array<vec4<f32>, HG * PT / 4u>;  // logits, then probabilities, [h][p]
@@ -417,8 +418,7 @@ fn mla_combine(
 
 // mla_qcat: the block's queries as GEMM rows, out[P.o_off + (t · heads + h) · o_stride + i]
 // = query(P.row0 + t, h, i) for i < kv_lora + dr: q_abs then the (rotated) q_pe. One
-// invocation per element. Its bindings are mla's, so it names the ones it does not read
-// (a bind group's entries must match the pipeline's layout).
+// invocation per element.
 @compute @workgroup_size(256)
 fn mla_qcat(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -428,9 +428,6 @@ fn mla_qcat(
     let i = (wid.x + wid.y * nwg.x) * WG + lid;
     let n = qd();
     if (i >= P.rows * P.heads * n) {
-        if (i == 0xffffffffu) {
-            out[0] = f32(cache[0] + idx[0] + cnt[0]);
-        }
         return;
     }
     let th = i / n;

@@ -405,10 +405,10 @@ pub fn sparse_mla(
                 o_lat.buf,
                 q_abs.buf,
                 q.buf,
+                cs,
                 &cache.segs[0].buf,
                 idx,
                 cnt,
-                cs,
             ],
             gpu.grid(n),
         );
@@ -433,7 +433,7 @@ pub fn sparse_mla(
         rec.dispatch(
             &p,
             &params,
-            &[&part, q_abs.buf, q.buf, &seg.buf, idx, cnt, cs],
+            &[&part, q_abs.buf, q.buf, cs, &seg.buf, idx, cnt],
             gpu.grid(n),
         );
     }
@@ -562,7 +562,6 @@ fn sparse_mla_gemm(
     let qcat = gpu.pipeline(&MLA, "mla_qcat", &defines);
     let softmax = gpu.pipeline(&MLA, "mla_softmax", &defines);
     let cs = qs.rope.map_or(gpu.dummy(), |r| r.cos_sin);
-    let seg0 = &cache.segs[0].buf;
     for row0 in (0..rows).step_by(block as usize) {
         let br = block.min(rows - row0);
         let params = MlaParams {
@@ -586,8 +585,12 @@ fn sparse_mla_gemm(
         let elems = br as u64 * heads as u64 * qd as u64;
         let grid = gpu.grid(grid_count("mla_qcat", elems.div_ceil(WG as u64)));
         rec.cost(8 * elems, 0, "");
-        let bound = [&qbuf, qs.absorbed.buf, qs.q.buf, seg0, sel.idx, sel.cnt, cs];
-        rec.dispatch(&qcat, &params, &bound, grid);
+        rec.dispatch(
+            &qcat,
+            &params,
+            &[&qbuf, qs.absorbed.buf, qs.q.buf, cs],
+            grid,
+        );
         let g = matmul::MlaGemm {
             rows: br,
             row0,

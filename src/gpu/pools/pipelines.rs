@@ -93,12 +93,12 @@ impl Gpu {
                 })
             };
             let mut found = find();
-            let _compiling = found.is_none().then(|| {
-                let guard = lock(&self.pipelines.compiling);
+            let mut _compiling = None;
+            if found.is_none() {
+                _compiling = Some(lock(&self.pipelines.compiling));
                 // Another thread may have compiled it meanwhile.
                 found = find();
-                guard
-            });
+            }
             let pipeline = match found {
                 Some(p) => p,
                 None => {
