@@ -1141,26 +1141,27 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 // (binding 2, rows P.ws elements apart). One workgroup per (t, 64 heads, TN columns).
 var<workgroup> mla_n: array<u32, 4>;   // [0]: the row's count (16 bytes: see gemm_experts)
 
-// A workgroup's part: its query row of the block, first head and first column.
+// A workgroup's part: its split of the selected positions (mla_values; P.splits of
+// them), its query row of the block, first head and first column.
 struct MlaTile {
+    s: u32,
     t: u32,
     h0: u32,
     c0: u32,
 }
 
-// Workgroup g's part; invocation 0 puts the row's count in mla_n.
+// Workgroup g's part; invocation 0 puts the row's count in mla_n. Workgroups past the
+// last split (a grid rounded up) get s ≥ P.splits.
 fn mla_tile(g: u32, lid: u32) -> MlaTile {
     let ht = (P.heads + BM - 1u) / BM;
     let nt = (P.n + TN - 1u) / TN;
-    let t = g / (nt * ht);
+    let per = max(P.rows * ht * nt, 1u);
+    let r = g % per;
+    let t = r / (nt * ht);
     if (lid == 0u) {
-        var n = 0u;
-        if (t < P.rows) {
-            n = min(sel_count(P.q_row0 + t), P.topk);
-        }
-        mla_n[0] = n;
+        mla_n[0] = min(sel_count(P.q_row0 + t), P.topk);
     }
-    return MlaTile(t, ((g / nt) % ht) * BM, (g % nt) * TN);
+    return MlaTile(g / per, t, ((r / nt) % ht) * BM, (r % nt) * TN);
 }
 
 // Row r (0..3) of an invocation's 4 × 4 block.
@@ -1168,13 +1169,13 @@ fn acc_row(a: Acc16, r: u32) -> vec4<f32> {
     return select(select(a.r0, a.r1, r == 1u), select(a.r2, a.r3, r == 3u), r >= 2u);
 }
 
-// x offsets of the tile rows (heads h0 + lid / 16 + 16 p of block row t).
-fn mla_xr(t: u32, h0: u32, lid: u32) -> vec4<u32> {
+// x offsets of the tile rows (heads h0 + lid / 16 + 16 p of block row t), from column col.
+fn mla_xr(t: u32, h0: u32, lid: u32, col: u32) -> vec4<u32> {
     var xr = vec4<u32>(NONE);
     for (var p = 0u; p < 4u; p++) {
         let h = h0 + lid / BK + 16u * p;
         if (h < P.heads) {
-            xr[p] = P.x_off + (t * P.heads + h) * P.x_stride;
+            xr[p] = P.x_off + (t * P.heads + h) * P.x_stride + col;
         }
     }
     return xr;
@@ -1194,7 +1195,7 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let n = workgroupUniformLoad(&mla_n[0]);
     let t = at.t;
     let j0 = at.c0;
-    if (t >= P.rows || j0 >= n) {
+    if (at.s >= P.splits || j0 >= n) {
         return;
     }
     let first = (P.q_row0 + t) * P.topk;
@@ -1206,7 +1207,7 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             wr[q] = seg_row(sel_pos(first + j));
         }
     }
-    let acc = tile(mla_xr(t, at.h0, lid), wr, lid, P.k);
+    let acc = tile(mla_xr(t, at.h0, lid, 0u), wr, lid, P.k);
     for (var b = 0u; b < TN / 64u; b++) {
         let jc = j0 + 64u * b + 4u * (lid % 16u);
         var keep = vec4<bool>(false);
@@ -1235,8 +1236,10 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
-// Values: y[t · y_stride + h · P.n + c] (= or, with P.accumulate, +=) Σ_j x[t, h, j] ·
-// cache[s_j, c] over this segment's s_j, c < P.n; x rows are the probabilities over j.
+// Values: y[s · y_split + t · y_stride + h · P.n + c] (= or, with P.accumulate, +=)
+// Σ_j x[t, h, j] · cache[s_j, c] over this segment's s_j, c < P.n, j in split s (P.k
+// positions from s · P.k); x rows are the probabilities over j. A split past the row's
+// count writes zeros.
 @compute @workgroup_size(256)
 fn mla_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
@@ -1244,17 +1247,20 @@ fn mla_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let at = mla_tile(g, lid);
     let n = workgroupUniformLoad(&mla_n[0]);
     let t = at.t;
-    if (t >= P.rows) {
+    if (at.s >= P.splits) {
         return;
     }
-    g_first = (P.q_row0 + t) * P.topk;
-    g_count = n;
+    let j0 = at.s * P.k;
+    // Uniform (from n and P), for the tile's K loop; g_count, a private, would not be.
+    let count = select(0u, min(n - j0, P.k), n > j0);
+    g_first = (P.q_row0 + t) * P.topk + j0;
+    g_count = count;
     var wr: array<u32, TN / 32u>;
     for (var q = 0u; q < TN / 32u; q++) {
         let c = at.c0 + lid / 8u + 32u * q;
         wr[q] = select(NONE, c, c < P.n);
     }
-    let acc = tile(mla_xr(t, at.h0, lid), wr, lid, min(n, P.k));
+    let acc = tile(mla_xr(t, at.h0, lid, j0), wr, lid, count);
     for (var b = 0u; b < TN / 64u; b++) {
         let c = at.c0 + 64u * b + 4u * (lid % 16u);
         for (var r = 0u; r < 4u; r++) {
@@ -1263,7 +1269,7 @@ fn mla_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
                 break;
             }
             let row = acc_row(acc[b], r);
-            let base = P.y_off + t * P.y_stride + h * P.n + c;
+            let base = P.y_off + at.s * P.y_split + t * P.y_stride + h * P.n + c;
             for (var i = 0u; i < 4u; i++) {
                 if (c + i < P.n) {
                     if (P.accumulate != 0u) {

@@ -52,6 +52,12 @@ const NPR: u32 = HK / 32u;              // weight words (q4) or groups of 4 pair
 const W_LO: bool = W_DTYPE == 0u || W_DTYPE == 3u || W_DTYPE == 4u || (W_DTYPE == 5u && Q4_MODE == 1u);
 // x as hi and lo halves, unless X_F16 asks for one f16 value.
 const X_LO: bool = X_F16 == 0u;
+// mla_values (W_GATHER = 1): the weights are a query row's selected cache rows read
+// transposed, staged K-major ([k][n], rows of KP pairs) as the rows lie in memory
+// (load_b_gathered); the others are staged [n][k] (rows of HP pairs).
+const GATHER: bool = W_GATHER == 1u;
+const KP: u32 = TN / 2u + 4u;
+const_assert 64u * KP <= BSTAGE;
 
 // Two stages where they fit in the workgroup memory NVIDIA's driver offers (48 KB; sparsa
 // allows itself 44), else one.
@@ -153,12 +159,48 @@ fn load_b(lid: u32, row: u32, k0: u32, q4: bool) -> StagedB {
     return sb;
 }
 
+// mla_values' weights for the K-step at k0 and 64-column block h of the tile (GATHER): K
+// index k is the query row's k-th selected position (`gather_row`, matmul.wgsl: NONE past
+// its count or outside the segment), tile column c the element `w_rows[c]` of its cache row.
+// Invocation lid stages position k0 + lid / 4 and the column pairs lid % 4 + 4 i (i < 8):
+// a subgroup's 4 lanes of a row read 32 consecutive bytes per load, where [n][k] staging
+// read each position's element on its own (the rows lie K-major in memory).
+fn load_b_gathered(lid: u32, h: u32, k0: u32) -> StagedB {
+    var sb: StagedB;
+    let k = k0 + lid / 4u;
+    var ra = NONE;
+    if (k < P.k) {
+        ra = gather_row(k);
+    }
+    for (var i = 0u; i < 4u * NPR; i++) {
+        let col = 64u * h + 2u * (lid % 4u + 4u * i);
+        let c = w_rows[col];
+        var v = vec2<f32>(0.0);
+        if (ra != NONE && c != NONE) {
+            if (w_rows[col + 1u] != NONE) {
+                v = wload2(ra + c);
+            } else {
+                v.x = wload(ra + c);
+            }
+        }
+        sb.b[i] = v;
+    }
+    return sb;
+}
+
 // Loads what invocation lid stages for the K-step at k0.
 fn load_step(lid: u32, k0: u32, q4: bool) -> Staged {
     var st: Staged;
     let c = 4u * (lid % 16u);
     for (var i = 0u; i < 4u; i++) {
         st.a[i] = xquad(x_rows[arow(lid, i)], k0 + c);
+    }
+    if (GATHER) {
+        st.b0 = load_b_gathered(lid, 0u, k0);
+        if (TH == 2u) {
+            st.b1 = load_b_gathered(lid, 1u, k0);
+        }
+        return st;
     }
     st.b0 = load_b(lid, w_rows[lid / 4u], k0, q4);
     if (TH == 2u) {
@@ -186,6 +228,13 @@ fn store_b(lid: u32, row_at: u32, sb: StagedB, q4: bool) {
     }
 }
 
+// Writes what load_b_gathered loaded at K-major pair `at`: pairs at, at + 4, ...
+fn store_b_gathered(at: u32, sb: StagedB) {
+    for (var i = 0u; i < 4u * NPR; i++) {
+        put_b(at + 4u * i, sb.b[i]);
+    }
+}
+
 // Writes what load_step loaded into stage `stage`.
 fn store_step(lid: u32, stage: u32, st: Staged, q4: bool) {
     let base = stage * ASTAGE;
@@ -198,6 +247,16 @@ fn store_step(lid: u32, stage: u32, st: Staged, q4: bool) {
         let r = base + arow(lid, i) * HP;
         put_a(r + c, select(st.a[i].xy, st.a[i].zw, odd));
         put_a(r + c2, select(st.a[i].zw, st.a[i].xy, odd));
+    }
+    if (GATHER) {
+        // Row lid / 4 of the K-major stage; pair lid % 4 + 4 i of block h. The 8 rows of
+        // a subgroup are 4 banks apart (KP ≡ 4 mod 32 words), so its 32 stores hit 32 banks.
+        let kbase = stage * BSTAGE + (lid / 4u) * KP + lid % 4u;
+        store_b_gathered(kbase, st.b0);
+        if (TH == 2u) {
+            store_b_gathered(kbase + 32u, st.b1);
+        }
+        return;
     }
     let bbase = stage * BSTAGE + (lid / 4u) * HP;
     store_b(lid, bbase, st.b0, q4);
@@ -214,6 +273,31 @@ fn cs_block(r: u32) -> Acc16 {
         vec4<f32>(Cs[r + 128u], Cs[r + 129u], Cs[r + 130u], Cs[r + 131u]),
         vec4<f32>(Cs[r + 192u], Cs[r + 193u], Cs[r + 194u], Cs[r + 195u]),
     );
+}
+
+// The staged pair where the B fragment of K-step part kk (in pairs) and tile column n
+// starts, and the distance to the next 16 columns' fragment.
+fn b_at(stage: u32, kk: u32, n: u32) -> u32 {
+    if (GATHER) {
+        return stage * BSTAGE + 2u * kk * KP + n / 2u;
+    }
+    return stage * BSTAGE + n * HP + kk;
+}
+const BCOL16: u32 = select(16u * HP, 8u, GATHER);
+
+// B fragments (16 × 16 of K × N) of the weights' hi and lo halves at staged pair `at`:
+// [n][k] stages load column-major, K-major ones row-major.
+fn b_hi(at: u32) -> coop_mat16x16<f16, B> {
+    if (GATHER) {
+        return coopLoadT<coop_mat16x16<f16, B>>(&Bhi[at], KP);
+    }
+    return coopLoad<coop_mat16x16<f16, B>>(&Bhi[at], HP);
+}
+fn b_lo(at: u32) -> coop_mat16x16<f16, B> {
+    if (GATHER) {
+        return coopLoadT<coop_mat16x16<f16, B>>(&Blo[at], KP);
+    }
+    return coopLoad<coop_mat16x16<f16, B>>(&Blo[at], HP);
 }
 
 // a + v / LO_SCALE.
@@ -264,15 +348,15 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<A
         }
         for (var kk = 0u; kk < HK / 2u; kk += 8u) {
             let ia = cur * ASTAGE + mr * HP + kk;
-            let ib = cur * BSTAGE + nc * HP + kk;
+            let ib = b_at(cur, kk, nc);
             let ah = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia], HP);
-            let b0 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[ib], HP);
-            let b1 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[ib + 16u * HP], HP);
+            let b0 = b_hi(ib);
+            let b1 = b_hi(ib + BCOL16);
             c0 = coopMultiplyAdd(ah, b0, c0);
             c1 = coopMultiplyAdd(ah, b1, c1);
             if (NB == 4u) {
-                let b2 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[ib + 32u * HP], HP);
-                let b3 = coopLoad<coop_mat16x16<f16, B>>(&Bhi[ib + 48u * HP], HP);
+                let b2 = b_hi(ib + 2u * BCOL16);
+                let b3 = b_hi(ib + 3u * BCOL16);
                 c2 = coopMultiplyAdd(ah, b2, c2);
                 c3 = coopMultiplyAdd(ah, b3, c3);
                 if (X_LO) {
@@ -289,8 +373,8 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<A
             }
             // Weights with lo halves run 64-column tiles (kernels/matmul.rs): NB = 2.
             if (W_LO) {
-                let l0 = coopLoad<coop_mat16x16<f16, B>>(&Blo[ib], HP);
-                let l1 = coopLoad<coop_mat16x16<f16, B>>(&Blo[ib + 16u * HP], HP);
+                let l0 = b_lo(ib);
+                let l1 = b_lo(ib + BCOL16);
                 d0 = coopMultiplyAdd(ah, l0, d0);
                 d1 = coopMultiplyAdd(ah, l1, d1);
             }

@@ -474,3 +474,25 @@ fn mla_softmax(
         out[base + j] = p;
     }
 }
+
+// mla_sum: out[P.o_off + t · o_stride + i] = Σ_s part[(s · rows + t) · hk + i], i < hk =
+// heads · kv_lora, s < P.splits: the GEMMs' values product over splits of the selected
+// positions (src/kernels/attention.rs, sparse_mla_gemm), added in split order. Reads the
+// parts through binding 2 (qa) and writes o_lat through binding 1 (out).
+@compute @workgroup_size(256)
+fn mla_sum(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let hk = P.heads * P.kv_lora;
+    let i = (wid.x + wid.y * nwg.x) * WG + lid;
+    if (i >= P.rows * hk) {
+        return;
+    }
+    var acc = 0.0;
+    for (var s = 0u; s < P.splits; s++) {
+        acc += qa[s * P.rows * hk + i];
+    }
+    out[P.o_off + (i / hk) * P.o_stride + i % hk] = acc;
+}

@@ -292,10 +292,11 @@ fn exercise_matmul(gpu: &Gpu, all: bool) {
 }
 
 /// Sparse MLA's prefill GEMMs (`sparse_mla_gemm`), which a model runs only on tensor cores:
-/// 20 query rows of 4 heads over 100 cached positions, in f32 and bf16 caches, two
-/// segments, rows in blocks of 8.
+/// 20 query rows of 4 heads over 100 cached positions (up to 100 selected: the values
+/// product in two splits, added by `mla_sum`), in f32 and bf16 caches, two segments, rows in
+/// blocks of 8.
 fn exercise_mla_gemms(gpu: &Gpu) {
-    let (rows, heads, kv, dr, keys, topk) = (20u32, 4u32, 64u32, 8u32, 100u32, 48u32);
+    let (rows, heads, kv, dr, keys, topk) = (20u32, 4u32, 64u32, 8u32, 100u32, 100u32);
     let d = MlaDims {
         heads,
         dn: 8,

@@ -181,6 +181,9 @@ pub struct MlaPlan {
     /// The most query rows a block of [`sparse_mla_gemm`] takes (0: as many as
     /// [`MLA_GEMM_LOGIT_BYTES`] hold).
     gemm_rows: u32,
+    /// Query rows × splits of the selected positions that [`sparse_mla_gemm`]'s values
+    /// product aims for ([`MLA_VALUE_SPLIT_ROWS`]; 1: never split).
+    gemm_split: u32,
 }
 
 /// When [`sparse_mla`] runs its two products as GEMMs on the matmul tile
@@ -204,13 +207,15 @@ impl MlaPlan {
     /// A prefill's rows run as GEMMs on tensor cores ([`sparse_mla_gemm`]) for models of
     /// at least [`MLA_GEMM_MIN_HEADS`] heads.
     /// SPARSA_MLA_HG (1, 2, 4, 8 or 16), SPARSA_MLA_GROUPS and SPARSA_MLA_GEMM (0: never,
-    /// 1: on tensor cores at a prefill's rows, 2: at a prefill's rows on any device)
-    /// override them (measurement knobs).
+    /// 1: on tensor cores at a prefill's rows, 2: at a prefill's rows on any device, 3: on
+    /// tensor cores at every row count) override them (measurement knobs).
     pub fn for_rows(rows: u32) -> MlaPlan {
         let cap = knob!("SPARSA_MLA_HG", |v| v.is_power_of_two() && v <= 16);
         let groups = knob!("SPARSA_MLA_GROUPS", |v| v >= 1);
         let few = rows <= matmul::GEMV_MAX_ROWS;
-        let gemm = match knob!("SPARSA_MLA_GEMM", |v| v <= 2) {
+        let gemm = match knob!("SPARSA_MLA_GEMM", |v| v <= 3) {
+            // 3: on tensor cores at a decode step's and a verification's rows too.
+            Some(3) => MlaGemmUse::TensorCores,
             _ if few => MlaGemmUse::Never,
             Some(0) => MlaGemmUse::Never,
             Some(2) => MlaGemmUse::Always,
@@ -221,6 +226,7 @@ impl MlaPlan {
             target_groups: groups.unwrap_or(MLA_TARGET_GROUPS),
             gemm,
             gemm_rows: 0,
+            gemm_split: MLA_VALUE_SPLIT_ROWS,
         }
     }
 
@@ -230,6 +236,15 @@ impl MlaPlan {
         MlaPlan {
             gemm,
             gemm_rows: rows,
+            ..self
+        }
+    }
+
+    /// This plan with the GEMMs' values product split to about `rows` query rows × splits
+    /// (1: never split).
+    pub const fn with_value_splits(self, rows: u32) -> MlaPlan {
+        MlaPlan {
+            gemm_split: rows,
             ..self
         }
     }
@@ -299,6 +314,7 @@ pub fn sparse_mla(
         target_groups,
         gemm,
         gemm_rows,
+        gemm_split,
     }: MlaPlan,
 ) {
     let MlaQueries {
@@ -349,9 +365,10 @@ pub fn sparse_mla(
     };
     // Blocks of a few rows (a dense model's long selections) would be dispatches by the
     // thousand: those keep the kernel.
-    let enough = GemmBlock::new(d, rows, n_max, 0).rows >= rows.min(MLA_GEMM_MIN_ROWS);
+    let enough = GemmBlock::new(d, rows, n_max, 0, 1).rows >= rows.min(MLA_GEMM_MIN_ROWS);
     if as_gemm && enough && cache.format != LatentFormat::Fp8 {
-        sparse_mla_gemm(rec, qs, cache, sel, (n_max, gemm_rows), o_lat, d, &sh);
+        let block = (n_max, gemm_rows, gemm_split);
+        sparse_mla_gemm(rec, qs, cache, sel, block, o_lat, d, &sh);
         return;
     }
     let groups = rows as u64 * hgroups as u64;
@@ -460,6 +477,12 @@ pub const MLA_GEMM_MIN_HEADS: u32 = 16;
 /// The fewest query rows a block of [`sparse_mla_gemm`] may take (fewer rows than that in
 /// all are one block).
 const MLA_GEMM_MIN_ROWS: u32 = 16;
+/// Query rows × splits of the selected positions that [`sparse_mla_gemm`]'s values product
+/// aims for: unsplit, a decode step's or a verification's few rows would be `kv_lora / TN`
+/// workgroups a row, each over every selected position (GLM-5: 8 per row, 32 K-steps each);
+/// split, 8 rows take 4 splits and 4 rows 8 (about 256 workgroups for GLM-5). A prefill
+/// block's 32 or more rows are not split.
+const MLA_VALUE_SPLIT_ROWS: u32 = 32;
 
 /// The blocks [`sparse_mla_gemm`] runs: query rows at a time, the queries' row stride and
 /// the logits' (selected positions rounded up to 64).
@@ -467,21 +490,36 @@ struct GemmBlock {
     rows: u32,
     q_stride: u32,
     n: u32,
+    /// Splits of the positions in the values product (`n` is a multiple of 64 of them).
+    splits: u32,
 }
 
 impl GemmBlock {
-    fn new(d: &MlaDims, rows: u32, n_max: u32, most_rows: u32) -> GemmBlock {
+    /// Blocks for `rows` query rows of at most `n_max` positions (at most `most_rows`
+    /// a block, 0: as many as fit), the values product split to about `split_rows` rows ×
+    /// splits.
+    fn new(d: &MlaDims, rows: u32, n_max: u32, most_rows: u32, split_rows: u32) -> GemmBlock {
         let n = n_max.next_multiple_of(64);
         let fit = MLA_GEMM_LOGIT_BYTES / Self::logit_bytes(d, 1, n);
         let mut block = fit.clamp(1, rows.max(1) as u64) as u32;
         if most_rows > 0 {
             block = block.min(most_rows);
         }
+        let splits = (split_rows / block).clamp(1, n / 64);
         GemmBlock {
             rows: block,
             q_stride: (d.kv_lora + d.dr).next_multiple_of(4),
-            n,
+            n: n.next_multiple_of(64 * splits),
+            splits,
         }
+    }
+
+    /// The values product's partial sums, where it is split.
+    fn part_bytes(&self, d: &MlaDims) -> u64 {
+        if self.splits == 1 {
+            return 0;
+        }
+        4 * (self.splits * self.rows) as u64 * d.heads as u64 * d.kv_lora as u64
     }
 
     fn query_bytes(d: &MlaDims, rows: u32) -> u64 {
@@ -500,8 +538,13 @@ pub fn gemm_scratch_bytes(d: &MlaDims, rows: u32, topk: u32) -> u64 {
     if d.heads < MLA_GEMM_MIN_HEADS {
         return 0;
     }
-    let b = GemmBlock::new(d, rows, topk, 0);
-    GemmBlock::query_bytes(d, b.rows) + GemmBlock::logit_bytes(d, b.rows, b.n)
+    let b = GemmBlock::new(d, rows, topk, 0, MLA_VALUE_SPLIT_ROWS);
+    // A decode step's or a verification's few rows split the values product instead.
+    let parts = (1..=matmul::GEMV_MAX_ROWS)
+        .map(|r| GemmBlock::new(d, r, topk, 0, MLA_VALUE_SPLIT_ROWS).part_bytes(d))
+        .max()
+        .unwrap_or(0);
+    GemmBlock::query_bytes(d, b.rows) + GemmBlock::logit_bytes(d, b.rows, b.n) + parts
 }
 
 /// [`sparse_mla`] as GEMMs on the matmul tile (on tensor cores where the device has them),
@@ -517,7 +560,7 @@ fn sparse_mla_gemm(
     qs: &MlaQueries,
     cache: &CacheRows<LatentFormat>,
     sel: &Selection,
-    (n_max, most_rows): (u32, u32),
+    (n_max, most_rows, split_rows): (u32, u32, u32),
     o_lat: View,
     d: &MlaDims,
     sh: &MlaShape,
@@ -537,11 +580,13 @@ fn sparse_mla_gemm(
         LatentFormat::Fp8 => unreachable!("sparse_mla_gemm: FP8 rows are not a tile format"),
     };
     let qd = kv_lora + dr;
+    let b = GemmBlock::new(d, rows, n_max, most_rows, split_rows);
     let GemmBlock {
         rows: block,
         q_stride,
         n,
-    } = GemmBlock::new(d, rows, n_max, most_rows);
+        splits,
+    } = b;
     let gpu = rec.gpu();
     let bufs = gpu
         .scratch("mla queries", GemmBlock::query_bytes(d, block))
@@ -549,9 +594,13 @@ fn sparse_mla_gemm(
             Ok((
                 q,
                 gpu.scratch("mla logits", GemmBlock::logit_bytes(d, block, n))?,
+                match splits {
+                    1 => None,
+                    _ => Some(gpu.scratch("mla value parts", b.part_bytes(d))?),
+                },
             ))
         });
-    let (qbuf, sbuf) = match bufs {
+    let (qbuf, sbuf, parts) = match bufs {
         Ok(b) => b,
         Err(e) => {
             gpu.report_error(e.to_string());
@@ -561,6 +610,7 @@ fn sparse_mla_gemm(
     let defines = sh.defines(cache.format);
     let qcat = gpu.pipeline(&MLA, "mla_qcat", &defines);
     let softmax = gpu.pipeline(&MLA, "mla_softmax", &defines);
+    let sum = gpu.pipeline(&MLA, "mla_sum", &defines);
     let cs = qs.rope.map_or(gpu.dummy(), |r| r.cos_sin);
     for row0 in (0..rows).step_by(block as usize) {
         let br = block.min(rows - row0);
@@ -612,9 +662,30 @@ fn sparse_mla_gemm(
         rec.cost(8 * br as u64 * heads as u64 * n as u64, 0, "");
         rec.dispatch(&softmax, &params, &[&sbuf, sel.cnt], grid);
         let o = View::new(o_lat.buf, o_lat.offset + row0 * o_lat.stride, o_lat.stride);
+        let Some(parts) = &parts else {
+            for (k, seg) in cache.segs.iter().enumerate() {
+                matmul::mla_values(rec, &g, logits, n, seg, o, kv_lora, k > 0, (1, 0));
+            }
+            continue;
+        };
+        // Few rows: each split of the positions sums into a part of its own, and mla_sum
+        // adds the parts up (in split order).
+        let hk = heads * kv_lora;
+        let part = View::new(parts, 0, hk);
         for (k, seg) in cache.segs.iter().enumerate() {
-            matmul::mla_values(rec, &g, logits, n, seg, o, kv_lora, k > 0);
+            let split = (splits, br * hk);
+            matmul::mla_values(rec, &g, logits, n, seg, part, kv_lora, k > 0, split);
         }
+        let params = MlaParams {
+            o_off: o.offset,
+            o_stride: o.stride,
+            splits,
+            ..params
+        };
+        let elems = br as u64 * hk as u64;
+        rec.cost(4 * elems * (splits as u64 + 1), elems * splits as u64, "");
+        let grid = gpu.grid(grid_count("mla_sum", elems.div_ceil(WG as u64)));
+        rec.dispatch(&sum, &params, &[o.buf, parts], grid);
     }
 }
 
@@ -1054,14 +1125,16 @@ mod tests {
     /// order: up to 16 and up to 8 heads per workgroup, the positions split as a model
     /// splits them and in one split (several tiles per workgroup: the online softmax's
     /// rescale); then as GEMMs in blocks of 2 query rows ([`sparse_mla_gemm`], which FP8
-    /// caches do not take).
-    const TEST_PLANS: [MlaPlan; 5] = {
+    /// caches do not take), the values product split as few rows split it (up to 16
+    /// splits, as many as 64-position tiles allow) and not split.
+    const TEST_PLANS: [MlaPlan; 6] = {
         const fn plan(head_cap: u32, target_groups: u32) -> MlaPlan {
             MlaPlan {
                 head_cap,
                 target_groups,
                 gemm: MlaGemmUse::Never,
                 gemm_rows: 0,
+                gemm_split: MLA_VALUE_SPLIT_ROWS,
             }
         }
         [
@@ -1070,6 +1143,9 @@ mod tests {
             plan(8, MLA_TARGET_GROUPS),
             plan(8, 1),
             plan(16, MLA_TARGET_GROUPS).with_gemm(MlaGemmUse::Always, 2),
+            plan(16, MLA_TARGET_GROUPS)
+                .with_gemm(MlaGemmUse::Always, 2)
+                .with_value_splits(1),
         ]
     };
 
@@ -1084,17 +1160,27 @@ mod tests {
             scale: 1.0,
         };
         // GLM-5 (64 heads) and DeepSeek-V3.2 (128) at 2,048 selected positions.
-        let b = GemmBlock::new(&d(64), 2048, 2048, 0);
-        assert_eq!((b.rows, b.q_stride, b.n), (128, 576, 2048));
-        assert_eq!(GemmBlock::new(&d(128), 2048, 2048, 0).rows, 64);
+        let split = MLA_VALUE_SPLIT_ROWS;
+        let b = GemmBlock::new(&d(64), 2048, 2048, 0, split);
+        assert_eq!((b.rows, b.q_stride, b.n, b.splits), (128, 576, 2048, 1));
+        assert_eq!(GemmBlock::new(&d(128), 2048, 2048, 0, split).rows, 64);
         // Counts round up to whole tiles; few rows make one block; a cap holds.
-        assert_eq!(GemmBlock::new(&d(64), 5, 1000, 0).rows, 5);
-        assert_eq!(GemmBlock::new(&d(64), 5, 1000, 0).n, 1024);
-        assert_eq!(GemmBlock::new(&d(64), 500, 1000, 2).rows, 2);
-        // The plan's scratch: 128 rows of queries (576 floats a head) and of logits.
+        assert_eq!(GemmBlock::new(&d(64), 5, 1000, 0, 1).rows, 5);
+        assert_eq!(GemmBlock::new(&d(64), 5, 1000, 0, 1).n, 1024);
+        assert_eq!(GemmBlock::new(&d(64), 500, 1000, 2, 1).rows, 2);
+        // Few rows split the values product: 4 rows in 8 splits of 256 positions; 5 rows
+        // in 6 splits of 192 (the logits' rows rounded up to whole splits); never more
+        // splits than 64-position tiles.
+        let b = GemmBlock::new(&d(64), 4, 2048, 0, split);
+        assert_eq!((b.rows, b.n, b.splits), (4, 2048, 8));
+        let b = GemmBlock::new(&d(64), 5, 1000, 0, split);
+        assert_eq!((b.n, b.splits), (1152, 6));
+        assert_eq!(GemmBlock::new(&d(64), 1, 100, 0, split).splits, 2);
+        // The plan's scratch: 128 rows of queries (576 floats a head) and of logits, and
+        // the few rows' parts (32 rows × splits of 64 heads' 512 sums).
         assert_eq!(
             gemm_scratch_bytes(&d(64), 512, 2048),
-            4 * 128 * 64 * 576 + (64 << 20)
+            4 * 128 * 64 * 576 + (64 << 20) + 4 * 32 * 64 * 512
         );
         // Few heads keep the kernel: nothing to plan for.
         assert_eq!(gemm_scratch_bytes(&d(4), 512, 2048), 0);

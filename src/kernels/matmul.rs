@@ -86,6 +86,10 @@ kernel_params! {
         seg_n: u32,
         /// ... the chunk row of the block's first query row (its selection's row).
         q_row0: u32,
+        /// `mla_values`: splits of the selected positions (`k` of them each), their sums
+        /// written `y_split` elements apart; `mla_logits`: 1.
+        splits: u32,
+        y_split: u32,
     }
 }
 
@@ -208,27 +212,44 @@ fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Ker
 fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Kernel<Params> {
     let shader = shader_of(entry, rec.gpu().tensor_cores(), k.x4);
     if [MATMUL_COOP.name, MATMUL_COOP_X1.name].contains(&shader.name) {
-        rec.gpu().pipeline(shader, entry, &coop_defines(f, k))
+        rec.gpu()
+            .pipeline(shader, entry, &coop_defines(entry, f, k))
     } else {
         rec.gpu().pipeline(shader, entry, &defines(f, k))
     }
 }
 
-/// [`defines`] and those only the tensor-core tile reads.
-fn coop_defines(f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
+/// [`defines`] and those only the tensor-core tile reads, for `entry`.
+fn coop_defines(entry: &str, f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
+    coop_defines_with(f, k, coop_gather(entry))
+}
+
+/// [`coop_defines`] with the weights staged K-major or not (`gather`, [`coop_gather`]).
+fn coop_defines_with(f: WFormat, k: Knobs, gather: bool) -> Vec<(&'static str, String)> {
     defines(f, k)
         .into_iter()
-        .chain(coop_only_defines(f.code()))
+        .chain(coop_only_defines(f.code(), gather))
         .collect()
 }
 
 /// The defines only the tensor-core tile reads, for weights of `W_DTYPE` code `w_dtype`.
-fn coop_only_defines(w_dtype: u32) -> [(&'static str, String); 3] {
+/// `W_GATHER`: the weights are gathered rows read transposed (`mla_values`), staged K-major.
+fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 4] {
     [
         ("Q4_MODE", u(coop_q4_mode())),
         ("X_F16", u(coop_x_f16())),
         ("TN", u(coop_tile_cols(w_dtype))),
+        ("W_GATHER", u(gather as u32)),
     ]
+}
+
+/// Whether the tensor-core tile stages `entry`'s weights K-major, as gathered rows read
+/// transposed lie in memory (`mla_values`), instead of [n][k] an element at a time as the
+/// other entries do: with `SPARSA_COOP_GATHER=1`. Off by default until it has run on a
+/// device with tensor cores (lavapipe has none, and no H200 was lent when it was written):
+/// `benches/results/2026-12-04-h200-mla-values/run1/run.sh` checks and times it.
+fn coop_gather(entry: &str) -> bool {
+    entry == "mla_values" && knob!("SPARSA_COOP_GATHER", |v| v <= 1) == Some(1)
 }
 
 /// Columns of the tensor-core tile for weights in format `f` (the `TN` define): 128 where
@@ -317,7 +338,8 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .map(|x4| ShaderVariant {
             shader: shader_of(v.entry, true, x4).code(),
             entry: v.entry,
-            defines: v.defines.clone() + &crate::gpu::define_lines(&coop_only_defines(w_dtype)),
+            defines: v.defines.clone()
+                + &crate::gpu::define_lines(&coop_only_defines(w_dtype, coop_gather(v.entry))),
         })
         .to_vec()
 }
@@ -1042,6 +1064,7 @@ impl MlaGemm<'_> {
             seg_lo: seg.lo,
             seg_n: seg.len,
             q_row0: self.row0,
+            splits: 1,
             ..Params::default()
         }
     }
@@ -1061,7 +1084,7 @@ impl MlaGemm<'_> {
             WFormat::Float(self.format),
             Knobs { x4, ..KNOBS },
         );
-        let tiles = self.rows as u64
+        let tiles = (p.splits * self.rows) as u64
             * self.heads.div_ceil(GEMM_TILE_ROWS) as u64
             * p.n.div_ceil(tile_cols(rec, WFormat::Float(self.format))) as u64;
         assert!(tiles <= u32::MAX as u64, "{entry}: too many workgroups");
@@ -1106,9 +1129,11 @@ pub fn mla_logits(
     g.dispatch(rec, "mla_logits", p, q, [&seg.buf, s.buf]);
 }
 
-/// `o[t · o.stride + h · n + c] (=, or += where `add`) Σ_j p[t, h, j] · seg[idx_j, c]` over
-/// the selected positions `j` in segment `seg`, `c < n`; `p` rows `(t · heads + h) · p.stride`
-/// from `p.offset`, `k` columns (at least every count; zeros past a row's count).
+/// `o[s · split.1 + t · o.stride + h · n + c] (=, or += where `add`) Σ_j p[t, h, j] ·
+/// seg[idx_j, c]` over the selected positions `j` in segment `seg` and in split `s` of
+/// `split.0` (positions `s · len .. (s + 1) · len`, `len = k / split.0`), `c < n`; `p` rows
+/// `(t · heads + h) · p.stride` from `p.offset`, `k` columns (at least every count; zeros
+/// past a row's count; `len` a multiple of 64).
 #[allow(clippy::too_many_arguments)]
 pub fn mla_values(
     rec: &mut Recorder,
@@ -1119,9 +1144,14 @@ pub fn mla_values(
     o: View,
     n: u32,
     add: bool,
+    (splits, y_split): (u32, u32),
 ) {
+    assert!(
+        splits >= 1 && k.is_multiple_of(64 * splits),
+        "mla_values: {k} positions do not make {splits} splits of whole 64-position tiles"
+    );
     let params = Params {
-        k,
+        k: k / splits,
         n,
         x_off: p.offset,
         x_stride: p.stride,
@@ -1129,6 +1159,8 @@ pub fn mla_values(
         y_stride: o.stride,
         w_t: 2,
         accumulate: add as u32,
+        splits,
+        y_split,
         ..g.params(seg)
     };
     let sel = (g.rows as u64 * g.heads as u64) * k as u64;
@@ -2105,13 +2137,15 @@ mod tests {
             .into_iter()
             .chain(QUANT.map(WFormat::Quant));
         for (f, shader) in formats.flat_map(|f| [(f, &MATMUL_COOP), (f, &MATMUL_COOP_X1)]) {
-            let src = crate::gpu::shader_source(
-                "",
-                <Params as crate::gpu::KernelParams>::WGSL,
-                &crate::gpu::define_lines(&coop_defines(f, KNOBS)),
-                shader.source,
-            );
-            for entry in TILE_ENTRIES {
+            // mla_values both ways: its weights staged K-major (SPARSA_COOP_GATHER=1) or not.
+            let entries = TILE_ENTRIES.map(|e| (e, false));
+            for (entry, gather) in entries.into_iter().chain([("mla_values", true)]) {
+                let src = crate::gpu::shader_source(
+                    "",
+                    <Params as crate::gpu::KernelParams>::WGSL,
+                    &crate::gpu::define_lines(&coop_defines_with(f, KNOBS, gather)),
+                    shader.source,
+                );
                 let c = crate::gpu::spirv::compile(&src, entry)
                     .unwrap_or_else(|e| panic!("{} {entry} {f:?}: {e}", shader.name));
                 assert!(c.words.len() > 1000, "{entry} {f:?}");
