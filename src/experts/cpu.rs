@@ -421,8 +421,63 @@ unsafe fn rows_avx512(m: &CpuMatrix, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32],
                 }
             }
         }
+        WFormat::Quant(QFormat::Fp8) if m.k.is_multiple_of(FP8_BLOCK) => {
+            for (i, out) in y.chunks_exact_mut(xs.len()).enumerate() {
+                for (o, x) in out.iter_mut().zip(xs) {
+                    *o = fp8_row_avx512(m, row0 + i, x);
+                }
+            }
+        }
         _ => rows_avx2(m, xs, xq, y, row0),
     }
+}
+
+/// An FP8 row (whole 128-column blocks) against x with AVX-512: 32 e4m3 codes at a time
+/// become f16 on the bits (sign to bit 15, exponent and mantissa shifted by 7: the value
+/// times 2^-8, subnormals included, which the block's scale takes back), then f32 by
+/// `vcvtph2ps`, 16 products a multiply-add; the codes 0x7F / 0xFF stay NaN. About a third
+/// of [`fp8_row_avx2`]'s instructions per weight: on a 2-core Xeon with AVX-512
+/// (`examples/cpu_experts fp8 2 20`, two GLM-5-shaped experts, mostly from L3: the rows'
+/// arithmetic, not RAM, bounds both) 5.4 → 9.3 GB/s on one thread, 11.5 → 18.5 on two,
+/// against `SPARSA_CPU_AVX512=0` (the AVX2 rows) in the same session.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn fp8_row_avx512(m: &CpuMatrix, r: usize, x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let k = m.k;
+    let nbk = k / FP8_BLOCK;
+    let row = &m.w[r * k..(r + 1) * k];
+    let scales = &m.scale[4 * (r / FP8_BLOCK) * nbk..4 * (r / FP8_BLOCK + 1) * nbk];
+    assert!(x.len() >= k);
+    let low7 = _mm512_set1_epi16(0x7f);
+    let sign = _mm512_set1_epi16(0x80);
+    let nan = _mm512_set1_ps(f32::NAN);
+    let mut total = _mm512_setzero_ps();
+    for bi in 0..nbk {
+        let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for c in 0..FP8_BLOCK / 32 {
+            let j = bi * FP8_BLOCK + 32 * c;
+            // SAFETY: j + 32 <= k (whole blocks): the 32 bytes lie in the row, x holds k.
+            let b = _mm512_cvtepu8_epi16(_mm256_loadu_si256(row.as_ptr().add(j) as *const __m256i));
+            let em = _mm512_and_si512(b, low7);
+            let bits = _mm512_or_si512(
+                _mm512_slli_epi16(em, 7),
+                _mm512_slli_epi16(_mm512_and_si512(b, sign), 8),
+            );
+            let nans = _mm512_cmpeq_epi16_mask(em, low7);
+            let w0 = _mm512_cvtph_ps(_mm512_castsi512_si256(bits));
+            let w1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1));
+            let w0 = _mm512_mask_mov_ps(w0, nans as u16, nan);
+            let w1 = _mm512_mask_mov_ps(w1, (nans >> 16) as u16, nan);
+            let xp = x.as_ptr().add(j);
+            a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xp), a0);
+            a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xp.add(16)), a1);
+        }
+        // 2^8: the codes were read as f16, whose exponent bias is 8 above e4m3's.
+        let s = 256.0 * QFormat::Fp8.scale_at(scales, bi);
+        total = _mm512_fmadd_ps(_mm512_set1_ps(s), _mm512_add_ps(a0, a1), total);
+    }
+    _mm512_reduce_add_ps(total)
 }
 
 /// [`int_row_avx2`] on AVX-512 VNNI: per 32 weights, the codes widened to 16 bits (q4's
@@ -1139,6 +1194,45 @@ mod tests {
                     // And exactly (to f32 rounding) the product with x as quantized.
                     assert_close(&y, &want_seen, 1e-4, 1e-4, &what);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_rows_read_every_code_exactly() {
+        // Row 0 holds each e4m3 code at its own column (subnormals, ±0 and ±448 among them)
+        // but the NaN codes 0x7F / 0xFF, whose columns hold 0; row 1 + j holds a NaN code
+        // at column j only. Scales of 1: with x = e_j row 0's product is code j's value, and
+        // with x all ones every other row's is NaN, on every instruction set this CPU has.
+        let k = 256;
+        let nan = |c: u8| c & 0x7f == 0x7f;
+        let mut w: Vec<u8> = (0..=255u8).map(|c| if nan(c) { 0 } else { c }).collect();
+        for j in 0..k {
+            w.extend((0..k).map(|c| match (c == j, j % 2) {
+                (false, _) => 0,
+                (true, 0) => 0x7f,
+                (true, _) => 0xff,
+            }));
+        }
+        let n = 1 + k;
+        let s: Vec<u8> = [1f32; 6].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let m = CpuMatrix::new("w", WFormat::Quant(QFormat::Fp8), &w, &s, n, k).unwrap();
+        for isa in Isa::all_here() {
+            let mut y = vec![0f32; n];
+            for j in 0..k {
+                let mut x = vec![0f32; k];
+                x[j] = 1.0;
+                m.matvec_on(isa, &x, &mut y);
+                let want = if nan(j as u8) {
+                    0.0
+                } else {
+                    e4m3_to_f32(j as u8)
+                };
+                assert_eq!(y[0], want, "code {j:#04x} on {isa:?}");
+            }
+            m.matvec_on(isa, &vec![1f32; k], &mut y);
+            for (j, v) in y[1..].iter().enumerate() {
+                assert!(v.is_nan(), "a NaN code at column {j} on {isa:?}: {v}");
             }
         }
     }
