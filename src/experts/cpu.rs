@@ -432,6 +432,19 @@ unsafe fn rows_avx512(m: &CpuMatrix, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32],
     }
 }
 
+/// Row `r` of an FP8 matrix in whole 128-column blocks: its codes, the scales of its
+/// 128-row block (one f32 per column block) and the column blocks.
+#[cfg(target_arch = "x86_64")]
+fn fp8_row_parts<'a>(m: &CpuMatrix<'a>, r: usize) -> (&'a [u8], &'a [u8], usize) {
+    let (k, nbk) = (m.k, m.k / FP8_BLOCK);
+    let sb = r / FP8_BLOCK;
+    (
+        &m.w[r * k..(r + 1) * k],
+        &m.scale[4 * sb * nbk..4 * (sb + 1) * nbk],
+        nbk,
+    )
+}
+
 /// An FP8 row (whole 128-column blocks) against x with AVX-512: 32 e4m3 codes at a time
 /// become f16 on the bits (sign to bit 15, exponent and mantissa shifted by 7: the value
 /// times 2^-8, subnormals included, which the block's scale takes back), then f32 by
@@ -444,11 +457,8 @@ unsafe fn rows_avx512(m: &CpuMatrix, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32],
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn fp8_row_avx512(m: &CpuMatrix, r: usize, x: &[f32]) -> f32 {
     use std::arch::x86_64::*;
-    let k = m.k;
-    let nbk = k / FP8_BLOCK;
-    let row = &m.w[r * k..(r + 1) * k];
-    let scales = &m.scale[4 * (r / FP8_BLOCK) * nbk..4 * (r / FP8_BLOCK + 1) * nbk];
-    assert!(x.len() >= k);
+    let (row, scales, nbk) = fp8_row_parts(m, r);
+    assert!(x.len() >= m.k);
     let low7 = _mm512_set1_epi16(0x7f);
     let sign = _mm512_set1_epi16(0x80);
     let nan = _mm512_set1_ps(f32::NAN);
@@ -665,10 +675,7 @@ fn prefetch_ahead(p: *const u8, ahead: usize, lines: usize) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fp8_row_avx2(m: &CpuMatrix, r: usize, x: &[f32]) -> f32 {
     use std::arch::x86_64::*;
-    let k = m.k;
-    let nbk = k / FP8_BLOCK;
-    let row = &m.w[r * k..(r + 1) * k];
-    let scales = &m.scale[4 * (r / FP8_BLOCK) * nbk..4 * (r / FP8_BLOCK + 1) * nbk];
+    let (row, scales, nbk) = fp8_row_parts(m, r);
     let low7 = _mm256_set1_epi32(0x7f);
     let sign = _mm256_set1_epi32(0x80);
     let bias = _mm256_set1_ps(f32::from_bits((127 + 120) << 23));
