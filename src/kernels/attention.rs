@@ -539,7 +539,8 @@ pub fn gemm_scratch_bytes(d: &MlaDims, rows: u32, topk: u32) -> u64 {
         return 0;
     }
     let b = GemmBlock::new(d, rows, topk, 0, MLA_VALUE_SPLIT_ROWS);
-    // A decode step's or a verification's few rows split the values product instead.
+    // Blocks under MLA_VALUE_SPLIT_ROWS rows split the values product: their parts hold at
+    // most that many rows' sums (splits × rows), which 1, 2, 4 or 8 rows reach.
     let parts = (1..=matmul::GEMV_MAX_ROWS)
         .map(|r| GemmBlock::new(d, r, topk, 0, MLA_VALUE_SPLIT_ROWS).part_bytes(d))
         .max()
