@@ -663,20 +663,20 @@ fn sparse_mla_gemm(
         rec.cost(8 * br as u64 * heads as u64 * n as u64, 0, "");
         rec.dispatch(&softmax, &params, &[&sbuf, sel.cnt], grid);
         let o = View::new(o_lat.buf, o_lat.offset + row0 * o_lat.stride, o_lat.stride);
+        // Split (few rows): each split of the positions sums into a part of its own, and
+        // mla_sum adds the parts up (in split order); else the sums go to o.
+        let hk = heads * kv_lora;
+        let (dst, y_split) = match &parts {
+            Some(p) => (View::new(p, 0, hk), br * hk),
+            None => (o, 0),
+        };
+        for (k, seg) in cache.segs.iter().enumerate() {
+            let split = (splits, y_split);
+            matmul::mla_values(rec, &g, logits, n, seg, dst, kv_lora, k > 0, split);
+        }
         let Some(parts) = &parts else {
-            for (k, seg) in cache.segs.iter().enumerate() {
-                matmul::mla_values(rec, &g, logits, n, seg, o, kv_lora, k > 0, (1, 0));
-            }
             continue;
         };
-        // Few rows: each split of the positions sums into a part of its own, and mla_sum
-        // adds the parts up (in split order).
-        let hk = heads * kv_lora;
-        let part = View::new(parts, 0, hk);
-        for (k, seg) in cache.segs.iter().enumerate() {
-            let split = (splits, br * hk);
-            matmul::mla_values(rec, &g, logits, n, seg, part, kv_lora, k > 0, split);
-        }
         let params = MlaParams {
             o_off: o.offset,
             o_stride: o.stride,

@@ -247,7 +247,7 @@ fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 4] 
 /// transposed lie in memory (`mla_values`), instead of [n][k] an element at a time as the
 /// other entries do: with `SPARSA_COOP_GATHER=1`. Off by default until it has run on a
 /// device with tensor cores (lavapipe has none, and no H200 was lent when it was written):
-/// `benches/results/2026-12-04-h200-mla-values/run1/run.sh` checks and times it.
+/// `benches/results/2026-12-04-h200-mla-values/run.sh` checks and times it.
 fn coop_gather(entry: &str) -> bool {
     entry == "mla_values" && knob!("SPARSA_COOP_GATHER", |v| v <= 1) == Some(1)
 }
