@@ -682,6 +682,210 @@ fn gemv4_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
 }
 
+// ---- GEMV for CPU adapters: RR = 4 or 8 weight rows per lane, T x rows ---------------
+// On a CPU adapter (lavapipe) a storage load whose address may differ between invocations
+// runs as a loop over the SIMD lanes: a bounds check, a scalar load and an insert per lane
+// and component, about 40 vector FMAs' time for a vec4. gemv4 loads each x word once per
+// pair of weight rows, so at 8 x rows nine in ten of its loads are x and its cost grows
+// with the rows. Here a lane takes RR weight rows (one or two quads) and loads each x row's
+// word once for all of them. Workgroups of WGC lanes, TPR4 lanes per row group splitting
+// K; the partials meet in workgroup memory behind one barrier.
+const CQ: u32 = RR / 4u;             // quads of weight rows per lane (1 or 2)
+const CG: u32 = max(WGC / TPR4, 1u); // row groups per workgroup (the max: other entries' TPR4)
+
+// Sums of one quad of weight rows, per x row (field t: x row t).
+struct QuadT {
+    t0: vec4<f32>, t1: vec4<f32>, t2: vec4<f32>, t3: vec4<f32>,
+    t4: vec4<f32>, t5: vec4<f32>, t6: vec4<f32>, t7: vec4<f32>,
+}
+
+// The words at index q of a quad's 4 rows (word offsets `wo`, all live), decoded and scaled.
+struct WQ4 {
+    a: WQ, b: WQ, c: WQ, d: WQ,
+}
+
+fn quad_words(wo: vec4<u32>, q: u32) -> WQ4 {
+    return WQ4(word_vals(w4[wo.x + q], wo.x + q), word_vals(w4[wo.y + q], wo.y + q),
+               word_vals(w4[wo.z + q], wo.z + q), word_vals(w4[wo.w + q], wo.w + q));
+}
+
+// The EPV floats of x at vec4 index xi (zeros after them).
+fn load_xw(xi: u32) -> X8 {
+    let z = vec4<f32>(0.0);
+    var x = X8(x4[xi], z, z, z, z, z, z, z);
+    if (EPV > 4u) {
+        x.b = x4[xi + 1u];
+    }
+    if (EPV > 8u) {
+        x.c = x4[xi + 2u];
+        x.d = x4[xi + 3u];
+    }
+    if (EPV > 16u) {
+        x.e = x4[xi + 4u];
+        x.f = x4[xi + 5u];
+        x.g = x4[xi + 6u];
+        x.h = x4[xi + 7u];
+    }
+    return x;
+}
+
+fn wdot(w: WQ, x: X8) -> f32 {
+    var s = dot(w.a, x.a);
+    if (EPV > 4u) {
+        s += dot(w.b, x.b);
+    }
+    if (EPV > 8u) {
+        s += dot(w.c, x.c) + dot(w.d, x.d);
+    }
+    if (EPV > 16u) {
+        s += (dot(w.e, x.e) + dot(w.f, x.f)) + (dot(w.g, x.g) + dot(w.h, x.h));
+    }
+    return s;
+}
+
+fn quad_dots(w: WQ4, x: X8) -> vec4<f32> {
+    return vec4<f32>(wdot(w.a, x), wdot(w.b, x), wdot(w.c, x), wdot(w.d, x));
+}
+
+// The dots of the x row at vec4 index xi with the lane's quads (b's only when CQ = 2).
+fn cpu_row(wa: WQ4, wb: WQ4, xi: u32) -> Acc8 {
+    let x = load_xw(xi);
+    var r = Acc8(quad_dots(wa, x), vec4<f32>(0.0));
+    if (CQ > 1u) {
+        r.hi = quad_dots(wb, x);
+    }
+    return r;
+}
+
+var<workgroup> cred: array<vec4<f32>, WGC * 16u>;   // [lane][x row][quad]
+
+struct QuadsT {
+    a: QuadT,
+    b: QuadT,
+}
+
+fn quad_t(q: QuadT, t: u32) -> vec4<f32> {
+    switch t {
+        case 0u: { return q.t0; }
+        case 1u: { return q.t1; }
+        case 2u: { return q.t2; }
+        case 3u: { return q.t3; }
+        case 4u: { return q.t4; }
+        case 5u: { return q.t5; }
+        case 6u: { return q.t6; }
+        default: { return q.t7; }
+    }
+}
+
+// The lane's partial sums over its words of rows `oa` (and `ob`) with the T x rows at vec4
+// offset xb (rows xs4 apart).
+fn cpu_partial(oa: vec4<u32>, ob: vec4<u32>, xb: u32, xs4: u32, lid: u32) -> QuadsT {
+    let z = vec4<f32>(0.0);
+    var a = QuadT(z, z, z, z, z, z, z, z);
+    var b = QuadT(z, z, z, z, z, z, z, z);
+    if (oa.x != NONE) {
+        let kw = P.k / EPV;
+        for (var q = lid % TPR4; q < kw; q += TPR4) {
+            let wa = quad_words(oa, q);
+            var wb = wa;
+            if (CQ > 1u) {
+                wb = quad_words(ob, q);
+            }
+            let xi = xb + q * (EPV / 4u);
+            let r0 = cpu_row(wa, wb, xi); a.t0 += r0.lo; b.t0 += r0.hi;
+            if (T > 1u) { let r1 = cpu_row(wa, wb, xi + xs4); a.t1 += r1.lo; b.t1 += r1.hi; }
+            if (T > 2u) { let r2 = cpu_row(wa, wb, xi + 2u * xs4); a.t2 += r2.lo; b.t2 += r2.hi; }
+            if (T > 3u) { let r3 = cpu_row(wa, wb, xi + 3u * xs4); a.t3 += r3.lo; b.t3 += r3.hi; }
+            if (T > 4u) { let r4 = cpu_row(wa, wb, xi + 4u * xs4); a.t4 += r4.lo; b.t4 += r4.hi; }
+            if (T > 5u) { let r5 = cpu_row(wa, wb, xi + 5u * xs4); a.t5 += r5.lo; b.t5 += r5.hi; }
+            if (T > 6u) { let r6 = cpu_row(wa, wb, xi + 6u * xs4); a.t6 += r6.lo; b.t6 += r6.hi; }
+            if (T > 7u) { let r7 = cpu_row(wa, wb, xi + 7u * xs4); a.t7 += r7.lo; b.t7 += r7.hi; }
+        }
+    }
+    return QuadsT(a, b);
+}
+
+// Writes (or adds to) the T x rows' sums of the lane group's rows that exist: y[at + t ·
+// P.y_stride + n0 + 4 j + i] for quad j's wo[i] != NONE. With several lanes per group the
+// partials `p` meet in workgroup memory first and the group's first lane stores.
+fn cpu_store(p: QuadsT, woa: vec4<u32>, wob: vec4<u32>, at: u32, n0: u32, lid: u32) {
+    if (TPR4 > 1u) {
+        for (var t = 0u; t < T; t++) {
+            cred[lid * 16u + 2u * t] = quad_t(p.a, t);
+            cred[lid * 16u + 2u * t + 1u] = quad_t(p.b, t);
+        }
+        workgroupBarrier();
+    }
+    if (lid % TPR4 != 0u) {
+        return;
+    }
+    for (var t = 0u; t < T; t++) {
+        var sa = quad_t(p.a, t);
+        var sb = quad_t(p.b, t);
+        for (var l = 1u; l < TPR4; l++) {
+            sa += cred[(lid + l) * 16u + 2u * t];
+            sb += cred[(lid + l) * 16u + 2u * t + 1u];
+        }
+        let row = at + t * P.y_stride + n0;
+        store_quad(sa, woa, row);
+        if (CQ > 1u) {
+            store_quad(sb, wob, row + 4u);
+        }
+    }
+}
+
+// The first weight row of lid's lane group in workgroup g's block of WGC / TPR4 · RR rows.
+fn cpu_row0(g: u32, lid: u32) -> u32 {
+    return g * (CG * RR) + lid / TPR4 * RR;
+}
+
+@compute @workgroup_size(WGC)
+fn gemv_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let n0 = cpu_row0(g, lid);
+    let woa = dense_quad(n0);
+    var wob = vec4<u32>(NONE);
+    if (CQ > 1u) {
+        wob = dense_quad(n0 + 4u);
+    }
+    // Rows past P.n compute a live row's sums (not stored); quad b's live row may be a's.
+    let la = live_rows(woa);
+    let lb = select(live_rows(wob), vec4<u32>(la.x), wob.x == NONE);
+    cpu_store(cpu_partial(la, lb, P.x_off / 4u, P.x_stride / 4u, lid), woa, wob, P.y_off, n0, lid);
+}
+
+// gemv_cpu for routed experts: one slot (T = 1) per workgroup, WGC / TPR4 · RR rows of its
+// expert.
+@compute @workgroup_size(WGC)
+fn gemv_cpu_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let per = CG * RR;
+    let groups = (P.n + per - 1u) / per;
+    let slot = g / groups;
+    let n0 = (g % groups) * per + lid / TPR4 * RR;
+    var woa = vec4<u32>(NONE);
+    var wob = vec4<u32>(NONE);
+    var xb = 0u;
+    if (slot < P.rows) {
+        let e = expert_of(slot);
+        if (e < P.n_experts) {
+            xb = slot_x(slot) / 4u;
+            woa = expert_quad(e, n0);
+            if (CQ > 1u) {
+                wob = expert_quad(e, n0 + 4u);
+            }
+        }
+    }
+    // A chunk boundary inside the expert can leave quad a empty and b not.
+    var la = live_rows(woa);
+    let lb = live_rows(wob);
+    la = select(la, vec4<u32>(lb.x), la.x == NONE);
+    let lb2 = select(lb, vec4<u32>(la.x), lb.x == NONE);
+    cpu_store(cpu_partial(la, lb2, xb, 0u, lid), woa, wob, P.y_off + slot * P.y_stride, n0, lid);
+}
+
 // ---- GEMM, 64×64 tiles ----------------------------------------------------------------
 // Invocation (tx, ty) = (lid % 16, lid / 16) owns tile rows 4 ty .. 4 ty + 3 and columns
 // 4 tx .. 4 tx + 3. Tiles are stored k-major as vec4s of 4 consecutive rows / columns.

@@ -344,7 +344,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .to_vec()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 10] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 11] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -356,6 +356,7 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 10] {
         ("MAXB", u(k.maxb)),
         ("XQ", u(k.xq)),
         ("UNROLL", u(k.unroll)),
+        ("WGC", u(cpu_wg())),
     ]
 }
 
@@ -381,6 +382,9 @@ enum Dense {
     Gemv4Q(u32),
     /// Gemv4Q on 8-bit integer dot products (q8 / q4): lanes per row, x blocks held.
     GemvDot(u32, u32),
+    /// CPU adapters: lanes per row group, weight rows per lane (4 or 8), x rows loaded once
+    /// for all of them (`gemv_cpu`).
+    GemvCpu(u32, u32),
     /// Square tiles of this size.
     Gemm(u32),
 }
@@ -433,6 +437,46 @@ fn gemv4_knobs(w: &GpuWeight, x_rows: u32, out_rows: u32, cpu: bool) -> (u32, u3
         tpr *= 2;
     }
     (tpr, 2)
+}
+
+/// Lanes of a `gemv_cpu` workgroup (WGC in matmul.wgsl): 16, two SIMD vectors on lavapipe,
+/// so that even a 256-row product spreads over several workgroups (cores).
+/// `SPARSA_CPU_WG` overrides (a measurement aid).
+fn cpu_wg() -> u32 {
+    knob!("SPARSA_CPU_WG", |v| v.is_power_of_two()
+        && (8..=64).contains(&v))
+    .unwrap_or(16)
+}
+
+/// Whether the GEMVs on `gpu` take the CPU adapters' kernels (`gemv_cpu`,
+/// `gemv_cpu_experts`): on CPU adapters, unless `SPARSA_GEMV_CPU=0` (a measurement aid).
+/// A CPU adapter runs a storage load whose address may differ between invocations as a
+/// loop over the SIMD lanes; these kernels load each x word once for 8 weight rows, where
+/// gemv4 loads it once for 2 (BENCHMARKS.md, "lavapipe: GEMVs and attention for CPU
+/// adapters"). The tests force either choice.
+fn cpu_gemvs(gpu: &crate::gpu::Gpu) -> bool {
+    #[cfg(test)]
+    if let Some(forced) = tests::FORCE_CPU_GEMVS.with(|f| f.get()) {
+        return forced;
+    }
+    gpu.adapter.is_cpu() && knob_on!("SPARSA_GEMV_CPU")
+}
+
+/// gemv_cpu's (lanes per row group, weight rows per lane) for `out_rows` weight rows: 8
+/// rows a lane, and lanes added to each row group (splitting K) while the dispatch would
+/// have under 4 workgroups and each lane keeps at least 4 words of a row.
+/// `SPARSA_CPU_RR` (4 or 8) and `SPARSA_CPU_TPR` override (measurement aids).
+fn cpu_knobs(w: &GpuWeight, out_rows: u32) -> (u32, u32) {
+    let rr = knob!("SPARSA_CPU_RR", |v| v == 4 || v == 8).unwrap_or(8);
+    let words = (w.format.row_bytes(w.cols) / 16) as u32;
+    let tpr = knob!("SPARSA_CPU_TPR", |v| v.is_power_of_two() && v <= 16).unwrap_or_else(|| {
+        let mut t = 1u32;
+        while t < 16 && words >= 4 * t && out_rows.div_ceil(cpu_wg() / t * rr) < 4 {
+            t *= 2;
+        }
+        t
+    });
+    (tpr, rr)
 }
 
 /// Bytes of workgroup memory `gemv4q`'s reduction takes (`red` in matmul.wgsl).
@@ -514,6 +558,8 @@ struct Dev {
     tensor_cores: bool,
     /// A CPU adapter (see [`gemv4_knobs`]).
     cpu: bool,
+    /// The GEMVs take the CPU adapters' kernels ([`cpu_gemvs`]).
+    cpu_gemvs: bool,
 }
 
 impl Dev {
@@ -521,6 +567,7 @@ impl Dev {
         Dev {
             tensor_cores: gpu.tensor_cores(),
             cpu: gpu.adapter.is_cpu(),
+            cpu_gemvs: cpu_gemvs(gpu),
         }
     }
 }
@@ -532,7 +579,10 @@ impl Dense {
     fn pick(rows: u32, x: View, w: &GpuWeight, dev: Dev, dot: Option<u32>) -> Dense {
         let cpu = dev.cpu;
         if rows <= GEMV_MAX_ROWS {
-            if let Some(maxb) = dot.filter(|_| rows == 1) {
+            if dev.cpu_gemvs && gemv4_ok(rows, x, w) {
+                let (tpr, rr) = cpu_knobs(w, w.rows as u32);
+                Dense::GemvCpu(tpr, rr)
+            } else if let Some(maxb) = dot.filter(|_| rows == 1) {
                 Dense::GemvDot(dot_lanes(w, w.rows as u32, cpu), maxb)
             } else if rows == 1 && quad_rows(w) && gemv4_ok(rows, x, w) {
                 Dense::Gemv4Q(gemv4_knobs(w, 1, w.rows as u32 / 2, cpu).0)
@@ -558,8 +608,9 @@ impl Dense {
 /// different buffers.
 pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
     let gpu = rec.gpu();
-    let pick = |r: u32, xv: View| Dense::pick(r, xv, w, Dev::of(gpu), dot_blocks(gpu, xv, w));
-    if rows > 1 && dot_passes(gpu, x, w, rows) {
+    let dev = Dev::of(gpu);
+    let pick = |r: u32, xv: View| Dense::pick(r, xv, w, dev, dot_blocks(gpu, xv, w));
+    if rows > 1 && !dev.cpu_gemvs && dot_passes(gpu, x, w, rows) {
         // A few rows over q4 (a speculative verification, a short chunk): a pass of the
         // integer-dot GEMV per row reads the weights once per row, but at a third of the
         // float GEMV's instructions per byte, which is what bounds that one at few rows.
@@ -730,6 +781,17 @@ fn matmul_as(
             )
         }
         Dense::Gemv4Q(tpr4) => pipeline(rec, "gemv4q", w, Knobs { tpr4, ..KNOBS }),
+        Dense::GemvCpu(tpr4, rr) => pipeline(
+            rec,
+            "gemv_cpu",
+            w,
+            Knobs {
+                t: rows,
+                tpr4,
+                rr,
+                ..KNOBS
+            },
+        ),
         // Several rows of x, quantized beforehand: the weights read once for all of them.
         Dense::GemvDot(tpr4, _) if rows > 1 => {
             debug_assert!(xq.is_some(), "gemv_dot_rows reads x quantized");
@@ -764,6 +826,7 @@ fn matmul_as(
         let groups = match kind {
             Dense::Gemv => n.div_ceil(GEMV_RPW),
             Dense::Gemv4(tpr4, rr) => n.div_ceil(256 / tpr4 * rr),
+            Dense::GemvCpu(tpr4, rr) => n.div_ceil(cpu_wg() / tpr4 * rr),
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(64) => rows.div_ceil(GEMM_TILE_ROWS) * n.div_ceil(tile_cols(rec, w.format)),
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
@@ -1242,7 +1305,15 @@ fn experts_as(
         Some(_) => env_tpr().unwrap_or(tpr4),
         None => tpr4,
     };
-    let pipe = if grouped {
+    let cpu_gemv = gemv4 && dot.is_none() && cpu_gemvs(rec.gpu());
+    let (tpr4, rr) = if cpu_gemv {
+        cpu_knobs(w, rpe.saturating_mul(slots))
+    } else {
+        (tpr4, rr)
+    };
+    let pipe = if cpu_gemv {
+        pipeline(rec, "gemv_cpu_experts", w, Knobs { tpr4, rr, ..KNOBS })
+    } else if grouped {
         pipeline(
             rec,
             "gemv_dot_experts_rows",
@@ -1307,7 +1378,9 @@ fn experts_as(
             x_row,
             ..Params::default()
         };
-        let groups = if grouped {
+        let groups = if cpu_gemv {
+            slots * rpe.div_ceil(cpu_wg() / tpr4 * rr)
+        } else if grouped {
             (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr)
         } else if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
@@ -1343,11 +1416,29 @@ mod tests {
     /// Whether `matmul` runs the integer-dot GEMV for this call (`kind` as given to
     /// `run_matmul`: forced, or picked as `matmul` picks it).
     fn int_dot(kind: Option<Dense>, rows: usize, x: View, w: &GpuWeight) -> bool {
+        let dev = Dev::of(gpu());
         match kind {
             Some(k) => matches!(k, Dense::GemvDot(..)),
-            None if rows == 1 => dot_blocks(gpu(), x, w).is_some(),
-            None => dot_passes(gpu(), x, w, rows as u32),
+            None if rows == 1 => matches!(
+                Dense::pick(1, x, w, dev, dot_blocks(gpu(), x, w)),
+                Dense::GemvDot(..)
+            ),
+            None => !dev.cpu_gemvs && dot_passes(gpu(), x, w, rows as u32),
         }
+    }
+
+    thread_local! {
+        /// Set by [`with_cpu_gemvs`]: what [`cpu_gemvs`] answers on this thread.
+        pub(super) static FORCE_CPU_GEMVS: std::cell::Cell<Option<bool>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    /// Runs `f` with the GEMVs taking the CPU adapters' kernels (`on`) or the others,
+    /// whatever the adapter.
+    fn with_cpu_gemvs(on: bool, f: impl FnOnce()) {
+        FORCE_CPU_GEMVS.with(|c| c.set(Some(on)));
+        f();
+        FORCE_CPU_GEMVS.with(|c| c.set(None));
     }
 
     const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -1625,6 +1716,49 @@ mod tests {
     }
 
     #[test]
+    fn gemv_cpu_all_formats_and_shapes() {
+        let g = gpu();
+        let w = GpuWeight::from_f32(g, &[0.0; 16 * 24], 16, 24, DType::BF16, None, "w").unwrap();
+        let xb = g.buffer(4 * 1024, "x").unwrap();
+        let cpu = Dev {
+            cpu: true,
+            cpu_gemvs: true,
+            ..Dev::default()
+        };
+        assert!(matches!(
+            Dense::pick(3, View::new(&xb, 4, 28), &w, cpu, None),
+            Dense::GemvCpu(..)
+        ));
+        // Misaligned x: the any-layout GEMV.
+        assert_eq!(
+            Dense::pick(3, View::new(&xb, 4, 26), &w, cpu, None),
+            Dense::Gemv
+        );
+        let formats = DTYPES
+            .map(WFormat::from)
+            .into_iter()
+            .chain(QUANT.map(WFormat::Quant));
+        for (i, f) in formats.enumerate() {
+            // K of whole 16-byte words in every format (1024: 32 q4 words, 256 f32 ones).
+            let k = if matches!(f, WFormat::Float(_)) {
+                520
+            } else {
+                1024
+            };
+            for (tpr, rr) in [(1, 8), (2, 4), (4, 8), (16, 8)] {
+                for rows in [1, 3, GEMV_MAX_ROWS as usize] {
+                    let s = 7000 + i as u64 * 100 + tpr as u64 + rr as u64 * 10 + rows as u64;
+                    let kind = Some(Dense::GemvCpu(tpr, rr));
+                    // 37 rows: the last lane group's second quad partly or wholly past n.
+                    run_matmul(s, rows, k, 37, f, None, kind, (4, k + 4));
+                    // Chunks of 7 rows: quads straddle chunk ends.
+                    run_matmul(s + 50, rows, k, 131, f, Some(7), kind, (0, k));
+                }
+            }
+        }
+    }
+
+    #[test]
     fn gemv_chunked() {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             // Odd chunk row counts: with an odd K every other 16-bit row starts mid-word.
@@ -1662,7 +1796,7 @@ mod tests {
                 &w,
                 Dev {
                     tensor_cores: true,
-                    cpu: false
+                    ..Dev::default()
                 },
                 None
             ),
@@ -1853,6 +1987,13 @@ mod tests {
 
     #[test]
     fn experts_gemv4() {
+        // The GPUs' kernel (gemv4_experts) and the CPU adapters' (gemv_cpu_experts).
+        for cpu in [false, true] {
+            with_cpu_gemvs(cpu, experts_gemv_cases);
+        }
+    }
+
+    fn experts_gemv_cases() {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             for (rows, per_slot) in [(1, false), (3, true), (GEMV_MAX_ROWS as usize, false)] {
                 let seed = 150 + i as u64 * 10 + rows as u64;
@@ -1905,9 +2046,15 @@ mod tests {
     #[test]
     fn experts_chunks_split_inside_an_expert() {
         // Not required by the contract (uploads align chunks to experts), but handled.
-        for (i, dtype) in DTYPES.into_iter().enumerate() {
-            check_experts(90 + i as u64, 2, 3, 4, 37, 65, dtype, false, 1, Some(10));
-            check_experts(93 + i as u64, 20, 3, 4, 37, 65, dtype, true, 1, Some(10));
+        for cpu in [false, true] {
+            with_cpu_gemvs(cpu, || {
+                for (i, dtype) in DTYPES.into_iter().enumerate() {
+                    check_experts(90 + i as u64, 2, 3, 4, 37, 65, dtype, false, 1, Some(10));
+                    // Aligned rows: the 16-byte kernels.
+                    check_experts(96 + i as u64, 2, 3, 4, 37, 64, dtype, false, 1, Some(10));
+                    check_experts(93 + i as u64, 20, 3, 4, 37, 65, dtype, true, 1, Some(10));
+                }
+            });
         }
     }
 
@@ -2172,8 +2319,14 @@ mod tests {
         for (i, q) in QUANT.into_iter().enumerate() {
             let f = WFormat::Quant(q);
             let s = 700 + 10 * i as u64;
-            check_experts(s, 1, 4, 6, 21, 256, f, false, 21, Some(42));
-            check_experts(s + 1, 3, 2, 5, 19, 200, f, true, 1, None);
+            for cpu in [false, true] {
+                with_cpu_gemvs(cpu, || {
+                    check_experts(s, 1, 4, 6, 21, 256, f, false, 21, Some(42));
+                    check_experts(s + 1, 3, 2, 5, 19, 200, f, true, 1, None);
+                    // Chunk ends inside experts, at odd rows.
+                    check_experts(s + 3, 3, 2, 5, 19, 256, f, true, 1, Some(9));
+                });
+            }
             check_experts(s + 2, 40, 2, 6, 70, 96, f, false, 70, Some(140));
         }
     }
