@@ -886,6 +886,44 @@ fn gemv_cpu_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     cpu_store(cpu_partial(la, lb2, xb, 0u, lid), woa, wob, P.y_off + slot * P.y_stride, n0, lid);
 }
 
+// gemvt_experts for CPU adapters: one lane per (slot, column word) walks all the window's
+// rows itself, so no lanes split a sum (no workgroup memory, no barrier) and no lane idles
+// past a narrow product's columns.
+@compute @workgroup_size(WGC)
+fn gemvt_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let kw = P.k / EPV;
+    let item = (wid.x + wid.y * nwg.x) * WGC + lid;
+    let slot = item / kw;
+    let cw = item % kw;
+    if (slot >= P.rows) {
+        return;
+    }
+    let e = expert_of(slot);
+    if (e >= P.n_experts) {
+        return;
+    }
+    let z = vec4<f32>(0.0);
+    var acc = WQ(z, z, z, z, z, z, z, z);
+    let xb = slot_x(slot);
+    let rw = P.ws / EPV;
+    for (var d = 0u; d < P.n; d++) {
+        let gr = expert_row(e, d);
+        if (gr >= P.row0 && gr < P.row0 + P.crow) {
+            let wi = (gr - P.row0) * rw + cw;
+            wq_axpy(&acc, x[xb + d], word_vals(w4[wi], wi));
+        }
+    }
+    let yb = P.y_off + slot * P.y_stride + cw * EPV;
+    for (var r = 0u; r < EPV / 4u; r++) {
+        let v = wq_part(acc, r);
+        y[yb + 4u * r] = v.x;
+        y[yb + 4u * r + 1u] = v.y;
+        y[yb + 4u * r + 2u] = v.z;
+        y[yb + 4u * r + 3u] = v.w;
+    }
+}
+
 // ---- GEMM, 64×64 tiles ----------------------------------------------------------------
 // Invocation (tx, ty) = (lid % 16, lid / 16) owns tile rows 4 ty .. 4 ty + 3 and columns
 // 4 tx .. 4 tx + 3. Tiles are stored k-major as vec4s of 4 consecutive rows / columns.

@@ -333,6 +333,91 @@ fn mla(
     }
 }
 
+// mla_cpu: mla for CPU adapters (lavapipe, where a load whose address differs between
+// invocations is a loop over the SIMD lanes and a barrier a switch through every SIMD slice
+// of the workgroup). One invocation per (row t, head, split) walks its split's positions in
+// one pass with an online softmax: each selected row is read once for its logit and its
+// values, the query and the sums stay in registers, and there is no workgroup memory and no
+// barrier. Outputs as mla's: o_lat, or with several splits the split's partials for
+// mla_combine. Workgroups of CPU_WG invocations.
+const CPU_WG: u32 = 8u;
+
+@compute @workgroup_size(CPU_WG)
+fn mla_cpu(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let item = (wid.x + wid.y * nwg.x) * CPU_WG + lid;
+    let split = item % P.splits;
+    let head = (item / P.splits) % P.heads;
+    let t = item / (P.splits * P.heads);
+    if (t >= P.rows) {
+        return;
+    }
+    var q: array<vec4<f32>, QD4>;
+    for (var d4 = 0u; d4 < QD4; d4++) {
+        let d = d4 * 4u;
+        q[d4] = vec4<f32>(query(t, head, d), query(t, head, d + 1u), query(t, head, d + 2u), query(t, head, d + 3u));
+    }
+    let kv4 = P.kv_lora / 4u;
+    var acc: array<vec4<f32>, QD4>;
+    for (var i = 0u; i < QD4; i++) {
+        acc[i] = vec4<f32>(0.0);
+    }
+    var m = NEG_BIG;
+    var l = 0.0;
+    let n = min(cnt[t], P.topk);
+    let j_end = min(n, (split + 1u) * P.split_len);
+    var r: array<vec4<f32>, QD4>;
+    for (var j = split * P.split_len; j < j_end; j++) {
+        let pos = idx[t * P.topk + j];
+        if (pos < P.seg_lo || pos - P.seg_lo >= P.seg_n) {
+            continue;
+        }
+        let base = P.c_off + (pos - P.seg_lo) * P.c_stride;
+        var dotv = vec4<f32>(0.0);
+        for (var d4 = 0u; d4 < QD4; d4++) {
+            r[d4] = row4(base, d4 * 4u);
+            dotv += q[d4] * r[d4];
+        }
+        let s = (dotv.x + dotv.y + dotv.z + dotv.w) * P.scale;
+        let mn = max(m, s);
+        let c = exp(m - mn);
+        let p = exp(s - mn);
+        l = l * c + p;
+        m = mn;
+        for (var i = 0u; i < kv4; i++) {
+            acc[i] = acc[i] * c + p * r[i];
+        }
+    }
+    if (P.part_splits == 1u) {
+        var inv = 0.0;
+        if (l > 0.0) {
+            inv = 1.0 / l;
+        }
+        let ob = P.o_off + t * P.o_stride + head * P.kv_lora;
+        for (var i = 0u; i < kv4; i++) {
+            let v = acc[i] * inv;
+            out[ob + 4u * i] = v.x;
+            out[ob + 4u * i + 1u] = v.y;
+            out[ob + 4u * i + 2u] = v.z;
+            out[ob + 4u * i + 3u] = v.w;
+        }
+    } else {
+        // part[(t, head, split)] = [acc (kv_lora) | m | l]
+        let pb = ((t * P.heads + head) * P.part_splits + P.split_base + split) * (P.kv_lora + 2u);
+        for (var i = 0u; i < kv4; i++) {
+            out[pb + 4u * i] = acc[i].x;
+            out[pb + 4u * i + 1u] = acc[i].y;
+            out[pb + 4u * i + 2u] = acc[i].z;
+            out[pb + 4u * i + 3u] = acc[i].w;
+        }
+        out[pb + P.kv_lora] = m;
+        out[pb + P.kv_lora + 1u] = l;
+    }
+}
+
 // mla_combine: one workgroup per (row t, head, CW columns). Merges the splits' partial sums:
 //   M = max_s m_s, o = Σ_s e^(m_s - M) acc_s / Σ_s e^(m_s - M) l_s.
 // Each workgroup computes the weights e^(m_s - M) of all splits (a few hundred values), then

@@ -169,6 +169,28 @@ const MLA_MAX_SPLITS: u32 = 1024;
 
 /// Tile positions of `mla.wgsl` (its `PT`).
 const MLA_TILE: u32 = 64;
+/// Invocations of an `mla_cpu` workgroup (CPU_WG in mla.wgsl).
+const MLA_CPU_WG: u64 = 8;
+/// Loop iterations one `mla_cpu` invocation may run. llvmpipe (lavapipe) counts every loop
+/// iteration of an invocation against one limit of 65,535 and past it leaves each loop at
+/// once, which would silently drop positions and outputs (a 2,000-position split of a
+/// 310-wide query did, in the tests); the splits keep each invocation to half of it.
+const MLA_CPU_LOOPS: u32 = 32_768;
+
+/// The positions per split for `mla_cpu` at `n_max` selected positions: about `n_max /
+/// splits`, fewer where an invocation would pass [`MLA_CPU_LOOPS`] (its loops run 1 +
+/// `qd4` + `kv_lora / 4` times per position, at most 3 `qd4` more around them). None where the
+/// kernel does not apply: `kv_lora` not a multiple of 4, or more splits than the partials
+/// hold with `nseg` cache segments.
+fn mla_cpu_split_len(n_max: u32, kv_lora: u32, qd4: u32, splits: u32, nseg: u32) -> Option<u32> {
+    if !kv_lora.is_multiple_of(4) {
+        return None;
+    }
+    let per_pos = 1 + qd4 + kv_lora / 4;
+    let most = MLA_CPU_LOOPS.checked_sub(3 * qd4)? / per_pos;
+    let len = n_max.div_ceil(splits.max(1)).min(most);
+    (len >= 1 && n_max.div_ceil(len) <= MLA_MAX_SPLITS / nseg).then_some(len)
+}
 
 /// How [`sparse_mla`] runs: the most heads per workgroup, and the workgroups it aims
 /// for before it splits the selected positions (1: one split, every tile of a row in one
@@ -184,6 +206,10 @@ pub struct MlaPlan {
     /// Query rows × splits of the selected positions that [`sparse_mla_gemm`]'s values
     /// product aims for ([`MLA_VALUE_SPLIT_ROWS`]; 1: never split).
     gemm_split: u32,
+    /// Splits of each row's selected positions for `mla_cpu` (CPU adapters): 1, a row's
+    /// heads are invocations enough for a decode step (splits cost an `mla_combine`, whose
+    /// barriers cost more than they spread on lavapipe). `SPARSA_MLA_CPU_SPLITS` overrides.
+    cpu_splits: u32,
 }
 
 /// When [`sparse_mla`] runs its two products as GEMMs on the matmul tile
@@ -227,6 +253,15 @@ impl MlaPlan {
             gemm,
             gemm_rows: 0,
             gemm_split: MLA_VALUE_SPLIT_ROWS,
+            cpu_splits: knob!("SPARSA_MLA_CPU_SPLITS", |v| v >= 1).unwrap_or(1),
+        }
+    }
+
+    /// This plan with `mla_cpu`'s positions in `splits` splits (CPU adapters).
+    pub const fn with_cpu_splits(self, splits: u32) -> MlaPlan {
+        MlaPlan {
+            cpu_splits: splits,
+            ..self
         }
     }
 
@@ -315,6 +350,7 @@ pub fn sparse_mla(
         gemm,
         gemm_rows,
         gemm_split,
+        cpu_splits,
     }: MlaPlan,
 ) {
     let MlaQueries {
@@ -371,17 +407,28 @@ pub fn sparse_mla(
         sparse_mla_gemm(rec, qs, cache, sel, block, o_lat, d, &sh);
         return;
     }
-    let groups = rows as u64 * hgroups as u64;
-    let want = (target_groups as u64 / groups.max(1)).min((MLA_MAX_SPLITS / nseg) as u64) as u32;
-    let (splits, split_len) = if want <= 1 {
-        (1, n_max.div_ceil(MLA_TILE) * MLA_TILE)
+    // CPU adapters: one invocation per (row, head, split), MLA_CPU_WG a workgroup, each
+    // split short enough for lavapipe's loop limit (see MLA_CPU_LOOPS).
+    let cpu_len = mla_cpu_split_len(n_max, kv_lora, sh.qd4, cpu_splits, nseg);
+    let cpu = super::cpu_kernels(gpu) && cpu_len.is_some();
+    let mut groups = rows as u64 * hgroups as u64;
+    let (splits, split_len) = if let Some(len) = cpu_len.filter(|_| cpu) {
+        let splits = n_max.div_ceil(len);
+        groups = (rows as u64 * heads as u64 * splits as u64).div_ceil(MLA_CPU_WG);
+        (splits, len)
     } else {
-        let len = n_max.div_ceil(want).div_ceil(MLA_TILE) * MLA_TILE;
-        (n_max.div_ceil(len), len)
+        let want =
+            (target_groups as u64 / groups.max(1)).min((MLA_MAX_SPLITS / nseg) as u64) as u32;
+        if want <= 1 {
+            (1, n_max.div_ceil(MLA_TILE) * MLA_TILE)
+        } else {
+            let len = n_max.div_ceil(want).div_ceil(MLA_TILE) * MLA_TILE;
+            (n_max.div_ceil(len), len)
+        }
     };
     let part_splits = splits * nseg;
     let defines = sh.defines(cache.format);
-    let p = gpu.pipeline(&MLA, "mla", &defines);
+    let p = gpu.pipeline(&MLA, if cpu { "mla_cpu" } else { "mla" }, &defines);
     let params = MlaParams {
         qa_off: q_abs.offset,
         qa_stride: q_abs.stride,
@@ -410,7 +457,10 @@ pub fn sparse_mla(
     };
     let row_bytes = 4 * cache.row_words as u64;
     let flops = 2 * rows as u64 * heads as u64 * n_max as u64 * (2 * kv_lora + dr) as u64;
-    let n = grid_count("sparse_mla", groups * splits as u64);
+    let n = match cpu {
+        true => grid_count("sparse_mla", groups),
+        false => grid_count("sparse_mla", groups * splits as u64),
+    };
     // Taken by the next dispatch: with several segments, the first one's (the selected rows
     // are spread over them).
     rec.cost(rows as u64 * n_max as u64 * row_bytes, flops, "");
@@ -720,7 +770,8 @@ mod tests {
     use crate::kernels::cache::{decode_latent, encode_latent, Segment};
     use crate::kernels::rope::{rope_ref, RopeSlice};
     use crate::kernels::testutil::{
-        assert_close, assert_close_plus, cache_segments, gpu, x_split_bound, Placed, Rng,
+        assert_close, assert_close_plus, cache_segments, gpu, with_cpu_kernels, x_split_bound,
+        Placed, Rng,
     };
     use crate::weights::{DType, WFormat};
 
@@ -872,6 +923,13 @@ mod tests {
 
     #[test]
     fn absorb_q_all_dtypes() {
+        // The GPUs' per-head GEMV (gemvt_experts) and the CPU adapters' (gemvt_cpu).
+        for cpu in [false, true] {
+            with_cpu_kernels(cpu, absorb_q_cases);
+        }
+    }
+
+    fn absorb_q_cases() {
         let g = gpu();
         let mut rng = Rng::new(31);
         // kv 300: 16-byte rows for f32 only; 544: for every format, and a last column slab
@@ -1090,36 +1148,43 @@ mod tests {
         }
         let want = sparse_ref(&qa, &q_ref, &cache, sel, rows, d, scale);
         let mut got = Vec::new();
-        for plan in TEST_PLANS {
+        // The GPUs' kernels in every plan, then the CPU adapters' kernel, unsplit and split.
+        let runs = TEST_PLANS
+            .map(|p| (p, false))
+            .into_iter()
+            .chain([1, 3].map(|s| (TEST_PLANS[0].with_cpu_splits(s), true)));
+        for (plan, cpu) in runs {
             // Filled anew: an element a kernel leaves unwritten shows.
             let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
             let mut rec = g.recorder();
-            sparse_mla(
-                &mut rec,
-                &MlaQueries {
-                    absorbed: ab.view(),
-                    q: View::rows(&qb, qc as u32),
-                    rows: rows as u32,
-                    rope: rope.map(|il| QueryRope {
-                        slice: slice(il),
-                        cos_sin: &csb,
-                    }),
-                },
-                &cb,
-                &Selection {
-                    idx: &ib,
-                    cnt: &nb,
-                    k: topk as u32,
-                },
-                topk as u32,
-                ob.view(),
-                &d.mla(scale),
-                plan,
-            );
+            with_cpu_kernels(cpu, || {
+                sparse_mla(
+                    &mut rec,
+                    &MlaQueries {
+                        absorbed: ab.view(),
+                        q: View::rows(&qb, qc as u32),
+                        rows: rows as u32,
+                        rope: rope.map(|il| QueryRope {
+                            slice: slice(il),
+                            cos_sin: &csb,
+                        }),
+                    },
+                    &cb,
+                    &Selection {
+                        idx: &ib,
+                        cnt: &nb,
+                        k: topk as u32,
+                    },
+                    topk as u32,
+                    ob.view(),
+                    &d.mla(scale),
+                    plan,
+                )
+            });
             rec.finish().unwrap();
             got.extend(ob.read(g, "sparse_mla"));
         }
-        (got, want.repeat(TEST_PLANS.len()))
+        (got, want.repeat(TEST_PLANS.len() + 2))
     }
 
     /// How [`run_sparse_in`] runs sparse_mla, its outputs one after the other in this
@@ -1136,6 +1201,7 @@ mod tests {
                 gemm: MlaGemmUse::Never,
                 gemm_rows: 0,
                 gemm_split: MLA_VALUE_SPLIT_ROWS,
+                cpu_splits: 1,
             }
         }
         [
@@ -1149,6 +1215,20 @@ mod tests {
                 .with_value_splits(1),
         ]
     };
+
+    #[test]
+    fn mla_cpu_splits_stay_under_the_loop_limit() {
+        // The built-in model (kv 64, dr 16: 20 vec4s a query) at its 64 positions: one split.
+        assert_eq!(mla_cpu_split_len(64, 64, 20, 1, 1), Some(64));
+        assert_eq!(mla_cpu_split_len(64, 64, 20, 3, 1), Some(22));
+        // GLM-5 (kv 512, dr 64) at 2,048 positions: 117 a split, 18 splits.
+        let len = mla_cpu_split_len(2048, 512, 144, 1, 1).unwrap();
+        assert_eq!(len, (MLA_CPU_LOOPS - 3 * 144) / (1 + 144 + 128));
+        assert!(len * (1 + 144 + 128) + 3 * 144 <= MLA_CPU_LOOPS);
+        // Not for a latent of odd width, nor past the partials' splits.
+        assert_eq!(mla_cpu_split_len(64, 62, 20, 1, 1), None);
+        assert_eq!(mla_cpu_split_len(1 << 20, 512, 144, 1, 1), None);
+    }
 
     #[test]
     fn mla_gemm_blocks_hold_64_mib_of_logits() {

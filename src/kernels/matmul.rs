@@ -448,20 +448,6 @@ fn cpu_wg() -> u32 {
     .unwrap_or(16)
 }
 
-/// Whether the GEMVs on `gpu` take the CPU adapters' kernels (`gemv_cpu`,
-/// `gemv_cpu_experts`): on CPU adapters, unless `SPARSA_GEMV_CPU=0` (a measurement aid).
-/// A CPU adapter runs a storage load whose address may differ between invocations as a
-/// loop over the SIMD lanes; these kernels load each x word once for 8 weight rows, where
-/// gemv4 loads it once for 2 (BENCHMARKS.md, "lavapipe: GEMVs and attention for CPU
-/// adapters"). The tests force either choice.
-fn cpu_gemvs(gpu: &crate::gpu::Gpu) -> bool {
-    #[cfg(test)]
-    if let Some(forced) = tests::FORCE_CPU_GEMVS.with(|f| f.get()) {
-        return forced;
-    }
-    gpu.adapter.is_cpu() && knob_on!("SPARSA_GEMV_CPU")
-}
-
 /// gemv_cpu's (lanes per row group, weight rows per lane) for `out_rows` weight rows: 8
 /// rows a lane, and lanes added to each row group (splitting K) while the dispatch would
 /// have under 4 workgroups and each lane keeps at least 4 words of a row.
@@ -558,7 +544,7 @@ struct Dev {
     tensor_cores: bool,
     /// A CPU adapter (see [`gemv4_knobs`]).
     cpu: bool,
-    /// The GEMVs take the CPU adapters' kernels ([`cpu_gemvs`]).
+    /// The GEMVs take the CPU adapters' kernels ([`super::cpu_kernels`]).
     cpu_gemvs: bool,
 }
 
@@ -567,7 +553,7 @@ impl Dev {
         Dev {
             tensor_cores: gpu.tensor_cores(),
             cpu: gpu.adapter.is_cpu(),
-            cpu_gemvs: cpu_gemvs(gpu),
+            cpu_gemvs: super::cpu_kernels(gpu),
         }
     }
 }
@@ -1015,9 +1001,21 @@ pub fn matmul_heads_t(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
         ..
     } = *h;
     let block = block_rows("matmul_heads_t", w, heads, Some(win));
-    let pipe = pipeline(rec, "gemvt_experts", w, KNOBS);
+    let cpu = super::cpu_kernels(rec.gpu());
+    let pipe = pipeline(
+        rec,
+        if cpu { "gemvt_cpu" } else { "gemvt_experts" },
+        w,
+        KNOBS,
+    );
     let slots = rows * heads;
-    let slabs = ((w.cols / w.format.per_word()) as u32).div_ceil(GEMVT_WORDS);
+    let words = (w.cols / w.format.per_word()) as u32;
+    // Workgroups: one per (slot, GEMVT_WORDS columns); on CPU adapters one lane per (slot,
+    // column word).
+    let groups = match cpu {
+        true => (slots * words).div_ceil(cpu_wg()),
+        false => slots * words.div_ceil(GEMVT_WORDS),
+    };
     for c in &w.chunks {
         if c.rows == 0 {
             continue;
@@ -1036,7 +1034,7 @@ pub fn matmul_heads_t(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
             w.format.name(),
         );
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
-        let grid = rec.gpu().grid(slots * slabs);
+        let grid = rec.gpu().grid(groups);
         rec.dispatch(
             &pipe,
             &p,
@@ -1305,7 +1303,7 @@ fn experts_as(
         Some(_) => env_tpr().unwrap_or(tpr4),
         None => tpr4,
     };
-    let cpu_gemv = gemv4 && dot.is_none() && cpu_gemvs(rec.gpu());
+    let cpu_gemv = gemv4 && dot.is_none() && super::cpu_kernels(rec.gpu());
     let (tpr4, rr) = if cpu_gemv {
         cpu_knobs(w, rpe.saturating_mul(slots))
     } else {
@@ -1409,7 +1407,7 @@ fn experts_as(
 mod tests {
     use super::*;
     use crate::kernels::testutil::{
-        assert_close_plus, gpu, gpu_default_limits, x_split_bound, Rng,
+        assert_close_plus, gpu, gpu_default_limits, with_cpu_kernels, x_split_bound, Rng,
     };
     use crate::weights::{quant, DType, QFormat, WFormat};
 
@@ -1425,20 +1423,6 @@ mod tests {
             ),
             None => !dev.cpu_gemvs && dot_passes(gpu(), x, w, rows as u32),
         }
-    }
-
-    thread_local! {
-        /// Set by [`with_cpu_gemvs`]: what [`cpu_gemvs`] answers on this thread.
-        pub(super) static FORCE_CPU_GEMVS: std::cell::Cell<Option<bool>> =
-            const { std::cell::Cell::new(None) };
-    }
-
-    /// Runs `f` with the GEMVs taking the CPU adapters' kernels (`on`) or the others,
-    /// whatever the adapter.
-    fn with_cpu_gemvs(on: bool, f: impl FnOnce()) {
-        FORCE_CPU_GEMVS.with(|c| c.set(Some(on)));
-        f();
-        FORCE_CPU_GEMVS.with(|c| c.set(None));
     }
 
     const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -1989,7 +1973,7 @@ mod tests {
     fn experts_gemv4() {
         // The GPUs' kernel (gemv4_experts) and the CPU adapters' (gemv_cpu_experts).
         for cpu in [false, true] {
-            with_cpu_gemvs(cpu, experts_gemv_cases);
+            with_cpu_kernels(cpu, experts_gemv_cases);
         }
     }
 
@@ -2047,7 +2031,7 @@ mod tests {
     fn experts_chunks_split_inside_an_expert() {
         // Not required by the contract (uploads align chunks to experts), but handled.
         for cpu in [false, true] {
-            with_cpu_gemvs(cpu, || {
+            with_cpu_kernels(cpu, || {
                 for (i, dtype) in DTYPES.into_iter().enumerate() {
                     check_experts(90 + i as u64, 2, 3, 4, 37, 65, dtype, false, 1, Some(10));
                     // Aligned rows: the 16-byte kernels.
@@ -2320,7 +2304,7 @@ mod tests {
             let f = WFormat::Quant(q);
             let s = 700 + 10 * i as u64;
             for cpu in [false, true] {
-                with_cpu_gemvs(cpu, || {
+                with_cpu_kernels(cpu, || {
                     check_experts(s, 1, 4, 6, 21, 256, f, false, 21, Some(42));
                     check_experts(s + 1, 3, 2, 5, 19, 200, f, true, 1, None);
                     // Chunk ends inside experts, at odd rows.

@@ -47,6 +47,22 @@ pub fn shaders() -> Vec<ShaderCode> {
     .concat()
 }
 
+/// Whether kernels on `gpu` take their CPU adapters' variants (`gemv_cpu`,
+/// `gemv_cpu_experts`, `gemvt_cpu`, `mla_cpu`): on CPU adapters (lavapipe), unless
+/// `SPARSA_CPU_KERNELS=0` (a measurement aid). A CPU adapter runs a storage load whose
+/// address may differ between invocations as a loop over its SIMD lanes (a bounds check, a
+/// scalar load and an insert per lane and component), and a workgroup barrier as a switch
+/// through every SIMD slice of the workgroup; these variants load each value once for more
+/// of its uses and do without barriers (BENCHMARKS.md, "lavapipe: kernels for CPU
+/// adapters"). The tests force either choice ([`testutil::with_cpu_kernels`]).
+pub(crate) fn cpu_kernels(gpu: &crate::gpu::Gpu) -> bool {
+    #[cfg(test)]
+    if let Some(forced) = testutil::FORCE_CPU_KERNELS.with(|f| f.get()) {
+        return forced;
+    }
+    gpu.adapter.is_cpu() && crate::knobs::knob_on!("SPARSA_CPU_KERNELS")
+}
+
 /// The query rows of a chunk over the positions scored for it: row `t < rows` is at
 /// position `pos0 + t` and sees the positions `s ≤ pos0 + t` of the `n_keys` scored
 /// (causal attention over the cache).
