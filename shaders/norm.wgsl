@@ -2,6 +2,8 @@
 // writer that stores the key, cache.wgsl). Entry points (bindings: 1 = x, 2 = weight,
 // 3 = y, 4 = quantized y):
 //   rms_norm    y = x * rsqrt(mean(x²) + eps) * w
+//   rms_norm_cpu  rms_norm for CPU adapters: one invocation per row (no workgroup sum, whose
+//               barriers lavapipe runs as switches through every SIMD slice)
 //   rms_norm_q  rms_norm, and y quantized for the integer-dot GEMVs (xquant.wgsl) into
 //               binding 4, row r at r · xq_stride(dim); P.q4: q4's element order
 
@@ -57,6 +59,33 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     for (; c < P.dim; c += WG) {
         y[yb + c] = x[xb + c] * scale * w[c];
+    }
+}
+
+const CPU_WG: u32 = 8u;
+
+@compute @workgroup_size(CPU_WG)
+fn rms_norm_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let row = (wid.x + wid.y * nwg.x) * CPU_WG + lid;
+    if (row >= P.rows) {
+        return;
+    }
+    let xb = P.x_off + row * P.x_stride;
+    let yb = P.y_off + row * P.y_stride;
+    var s4 = vec4<f32>(0.0);
+    var c = 0u;
+    for (; c + 3u < P.dim; c += 4u) {
+        let v = vec4<f32>(x[xb + c], x[xb + c + 1u], x[xb + c + 2u], x[xb + c + 3u]);
+        s4 += v * v;
+    }
+    for (; c < P.dim; c++) {
+        let v = x[xb + c];
+        s4.x += v * v;
+    }
+    let scale = inverseSqrt(((s4.x + s4.y) + (s4.z + s4.w)) / f32(P.dim) + P.eps);
+    for (var i = 0u; i < P.dim; i++) {
+        y[yb + i] = x[xb + i] * scale * w[i];
     }
 }
 

@@ -40,7 +40,10 @@ struct Rows<'a> {
     eps: f32,
 }
 
-/// One workgroup per row; the weight `w` and (rms_norm_q) the quantized output `b` and
+/// Rows of an `rms_norm_cpu` workgroup (CPU_WG in norm.wgsl).
+const CPU_WG: u32 = 8;
+
+/// One workgroup per row (CPU adapters: one invocation); the weight `w` and (rms_norm_q) the quantized output `b` and
 /// its element order.
 fn launch(
     rec: &mut Recorder,
@@ -61,10 +64,15 @@ fn launch(
     if rows == 0 || dim == 0 {
         return;
     }
+    // CPU adapters: rms_norm_cpu, one invocation per row, CPU_WG rows a workgroup.
+    let cpu = entry == "rms_norm" && super::cpu_kernels(rec.gpu());
+    let entry = if cpu { "rms_norm_cpu" } else { entry };
     let pipe = rec.gpu().pipeline(&NORM, entry, &[]);
     // rms_norm_q: a workgroup per 32 blocks of 32 columns of each row; else one per row.
     let groups = if entry == "rms_norm_q" {
         rows * (dim / 32).div_ceil(32)
+    } else if cpu {
+        rows.div_ceil(CPU_WG)
     } else {
         rows
     };
@@ -142,7 +150,7 @@ pub fn rms_norm_q<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::kernels::testutil::{assert_close, gpu, with_cpu_kernels, Rng};
 
     const SENTINEL: f32 = -777.25;
 
@@ -190,11 +198,16 @@ mod tests {
 
     #[test]
     fn rms_norm_sizes() {
-        for (i, (rows, dim)) in [(1, 577), (3, 7), (37, 1000), (2, 256), (5, 7168)]
-            .into_iter()
-            .enumerate()
-        {
-            check(i as u64, rows, dim, 1e-6, 1.0, 0.0);
+        // The GPUs' kernel (a workgroup a row) and the CPU adapters' (an invocation a row).
+        for cpu in [false, true] {
+            with_cpu_kernels(cpu, || {
+                for (i, (rows, dim)) in [(1, 577), (3, 7), (37, 1000), (2, 256), (5, 7168)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    check(i as u64, rows, dim, 1e-6, 1.0, 0.0);
+                }
+            });
         }
     }
 
@@ -202,7 +215,12 @@ mod tests {
     fn rms_norm_q_is_rms_norm_then_quantize_x() {
         // Bit for bit: the f32 rows rms_norm writes, and the words quantize_x makes of
         // them (odd block counts; x off a 4-float boundary, rows of an odd stride; one row
-        // and a verification's few; both element orders).
+        // and a verification's few; both element orders). rms_norm_q sums a row as the
+        // GPUs' rms_norm does (rms_norm_cpu's order differs: the same to rounding only).
+        with_cpu_kernels(false, rms_norm_q_cases);
+    }
+
+    fn rms_norm_q_cases() {
         let g = gpu();
         for (i, (dim, rows)) in [(32u32, 1u32), (96, 3), (6176, 1), (160, 5)]
             .into_iter()
