@@ -38,7 +38,7 @@ use sparsa::kernels::attention::{self, MlaDims, MlaGemmUse, MlaPlan, MlaQueries}
 use sparsa::kernels::cache::{CacheRows, Segment};
 use sparsa::kernels::matmul::{self, matmul_experts, Routed};
 use sparsa::kernels::topk::Selection;
-use sparsa::kernels::View;
+use sparsa::kernels::{with_cpu_kernels, View};
 use sparsa::model::{Model, ModelSource, Session};
 use sparsa::sampling::{Sampler, SamplingParams};
 use sparsa::weights::{DType, GpuWeight, QFormat, WFormat};
@@ -365,39 +365,58 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
         gpu.adapter.line(),
         gpu.limits.max_compute_workgroup_storage_size / 1024
     );
-    exercise_matmul(&gpu, true);
-    exercise_mla_gemms(&gpu);
-    lap("matmul");
-    {
+    // The GPUs' kernels (lavapipe, a CPU adapter, would take the CPU adapters' variants).
+    with_cpu_kernels(false, || {
+        exercise_matmul(&gpu, true);
+        exercise_mla_gemms(&gpu);
+        lap("matmul");
+        {
+            let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {}).expect("loads");
+            // More tokens than the model's top-k (64), so the indexer's top-k selects.
+            greedy(&bard, 100);
+            every_way(&bard, 100);
+            lap("sparsa-bard-12m");
+        }
+        for family in [
+            "glm5",
+            "glm52",
+            "glm52-fp8",
+            "glm52-q4",
+            "dsv32",
+            "dsv32-fp8",
+            "dsv32-q8",
+        ] {
+            let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {}).expect("loads");
+            greedy(&model, 40);
+            lap(family);
+        }
+    });
+    // The CPU adapters' variants (DX12's WARP is one: they translate for HLSL too).
+    with_cpu_kernels(true, || {
+        exercise_matmul(&gpu, true);
         let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {}).expect("loads");
-        // More tokens than the model's top-k (64), so the indexer's top-k selects.
-        greedy(&bard, 100);
         every_way(&bard, 100);
-        lap("sparsa-bard-12m");
-    }
-    for family in [
-        "glm5",
-        "glm52",
-        "glm52-fp8",
-        "glm52-q4",
-        "dsv32",
-        "dsv32-fp8",
-        "dsv32-q8",
-    ] {
-        let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {}).expect("loads");
-        greedy(&model, 40);
-        lap(family);
-    }
+        for family in ["glm52-fp8", "glm52-q4", "dsv32"] {
+            let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {}).expect("loads");
+            greedy(&model, 40);
+        }
+        lap("the CPU adapters' kernels");
+    });
     let mut all: BTreeSet<ShaderVariant> = gpu.shader_variants().into_iter().collect();
     // WebGPU's default limits (16 KiB of workgroup memory, 256 invocations): the indexer,
     // sparse MLA and the integer-dot GEMV size themselves by the limits.
+    // Both kinds of kernels: a browser's fallback adapter is a CPU adapter.
     let small = open(sparsa::gpu::LimitsRequest::WebGpuDefault);
-    exercise_matmul(&small, false);
-    for model in [
-        Model::from_source(&builtin, small.clone(), &mut |_, _| {}),
-        Model::load(&data("glm5"), small.clone(), &mut |_, _| {}),
-    ] {
-        greedy(&model.expect("loads"), 100);
+    for cpu in [false, true] {
+        with_cpu_kernels(cpu, || {
+            exercise_matmul(&small, false);
+            for model in [
+                Model::from_source(&builtin, small.clone(), &mut |_, _| {}),
+                Model::load(&data("glm5"), small.clone(), &mut |_, _| {}),
+            ] {
+                greedy(&model.expect("loads"), 100);
+            }
+        });
     }
     all.extend(small.shader_variants());
     lap("WebGPU's default limits");

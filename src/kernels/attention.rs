@@ -770,9 +770,9 @@ mod tests {
     use crate::kernels::cache::{decode_latent, encode_latent, Segment};
     use crate::kernels::rope::{rope_ref, RopeSlice};
     use crate::kernels::testutil::{
-        assert_close, assert_close_plus, cache_segments, gpu, with_cpu_kernels, x_split_bound,
-        Placed, Rng,
+        assert_close, assert_close_plus, cache_segments, gpu, x_split_bound, Placed, Rng,
     };
+    use crate::kernels::with_cpu_kernels;
     use crate::weights::{DType, WFormat};
 
     /// The weight as the GPU sees it (rounded to `dtype`).

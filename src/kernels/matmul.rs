@@ -1407,8 +1407,9 @@ fn experts_as(
 mod tests {
     use super::*;
     use crate::kernels::testutil::{
-        assert_close_plus, gpu, gpu_default_limits, with_cpu_kernels, x_split_bound, Rng,
+        assert_close_plus, gpu, gpu_default_limits, x_split_bound, Rng,
     };
+    use crate::kernels::with_cpu_kernels;
     use crate::weights::{quant, DType, QFormat, WFormat};
 
     /// Whether `matmul` runs the integer-dot GEMV for this call (`kind` as given to

@@ -54,13 +54,27 @@ pub fn shaders() -> Vec<ShaderCode> {
 /// scalar load and an insert per lane and component), and a workgroup barrier as a switch
 /// through every SIMD slice of the workgroup; these variants load each value once for more
 /// of its uses and do without barriers (BENCHMARKS.md, "lavapipe: kernels for CPU
-/// adapters"). The tests force either choice ([`testutil::with_cpu_kernels`]).
+/// adapters"). [`with_cpu_kernels`] decides for a thread instead.
 pub(crate) fn cpu_kernels(gpu: &crate::gpu::Gpu) -> bool {
-    #[cfg(test)]
-    if let Some(forced) = testutil::FORCE_CPU_KERNELS.with(|f| f.get()) {
+    if let Some(forced) = FORCE_CPU_KERNELS.with(|f| f.get()) {
         return forced;
     }
     gpu.adapter.is_cpu() && crate::knobs::knob_on!("SPARSA_CPU_KERNELS")
+}
+
+thread_local! {
+    /// Set by [`with_cpu_kernels`]: what [`cpu_kernels`] answers on this thread.
+    static FORCE_CPU_KERNELS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the kernels this thread records taking the CPU adapters' variants (`on`)
+/// or the GPUs' ones, whatever the adapter: for tests, which check both kinds on one
+/// adapter.
+pub fn with_cpu_kernels<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    let before = FORCE_CPU_KERNELS.with(|c| c.replace(Some(on)));
+    let r = f();
+    FORCE_CPU_KERNELS.with(|c| c.set(before));
+    r
 }
 
 /// The query rows of a chunk over the positions scored for it: row `t < rows` is at

@@ -150,7 +150,8 @@ pub fn rms_norm_q<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, with_cpu_kernels, Rng};
+    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::kernels::with_cpu_kernels;
 
     const SENTINEL: f32 = -777.25;
 

@@ -121,17 +121,3 @@ pub fn cache_segments(
         })
         .collect()
 }
-
-thread_local! {
-    /// Set by [`with_cpu_kernels`]: what [`super::cpu_kernels`] answers on this thread.
-    pub(crate) static FORCE_CPU_KERNELS: std::cell::Cell<Option<bool>> =
-        const { std::cell::Cell::new(None) };
-}
-
-/// Runs `f` with the kernels taking their CPU adapters' variants (`on`) or the others,
-/// whatever the adapter.
-pub(crate) fn with_cpu_kernels(on: bool, f: impl FnOnce()) {
-    FORCE_CPU_KERNELS.with(|c| c.set(Some(on)));
-    f();
-    FORCE_CPU_KERNELS.with(|c| c.set(None));
-}
