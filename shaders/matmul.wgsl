@@ -693,12 +693,6 @@ fn gemv4_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 const CQ: u32 = RR / 4u;             // quads of weight rows per lane (1 or 2)
 const CG: u32 = max(WGC / TPR4, 1u); // row groups per workgroup (the max: other entries' TPR4)
 
-// Sums of one quad of weight rows, per x row (field t: x row t).
-struct QuadT {
-    t0: vec4<f32>, t1: vec4<f32>, t2: vec4<f32>, t3: vec4<f32>,
-    t4: vec4<f32>, t5: vec4<f32>, t6: vec4<f32>, t7: vec4<f32>,
-}
-
 // The words at index q of a quad's 4 rows (word offsets `wo`, all live), decoded and scaled.
 struct WQ4 {
     a: WQ, b: WQ, c: WQ, d: WQ,
@@ -759,30 +753,19 @@ fn cpu_row(wa: WQ4, wb: WQ4, xi: u32) -> Acc8 {
 
 var<workgroup> cred: array<vec4<f32>, WGC * 16u>;   // [lane][x row][quad]
 
+// Sums of the lane's quads of weight rows (b: the second, CQ = 2) per x row: a WQ's field t
+// (a, b, .. h) holds x row t's 4 sums.
 struct QuadsT {
-    a: QuadT,
-    b: QuadT,
-}
-
-fn quad_t(q: QuadT, t: u32) -> vec4<f32> {
-    switch t {
-        case 0u: { return q.t0; }
-        case 1u: { return q.t1; }
-        case 2u: { return q.t2; }
-        case 3u: { return q.t3; }
-        case 4u: { return q.t4; }
-        case 5u: { return q.t5; }
-        case 6u: { return q.t6; }
-        default: { return q.t7; }
-    }
+    a: WQ,
+    b: WQ,
 }
 
 // The lane's partial sums over its words of rows `oa` (and `ob`) with the T x rows at vec4
 // offset xb (rows xs4 apart).
 fn cpu_partial(oa: vec4<u32>, ob: vec4<u32>, xb: u32, xs4: u32, lid: u32) -> QuadsT {
     let z = vec4<f32>(0.0);
-    var a = QuadT(z, z, z, z, z, z, z, z);
-    var b = QuadT(z, z, z, z, z, z, z, z);
+    var a = WQ(z, z, z, z, z, z, z, z);
+    var b = WQ(z, z, z, z, z, z, z, z);
     if (oa.x != NONE) {
         let kw = P.k / EPV;
         for (var q = lid % TPR4; q < kw; q += TPR4) {
@@ -792,14 +775,14 @@ fn cpu_partial(oa: vec4<u32>, ob: vec4<u32>, xb: u32, xs4: u32, lid: u32) -> Qua
                 wb = quad_words(ob, q);
             }
             let xi = xb + q * (EPV / 4u);
-            let r0 = cpu_row(wa, wb, xi); a.t0 += r0.lo; b.t0 += r0.hi;
-            if (T > 1u) { let r1 = cpu_row(wa, wb, xi + xs4); a.t1 += r1.lo; b.t1 += r1.hi; }
-            if (T > 2u) { let r2 = cpu_row(wa, wb, xi + 2u * xs4); a.t2 += r2.lo; b.t2 += r2.hi; }
-            if (T > 3u) { let r3 = cpu_row(wa, wb, xi + 3u * xs4); a.t3 += r3.lo; b.t3 += r3.hi; }
-            if (T > 4u) { let r4 = cpu_row(wa, wb, xi + 4u * xs4); a.t4 += r4.lo; b.t4 += r4.hi; }
-            if (T > 5u) { let r5 = cpu_row(wa, wb, xi + 5u * xs4); a.t5 += r5.lo; b.t5 += r5.hi; }
-            if (T > 6u) { let r6 = cpu_row(wa, wb, xi + 6u * xs4); a.t6 += r6.lo; b.t6 += r6.hi; }
-            if (T > 7u) { let r7 = cpu_row(wa, wb, xi + 7u * xs4); a.t7 += r7.lo; b.t7 += r7.hi; }
+            let r0 = cpu_row(wa, wb, xi); a.a += r0.lo; b.a += r0.hi;
+            if (T > 1u) { let r1 = cpu_row(wa, wb, xi + xs4); a.b += r1.lo; b.b += r1.hi; }
+            if (T > 2u) { let r2 = cpu_row(wa, wb, xi + 2u * xs4); a.c += r2.lo; b.c += r2.hi; }
+            if (T > 3u) { let r3 = cpu_row(wa, wb, xi + 3u * xs4); a.d += r3.lo; b.d += r3.hi; }
+            if (T > 4u) { let r4 = cpu_row(wa, wb, xi + 4u * xs4); a.e += r4.lo; b.e += r4.hi; }
+            if (T > 5u) { let r5 = cpu_row(wa, wb, xi + 5u * xs4); a.f += r5.lo; b.f += r5.hi; }
+            if (T > 6u) { let r6 = cpu_row(wa, wb, xi + 6u * xs4); a.g += r6.lo; b.g += r6.hi; }
+            if (T > 7u) { let r7 = cpu_row(wa, wb, xi + 7u * xs4); a.h += r7.lo; b.h += r7.hi; }
         }
     }
     return QuadsT(a, b);
@@ -811,8 +794,8 @@ fn cpu_partial(oa: vec4<u32>, ob: vec4<u32>, xb: u32, xs4: u32, lid: u32) -> Qua
 fn cpu_store(p: QuadsT, woa: vec4<u32>, wob: vec4<u32>, at: u32, n0: u32, lid: u32) {
     if (TPR4 > 1u) {
         for (var t = 0u; t < T; t++) {
-            cred[lid * 16u + 2u * t] = quad_t(p.a, t);
-            cred[lid * 16u + 2u * t + 1u] = quad_t(p.b, t);
+            cred[lid * 16u + 2u * t] = wq_part(p.a, t);
+            cred[lid * 16u + 2u * t + 1u] = wq_part(p.b, t);
         }
         workgroupBarrier();
     }
@@ -820,8 +803,8 @@ fn cpu_store(p: QuadsT, woa: vec4<u32>, wob: vec4<u32>, at: u32, n0: u32, lid: u
         return;
     }
     for (var t = 0u; t < T; t++) {
-        var sa = quad_t(p.a, t);
-        var sb = quad_t(p.b, t);
+        var sa = wq_part(p.a, t);
+        var sb = wq_part(p.b, t);
         for (var l = 1u; l < TPR4; l++) {
             sa += cred[(lid + l) * 16u + 2u * t];
             sb += cred[(lid + l) * 16u + 2u * t + 1u];
