@@ -390,18 +390,6 @@ struct X8 {
     e: vec4<f32>, f: vec4<f32>, g: vec4<f32>, h: vec4<f32>,
 }
 
-fn load_x8(xi: u32) -> X8 {
-    let z = vec4<f32>(0.0);
-    var x = X8(x4[xi], x4[xi + 1u], x4[xi + 2u], x4[xi + 3u], z, z, z, z);
-    if (EPV == 32u) {
-        x.e = x4[xi + 4u];
-        x.f = x4[xi + 5u];
-        x.g = x4[xi + 6u];
-        x.h = x4[xi + 7u];
-    }
-    return x;
-}
-
 fn dotq_x(wi: u32, x: X8) -> f32 {
     let w = unpack_q(w4[wi]);
     var s = (dot(w.a, x.a) + dot(w.b, x.b)) + (dot(w.c, x.c) + dot(w.d, x.d));
@@ -433,7 +421,7 @@ fn quad_partial(wo: vec4<u32>, xb: u32, lane: u32) -> vec4<f32> {
     }
     let kw = P.k / EPV;
     for (var q = lane; q < kw; q += TPR4) {
-        let x = load_x8(xb + q * (EPV / 4u));
+        let x = load_xw(xb + q * (EPV / 4u));
         acc += vec4<f32>(dotq_x(w.x + q, x), dotq_x(w.y + q, x), dotq_x(w.z + q, x), dotq_x(w.w + q, x));
     }
     return acc;
