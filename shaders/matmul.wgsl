@@ -49,6 +49,15 @@ fn expert_row(e: u32, n: u32) -> u32 {
     return e * P.e_rows + P.r_lo + n;
 }
 
+// The expert slot `s` runs, NONE for a slot past P.rows or an id past the stacked experts.
+fn live_expert(s: u32) -> u32 {
+    if (s >= P.rows) {
+        return NONE;
+    }
+    let e = expert_of(s);
+    return select(NONE, e, e < P.n_experts);
+}
+
 // ---- weight fetch -------------------------------------------------------------------
 
 fn wload(i: u32) -> f32 {
@@ -510,12 +519,10 @@ fn gemv4q_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let n0 = at.y;
     var wo = vec4<u32>(NONE);
     var xb = 0u;
-    if (slot < P.rows) {
-        let e = expert_of(slot);
-        if (e < P.n_experts) {
-            xb = slot_x(slot) / 4u;
-            wo = expert_quad(e, n0);
-        }
+    let e = live_expert(slot);
+    if (e != NONE) {
+        xb = slot_x(slot) / 4u;
+        wo = expert_quad(e, n0);
     }
     quad_store(quad_partial(wo, xb, lane), wo, P.y_off + slot * P.y_stride, n0, lid);
 }
@@ -805,6 +812,16 @@ fn cpu_store(p: QuadsT, woa: vec4<u32>, wob: vec4<u32>, at: u32, n0: u32, lid: u
     }
 }
 
+// The lane's two quads' word offsets (`woa`, `wob`) with every row that does not exist
+// replaced by a live row of either quad, whose sums are computed but not stored (a chunk
+// boundary inside an expert can leave quad a empty and b not); no live row: all NONE.
+fn live_quads(woa: vec4<u32>, wob: vec4<u32>) -> array<vec4<u32>, 2> {
+    let la = live_rows(woa);
+    let lb = live_rows(wob);
+    let a = select(la, vec4<u32>(lb.x), la.x == NONE);
+    return array<vec4<u32>, 2>(a, select(lb, vec4<u32>(a.x), lb.x == NONE));
+}
+
 // The first weight row of lid's lane group in workgroup g's block of WGC / TPR4 · RR rows.
 fn cpu_row0(g: u32, lid: u32) -> u32 {
     return g * (CG * RR) + lid / TPR4 * RR;
@@ -820,10 +837,8 @@ fn gemv_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     if (CQ > 1u) {
         wob = dense_quad(n0 + 4u);
     }
-    // Rows past P.n compute a live row's sums (not stored); quad b's live row may be a's.
-    let la = live_rows(woa);
-    let lb = select(live_rows(wob), vec4<u32>(la.x), wob.x == NONE);
-    cpu_store(cpu_partial(la, lb, P.x_off / 4u, P.x_stride / 4u, lid), woa, wob, P.y_off, n0, lid);
+    let l = live_quads(woa, wob);
+    cpu_store(cpu_partial(l[0], l[1], P.x_off / 4u, P.x_stride / 4u, lid), woa, wob, P.y_off, n0, lid);
 }
 
 // gemv_cpu for routed experts: one slot (T = 1) per workgroup, WGC / TPR4 · RR rows of its
@@ -839,22 +854,16 @@ fn gemv_cpu_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var woa = vec4<u32>(NONE);
     var wob = vec4<u32>(NONE);
     var xb = 0u;
-    if (slot < P.rows) {
-        let e = expert_of(slot);
-        if (e < P.n_experts) {
-            xb = slot_x(slot) / 4u;
-            woa = expert_quad(e, n0);
-            if (CQ > 1u) {
-                wob = expert_quad(e, n0 + 4u);
-            }
+    let e = live_expert(slot);
+    if (e != NONE) {
+        xb = slot_x(slot) / 4u;
+        woa = expert_quad(e, n0);
+        if (CQ > 1u) {
+            wob = expert_quad(e, n0 + 4u);
         }
     }
-    // A chunk boundary inside the expert can leave quad a empty and b not.
-    var la = live_rows(woa);
-    let lb = live_rows(wob);
-    la = select(la, vec4<u32>(lb.x), la.x == NONE);
-    let lb2 = select(lb, vec4<u32>(la.x), lb.x == NONE);
-    cpu_store(cpu_partial(la, lb2, xb, 0u, lid), woa, wob, P.y_off + slot * P.y_stride, n0, lid);
+    let l = live_quads(woa, wob);
+    cpu_store(cpu_partial(l[0], l[1], xb, 0u, lid), woa, wob, P.y_off + slot * P.y_stride, n0, lid);
 }
 
 // gemvt_experts for CPU adapters: one lane per (slot, column word) walks all the window's
@@ -867,11 +876,8 @@ fn gemvt_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let item = (wid.x + wid.y * nwg.x) * WGC + lid;
     let slot = item / kw;
     let cw = item % kw;
-    if (slot >= P.rows) {
-        return;
-    }
-    let e = expert_of(slot);
-    if (e >= P.n_experts) {
+    let e = live_expert(slot);
+    if (e == NONE) {
         return;
     }
     let z = vec4<f32>(0.0);

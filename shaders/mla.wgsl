@@ -391,30 +391,22 @@ fn mla_cpu(
             acc[i] = acc[i] * c + p * r[i];
         }
     }
-    if (P.part_splits == 1u) {
-        var inv = 0.0;
-        if (l > 0.0) {
-            inv = 1.0 / l;
-        }
-        let ob = P.o_off + t * P.o_stride + head * P.kv_lora;
-        for (var i = 0u; i < kv4; i++) {
-            let v = acc[i] * inv;
-            out[ob + 4u * i] = v.x;
-            out[ob + 4u * i + 1u] = v.y;
-            out[ob + 4u * i + 2u] = v.z;
-            out[ob + 4u * i + 3u] = v.w;
-        }
-    } else {
-        // part[(t, head, split)] = [acc (kv_lora) | m | l]
-        let pb = ((t * P.heads + head) * P.part_splits + P.split_base + split) * (P.kv_lora + 2u);
-        for (var i = 0u; i < kv4; i++) {
-            out[pb + 4u * i] = acc[i].x;
-            out[pb + 4u * i + 1u] = acc[i].y;
-            out[pb + 4u * i + 2u] = acc[i].z;
-            out[pb + 4u * i + 3u] = acc[i].w;
-        }
-        out[pb + P.kv_lora] = m;
-        out[pb + P.kv_lora + 1u] = l;
+    // One split: o_lat, normalized. Several: the split's partials, [acc (kv_lora) | m | l] at
+    // part[(t, head, split)].
+    var ob = P.o_off + t * P.o_stride + head * P.kv_lora;
+    var inv = select(0.0, 1.0 / l, l > 0.0);
+    if (P.part_splits > 1u) {
+        ob = ((t * P.heads + head) * P.part_splits + P.split_base + split) * (P.kv_lora + 2u);
+        inv = 1.0;
+        out[ob + P.kv_lora] = m;
+        out[ob + P.kv_lora + 1u] = l;
+    }
+    for (var i = 0u; i < kv4; i++) {
+        let v = acc[i] * inv;
+        out[ob + 4u * i] = v.x;
+        out[ob + 4u * i + 1u] = v.y;
+        out[ob + 4u * i + 2u] = v.z;
+        out[ob + 4u * i + 3u] = v.w;
     }
 }
 

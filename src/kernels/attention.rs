@@ -411,20 +411,22 @@ pub fn sparse_mla(
     // split short enough for lavapipe's loop limit (see MLA_CPU_LOOPS).
     let cpu_len = mla_cpu_split_len(n_max, kv_lora, sh.qd4, cpu_splits, nseg);
     let cpu = super::cpu_kernels(gpu) && cpu_len.is_some();
-    let mut groups = rows as u64 * hgroups as u64;
-    let (splits, split_len) = if let Some(len) = cpu_len.filter(|_| cpu) {
+    // The splits, their length and the workgroups of a segment's dispatch.
+    let (splits, split_len, workgroups) = if let Some(len) = cpu_len.filter(|_| cpu) {
         let splits = n_max.div_ceil(len);
-        groups = (rows as u64 * heads as u64 * splits as u64).div_ceil(MLA_CPU_WG);
-        (splits, len)
+        let items = rows as u64 * heads as u64 * splits as u64;
+        (splits, len, items.div_ceil(MLA_CPU_WG))
     } else {
+        let groups = rows as u64 * hgroups as u64;
         let want =
             (target_groups as u64 / groups.max(1)).min((MLA_MAX_SPLITS / nseg) as u64) as u32;
-        if want <= 1 {
+        let (splits, len) = if want <= 1 {
             (1, n_max.div_ceil(MLA_TILE) * MLA_TILE)
         } else {
             let len = n_max.div_ceil(want).div_ceil(MLA_TILE) * MLA_TILE;
             (n_max.div_ceil(len), len)
-        }
+        };
+        (splits, len, groups * splits as u64)
     };
     let part_splits = splits * nseg;
     let defines = sh.defines(cache.format);
@@ -457,10 +459,7 @@ pub fn sparse_mla(
     };
     let row_bytes = 4 * cache.row_words as u64;
     let flops = 2 * rows as u64 * heads as u64 * n_max as u64 * (2 * kv_lora + dr) as u64;
-    let n = match cpu {
-        true => grid_count("sparse_mla", groups),
-        false => grid_count("sparse_mla", groups * splits as u64),
-    };
+    let n = grid_count("sparse_mla", workgroups);
     // Taken by the next dispatch: with several segments, the first one's (the selected rows
     // are spread over them).
     rec.cost(rows as u64 * n_max as u64 * row_bytes, flops, "");

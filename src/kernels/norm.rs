@@ -43,8 +43,8 @@ struct Rows<'a> {
 /// Rows of an `rms_norm_cpu` workgroup (CPU_WG in norm.wgsl).
 const CPU_WG: u32 = 8;
 
-/// One workgroup per row (CPU adapters: one invocation); the weight `w` and (rms_norm_q) the quantized output `b` and
-/// its element order.
+/// One workgroup per row (CPU adapters' rms_norm: one invocation); the weight `w` and
+/// (rms_norm_q) the quantized output `b` and its element order.
 fn launch(
     rec: &mut Recorder,
     entry: &'static str,
