@@ -110,3 +110,88 @@ fn select_all(
         cnt[t] = n;
     }
 }
+
+// topk_cpu: topk for CPU adapters (lavapipe: a load whose address differs between
+// invocations is a loop over the SIMD lanes, and a barrier a switch through every SIMD slice
+// of the workgroup; src/kernels/mod.rs, `cpu_kernels`). One invocation per row, no workgroup
+// memory and no barrier: radix select over 4-bit digits from the top, the 16 counts of a
+// digit in registers, one read of the row per digit; it stops at the first digit whose bin
+// holds exactly the keys still to take (random scores: after 2 or 3 digits). Then the
+// collection in position order: keys above the prefix found, and the first `remaining`
+// keys on it. The host keeps 9 reads of the row within llvmpipe's loop budget
+// (src/kernels/topk.rs, CPU_MAX_KEYS).
+const CPU_WG: u32 = 8u;
+
+@compute @workgroup_size(CPU_WG)
+fn topk_cpu(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let t = (wid.x + wid.y * nwg.x) * CPU_WG + lid;
+    if (t >= P.rows) {
+        return;
+    }
+    let valid = min(row_pos(t) + 1u, P.n_keys);
+    let lo = row_lo(t);
+    let k = min(P.topk, valid);
+    let ob = t * P.topk;
+    let sb = P.s_off + t * P.s_stride;
+    cnt[t] = k;
+    if (k == valid) {
+        for (var i = 0u; i < valid; i++) {
+            idx[ob + i] = lo + i;
+        }
+        return;
+    }
+    var prefix = 0u;
+    var mask = 0u;
+    var remaining = k;
+    for (var shift = 28i; shift >= 0i; shift -= 4i) {
+        let sh = u32(shift);
+        // Zeroed each pass (an explicit initializer: a loop-body declaration without one was
+        // not re-zeroed on every translator).
+        var c = array<u32, 16>();
+        for (var i = 0u; i < valid; i++) {
+            let key = key_of(scores[sb + i]);
+            let on = (key & mask) == prefix;
+            let digit = (key >> sh) & 15u;
+            for (var v = 0u; v < 16u; v++) {
+                c[v] += select(0u, 1u, on && digit == v);
+            }
+        }
+        // The bin holding the remaining-th largest key, from the top bin down.
+        var above = 0u;
+        var bin = 0u;
+        var in_bin = 0u;
+        var found = false;
+        for (var v = 15i; v >= 0i; v--) {
+            let n = c[v];
+            if (!found) {
+                if (above + n >= remaining) {
+                    bin = u32(v);
+                    in_bin = n;
+                    found = true;
+                } else {
+                    above += n;
+                }
+            }
+        }
+        prefix |= bin << sh;
+        mask |= 15u << sh;
+        remaining -= above;
+        if (in_bin == remaining) {
+            break;
+        }
+    }
+    var w = ob;
+    var eqs = 0u;
+    for (var i = 0u; i < valid; i++) {
+        let top = key_of(scores[sb + i]) & mask;
+        if (top > prefix || (top == prefix && eqs < remaining)) {
+            idx[w] = lo + i;
+            w++;
+        }
+        eqs += select(0u, 1u, top == prefix);
+    }
+}

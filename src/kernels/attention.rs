@@ -10,7 +10,7 @@
 use super::cache::{CacheRows, LatentFormat};
 use super::rope::QueryRope;
 use super::topk::Selection;
-use super::{matmul, Recorder, View};
+use super::{matmul, Recorder, View, CPU_LOOPS};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 use crate::knobs::knob;
@@ -171,14 +171,9 @@ const MLA_MAX_SPLITS: u32 = 1024;
 const MLA_TILE: u32 = 64;
 /// Invocations of an `mla_cpu` workgroup (CPU_WG in mla.wgsl).
 const MLA_CPU_WG: u64 = 8;
-/// Loop iterations one `mla_cpu` invocation may run. llvmpipe (lavapipe) counts every loop
-/// iteration of an invocation against one limit of 65,535 and past it leaves each loop at
-/// once, which would silently drop positions and outputs (a 2,000-position split of a
-/// 310-wide query did, in the tests); the splits keep each invocation to half of it.
-const MLA_CPU_LOOPS: u32 = 32_768;
 
 /// The positions per split for `mla_cpu` at `n_max` selected positions: about `n_max /
-/// splits`, fewer where an invocation would pass [`MLA_CPU_LOOPS`] (its loops run 1 +
+/// splits`, fewer where an invocation would pass [`CPU_LOOPS`] (its loops run 1 +
 /// `qd4` + `kv_lora / 4` times per position, at most 3 `qd4` more around them). None where the
 /// kernel does not apply: `kv_lora` not a multiple of 4, or more splits than the partials
 /// hold with `nseg` cache segments.
@@ -187,7 +182,7 @@ fn mla_cpu_split_len(n_max: u32, kv_lora: u32, qd4: u32, splits: u32, nseg: u32)
         return None;
     }
     let per_pos = 1 + qd4 + kv_lora / 4;
-    let most = MLA_CPU_LOOPS.checked_sub(3 * qd4)? / per_pos;
+    let most = CPU_LOOPS.checked_sub(3 * qd4)? / per_pos;
     let len = n_max.div_ceil(splits.max(1)).min(most);
     (len >= 1 && n_max.div_ceil(len) <= MLA_MAX_SPLITS / nseg).then_some(len)
 }
@@ -408,7 +403,7 @@ pub fn sparse_mla(
         return;
     }
     // CPU adapters: one invocation per (row, head, split), MLA_CPU_WG a workgroup, each
-    // split short enough for lavapipe's loop limit (see MLA_CPU_LOOPS).
+    // split short enough for lavapipe's loop limit (see CPU_LOOPS).
     let cpu_len = mla_cpu_split_len(n_max, kv_lora, sh.qd4, cpu_splits, nseg);
     let cpu = super::cpu_kernels(gpu) && cpu_len.is_some();
     // The splits, their length and the workgroups of a segment's dispatch.
@@ -1222,8 +1217,8 @@ mod tests {
         assert_eq!(mla_cpu_split_len(64, 64, 20, 3, 1), Some(22));
         // GLM-5 (kv 512, dr 64) at 2,048 positions: 117 a split, 18 splits.
         let len = mla_cpu_split_len(2048, 512, 144, 1, 1).unwrap();
-        assert_eq!(len, (MLA_CPU_LOOPS - 3 * 144) / (1 + 144 + 128));
-        assert!(len * (1 + 144 + 128) + 3 * 144 <= MLA_CPU_LOOPS);
+        assert_eq!(len, (CPU_LOOPS - 3 * 144) / (1 + 144 + 128));
+        assert!(len * (1 + 144 + 128) + 3 * 144 <= CPU_LOOPS);
         // Not for a latent of odd width, nor past the partials' splits.
         assert_eq!(mla_cpu_split_len(64, 62, 20, 1, 1), None);
         assert_eq!(mla_cpu_split_len(1 << 20, 512, 144, 1, 1), None);

@@ -63,6 +63,13 @@ pub(crate) fn cpu_kernels(gpu: &crate::gpu::Gpu) -> bool {
     gpu.adapter.is_cpu() && crate::knobs::knob_on!("SPARSA_CPU_KERNELS")
 }
 
+/// Loop iterations one invocation of a CPU adapter's kernel may run (`mla_cpu`, `topk_cpu`).
+/// llvmpipe (lavapipe) counts every loop iteration of an invocation against one limit of
+/// 65,535 and past it leaves each loop at once, which would silently drop work (a
+/// 2,000-position split of a 310-wide query did in `mla_cpu`'s tests); the kernels' hosts
+/// keep each invocation to half of it.
+pub(crate) const CPU_LOOPS: u32 = 32_768;
+
 thread_local! {
     /// Set by [`with_cpu_kernels`]: what [`cpu_kernels`] answers on this thread.
     static FORCE_CPU_KERNELS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };

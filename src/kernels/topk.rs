@@ -187,6 +187,10 @@ pub fn topk(
         return;
     }
     assert!(sel.k > 0, "topk: topk must be at least 1");
+    if chunk.n_keys <= CPU_MAX_KEYS && super::cpu_kernels(rec.gpu()) {
+        topk_cpu(rec, scores, chunk, sel);
+        return;
+    }
     if chunk.n_keys >= wide_min_keys() && chunk.rows <= scratch.max_rows {
         let plan = wide_plan(chunk.rows, chunk.n_keys, scratch.groups);
         topk_wide(rec, scores, chunk, sel, scratch, plan);
@@ -210,6 +214,29 @@ fn topk_one_wg(rec: &mut Recorder, scores: View, chunk: Causal, sel: &Selection)
         &params,
         &[sel.idx, sel.cnt, places, scores.buf],
         gpu.grid(chunk.rows),
+    );
+}
+
+/// Invocations of a `topk_cpu` workgroup (CPU_WG in topk.wgsl).
+const CPU_WG: u32 = 8;
+/// Longest rows `topk_cpu` takes: its invocation reads the row at most 9 times (8 digits and
+/// the collection), within [`super::CPU_LOOPS`].
+const CPU_MAX_KEYS: u32 = super::CPU_LOOPS / 9;
+
+/// The CPU adapters' kernel (`topk_cpu` in topk.wgsl): one invocation per row.
+fn topk_cpu(rec: &mut Recorder, scores: View, chunk: Causal, sel: &Selection) {
+    let gpu = rec.gpu();
+    let p = gpu.pipeline(&TOPK, "topk_cpu", &[]);
+    let params = Params::new(scores, chunk, sel.k, (0, 0));
+    // Three reads of the valid scores for random ones (two digits and the collection).
+    let (rows, n_keys) = (chunk.rows as u64, chunk.n_keys as u64);
+    rec.cost(3 * rows * n_keys * 4 + rows * (sel.k as u64 + 1) * 4, 0, "");
+    let (_, places) = chunk.places_binding(gpu);
+    rec.dispatch(
+        &p,
+        &params,
+        &[sel.idx, sel.cnt, places, scores.buf],
+        gpu.grid(chunk.rows.div_ceil(CPU_WG)),
     );
 }
 
@@ -340,6 +367,7 @@ pub(crate) fn topk_ref(row: &[f32], valid: usize, topk: usize) -> Vec<u32> {
 mod tests {
     use super::*;
     use crate::kernels::testutil::{gpu, Rng};
+    use crate::kernels::with_cpu_kernels;
 
     const POISON: u32 = 0xDEAD_BEEF;
 
@@ -350,6 +378,8 @@ mod tests {
         Auto,
         /// The wide kernel with this segment length.
         Wide(u32),
+        /// The CPU adapters' kernel, whatever the adapter.
+        Cpu,
     }
 
     /// Runs `topk` on `rows × n_keys` scores laid out with `stride` at `offset` and checks
@@ -357,7 +387,11 @@ mod tests {
     fn check(scores: &[f32], offset: u32, stride: u32, rows: u32, n_keys: u32, pos0: u32, k: u32) {
         let sc = TopkScratch::new(gpu(), rows).unwrap();
         let chunk = causal(rows, n_keys, pos0);
-        check_mode(Mode::Auto, &sc, scores, (offset, stride), chunk, k);
+        let at = (offset, stride);
+        with_cpu_kernels(false, || check_mode(Mode::Auto, &sc, scores, at, chunk, k));
+        if n_keys <= CPU_MAX_KEYS {
+            check_mode(Mode::Cpu, &sc, scores, at, chunk, k);
+        }
     }
 
     /// The chunk of `rows` rows at `pos0` over `n_keys` positions.
@@ -390,6 +424,7 @@ mod tests {
     ) {
         match mode {
             Mode::Auto => topk(rec, scores, chunk, sel, sc),
+            Mode::Cpu => topk_cpu(rec, scores, chunk, sel),
             Mode::Wide(seg) => {
                 let segs = chunk.n_keys.div_ceil(seg);
                 topk_wide(rec, scores, chunk, sel, sc, (seg, segs))
@@ -577,6 +612,23 @@ mod tests {
     }
 
     #[test]
+    fn topk_cpu_longest_rows() {
+        // The CPU adapters' kernel at its longest rows, with ties everywhere, so no digit
+        // ends the select early: 8 digit passes and the collection, each a read of the row,
+        // must all fit lavapipe's loop budget (past it the loops would end silently and the
+        // selection come out short).
+        let mut rng = Rng::new(13);
+        let n = CPU_MAX_KEYS;
+        let vals = [0.25f32, -1.5, 3.0];
+        let s: Vec<f32> = (0..2 * n)
+            .map(|_| vals[rng.below(vals.len() as u64) as usize])
+            .collect();
+        check(&s, 0, n, 2, n, n - 2, 1000);
+        let r = random_scores(&mut rng, n as usize);
+        check(&r, 0, n, 1, n, n - 1, 2048);
+    }
+
+    #[test]
     fn topk_n_keys_clamps_valid() {
         // pos0 + t + 1 > n_keys: valid = n_keys.
         let mut rng = Rng::new(7);
@@ -586,9 +638,16 @@ mod tests {
 
     #[test]
     fn topk_2d_grid() {
-        // More rows than one grid dimension holds: every row must be processed.
+        // More workgroups than one grid dimension holds: every row must be processed, by
+        // both kernels (the CPU adapters' takes CPU_WG rows a workgroup).
+        for cpu in [false, true] {
+            let per_group = if cpu { CPU_WG } else { 1 };
+            with_cpu_kernels(cpu, || check_2d_grid(gpu().max_groups() * per_group + 100));
+        }
+    }
+
+    fn check_2d_grid(rows: u32) {
         let g = gpu();
-        let rows = g.max_groups() + 100;
         let (n_keys, k) = (2u32, 2u32);
         let s = vec![1.0f32; (rows * n_keys) as usize];
         let sbuf = g.buffer_from(&s, "scores").unwrap();
@@ -691,7 +750,7 @@ mod tests {
             ..causal(rows, n_keys, 0)
         };
         let sc = scratch(rows);
-        for mode in [Mode::Auto, Mode::Wide(64), Mode::Wide(1024)] {
+        for mode in [Mode::Auto, Mode::Cpu, Mode::Wide(64), Mode::Wide(1024)] {
             check_placed(mode, &sc, &s, (offset, stride), chunk, &host, k);
         }
     }
