@@ -29,6 +29,14 @@ pub const GEMV_PASSES_MAX_ROWS: u32 = 32;
 /// Without tensor cores `matmul` uses 128×128 GEMM tiles for more than 128 rows when there
 /// are at least this many of them, else 64×64 (the smaller tiles keep more of the GPU busy).
 const GEMM128_MIN_TILES: u32 = 100;
+/// Fewest rows of x that take a GEMM rather than GEMVs: past [`GEMV_MAX_ROWS`] (passes of
+/// GEMVs up to [`GEMV_PASSES_MAX_ROWS`] for dense weights). `SPARSA_GEMM_FROM_ROWS` lowers it
+/// (a measurement knob: a batched decode step or a verification on the GEMM tiles, tensor
+/// cores where the adapter has them).
+fn gemm_from_rows() -> u32 {
+    knob!("SPARSA_GEMM_FROM_ROWS", |v| v >= 2).unwrap_or(GEMV_MAX_ROWS + 1)
+}
+
 /// Rows of the GEMM tiles of `gemm`, `gemm_experts` and `gemm_heads` (`BM` in the shader);
 /// their columns are [`tile_cols`].
 const GEMM_TILE_ROWS: u32 = 64;
@@ -564,7 +572,7 @@ impl Dense {
     /// for this x and weight.
     fn pick(rows: u32, x: View, w: &GpuWeight, dev: Dev, dot: Option<u32>) -> Dense {
         let cpu = dev.cpu;
-        if rows <= GEMV_MAX_ROWS {
+        if rows <= GEMV_MAX_ROWS && rows < gemm_from_rows() {
             if dev.cpu_gemvs && gemv4_ok(rows, x, w) {
                 let (tpr, rr) = cpu_knobs(w, w.rows as u32);
                 Dense::GemvCpu(tpr, rr)
@@ -596,7 +604,8 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
     let gpu = rec.gpu();
     let dev = Dev::of(gpu);
     let pick = |r: u32, xv: View| Dense::pick(r, xv, w, dev, dot_blocks(gpu, xv, w));
-    if rows > 1 && !dev.cpu_gemvs && dot_passes(gpu, x, w, rows) {
+    let gemm = rows >= gemm_from_rows();
+    if rows > 1 && !gemm && !dev.cpu_gemvs && dot_passes(gpu, x, w, rows) {
         // A few rows over q4 (a speculative verification, a short chunk): a pass of the
         // integer-dot GEMV per row reads the weights once per row, but at a third of the
         // float GEMV's instructions per byte, which is what bounds that one at few rows.
@@ -606,7 +615,7 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
         }
         return;
     }
-    if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS {
+    if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS && gemm_from_rows() > GEMV_MAX_ROWS {
         // A few GEMV passes beat a GEMM whose tiles are mostly empty.
         let mut t = 0;
         while t < rows {
@@ -722,7 +731,11 @@ pub fn matmul_xq_add(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y:
 
 fn xq_gemv(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View, add: bool) -> bool {
     let rows = xq.rows;
-    if !((1..=GEMV_MAX_ROWS).contains(&rows) && xq.serves(w) && dot_applies(x, w)) {
+    if !((1..=GEMV_MAX_ROWS).contains(&rows)
+        && rows < gemm_from_rows()
+        && xq.serves(w)
+        && dot_applies(x, w))
+    {
         return false;
     }
     // No workgroup memory for x: MAXB 1.
@@ -872,7 +885,7 @@ pub fn matmul_experts_xq(
     y: View,
     rows: u32,
 ) {
-    let ok = rows <= GEMV_MAX_ROWS && xq.serves(w);
+    let ok = rows <= GEMV_MAX_ROWS && rows < gemm_from_rows() && xq.serves(w);
     experts_as(
         rec,
         x,
@@ -1280,7 +1293,7 @@ fn experts_as(
     // Rows multiplied per slot.
     let rpe = win.n;
     let slots = rows * topk;
-    let gemv = rows <= GEMV_MAX_ROWS;
+    let gemv = rows <= GEMV_MAX_ROWS && rows < gemm_from_rows();
     let gemv4 = gemv && gemv4_ok(2, x, w);
     // q8 / q4: integer dot products, 4 rows per lane (gemv_dot_experts); other 4-bit
     // weights: 4 rows per lane (gemv4q_experts), else RR rows.
