@@ -227,17 +227,20 @@ impl MlaPlan {
     /// 1,121 with 4; each selected row is read once per head group).
     /// A prefill's rows run as GEMMs on tensor cores ([`sparse_mla_gemm`]) for models of
     /// at least [`MLA_GEMM_MIN_HEADS`] heads.
+    /// Several rows (a batched step's, a verification's) take them too; one decode row does
+    /// not (on the H200 at full depth, 2026-12-05: an 8-row step 79.7 → 69.1 ms and a
+    /// 4-position verification 49.0 → 44.6 ms with them, a one-row step 22.75 → 25.0 ms).
     /// SPARSA_MLA_HG (1, 2, 4, 8 or 16), SPARSA_MLA_GROUPS and SPARSA_MLA_GEMM (0: never,
-    /// 1: on tensor cores at a prefill's rows, 2: at a prefill's rows on any device, 3: on
+    /// 1: on tensor cores at several rows, 2: at several rows on any device, 3: on
     /// tensor cores at every row count) override them (measurement knobs).
     pub fn for_rows(rows: u32) -> MlaPlan {
         let cap = knob!("SPARSA_MLA_HG", |v| v.is_power_of_two() && v <= 16);
         let groups = knob!("SPARSA_MLA_GROUPS", |v| v >= 1);
         let few = rows <= matmul::GEMV_MAX_ROWS;
         let gemm = match knob!("SPARSA_MLA_GEMM", |v| v <= 3) {
-            // 3: on tensor cores at a decode step's and a verification's rows too.
+            // 3: on tensor cores at a decode step's row too.
             Some(3) => MlaGemmUse::TensorCores,
-            _ if few => MlaGemmUse::Never,
+            _ if rows == 1 => MlaGemmUse::Never,
             Some(0) => MlaGemmUse::Never,
             Some(2) => MlaGemmUse::Always,
             _ => MlaGemmUse::TensorCores,

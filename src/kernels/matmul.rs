@@ -29,14 +29,6 @@ pub const GEMV_PASSES_MAX_ROWS: u32 = 32;
 /// Without tensor cores `matmul` uses 128×128 GEMM tiles for more than 128 rows when there
 /// are at least this many of them, else 64×64 (the smaller tiles keep more of the GPU busy).
 const GEMM128_MIN_TILES: u32 = 100;
-/// Fewest rows of x that take a GEMM rather than GEMVs: past [`GEMV_MAX_ROWS`] (passes of
-/// GEMVs up to [`GEMV_PASSES_MAX_ROWS`] for dense weights). `SPARSA_GEMM_FROM_ROWS` lowers it
-/// (a measurement knob: a batched decode step or a verification on the GEMM tiles, tensor
-/// cores where the adapter has them).
-fn gemm_from_rows() -> u32 {
-    knob!("SPARSA_GEMM_FROM_ROWS", |v| v >= 2).unwrap_or(GEMV_MAX_ROWS + 1)
-}
-
 /// Rows of the GEMM tiles of `gemm`, `gemm_experts` and `gemm_heads` (`BM` in the shader);
 /// their columns are [`tile_cols`].
 const GEMM_TILE_ROWS: u32 = 64;
@@ -253,11 +245,11 @@ fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 4] 
 
 /// Whether the tensor-core tile stages `entry`'s weights K-major, as gathered rows read
 /// transposed lie in memory (`mla_values`), instead of [n][k] an element at a time as the
-/// other entries do: with `SPARSA_COOP_GATHER=1`. Off by default until it has run on a
-/// device with tensor cores (lavapipe has none, and no H200 was lent when it was written):
-/// `benches/results/2026-12-04-h200-mla-values/run.sh` checks and times it.
+/// other entries do. On by default since it ran on the H200 (2026-12-05: the attention
+/// tests and goldens pass, prefill 5.7–8 % faster; BENCHMARKS.md, "H200 again");
+/// `SPARSA_COOP_GATHER=0` turns it off.
 fn coop_gather(entry: &str) -> bool {
-    entry == "mla_values" && knob!("SPARSA_COOP_GATHER", |v| v <= 1) == Some(1)
+    entry == "mla_values" && knob!("SPARSA_COOP_GATHER", |v| v <= 1) != Some(0)
 }
 
 /// Columns of the tensor-core tile for weights in format `f` (the `TN` define): 128 where
@@ -572,7 +564,7 @@ impl Dense {
     /// for this x and weight.
     fn pick(rows: u32, x: View, w: &GpuWeight, dev: Dev, dot: Option<u32>) -> Dense {
         let cpu = dev.cpu;
-        if rows <= GEMV_MAX_ROWS && rows < gemm_from_rows() {
+        if rows <= GEMV_MAX_ROWS {
             if dev.cpu_gemvs && gemv4_ok(rows, x, w) {
                 let (tpr, rr) = cpu_knobs(w, w.rows as u32);
                 Dense::GemvCpu(tpr, rr)
@@ -604,8 +596,7 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
     let gpu = rec.gpu();
     let dev = Dev::of(gpu);
     let pick = |r: u32, xv: View| Dense::pick(r, xv, w, dev, dot_blocks(gpu, xv, w));
-    let gemm = rows >= gemm_from_rows();
-    if rows > 1 && !gemm && !dev.cpu_gemvs && dot_passes(gpu, x, w, rows) {
+    if rows > 1 && !dev.cpu_gemvs && dot_passes(gpu, x, w, rows) {
         // A few rows over q4 (a speculative verification, a short chunk): a pass of the
         // integer-dot GEMV per row reads the weights once per row, but at a third of the
         // float GEMV's instructions per byte, which is what bounds that one at few rows.
@@ -615,7 +606,7 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
         }
         return;
     }
-    if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS && gemm_from_rows() > GEMV_MAX_ROWS {
+    if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS {
         // A few GEMV passes beat a GEMM whose tiles are mostly empty.
         let mut t = 0;
         while t < rows {
@@ -731,11 +722,7 @@ pub fn matmul_xq_add(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y:
 
 fn xq_gemv(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View, add: bool) -> bool {
     let rows = xq.rows;
-    if !((1..=GEMV_MAX_ROWS).contains(&rows)
-        && rows < gemm_from_rows()
-        && xq.serves(w)
-        && dot_applies(x, w))
-    {
+    if !((1..=GEMV_MAX_ROWS).contains(&rows) && xq.serves(w) && dot_applies(x, w)) {
         return false;
     }
     // No workgroup memory for x: MAXB 1.
@@ -885,7 +872,7 @@ pub fn matmul_experts_xq(
     y: View,
     rows: u32,
 ) {
-    let ok = rows <= GEMV_MAX_ROWS && rows < gemm_from_rows() && xq.serves(w);
+    let ok = rows <= GEMV_MAX_ROWS && xq.serves(w);
     experts_as(
         rec,
         x,
@@ -1293,7 +1280,7 @@ fn experts_as(
     // Rows multiplied per slot.
     let rpe = win.n;
     let slots = rows * topk;
-    let gemv = rows <= GEMV_MAX_ROWS && rows < gemm_from_rows();
+    let gemv = rows <= GEMV_MAX_ROWS;
     let gemv4 = gemv && gemv4_ok(2, x, w);
     // q8 / q4: integer dot products, 4 rows per lane (gemv_dot_experts); other 4-bit
     // weights: 4 rows per lane (gemv4q_experts), else RR rows.

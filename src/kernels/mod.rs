@@ -47,15 +47,15 @@ pub fn shaders() -> Vec<ShaderCode> {
     .concat()
 }
 
-/// Whether kernels on `gpu` take their CPU adapters' variants (`gemv_cpu`,
-/// `gemv_cpu_experts`, `gemvt_cpu`, `mla_cpu`, `rms_norm_cpu`, and a decode row's router as
+/// Whether kernels on `gpu` take their CPU adapters' variants (`gemv_cpu`, `gemv_cpu_experts`,
+/// `gemvt_cpu`, `mla_cpu`, `rms_norm_cpu`, `topk_cpu`, `route_cpu`, and a decode row's router as
 /// two dispatches rather than `route_gemv`): on CPU adapters (lavapipe), unless
-/// `SPARSA_CPU_KERNELS=0` (a measurement aid). A CPU adapter runs a storage load whose
-/// address may differ between invocations as a loop over its SIMD lanes (a bounds check, a
-/// scalar load and an insert per lane and component), and a workgroup barrier as a switch
-/// through every SIMD slice of the workgroup; these variants load each value once for more
-/// of its uses and do without barriers (BENCHMARKS.md, "lavapipe: kernels for CPU
-/// adapters"). [`with_cpu_kernels`] decides for a thread instead.
+/// `SPARSA_CPU_KERNELS=0` (a measurement aid). A CPU adapter runs a storage load whose address may
+/// differ between invocations as a loop over its SIMD lanes (a bounds check, a scalar load and an
+/// insert per lane and component), and a workgroup barrier as a switch through every SIMD slice of
+/// the workgroup; these variants load each value once for more of its uses and do without barriers
+/// (BENCHMARKS.md, "lavapipe: kernels for CPU adapters"). [`with_cpu_kernels`] decides for a thread
+/// instead.
 pub(crate) fn cpu_kernels(gpu: &crate::gpu::Gpu) -> bool {
     if let Some(forced) = FORCE_CPU_KERNELS.with(|f| f.get()) {
         return forced;

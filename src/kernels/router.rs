@@ -89,7 +89,8 @@ impl Routing {
 ///
 /// Ties between group scores also go to the lower group index. When `topk` exceeds the
 /// experts of the kept groups, the remaining picks are masked experts in index order.
-/// One workgroup per row; limits: `n_experts ≤ 1024`, `n_group ≤ 64`, `topk ≤ 256`.
+/// One workgroup per row (on CPU adapters one invocation, `route_cpu`); limits: `n_experts ≤
+/// 1024`, `n_group ≤ 64`, `topk ≤ 256`.
 pub fn route(
     rec: &mut Recorder,
     logits: View,
@@ -107,13 +108,36 @@ pub fn route(
     params.l_stride = logits.stride;
     params.rows = rows;
     let gpu = rec.gpu();
-    let p = gpu.pipeline(&ROUTER, "route", &[("N2", u(n2))]);
+    // CPU adapters: one invocation per row (`route_cpu`), CPU_WG rows a workgroup, where its
+    // loops stay within lavapipe's budget.
+    let (entry, groups) = if route_cpu_loops(r) <= super::CPU_LOOPS && super::cpu_kernels(gpu) {
+        ("route_cpu", rows.div_ceil(CPU_WG))
+    } else {
+        ("route", rows)
+    };
+    let p = gpu.pipeline(&ROUTER, entry, &[("N2", u(n2))]);
     rec.dispatch(
         &p,
         &params,
         &[logits.buf, bias, idx, weights],
-        gpu.grid(rows),
+        gpu.grid(groups),
     );
+}
+
+/// Invocations of a `route_cpu` workgroup (CPU_WG in router.wgsl).
+const CPU_WG: u32 = 8;
+
+/// Loop iterations of a `route_cpu` invocation: a pass over the experts per pick, the
+/// weights' pass and, with groups masked, every group's score for each group's rank.
+fn route_cpu_loops(r: &Routing) -> u32 {
+    let grouped = r.n_group > 1 && r.topk_group < r.n_group;
+    let gs = r.n_experts / r.n_group.max(1);
+    let groups = if grouped {
+        r.n_group * (r.n_group + 1) * (gs + 1)
+    } else {
+        0
+    };
+    r.topk * (r.n_experts + 2) + groups
 }
 
 /// The parameters every routing kernel shares, after checking the rule's limits, and N2
@@ -216,6 +240,7 @@ pub fn route_gemv(
 mod tests {
     use super::*;
     use crate::kernels::testutil::{assert_close, gpu, Placed, Rng};
+    use crate::kernels::with_cpu_kernels;
 
     fn sigmoid(x: f32) -> f32 {
         if x >= 0.0 {
@@ -299,21 +324,20 @@ mod tests {
         // Logit rows padded to a larger stride at an offset.
         let lb = Placed::new(g, logits, n_experts, (3, n_experts + 5), f32::NAN);
         let bbuf = g.buffer_from(bias, "bias").unwrap();
-        // Without and with the shared expert appended to each row's picks.
-        for extra in [None, Some(n_experts as u32)] {
+        // Without and with the shared expert appended to each row's picks, by both kinds of
+        // kernels.
+        let runs = [None, Some(n_experts as u32)]
+            .into_iter()
+            .flat_map(|e| [(e, false), (e, true)]);
+        for (extra, cpu) in runs {
             let stride = topk + extra.is_some() as usize;
             let ibuf = g.buffer((rows * stride * 4) as u64, "idx").unwrap();
             let wbuf = g.buffer((rows * stride * 4) as u64, "weights").unwrap();
             let mut rec = g.recorder();
-            route(
-                &mut rec,
-                lb.view(),
-                &bbuf,
-                rows as u32,
-                &r,
-                (&ibuf, &wbuf),
-                extra,
-            );
+            with_cpu_kernels(cpu, || {
+                let out = (&ibuf, &wbuf);
+                route(&mut rec, lb.view(), &bbuf, rows as u32, &r, out, extra)
+            });
             rec.finish().unwrap();
             let gi = g.read_u32(&ibuf, 0, rows * stride).unwrap();
             let gw = g.read_f32(&wbuf, 0, rows * stride).unwrap();
@@ -327,7 +351,7 @@ mod tests {
                 assert_eq!(
                     &gi[t * stride..(t + 1) * stride],
                     wi.as_slice(),
-                    "row {t}: experts (n_group {n_group}, topk_group {topk_group}, extra {extra:?})"
+                    "row {t}: experts (n_group {n_group}, topk_group {topk_group}, extra {extra:?}, CPU kernel {cpu})"
                 );
                 assert_close(
                     &gw[t * stride..(t + 1) * stride],
