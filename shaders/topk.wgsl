@@ -28,6 +28,28 @@ var<workgroup> scan: array<u32, 256>;
 var<workgroup> sel_bin: u32;
 var<workgroup> sel_below: u32;
 
+// Row t's selection: its valid keys (up to its position), its sequence's first cache row,
+// how many to take, where its slots and its scores start.
+struct RowSel {
+    valid: u32,
+    lo: u32,
+    k: u32,
+    ob: u32,
+    sb: u32,
+}
+
+fn row_sel(t: u32) -> RowSel {
+    let valid = min(row_pos(t) + 1u, P.n_keys);
+    return RowSel(valid, row_lo(t), min(P.topk, valid), t * P.topk, P.s_off + t * P.s_stride);
+}
+
+// Row r's positions first, first + step, .. below its valid keys, all taken (k = valid).
+fn select_every(r: RowSel, first: u32, step: u32) {
+    for (var i = first; i < r.valid; i = i + step) {
+        idx[r.ob + i] = r.lo + i;
+    }
+}
+
 @compute @workgroup_size(256)
 fn topk(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -38,18 +60,12 @@ fn topk(
     if (t >= P.rows) {
         return;
     }
-    let valid = min(row_pos(t) + 1u, P.n_keys);
-    let lo = row_lo(t);
-    let k = min(P.topk, valid);
-    let ob = t * P.topk;
-    let sb = P.s_off + t * P.s_stride;
+    let r = row_sel(t);
     if (lid == 0u) {
-        cnt[t] = k;
+        cnt[t] = r.k;
     }
-    if (k == valid) {
-        for (var i = lid; i < valid; i = i + WG) {
-            idx[ob + i] = lo + i;
-        }
+    if (r.k == r.valid) {
+        select_every(r, lid, WG);
         return;
     }
 
@@ -57,13 +73,13 @@ fn topk(
     // bits and `remaining` how many keys with that prefix still have to be taken.
     var prefix = 0u;
     var mask = 0u;
-    var remaining = k;
+    var remaining = r.k;
     for (var ps = 0u; ps < 4u; ps = ps + 1u) {
         let shift = 24u - 8u * ps;
         atomicStore(&hist[lid], 0u);
         workgroupBarrier();
-        for (var i = lid; i < valid; i = i + WG) {
-            let key = key_of(scores[sb + i]);
+        for (var i = lid; i < r.valid; i = i + WG) {
+            let key = key_of(scores[r.sb + i]);
             if ((key & mask) == prefix) {
                 atomicAdd(&hist[(key >> shift) & 255u], 1u);
             }
@@ -85,7 +101,7 @@ fn topk(
     }
 
     // Collection in position order: all keys > T, then the first `remaining` keys == T.
-    collect_range(lid, sb, 0u, valid, ob, prefix, remaining, 0u, 0u, lo);
+    collect_range(lid, r.sb, 0u, r.valid, r.ob, prefix, remaining, 0u, 0u, r.lo);
 }
 
 // Dense case: idx[t*topk + j] = lo + j for j <= pos, cnt[t] = pos + 1 (row t's lo and pos:
@@ -132,28 +148,22 @@ fn topk_cpu(
     if (t >= P.rows) {
         return;
     }
-    let valid = min(row_pos(t) + 1u, P.n_keys);
-    let lo = row_lo(t);
-    let k = min(P.topk, valid);
-    let ob = t * P.topk;
-    let sb = P.s_off + t * P.s_stride;
-    cnt[t] = k;
-    if (k == valid) {
-        for (var i = 0u; i < valid; i++) {
-            idx[ob + i] = lo + i;
-        }
+    let r = row_sel(t);
+    cnt[t] = r.k;
+    if (r.k == r.valid) {
+        select_every(r, 0u, 1u);
         return;
     }
     var prefix = 0u;
     var mask = 0u;
-    var remaining = k;
+    var remaining = r.k;
     for (var shift = 28i; shift >= 0i; shift -= 4i) {
         let sh = u32(shift);
         // Zeroed each pass (an explicit initializer: a loop-body declaration without one was
         // not re-zeroed on every translator).
         var c = array<u32, 16>();
-        for (var i = 0u; i < valid; i++) {
-            let key = key_of(scores[sb + i]);
+        for (var i = 0u; i < r.valid; i++) {
+            let key = key_of(scores[r.sb + i]);
             let on = (key & mask) == prefix;
             let digit = (key >> sh) & 15u;
             for (var v = 0u; v < 16u; v++) {
@@ -184,12 +194,12 @@ fn topk_cpu(
             break;
         }
     }
-    var w = ob;
+    var w = r.ob;
     var eqs = 0u;
-    for (var i = 0u; i < valid; i++) {
-        let top = key_of(scores[sb + i]) & mask;
+    for (var i = 0u; i < r.valid; i++) {
+        let top = key_of(scores[r.sb + i]) & mask;
         if (top > prefix || (top == prefix && eqs < remaining)) {
-            idx[w] = lo + i;
+            idx[w] = r.lo + i;
             w++;
         }
         eqs += select(0u, 1u, top == prefix);
