@@ -340,15 +340,13 @@ fn mla(
 // values, the query and the sums stay in registers, and there is no workgroup memory and no
 // barrier. Outputs as mla's: o_lat, or with several splits the split's partials for
 // mla_combine. Workgroups of CPU_WG invocations.
-const CPU_WG: u32 = 8u;
-
 @compute @workgroup_size(CPU_WG)
 fn mla_cpu(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let item = (wid.x + wid.y * nwg.x) * CPU_WG + lid;
+    let item = cpu_item(wid, nwg, lid);
     let split = item % P.splits;
     let head = (item / P.splits) % P.heads;
     let t = item / (P.splits * P.heads);

@@ -62,12 +62,10 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
-const CPU_WG: u32 = 8u;
-
 @compute @workgroup_size(CPU_WG)
 fn rms_norm_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-    let row = (wid.x + wid.y * nwg.x) * CPU_WG + lid;
+    let row = cpu_item(wid, nwg, lid);
     if (row >= P.rows) {
         return;
     }

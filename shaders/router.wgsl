@@ -33,8 +33,6 @@ fn route(
 // rank computed from the others' scores); the picks are found one after another, each the
 // best entry ranking after the previous pick in `before`'s order, so nothing is sorted or
 // stored per expert. Same rule, ties and outputs as `route`.
-const CPU_WG: u32 = 8u;
-
 // Expert e's choice key for the row whose logits start at lb (0 where its group is masked).
 fn choice_key(lb: u32, e: u32, keep: vec2<u32>) -> u32 {
     let g = e / (P.n_experts / P.n_group);
@@ -67,7 +65,7 @@ fn route_cpu(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let t = (wid.x + wid.y * nwg.x) * CPU_WG + lid;
+    let t = cpu_item(wid, nwg, lid);
     if (t >= P.rows) {
         return;
     }

@@ -136,15 +136,13 @@ fn select_all(
 // collection in position order: keys above the prefix found, and the first `remaining`
 // keys on it. The host keeps 9 reads of the row within llvmpipe's loop budget
 // (src/kernels/topk.rs, CPU_MAX_KEYS).
-const CPU_WG: u32 = 8u;
-
 @compute @workgroup_size(CPU_WG)
 fn topk_cpu(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let t = (wid.x + wid.y * nwg.x) * CPU_WG + lid;
+    let t = cpu_item(wid, nwg, lid);
     if (t >= P.rows) {
         return;
     }

@@ -10,7 +10,7 @@
 use super::cache::{CacheRows, LatentFormat};
 use super::rope::QueryRope;
 use super::topk::Selection;
-use super::{matmul, Recorder, View, CPU_LOOPS};
+use super::{matmul, Recorder, View, CPU_LOOPS, CPU_WG};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 use crate::knobs::knob;
@@ -152,6 +152,7 @@ const MLA: Shader<MlaParams> = Shader::new(
     concat!(
         include_str!("../../shaders/fp8.wgsl"),
         include_str!("../../shaders/rotary.wgsl"),
+        include_str!("../../shaders/cpu.wgsl"),
         include_str!("../../shaders/mla.wgsl")
     ),
 );
@@ -169,8 +170,6 @@ const MLA_MAX_SPLITS: u32 = 1024;
 
 /// Tile positions of `mla.wgsl` (its `PT`).
 const MLA_TILE: u32 = 64;
-/// Invocations of an `mla_cpu` workgroup (CPU_WG in mla.wgsl).
-const MLA_CPU_WG: u64 = 8;
 
 /// The positions per split for `mla_cpu` at `n_max` selected positions: about `n_max /
 /// splits`, fewer where an invocation would pass [`CPU_LOOPS`] (its loops run 1 +
@@ -405,7 +404,7 @@ pub fn sparse_mla(
         sparse_mla_gemm(rec, qs, cache, sel, block, o_lat, d, &sh);
         return;
     }
-    // CPU adapters: one invocation per (row, head, split), MLA_CPU_WG a workgroup, each
+    // CPU adapters: one invocation per (row, head, split), CPU_WG a workgroup, each
     // split short enough for lavapipe's loop limit (see CPU_LOOPS).
     let cpu_len = mla_cpu_split_len(n_max, kv_lora, sh.qd4, cpu_splits, nseg);
     let cpu = super::cpu_kernels(gpu) && cpu_len.is_some();
@@ -413,7 +412,7 @@ pub fn sparse_mla(
     let (splits, split_len, workgroups) = if let Some(len) = cpu_len.filter(|_| cpu) {
         let splits = n_max.div_ceil(len);
         let items = rows as u64 * heads as u64 * splits as u64;
-        (splits, len, items.div_ceil(MLA_CPU_WG))
+        (splits, len, items.div_ceil(CPU_WG as u64))
     } else {
         let groups = rows as u64 * hgroups as u64;
         let want =

@@ -70,6 +70,10 @@ pub(crate) fn cpu_kernels(gpu: &crate::gpu::Gpu) -> bool {
 /// keep each invocation to half of it.
 pub(crate) const CPU_LOOPS: u32 = 32_768;
 
+/// Invocations of a workgroup of the CPU adapters' kernels that take one invocation per item
+/// (`mla_cpu`, `rms_norm_cpu`, `topk_cpu`, `route_cpu`; CPU_WG in shaders/cpu.wgsl).
+pub(crate) const CPU_WG: u32 = 8;
+
 thread_local! {
     /// Set by [`with_cpu_kernels`]: what [`cpu_kernels`] answers on this thread.
     static FORCE_CPU_KERNELS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };

@@ -23,6 +23,7 @@ const NORM: Shader<Params> = Shader::new(
     concat!(
         include_str!("../../shaders/xquant.wgsl"),
         include_str!("../../shaders/reduce.wgsl"),
+        include_str!("../../shaders/cpu.wgsl"),
         include_str!("../../shaders/norm.wgsl")
     ),
 );
@@ -39,9 +40,6 @@ struct Rows<'a> {
     dim: u32,
     eps: f32,
 }
-
-/// Rows of an `rms_norm_cpu` workgroup (CPU_WG in norm.wgsl).
-const CPU_WG: u32 = 8;
 
 /// One workgroup per row (CPU adapters' rms_norm: one invocation); the weight `w` and
 /// (rms_norm_q) the quantized output `b` and its element order.
@@ -72,7 +70,7 @@ fn launch(
     let groups = if entry == "rms_norm_q" {
         rows * (dim / 32).div_ceil(32)
     } else if cpu {
-        rows.div_ceil(CPU_WG)
+        rows.div_ceil(super::CPU_WG)
     } else {
         rows
     };

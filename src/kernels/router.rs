@@ -31,6 +31,7 @@ const ROUTER: Shader<Params> = Shader::new(
     "router",
     concat!(
         include_str!("../../shaders/router_pick.wgsl"),
+        include_str!("../../shaders/cpu.wgsl"),
         include_str!("../../shaders/router.wgsl")
     ),
 );
@@ -111,7 +112,7 @@ pub fn route(
     // CPU adapters: one invocation per row (`route_cpu`), CPU_WG rows a workgroup, where its
     // loops stay within lavapipe's budget.
     let (entry, groups) = if route_cpu_loops(r) <= super::CPU_LOOPS && super::cpu_kernels(gpu) {
-        ("route_cpu", rows.div_ceil(CPU_WG))
+        ("route_cpu", rows.div_ceil(super::CPU_WG))
     } else {
         ("route", rows)
     };
@@ -123,9 +124,6 @@ pub fn route(
         gpu.grid(groups),
     );
 }
-
-/// Invocations of a `route_cpu` workgroup (CPU_WG in router.wgsl).
-const CPU_WG: u32 = 8;
 
 /// Loop iterations of a `route_cpu` invocation: a pass over the experts per pick, the
 /// weights' pass and, with groups masked, every group's score for each group's rank.

@@ -126,6 +126,7 @@ const TOPK: Shader<Params> = Shader::new(
     concat!(
         include_str!("../../shaders/places.wgsl"),
         include_str!("../../shaders/select.wgsl"),
+        include_str!("../../shaders/cpu.wgsl"),
         include_str!("../../shaders/topk.wgsl")
     ),
 );
@@ -217,8 +218,6 @@ fn topk_one_wg(rec: &mut Recorder, scores: View, chunk: Causal, sel: &Selection)
     );
 }
 
-/// Invocations of a `topk_cpu` workgroup (CPU_WG in topk.wgsl).
-const CPU_WG: u32 = 8;
 /// Longest rows `topk_cpu` takes: its invocation reads the row at most 9 times (8 digits and
 /// the collection), within [`super::CPU_LOOPS`].
 const CPU_MAX_KEYS: u32 = super::CPU_LOOPS / 9;
@@ -236,7 +235,7 @@ fn topk_cpu(rec: &mut Recorder, scores: View, chunk: Causal, sel: &Selection) {
         &p,
         &params,
         &[sel.idx, sel.cnt, places, scores.buf],
-        gpu.grid(chunk.rows.div_ceil(CPU_WG)),
+        gpu.grid(chunk.rows.div_ceil(super::CPU_WG)),
     );
 }
 
@@ -641,7 +640,7 @@ mod tests {
         // More workgroups than one grid dimension holds: every row must be processed, by
         // both kernels (the CPU adapters' takes CPU_WG rows a workgroup).
         for cpu in [false, true] {
-            let per_group = if cpu { CPU_WG } else { 1 };
+            let per_group = if cpu { crate::kernels::CPU_WG } else { 1 };
             with_cpu_kernels(cpu, || check_2d_grid(gpu().max_groups() * per_group + 100));
         }
     }

@@ -1,0 +1,8 @@
+// Shared by the CPU adapters' kernels with one invocation per item (mla_cpu, rms_norm_cpu,
+// topk_cpu, route_cpu; src/kernels/mod.rs, `cpu_kernels`, whose CPU_WG is this one): their
+// workgroup size, and an invocation's item over a grid of one or two dimensions.
+const CPU_WG: u32 = 8u;
+
+fn cpu_item(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return (wid.x + wid.y * nwg.x) * CPU_WG + lid;
+}
