@@ -127,7 +127,8 @@ const MATMUL_COOP: Shader<Params> = Shader::new(
         include_str!("../../shaders/weights.wgsl"),
         include_str!("../../shaders/fp8.wgsl"),
         include_str!("../../shaders/quant.wgsl"),
-        include_str!("../../shaders/matmul.wgsl")
+        include_str!("../../shaders/matmul.wgsl"),
+        include_str!("../../shaders/matmul_coop_rows.wgsl")
     ),
 );
 /// MATMUL_COOP reading x element by element (any x layout).
@@ -139,7 +140,8 @@ const MATMUL_COOP_X1: Shader<Params> = Shader::new(
         include_str!("../../shaders/weights.wgsl"),
         include_str!("../../shaders/fp8.wgsl"),
         include_str!("../../shaders/quant.wgsl"),
-        include_str!("../../shaders/matmul.wgsl")
+        include_str!("../../shaders/matmul.wgsl"),
+        include_str!("../../shaders/matmul_coop_rows.wgsl")
     ),
 );
 
@@ -288,6 +290,27 @@ fn coop_x_f16() -> u32 {
     knob!("SPARSA_COOP_X_F16", |v| v <= 1).unwrap_or(0)
 }
 
+/// The entries that multiply a few rows of x on tensor cores (matmul_coop_rows.wgsl).
+const COOP_ROWS_ENTRIES: [&str; 2] = ["gemv_coop_rows", "gemv_coop_experts_rows"];
+
+/// Most rows of x [`coop_rows`] takes (the tensor cores' 16-row products).
+const COOP_ROWS_MAX: u32 = 16;
+/// Weight rows (output columns) per workgroup of the [`coop_rows`] kernels (`RC`).
+const COOP_ROWS_COLS: u32 = 128;
+
+/// Whether `rows` rows of x, quantized for the integer-dot GEMVs (so over q4 weights the
+/// integer-dot GEMV takes), run on the tensor cores instead (`gemv_coop_rows`,
+/// `gemv_coop_experts_rows`): each weight decoded once and multiplied with all the rows in
+/// 16-row products, where the integer-dot kernels take every weight word against every row.
+/// Off by default until it has run on a device with tensor cores (written 2026-12-05, when
+/// none was lent: it compiles, its results and speed are unmeasured; the script that checks
+/// and times it is `benches/results/2026-12-05-h200-coop-rows/run1.sh`).
+/// `SPARSA_ROWS_COOP`: 1 at 2 rows and more, 2 also at one row (0, the default: never).
+fn coop_rows(gpu: &crate::gpu::Gpu, rows: u32) -> bool {
+    let mode = knob!("SPARSA_ROWS_COOP", |v| v <= 2).unwrap_or(0);
+    gpu.tensor_cores() && rows <= COOP_ROWS_MAX && (mode == 2 || (mode == 1 && rows > 1))
+}
+
 /// The entries that run the GEMM tile (`tile`): on tensor cores where the device has them.
 const TILE_ENTRIES: [&str; 5] = [
     "gemm",
@@ -302,7 +325,7 @@ const TILE_ENTRIES: [&str; 5] = [
 fn shader_of(entry: &str, tensor_cores: bool, x4: bool) -> &'static Shader<Params> {
     // The GEMMs take the tensor-core tile: dense `gemm`, the routed experts' `gemm_experts`
     // and the per-head `gemm_heads`.
-    if TILE_ENTRIES.contains(&entry) && tensor_cores {
+    if (TILE_ENTRIES.contains(&entry) || COOP_ROWS_ENTRIES.contains(&entry)) && tensor_cores {
         if x4 {
             &MATMUL_COOP
         } else {
@@ -317,8 +340,9 @@ fn shader_of(entry: &str, tensor_cores: bool, x4: bool) -> &'static Shader<Param
 
 /// The variants a device with tensor cores compiles instead of `v`, a GEMM compiled on a
 /// device without them (the tensor-core shaders, x in 16-byte loads and element loads, with
-/// the defines only they read); none for the other matmul variants. For the backend test,
-/// which translates those too.
+/// the defines only they read), and with a dense or routed GEMM the few-rows kernels of the
+/// same weights; none for the other matmul variants. For the backend test, which translates
+/// those too.
 pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
     let portable = shader_of(v.entry, false, false).code();
     if portable != v.shader || shader_of(v.entry, true, true).code() == portable {
@@ -334,14 +358,26 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
                 .ok()
         })
         .expect("a GEMM variant's defines name its W_DTYPE");
-    [true, false]
-        .map(|x4| ShaderVariant {
-            shader: shader_of(v.entry, true, x4).code(),
-            entry: v.entry,
-            defines: v.defines.clone()
-                + &crate::gpu::define_lines(&coop_only_defines(w_dtype, coop_gather(v.entry))),
+    // A device with tensor cores also runs the few-rows kernels where the integer-dot rows
+    // kernels ran (off by default, `coop_rows`): compiled here beside the GEMMs of the same
+    // weights, which every workload with a prefill runs.
+    let rows_entry = match v.entry {
+        "gemm" => Some("gemv_coop_rows"),
+        "gemm_experts" => Some("gemv_coop_experts_rows"),
+        _ => None,
+    };
+    [Some(v.entry), rows_entry]
+        .into_iter()
+        .flatten()
+        .flat_map(|entry| {
+            [true, false].map(|x4| ShaderVariant {
+                shader: shader_of(entry, true, x4).code(),
+                entry,
+                defines: v.defines.clone()
+                    + &crate::gpu::define_lines(&coop_only_defines(w_dtype, coop_gather(entry))),
+            })
         })
-        .to_vec()
+        .collect()
 }
 
 fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 11] {
@@ -387,6 +423,8 @@ enum Dense {
     GemvCpu(u32, u32),
     /// Square tiles of this size.
     Gemm(u32),
+    /// A few rows on tensor cores ([`coop_rows`]).
+    CoopRows,
 }
 
 /// Whether the 16-byte GEMV applies: weight rows of whole 16-byte words (quantized: K a
@@ -725,6 +763,11 @@ fn xq_gemv(rec: &mut Recorder, xq: &XQuant, x: View, w: &GpuWeight, y: View, add
     if !((1..=GEMV_MAX_ROWS).contains(&rows) && xq.serves(w) && dot_applies(x, w)) {
         return false;
     }
+    if coop_rows(rec.gpu(), rows) {
+        // Reads x itself.
+        matmul_as(rec, x, w, y, rows, Dense::CoopRows, None, add);
+        return true;
+    }
     // No workgroup memory for x: MAXB 1.
     let kind = Dense::GemvDot(dot_lanes(w, w.rows as u32, rec.gpu().adapter.is_cpu()), 1);
     matmul_as(rec, x, w, y, rows, kind, Some(xq), add);
@@ -791,6 +834,10 @@ fn matmul_as(
             pipeline(rec, "gemm", w, Knobs { x4, ..KNOBS })
         }
         Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
+        Dense::CoopRows => {
+            let x4 = x_in_quads(x, x.stride, w.cols as u32);
+            pipeline(rec, "gemv_coop_rows", w, Knobs { x4, ..KNOBS })
+        }
     };
     for c in &w.chunks {
         if c.rows == 0 {
@@ -816,6 +863,7 @@ fn matmul_as(
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(64) => rows.div_ceil(GEMM_TILE_ROWS) * n.div_ceil(tile_cols(rec, w.format)),
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
+            Dense::CoopRows => n.div_ceil(COOP_ROWS_COLS),
         };
         let grid = rec.gpu().grid(groups);
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
@@ -1298,7 +1346,10 @@ fn experts_as(
     let xq = xq.filter(|_| dot.is_some());
     // A few token rows with x quantized: one workgroup per (expert, row group) reads the
     // expert once for all its slots.
-    let grouped = xq.is_some() && rows > 1 && !direct;
+    let grouped = xq.is_some() && !direct && (rows > 1 || coop_rows(rec.gpu(), rows));
+    // ... on tensor cores where they serve (reading x itself).
+    let coop = grouped && coop_rows(rec.gpu(), rows);
+    let xq = xq.filter(|_| !coop);
     let tpr4 = match dot {
         Some(_) => env_tpr().unwrap_or(tpr4),
         None => tpr4,
@@ -1311,6 +1362,9 @@ fn experts_as(
     };
     let pipe = if cpu_gemv {
         pipeline(rec, "gemv_cpu_experts", w, Knobs { tpr4, rr, ..KNOBS })
+    } else if coop {
+        let x4 = x_in_quads(x, x_row, w.cols as u32);
+        pipeline(rec, "gemv_coop_experts_rows", w, Knobs { x4, ..KNOBS })
     } else if grouped {
         pipeline(
             rec,
@@ -1378,6 +1432,8 @@ fn experts_as(
         };
         let groups = if cpu_gemv {
             slots * rpe.div_ceil(cpu_wg() / tpr4 * rr)
+        } else if coop {
+            (e1 - e0) * rpe.div_ceil(COOP_ROWS_COLS)
         } else if grouped {
             (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr)
         } else if gemv4 {
@@ -2271,7 +2327,12 @@ mod tests {
         for (f, shader) in formats.flat_map(|f| [(f, &MATMUL_COOP), (f, &MATMUL_COOP_X1)]) {
             // mla_values both ways: its weights staged K-major (SPARSA_COOP_GATHER=1) or not.
             let entries = TILE_ENTRIES.map(|e| (e, false));
-            for (entry, gather) in entries.into_iter().chain([("mla_values", true)]) {
+            let rows = COOP_ROWS_ENTRIES.map(|e| (e, false));
+            for (entry, gather) in entries
+                .into_iter()
+                .chain(rows)
+                .chain([("mla_values", true)])
+            {
                 let src = crate::gpu::shader_source(
                     "",
                     <Params as crate::gpu::KernelParams>::WGSL,
@@ -2289,7 +2350,7 @@ mod tests {
                 );
                 let bindings: Vec<u32> = c.layout.iter().map(|e| e.binding).collect();
                 // The MLA GEMMs take the positions and counts at 4 and 5.
-                let want: &[u32] = if ["gemm", "gemm_heads"].contains(&entry) {
+                let want: &[u32] = if ["gemm", "gemm_heads", "gemv_coop_rows"].contains(&entry) {
                     &[0, 1, 2, 3, 4]
                 } else {
                     &[0, 1, 2, 3, 4, 5]
