@@ -2,9 +2,11 @@
 // the host's rule (`generate::argmax`, as torch.argmax): the lowest index among equal maxima,
 // NaN never chosen unless every value is NaN (then 0), -0 equal to +0.
 //
-// Two passes. `argmax_part`: workgroup g reduces its slice of the row to (key, index) in
-// part[2g], part[2g + 1]. `argmax_final` (one workgroup) reduces the P.parts pairs and writes
-// the winning index to io[P.out_off], where the next step's embedding reads its token.
+// Two passes over P.rows rows (x_stride apart; a batched step picks all its rows at once).
+// `argmax_part`: workgroup (g, r) reduces its slice of row r to (key, index) in
+// part[2(r · parts + g)] and the word after. `argmax_final` (one workgroup per row) reduces
+// row r's P.parts pairs and writes the winning index to io[P.out_off + r], where the next
+// step's embedding reads its token.
 // order_key and wins come from sample_key.wgsl.
 // Bindings: 1 = part (u32 pairs), 2 = io: the row as f32 bits (argmax_part) or the output
 // ids (argmax_final). One binding for both keeps each pass's bind group to two buffers.
@@ -38,13 +40,15 @@ fn reduce(lid: u32, k: u32, i: u32) {
 fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
     let g = wid.x;
+    let r = wid.y;
     let start = g * P.per_part;
     let end = min(start + P.per_part, P.n);
+    let x0 = P.x_off + r * P.x_stride;
     // An empty slice keeps (0, 0xffffffff), which loses to every real element.
     var bk = 0u;
     var bi = 0xffffffffu;
     for (var i = start + lid; i < end; i = i + WG) {
-        let k = order_key(io[P.x_off + i]);
+        let k = order_key(io[x0 + i]);
         if (wins(k, i, bk, bi)) {
             bk = k;
             bi = i;
@@ -52,18 +56,22 @@ fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>,
     }
     reduce(lid, bk, bi);
     if (lid == 0u) {
-        part[2u * g] = wkey[0];
-        part[2u * g + 1u] = widx[0];
+        let at = 2u * (r * P.parts + g);
+        part[at] = wkey[0];
+        part[at + 1u] = widx[0];
     }
 }
 
 @compute @workgroup_size(256)
-fn argmax_final(@builtin(local_invocation_index) lid: u32) {
+fn argmax_final(@builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let r = wid.x;
     var bk = 0u;
     var bi = 0xffffffffu;
     for (var g = lid; g < P.parts; g = g + WG) {
-        let k = part[2u * g];
-        let i = part[2u * g + 1u];
+        let at = 2u * (r * P.parts + g);
+        let k = part[at];
+        let i = part[at + 1u];
         if (wins(k, i, bk, bi)) {
             bk = k;
             bi = i;
@@ -71,6 +79,6 @@ fn argmax_final(@builtin(local_invocation_index) lid: u32) {
     }
     reduce(lid, bk, bi);
     if (lid == 0u) {
-        io[P.out_off] = widx[0];
+        io[P.out_off + r] = widx[0];
     }
 }

@@ -12,7 +12,7 @@
 use super::pick::Pick;
 use super::session::Session;
 use crate::error::{Error, Result};
-use crate::kernels::View;
+use crate::kernels::{sample, View};
 
 /// A session's part of a batched step: the pick slot its token goes to and how it is picked.
 pub struct BatchRow<'s, 'p> {
@@ -76,10 +76,22 @@ impl Session {
         }
         lead.layers(&mut rec, span)?;
         lead.head(&mut rec, t, t, None)?;
-        let logits = View::rows(&lead.s.logits, model.config.vocab_size as u32);
+        let vocab = model.config.vocab_size as u32;
+        let logits = View::rows(&lead.s.logits, vocab);
+        // Greedy rows all: picked in one pass into the lead's ids (row b's at b; the step
+        // has read its tokens), each then copied to its session's. Else row by row.
+        let greedy = n > 1 && rows.iter().all(|r| matches!(r.pick, Pick::Argmax));
+        if greedy {
+            let out = lead.s.next_token();
+            sample::argmax_rows(&mut rec, logits, t, vocab, out, &lead.s.sample);
+        }
         for (b, r) in rows.iter().enumerate() {
             let s = &r.session.s;
-            lead.record_pick(&mut rec, logits.row(b as u32), &r.pick, s.next_token())?;
+            if !greedy {
+                lead.record_pick(&mut rec, logits.row(b as u32), &r.pick, s.next_token())?;
+            } else if b > 0 {
+                rec.copy(&lead.s.ids, 4 * b as u64, &s.ids, 0, 4);
+            }
             rec.copy(&s.ids, 0, &s.picked[r.slot], 0, 4);
         }
         drop(rec);
