@@ -10,18 +10,20 @@
 // and the tensor cores take it against all rows at once (16 rows a product, those past the
 // real ones zero).
 //
-// Workgroup: RC = 128 weight rows (output columns) over the whole K, 8 subgroups of 32, each
-// 16 columns. A K-step of 64: every invocation loads one 16-byte word of q4 (32 weights of
-// column lid / 2) and one quad of x (row lid / 16, columns 4 (lid % 16) ..), and stages them
-// as f16 (x as hi and lo halves, the lo times LO_SCALE); each subgroup then runs 4 × 2
-// 16×16×16 products (x's hi and lo halves against its 16 columns). The next K-step's word and
-// quad are loaded before the products. Results match the f32 kernels to about f32 rounding.
+// Workgroup: RC weight rows (output columns; RC a define, 64 or 128) over the whole K, RC / 16
+// subgroups of 32, each 16 columns. A K-step of 64: every invocation loads one 16-byte word
+// of q4 (32 weights of column lid / 2) and 256 / (2 RC) quads of x (16 rows × 16 quads), and
+// stages them as f16 (x as hi and lo halves, the lo times LO_SCALE); each subgroup then runs
+// 4 × 2 16×16×16 products (x's hi and lo halves against its 16 columns). The next K-step's
+// words and quads are loaded before the products. Results match the f32 kernels to about f32
+// rounding.
 
-const RC: u32 = 128u;
+const RWG: u32 = 2u * RC;           // invocations
+const RXQ: u32 = 256u / RWG;        // x quads an invocation stages a K-step
 var<workgroup> Rxh: array<vec2<f16>, 16u * HP>;    // [16 x rows][HP pairs]
 var<workgroup> Rxl: array<vec2<f16>, 16u * HP>;
 var<workgroup> Rw: array<vec2<f16>, RC * HP>;      // [RC weight rows][HP pairs]: B column-major
-var<workgroup> Rc: array<f32, 8u * 256u>;          // each subgroup's 16 × 16 outputs, row-major
+var<workgroup> Rc: array<f32, RC / 16u * 256u>;    // each subgroup's 16 × 16 outputs, row-major
 var<workgroup> r_x: array<u32, 16>;                // x offset of each tile row (NONE: zeros)
 var<workgroup> r_y: array<u32, 16>;                // y offset of each tile row (NONE: not stored)
 var<workgroup> r_w: array<u32, RC>;                // word offset of each column's row (NONE: zeros)
@@ -30,14 +32,25 @@ var<workgroup> r_w: array<u32, RC>;                // word offset of each column
 var<workgroup> r_n: array<u32, 4>;
 
 // What one invocation stages for a K-step.
+// x quad i of invocation lid: tile row xq_row / 16, columns 4 (xq_row % 16) ..
+fn xq_at(lid: u32, i: u32) -> u32 {
+    return lid + RWG * i;
+}
+
 struct RowsStage {
     w: vec4<u32>,
     s: f32,
-    x: vec4<f32>,
+    x: array<vec4<f32>, RXQ>,
 }
 
 fn rows_load(lid: u32, k0: u32) -> RowsStage {
-    var st = RowsStage(vec4<u32>(0u), 0.0, xquad(r_x[lid / 16u], k0 + 4u * (lid % 16u)));
+    var st: RowsStage;
+    for (var i = 0u; i < RXQ; i++) {
+        let at = xq_at(lid, i);
+        st.x[i] = xquad(r_x[at / 16u], k0 + 4u * (at % 16u));
+    }
+    st.w = vec4<u32>(0u);
+    st.s = 0.0;
     let wo = r_w[lid / 2u];
     let q = k0 / 32u + lid % 2u;
     if (wo != NONE && 32u * q < P.k) {
@@ -57,13 +70,17 @@ fn rows_store_stage(lid: u32, st: RowsStage) {
         Rw[at + 4u * j + 2u] = vec2<f16>(hi.xy);
         Rw[at + 4u * j + 3u] = vec2<f16>(hi.zw);
     }
-    let xa = (lid / 16u) * HP + 2u * (lid % 16u);
-    let h0 = hi_part(st.x.xy);
-    let h1 = hi_part(st.x.zw);
-    Rxh[xa] = vec2<f16>(h0);
-    Rxh[xa + 1u] = vec2<f16>(h1);
-    Rxl[xa] = vec2<f16>((st.x.xy - h0) * LO_SCALE);
-    Rxl[xa + 1u] = vec2<f16>((st.x.zw - h1) * LO_SCALE);
+    for (var i = 0u; i < RXQ; i++) {
+        let at = xq_at(lid, i);
+        let xa = (at / 16u) * HP + 2u * (at % 16u);
+        let v = st.x[i];
+        let h0 = hi_part(v.xy);
+        let h1 = hi_part(v.zw);
+        Rxh[xa] = vec2<f16>(h0);
+        Rxh[xa + 1u] = vec2<f16>(h1);
+        Rxl[xa] = vec2<f16>((v.xy - h0) * LO_SCALE);
+        Rxl[xa + 1u] = vec2<f16>((v.zw - h1) * LO_SCALE);
+    }
 }
 
 // The products of the tile rows in r_x with the columns in r_w, stored at r_y (+ the
@@ -125,7 +142,7 @@ fn rows_tile(lid: u32) {
 
 // y[t, n] (+)= Σ_k x[t, k] · W[n, k] for the P.rows ≤ 16 rows of x: workgroup g takes
 // weight rows RC g ...
-@compute @workgroup_size(256)
+@compute @workgroup_size(RWG)
 fn gemv_coop_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
     let n0 = (wid.x + wid.y * nwg.x) * RC;
@@ -142,7 +159,7 @@ fn gemv_coop_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 
 // Routed experts at a few token rows, grouped by expert: workgroup g takes RC rows of one
 // expert (P.e0 + g / blocks) for every slot routed to it, 16 slots a pass.
-@compute @workgroup_size(256)
+@compute @workgroup_size(RWG)
 fn gemv_coop_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;

@@ -236,12 +236,13 @@ fn coop_defines_with(f: WFormat, k: Knobs, gather: bool) -> Vec<(&'static str, S
 
 /// The defines only the tensor-core tile reads, for weights of `W_DTYPE` code `w_dtype`.
 /// `W_GATHER`: the weights are gathered rows read transposed (`mla_values`), staged K-major.
-fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 4] {
+fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 5] {
     [
         ("Q4_MODE", u(coop_q4_mode())),
         ("X_F16", u(coop_x_f16())),
         ("TN", u(coop_tile_cols(w_dtype))),
         ("W_GATHER", u(gather as u32)),
+        ("RC", u(coop_rows_cols())),
     ]
 }
 
@@ -295,8 +296,12 @@ const COOP_ROWS_ENTRIES: [&str; 2] = ["gemv_coop_rows", "gemv_coop_experts_rows"
 
 /// Most rows of x [`coop_rows`] takes (the tensor cores' 16-row products).
 const COOP_ROWS_MAX: u32 = 16;
-/// Weight rows (output columns) per workgroup of the [`coop_rows`] kernels (`RC`).
-const COOP_ROWS_COLS: u32 = 128;
+/// Weight rows (output columns) per workgroup of the [`coop_rows`] kernels (`RC`; twice as
+/// many invocations): 128, or 64 with `SPARSA_ROWS_COOP_COLS=64` (twice the workgroups for
+/// the small matrices; a measurement aid until the kernels have run on a device).
+fn coop_rows_cols() -> u32 {
+    knob!("SPARSA_ROWS_COOP_COLS", |v| v == 64 || v == 128).unwrap_or(128)
+}
 
 /// Whether `rows` rows of x, quantized for the integer-dot GEMVs (so over q4 weights the
 /// integer-dot GEMV takes), run on the tensor cores instead (`gemv_coop_rows`,
@@ -863,7 +868,7 @@ fn matmul_as(
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(64) => rows.div_ceil(GEMM_TILE_ROWS) * n.div_ceil(tile_cols(rec, w.format)),
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
-            Dense::CoopRows => n.div_ceil(COOP_ROWS_COLS),
+            Dense::CoopRows => n.div_ceil(coop_rows_cols()),
         };
         let grid = rec.gpu().grid(groups);
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
@@ -1433,7 +1438,7 @@ fn experts_as(
         let groups = if cpu_gemv {
             slots * rpe.div_ceil(cpu_wg() / tpr4 * rr)
         } else if coop {
-            (e1 - e0) * rpe.div_ceil(COOP_ROWS_COLS)
+            (e1 - e0) * rpe.div_ceil(coop_rows_cols())
         } else if grouped {
             (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr)
         } else if gemv4 {

@@ -17,10 +17,13 @@ done
 SPARSA_ROWS_COOP=1 timeout 100 /tmp/batchtest --test-threads=2 > $OUT/batch.txt 2>&1
 echo "batch tests (rc $?): $(grep 'test result' $OUT/batch.txt)"; grep -E "panicked" $OUT/batch.txt | head -3 | cut -c1-250
 echo "[$SECONDS s]"
-for v in 0 2; do
-  SPARSA_ROWS_COOP=$v SPARSA_GEMV_XQ=1 timeout 60 /tmp/gemv_shapes q4 20 1,2,4,8 > $OUT/shapes.$v.txt 2>&1
-  echo "== shapes, SPARSA_ROWS_COOP=$v (rc $?)"; grep -E "^q4x.: (all|q_b|o  |lm_head|shared gate|kv_a)" $OUT/shapes.$v.txt | cut -c1-120
+for v in "SPARSA_ROWS_COOP=0" "SPARSA_ROWS_COOP=2" "SPARSA_ROWS_COOP=2 SPARSA_ROWS_COOP_COLS=64"; do
+  f=${v// /.}
+  env $v SPARSA_GEMV_XQ=1 timeout 60 /tmp/gemv_shapes q4 20 1,2,4,8 > $OUT/shapes.$f.txt 2>&1
+  echo "== shapes, $v (rc $?)"; grep -E "^q4x.: (all|q_b|o  |lm_head|shared gate|kv_a)" $OUT/shapes.$f.txt | cut -c1-120
 done
+SPARSA_ROWS_COOP=1 SPARSA_ROWS_COOP_COLS=64 timeout 100 /tmp/libtest kernels::matmul --test-threads=4 > $OUT/matmul.1.64.txt 2>&1
+echo "matmul lib tests, SPARSA_ROWS_COOP=1 SPARSA_ROWS_COOP_COLS=64 (rc $?): $(grep 'test result' $OUT/matmul.1.64.txt)"
 echo "[$SECONDS s]"
 SPARSA_ROWS_COOP=2 timeout 150 /tmp/golden --test-threads=2 --nocapture --skip quantize > $OUT/goldens.2.txt 2>&1
 echo "goldens, SPARSA_ROWS_COOP=2 (rc $?): $(grep 'test result' $OUT/goldens.2.txt)"
