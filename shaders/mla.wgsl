@@ -335,28 +335,38 @@ fn mla(
 
 // mla_cpu: mla for CPU adapters (lavapipe, where a load whose address differs between
 // invocations is a loop over the SIMD lanes and a barrier a switch through every SIMD slice
-// of the workgroup). One invocation per (row t, head, split) walks its split's positions in
-// one pass with an online softmax: each selected row is read once for its logit and its
-// values, the query and the sums stay in registers, and there is no workgroup memory and no
-// barrier. Outputs as mla's: o_lat, or with several splits the split's partials for
-// mla_combine. Workgroups of CPU_WG invocations.
+// of the workgroup). One workgroup of CPU_WG invocations per (row t, split, CPU_WG heads),
+// an invocation per head, walking the split's positions with an online softmax: the query
+// and the sums stay in registers. The workgroup stages CPU_WG selected rows at a time in
+// workgroup memory, one row an invocation, and every head reads them from there: each row
+// is loaded from the cache once, not once per head. Outputs as mla's: o_lat, or with
+// several splits the split's partials for mla_combine.
+var<workgroup> crow: array<vec4<f32>, CPU_WG * QD4>;
+var<workgroup> cpos: array<u32, CPU_WG>;
+
 @compute @workgroup_size(CPU_WG)
 fn mla_cpu(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let item = cpu_item(wid, nwg, lid);
-    let split = item % P.splits;
-    let head = (item / P.splits) % P.heads;
-    let t = item / (P.splits * P.heads);
+    // Row and split are the workgroup's (uniform: barriers follow).
+    let g = wid.x + wid.y * nwg.x;
+    let hgs = (P.heads + CPU_WG - 1u) / CPU_WG;
+    let t = g / (P.splits * hgs);
+    let split = (g / hgs) % P.splits;
+    let head = (g % hgs) * CPU_WG + lid;
     if (t >= P.rows) {
         return;
     }
+    let live = head < P.heads;
     var q: array<vec4<f32>, QD4>;
     for (var d4 = 0u; d4 < QD4; d4++) {
         let d = d4 * 4u;
-        q[d4] = vec4<f32>(query(t, head, d), query(t, head, d + 1u), query(t, head, d + 2u), query(t, head, d + 3u));
+        q[d4] = vec4<f32>(0.0);
+        if (live) {
+            q[d4] = vec4<f32>(query(t, head, d), query(t, head, d + 1u), query(t, head, d + 2u), query(t, head, d + 3u));
+        }
     }
     let kv4 = P.kv_lora / 4u;
     var acc: array<vec4<f32>, QD4>;
@@ -365,29 +375,53 @@ fn mla_cpu(
     }
     var m = NEG_BIG;
     var l = 0.0;
-    let n = min(cnt[t], P.topk);
+    if (lid == 0u) {
+        n_sh = min(cnt[t], P.topk);
+    }
+    let n = workgroupUniformLoad(&n_sh);
     let j_end = min(n, (split + 1u) * P.split_len);
-    var r: array<vec4<f32>, QD4>;
-    for (var j = split * P.split_len; j < j_end; j++) {
-        let pos = idx[t * P.topk + j];
-        if (pos < P.seg_lo || pos - P.seg_lo >= P.seg_n) {
-            continue;
+    for (var j0 = split * P.split_len; j0 < j_end; j0 += CPU_WG) {
+        // Invocation lid stages position j0 + lid (ABSENT: past the split or the segment).
+        let j = j0 + lid;
+        var pos = ABSENT;
+        if (j < j_end) {
+            let p = idx[t * P.topk + j];
+            if (p >= P.seg_lo && p - P.seg_lo < P.seg_n) {
+                pos = p;
+            }
         }
-        let base = P.c_off + (pos - P.seg_lo) * P.c_stride;
-        var dotv = vec4<f32>(0.0);
-        for (var d4 = 0u; d4 < QD4; d4++) {
-            r[d4] = row4(base, d4 * 4u);
-            dotv += q[d4] * r[d4];
+        cpos[lid] = pos;
+        if (pos != ABSENT) {
+            let base = P.c_off + (pos - P.seg_lo) * P.c_stride;
+            for (var d4 = 0u; d4 < QD4; d4++) {
+                crow[lid * QD4 + d4] = row4(base, d4 * 4u);
+            }
         }
-        let s = (dotv.x + dotv.y + dotv.z + dotv.w) * P.scale;
-        let mn = max(m, s);
-        let c = exp(m - mn);
-        let p = exp(s - mn);
-        l = l * c + p;
-        m = mn;
-        for (var i = 0u; i < kv4; i++) {
-            acc[i] = acc[i] * c + p * r[i];
+        workgroupBarrier();
+        let staged = min(CPU_WG, j_end - j0);
+        for (var i = 0u; i < staged; i++) {
+            if (cpos[i] == ABSENT) {
+                continue;
+            }
+            let rb = i * QD4;
+            var dotv = vec4<f32>(0.0);
+            for (var d4 = 0u; d4 < QD4; d4++) {
+                dotv += q[d4] * crow[rb + d4];
+            }
+            let s = (dotv.x + dotv.y + dotv.z + dotv.w) * P.scale;
+            let mn = max(m, s);
+            let c = exp(m - mn);
+            let p = exp(s - mn);
+            l = l * c + p;
+            m = mn;
+            for (var d4 = 0u; d4 < kv4; d4++) {
+                acc[d4] = acc[d4] * c + p * crow[rb + d4];
+            }
         }
+        workgroupBarrier();
+    }
+    if (!live) {
+        return;
     }
     // One split: o_lat, normalized. Several: the split's partials, [acc (kv_lora) | m | l] at
     // part[(t, head, split)].

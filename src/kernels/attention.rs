@@ -411,8 +411,9 @@ pub fn sparse_mla(
     // The splits, their length and the workgroups of a segment's dispatch.
     let (splits, split_len, workgroups) = if let Some(len) = cpu_len.filter(|_| cpu) {
         let splits = n_max.div_ceil(len);
-        let items = rows as u64 * heads as u64 * splits as u64;
-        (splits, len, items.div_ceil(CPU_WG as u64))
+        // A workgroup per (row, split, CPU_WG heads).
+        let groups = rows as u64 * splits as u64 * heads.div_ceil(CPU_WG) as u64;
+        (splits, len, groups)
     } else {
         let groups = rows as u64 * hgroups as u64;
         let want =
