@@ -167,3 +167,100 @@ fn scores(
         }
     }
 }
+
+// scores_cpu: scores for CPU adapters (lavapipe, where a load whose address differs between
+// invocations is a loop over the SIMD lanes and a barrier a switch through every SIMD slice
+// of the workgroup). One workgroup of CPU_WG invocations per (query row, block of KT keys),
+// as `scores`: the row's queries (rotated as `scores` rotates them) and head weights are
+// staged in workgroup memory once, one barrier; then invocation lid takes keys lid,
+// lid + CPU_WG, ... of the block, each staged in the invocation's own row of workgroup
+// memory, dotted with every head's query, ReLU, weighted and summed, with no reduction
+// across invocations. Defines: QD4 = ceil(dim / 4).
+var<workgroup> cq: array<vec4<f32>, HEADS * QD4>;  // [head][dim / 4], zeros past dim
+var<workgroup> cw: array<f32, HEADS>;
+var<workgroup> ck: array<vec4<f32>, CPU_WG * QD4>;  // [invocation][dim / 4]
+var<workgroup> c_last: u32;
+var<workgroup> c_lo: u32;
+
+@compute @workgroup_size(CPU_WG)
+fn scores_cpu(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if (g >= P.rows * P.key_blocks) {
+        return;
+    }
+    let t = g / P.key_blocks;
+    let s0 = (P.blk0 + g % P.key_blocks) * KT;
+    if (lid == 0u) {
+        c_last = row_pos(t);
+        c_lo = row_lo(t);
+    }
+    let last = workgroupUniformLoad(&c_last);
+    let lo = workgroupUniformLoad(&c_lo);
+    if (s0 > last) {
+        // Whole block in the causal future.
+        for (var s = s0 + lid; s < min(s0 + KT, P.n_keys); s += CPU_WG) {
+            out[P.o_off + t * P.o_stride + s] = NEG_INF_BITS;
+        }
+        return;
+    }
+    let qbase = P.q_off + t * P.q_stride;
+    for (var i = lid; i < HEADS * QD4; i += CPU_WG) {
+        let hb = qbase + (i / QD4) * P.dim;
+        var v = vec4<f32>(0.0);
+        for (var e = 0u; e < 4u; e++) {
+            let j = 4u * (i % QD4) + e;
+            if (j < P.dim) {
+                v[e] = q[hb + j];
+                if (P.rope != 0u && j < 2u * P.rot_half) {
+                    let pr = rotary_partner(j, P.rot_half, P.rope == 2u);
+                    let ci = (t * P.rot_half + pr.x) * 2u;
+                    v[e] = rotary_one(v[e], q[hb + pr.y], cs[ci], cs[ci + 1u], pr.z == 1u);
+                }
+            }
+        }
+        cq[i] = v;
+    }
+    for (var h = lid; h < HEADS; h += CPU_WG) {
+        cw[h] = w[P.w_off + t * P.w_stride + h] * P.w_scale;
+    }
+    workgroupBarrier();
+    let kr = lid * QD4;
+    for (var key = lid; key < KT; key += CPU_WG) {
+        let s = s0 + key;
+        if (s >= P.n_keys) {
+            break;
+        }
+        let o = P.o_off + t * P.o_stride + s;
+        if (s > last) {
+            out[o] = NEG_INF_BITS;
+            continue;
+        }
+        let kb = P.k_off + (lo + s - P.seg_lo) * P.k_stride;
+        var ks = 0.0;
+        if (KFMT == 2u) {
+            ks = bitcast<f32>(keys[kb + P.dim / 4u]);
+        }
+        for (var d4 = 0u; d4 < QD4; d4++) {
+            var v = vec4<f32>(0.0);
+            for (var e = 0u; e < 4u; e++) {
+                if (4u * d4 + e < P.dim) {
+                    v[e] = key_at(kb, 4u * d4 + e, ks);
+                }
+            }
+            ck[kr + d4] = v;
+        }
+        var total = 0.0;
+        for (var h = 0u; h < HEADS; h++) {
+            var dv = vec4<f32>(0.0);
+            for (var d4 = 0u; d4 < QD4; d4++) {
+                dv += cq[h * QD4 + d4] * ck[kr + d4];
+            }
+            total += cw[h] * max(dv.x + dv.y + dv.z + dv.w, 0.0);
+        }
+        out[o] = bitcast<u32>(total * P.scale);
+    }
+}

@@ -1,7 +1,7 @@
 //! Lightning-indexer scores in f32 (`shaders/indexer.wgsl`).
 use super::cache::{CacheRows, KeyFormat};
 use super::rope::QueryRope;
-use super::{Causal, Recorder, View};
+use super::{Causal, Recorder, View, CPU_LOOPS, CPU_WG};
 use crate::config::Config;
 use crate::gpu::{kernel_params, u, Shader, ShaderCode};
 
@@ -44,6 +44,7 @@ const INDEXER: Shader<Params> = Shader::new(
     concat!(
         include_str!("../../shaders/rotary.wgsl"),
         include_str!("../../shaders/places.wgsl"),
+        include_str!("../../shaders/cpu.wgsl"),
         include_str!("../../shaders/indexer.wgsl")
     ),
 );
@@ -140,14 +141,18 @@ pub fn indexer_scores(
     } else {
         16
     };
+    let qd4 = dim.div_ceil(4);
+    let cpu = super::cpu_kernels(gpu)
+        && cpu_scores_fit(heads, qd4, gpu.limits.max_compute_workgroup_storage_size);
     let p = gpu.pipeline(
         &INDEXER,
-        "scores",
+        if cpu { "scores_cpu" } else { "scores" },
         &[
             ("HEADS", u(heads)),
             ("HQ4", u(hq4)),
             ("DC", u(dc)),
             ("KFMT", u(keys.format as u32)),
+            ("QD4", u(if cpu { qd4 } else { 1 })),
         ],
     );
     let blocks = n_keys.div_ceil(KT);
@@ -213,6 +218,17 @@ pub fn indexer_scores(
         blk0 >= blocks,
         "indexer_scores: the key cache's segments hold fewer than {n_keys} positions"
     );
+}
+
+/// Whether `scores_cpu` (CPU adapters: one invocation per key, the queries staged once per
+/// workgroup) can take `heads` heads of `qd4` vec4s: its loops stay under [`CPU_LOOPS`] an
+/// invocation (per key: the key's staging and a dot per head; before them, the queries'
+/// share of the staging) and its workgroup memory (queries, weights, keys) under `wg_bytes`.
+fn cpu_scores_fit(heads: u32, qd4: u32, wg_bytes: u32) -> bool {
+    let per_key = qd4 + heads * (1 + qd4);
+    let loops = (KT / CPU_WG) * per_key + (heads * qd4).div_ceil(CPU_WG) + heads;
+    let bytes = 16 * (heads + CPU_WG) * qd4 + 4 * heads + 8;
+    loops <= CPU_LOOPS && bytes <= wg_bytes
 }
 
 #[cfg(test)]
@@ -420,7 +436,6 @@ mod tests {
             format: KeyFormat::F32,
             row_words: dim as u32,
         };
-        let ob = Placed::filled(g, rows, n_keys, (3, n_keys + 4), 7.5);
         let qwb = g.buffer_from(&qw, "qw").unwrap();
         let slice = rope.map(|(rot_dim, interleave)| RopeSlice {
             heads: heads as u32,
@@ -435,29 +450,36 @@ mod tests {
         if let Some(r) = &slice {
             rope_ref(&mut q_ref, rows, heads * dim, r, &cs);
         }
-        let mut rec = g.recorder();
-        indexer_scores(
-            &mut rec,
-            View::new(&qwb, qoff as u32, qs as u32),
-            View::new(&qwb, woff as u32, ws as u32),
-            &kb,
-            ob.view(),
-            c.causal(),
-            &IndexerDims {
-                heads: heads as u32,
-                dim: dim as u32,
-                w_scale,
-                scale,
-            },
-            slice.map(|slice| QueryRope {
-                slice,
-                cos_sin: &csb,
-            }),
-        );
-        rec.finish().unwrap();
-        let got = ob.read(g, "indexer_scores");
+        // The GPUs' kernel, then the CPU adapters' (each into a freshly filled output).
+        let mut got = Vec::new();
+        for cpu_kernels in [false, true] {
+            let ob = Placed::filled(g, rows, n_keys, (3, n_keys + 4), 7.5);
+            let mut rec = g.recorder();
+            crate::kernels::with_cpu_kernels(cpu_kernels, || {
+                indexer_scores(
+                    &mut rec,
+                    View::new(&qwb, qoff as u32, qs as u32),
+                    View::new(&qwb, woff as u32, ws as u32),
+                    &kb,
+                    ob.view(),
+                    c.causal(),
+                    &IndexerDims {
+                        heads: heads as u32,
+                        dim: dim as u32,
+                        w_scale,
+                        scale,
+                    },
+                    slice.map(|slice| QueryRope {
+                        slice,
+                        cos_sin: &csb,
+                    }),
+                )
+            });
+            rec.finish().unwrap();
+            got.extend(ob.read(g, "indexer_scores"));
+        }
         let want = cpu_scores(&q_ref, w, keys, c, w_scale, scale);
-        (got, want)
+        (got, want.repeat(2))
     }
 
     #[test]
