@@ -58,6 +58,22 @@ fn key_at(base: u32, d: u32, ks: f32) -> f32 {
     return bitcast<f32>(keys[base + d]);
 }
 
+// Workgroup g's query row and first key: (t, s0).
+fn row_block(g: u32) -> vec2<u32> {
+    return vec2<u32>(g / P.key_blocks, (P.blk0 + g % P.key_blocks) * KT);
+}
+
+// Element j of query head at `hb` (row t), rotated where P.rope says.
+fn query_elem(hb: u32, t: u32, j: u32) -> f32 {
+    var v = q[hb + j];
+    if (P.rope != 0u && j < 2u * P.rot_half) {
+        let pr = rotary_partner(j, P.rot_half, P.rope == 2u);
+        let ci = (t * P.rot_half + pr.x) * 2u;
+        v = rotary_one(v, q[hb + pr.y], cs[ci], cs[ci + 1u], pr.z == 1u);
+    }
+    return v;
+}
+
 @compute @workgroup_size(256)
 fn scores(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -68,8 +84,8 @@ fn scores(
     if (g >= P.rows * P.key_blocks) {
         return;
     }
-    let t = g / P.key_blocks;
-    let s0 = (P.blk0 + g % P.key_blocks) * KT;
+    let t = row_block(g).x;
+    let s0 = row_block(g).y;
     let last = row_pos(t);
     let lo = row_lo(t);
     if (s0 > last) {
@@ -94,14 +110,7 @@ fn scores(
             let d = i % DC;
             var v = 0.0;
             if (h < HEADS && d0 + d < P.dim) {
-                let hb = qbase + h * P.dim;
-                let j = d0 + d;
-                v = q[hb + j];
-                if (P.rope != 0u && j < 2u * P.rot_half) {
-                    let pr = rotary_partner(j, P.rot_half, P.rope == 2u);
-                    let ci = (t * P.rot_half + pr.x) * 2u;
-                    v = rotary_one(v, q[hb + pr.y], cs[ci], cs[ci + 1u], pr.z == 1u);
-                }
+                v = query_elem(qbase + h * P.dim, t, d0 + d);
             }
             qc[(d * NG * HPI + h) / 4u][h % 4u] = v;
         }
@@ -192,8 +201,8 @@ fn scores_cpu(
     if (g >= P.rows * P.key_blocks) {
         return;
     }
-    let t = g / P.key_blocks;
-    let s0 = (P.blk0 + g % P.key_blocks) * KT;
+    let t = row_block(g).x;
+    let s0 = row_block(g).y;
     if (lid == 0u) {
         c_last = row_pos(t);
         c_lo = row_lo(t);
@@ -214,12 +223,7 @@ fn scores_cpu(
         for (var e = 0u; e < 4u; e++) {
             let j = 4u * (i % QD4) + e;
             if (j < P.dim) {
-                v[e] = q[hb + j];
-                if (P.rope != 0u && j < 2u * P.rot_half) {
-                    let pr = rotary_partner(j, P.rot_half, P.rope == 2u);
-                    let ci = (t * P.rot_half + pr.x) * 2u;
-                    v[e] = rotary_one(v[e], q[hb + pr.y], cs[ci], cs[ci + 1u], pr.z == 1u);
-                }
+                v[e] = query_elem(hb, t, j);
             }
         }
         cq[i] = v;
