@@ -420,6 +420,9 @@ pub struct BenchReport {
     pub model: String,
     pub adapter: String,
     pub date: String,
+    /// The `SPARSA_*` environment variables set (`NAME=value`): the knobs the figures ran
+    /// under.
+    pub environment: Vec<String>,
     pub profile_clock: String,
     pub calibration: Option<Calibration>,
     pub prefill: Vec<PrefillResult>,
@@ -614,6 +617,7 @@ pub fn run(
         model: model.label.clone(),
         adapter: gpu.adapter.line(),
         date: today(),
+        environment: crate::knobs::environment(),
         profile_clock: gpu.profile_clock().describe().to_string(),
         calibration,
         prefill: Vec::new(),
@@ -852,8 +856,15 @@ pub fn format_report(r: &BenchReport) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "model:   {}\nadapter: {}\ndate:    {}",
-        r.model, r.adapter, r.date
+        "model:   {}\nadapter: {}\ndate:    {}\nknobs:   {}",
+        r.model,
+        r.adapter,
+        r.date,
+        if r.environment.is_empty() {
+            "none set".to_string()
+        } else {
+            r.environment.join(" ")
+        }
     );
     let _ = writeln!(o, "kernel times: {}", r.profile_clock);
     if let Some(c) = &r.calibration {

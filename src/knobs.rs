@@ -26,6 +26,17 @@ macro_rules! knob_on {
 
 pub(crate) use {knob, knob_on};
 
+/// The `SPARSA_*` environment variables of this process as `NAME=value`, sorted: the knobs
+/// (and the adapter filter) a benchmark's figures ran under, which its report records.
+pub fn environment() -> Vec<String> {
+    let mut v: Vec<String> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("SPARSA_"))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    v.sort();
+    v
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -211,6 +211,8 @@ fn devices_lists_an_adapter() {
 fn bench_json(name: &str, args: &[&str]) -> (String, serde_json::Value) {
     let json = tmpdir(name).join("bench.json");
     let out = bin()
+        // Recorded in the report (a knob no code reads).
+        .env("SPARSA_TEST_MARK", "3")
         .arg("bench")
         .args(args)
         .arg("--json")
@@ -245,6 +247,13 @@ fn bench_reports_dsa_dense_kernels_and_calibration() {
     );
     assert!(text.contains("decode at context 300 (dsa"), "{text}");
     assert!(text.contains("decode at context 300 (dense"), "{text}");
+    // The SPARSA_* variables the figures ran under, in the JSON and the text.
+    let env = r["environment"].as_array().unwrap();
+    assert!(env.iter().any(|v| v == "SPARSA_TEST_MARK=3"), "{env:?}");
+    assert!(
+        text.contains("knobs:") && text.contains("SPARSA_TEST_MARK=3"),
+        "{text}"
+    );
     let cal = &r["calibration"];
     assert!(cal["copy_bytes_per_s"].as_f64().unwrap() > 0.0, "{cal}");
     assert!(cal["fma_flops_per_s"].as_f64().unwrap() > 0.0, "{cal}");
