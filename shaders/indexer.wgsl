@@ -84,8 +84,9 @@ fn scores(
     if (g >= P.rows * P.key_blocks) {
         return;
     }
-    let t = row_block(g).x;
-    let s0 = row_block(g).y;
+    let tb = row_block(g);
+    let t = tb.x;
+    let s0 = tb.y;
     let last = row_pos(t);
     let lo = row_lo(t);
     if (s0 > last) {
@@ -201,8 +202,9 @@ fn scores_cpu(
     if (g >= P.rows * P.key_blocks) {
         return;
     }
-    let t = row_block(g).x;
-    let s0 = row_block(g).y;
+    let tb = row_block(g);
+    let t = tb.x;
+    let s0 = tb.y;
     if (lid == 0u) {
         c_last = row_pos(t);
         c_lo = row_lo(t);

@@ -450,30 +450,27 @@ fn block_quad_row(g: u32, lid: u32) -> vec2<u32> {
     return vec2<u32>(g / groups, (g % groups) * per + lid / TPR4 * 4u);
 }
 
-// Word offsets of the dense weight rows n0 .. n0 + 3 (4 rows per lane), NONE past P.n.
-fn dense_quad(n0: u32) -> vec4<u32> {
-    let rw = P.ws / EPV;
-    var wo = vec4<u32>(NONE);
-    for (var j = 0u; j < 4u; j++) {
-        if (n0 + j < P.n) {
-            wo[j] = (n0 + j) * rw;
-        }
-    }
-    return wo;
+// Word offset of dense weight row n, NONE past P.n.
+fn dense_word_row(n: u32) -> u32 {
+    return select(NONE, n * (P.ws / EPV), n < P.n);
 }
 
-// Word offsets in this chunk of expert e's rows n0 .. n0 + 3, NONE where a row is past the
-// expert or outside the chunk (a chunk boundary inside an expert).
+// Word offset in this chunk of expert e's row n, NONE where the row is past the expert or
+// outside the chunk (a chunk boundary inside an expert).
+fn expert_word_row(e: u32, n: u32) -> u32 {
+    let gr = expert_row(e, n);
+    let live = n < P.n && gr >= P.row0 && gr < P.row0 + P.crow;
+    return select(NONE, (gr - P.row0) * (P.ws / EPV), live);
+}
+
+// Word offsets of the dense weight rows n0 .. n0 + 3 (4 rows per lane), NONE past P.n.
+fn dense_quad(n0: u32) -> vec4<u32> {
+    return vec4<u32>(dense_word_row(n0), dense_word_row(n0 + 1u), dense_word_row(n0 + 2u), dense_word_row(n0 + 3u));
+}
+
+// Word offsets in this chunk of expert e's rows n0 .. n0 + 3 ([`expert_word_row`]).
 fn expert_quad(e: u32, n0: u32) -> vec4<u32> {
-    let rw = P.ws / EPV;
-    var wo = vec4<u32>(NONE);
-    for (var j = 0u; j < 4u; j++) {
-        let gr = expert_row(e, n0 + j);
-        if (n0 + j < P.n && gr >= P.row0 && gr < P.row0 + P.crow) {
-            wo[j] = (gr - P.row0) * rw;
-        }
-    }
-    return wo;
+    return vec4<u32>(expert_word_row(e, n0), expert_word_row(e, n0 + 1u), expert_word_row(e, n0 + 2u), expert_word_row(e, n0 + 3u));
 }
 
 // Writes (or, with P.accumulate, adds to: the residual add folded in) the rows that exist

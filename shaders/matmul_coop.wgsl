@@ -84,12 +84,31 @@ fn hi_part(v: vec2<f32>) -> vec2<f32> {
 // their tolerance by up to 4×).
 const LO_SCALE: f32 = 4096.0;
 
+// A pair of f32 values as f16 hi halves and lo halves times LO_SCALE.
+struct F16Split {
+    hi: vec2<f16>,
+    lo: vec2<f16>,
+}
+
+fn split_f16(v: vec2<f32>) -> F16Split {
+    let h = hi_part(v);
+    return F16Split(vec2<f16>(h), vec2<f16>((v - h) * LO_SCALE));
+}
+
+// The 8 weights of a 32-bit word of q4 nibbles times `scale`, as 4 f16 pairs (exact: see
+// Q4_MODE in kernels/matmul.rs).
+fn q4_pairs(word: u32, scale: f32) -> array<vec2<f16>, 4> {
+    let lo = q_nib_lo(word) * scale;
+    let hi = q_nib_hi(word) * scale;
+    return array<vec2<f16>, 4>(vec2<f16>(lo.xy), vec2<f16>(lo.zw), vec2<f16>(hi.xy), vec2<f16>(hi.zw));
+}
+
 // Two consecutive x values at pair `at` of the A tiles (hi and lo halves where X_LO).
 fn put_a(at: u32, v: vec2<f32>) {
     if (X_LO) {
-        let h = hi_part(v);
-        Ahi[at] = vec2<f16>(h);
-        Alo[at] = vec2<f16>((v - h) * LO_SCALE);
+        let s = split_f16(v);
+        Ahi[at] = s.hi;
+        Alo[at] = s.lo;
     } else {
         Ahi[at] = vec2<f16>(v);
     }
@@ -98,9 +117,9 @@ fn put_a(at: u32, v: vec2<f32>) {
 // Two consecutive weights at pair `at` of the B tiles (the lo half only where W_LO).
 fn put_b(at: u32, v: vec2<f32>) {
     if (W_LO) {
-        let h = hi_part(v);
-        Bhi[at] = vec2<f16>(h);
-        Blo[at] = vec2<f16>((v - h) * LO_SCALE);
+        let s = split_f16(v);
+        Bhi[at] = s.hi;
+        Blo[at] = s.lo;
     } else {
         Bhi[at] = vec2<f16>(v);
     }
@@ -214,12 +233,10 @@ fn store_b(lid: u32, row_at: u32, sb: StagedB, q4: bool) {
     for (var j = 0u; j < NPR; j++) {
         let at = row_at + 4u * (lid % 4u) + 16u * j;
         if (q4) {
-            let lo = q_nib_lo(sb.word[j]) * sb.scale[j];
-            let hi = q_nib_hi(sb.word[j]) * sb.scale[j];
-            Bhi[at] = vec2<f16>(lo.xy);
-            Bhi[at + 1u] = vec2<f16>(lo.zw);
-            Bhi[at + 2u] = vec2<f16>(hi.xy);
-            Bhi[at + 3u] = vec2<f16>(hi.zw);
+            let p = q4_pairs(sb.word[j], sb.scale[j]);
+            for (var i = 0u; i < 4u; i++) {
+                Bhi[at + i] = p[i];
+            }
         } else {
             for (var i = 0u; i < 4u; i++) {
                 put_b(at + i, sb.b[4u * j + i]);

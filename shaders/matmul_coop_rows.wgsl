@@ -63,23 +63,21 @@ fn rows_load(lid: u32, k0: u32) -> RowsStage {
 fn rows_store_stage(lid: u32, st: RowsStage) {
     let at = (lid / 2u) * HP + 16u * (lid % 2u);
     for (var j = 0u; j < 4u; j++) {
-        let lo = q_nib_lo(st.w[j]) * st.s;
-        let hi = q_nib_hi(st.w[j]) * st.s;
-        Rw[at + 4u * j] = vec2<f16>(lo.xy);
-        Rw[at + 4u * j + 1u] = vec2<f16>(lo.zw);
-        Rw[at + 4u * j + 2u] = vec2<f16>(hi.xy);
-        Rw[at + 4u * j + 3u] = vec2<f16>(hi.zw);
+        let p = q4_pairs(st.w[j], st.s);
+        for (var i = 0u; i < 4u; i++) {
+            Rw[at + 4u * j + i] = p[i];
+        }
     }
     for (var i = 0u; i < RXQ; i++) {
         let at = xq_at(lid, i);
         let xa = (at / 16u) * HP + 2u * (at % 16u);
         let v = st.x[i];
-        let h0 = hi_part(v.xy);
-        let h1 = hi_part(v.zw);
-        Rxh[xa] = vec2<f16>(h0);
-        Rxh[xa + 1u] = vec2<f16>(h1);
-        Rxl[xa] = vec2<f16>((v.xy - h0) * LO_SCALE);
-        Rxl[xa + 1u] = vec2<f16>((v.zw - h1) * LO_SCALE);
+        let a = split_f16(v.xy);
+        let b = split_f16(v.zw);
+        Rxh[xa] = a.hi;
+        Rxh[xa + 1u] = b.hi;
+        Rxl[xa] = a.lo;
+        Rxl[xa + 1u] = b.lo;
     }
 }
 
@@ -152,7 +150,7 @@ fn gemv_coop_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         r_y[lid] = select(NONE, P.y_off + lid * P.y_stride + n0, live);
     }
     if (lid < RC) {
-        r_w[lid] = select(NONE, (n0 + lid) * (P.ws / EPV), n0 + lid < P.n);
+        r_w[lid] = dense_word_row(n0 + lid);
     }
     rows_tile(lid);
 }
@@ -167,10 +165,7 @@ fn gemv_coop_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     let e = P.e0 + g / blocks;
     let n0 = (g % blocks) * RC;
     if (lid < RC) {
-        let n = n0 + lid;
-        let gr = expert_row(e, n);
-        let live = n < P.n && gr >= P.row0 && gr < P.row0 + P.crow;
-        r_w[lid] = select(NONE, (gr - P.row0) * (P.ws / EPV), live);
+        r_w[lid] = expert_word_row(e, n0 + lid);
     }
     // Invocation 0 lists the next (up to 16) slots routed to e, from slot s on.
     var s = 0u;

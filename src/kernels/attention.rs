@@ -404,7 +404,7 @@ pub fn sparse_mla(
         sparse_mla_gemm(rec, qs, cache, sel, block, o_lat, d, &sh);
         return;
     }
-    // CPU adapters: one invocation per (row, head, split), CPU_WG a workgroup, each
+    // CPU adapters: a workgroup per (row, split, CPU_WG heads), an invocation per head, each
     // split short enough for lavapipe's loop limit (see CPU_LOOPS).
     let cpu_len = mla_cpu_split_len(n_max, kv_lora, sh.qd4, cpu_splits, nseg);
     let cpu = super::cpu_kernels(gpu) && cpu_len.is_some();

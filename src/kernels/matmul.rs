@@ -1351,9 +1351,10 @@ fn experts_as(
     let xq = xq.filter(|_| dot.is_some());
     // A few token rows with x quantized: one workgroup per (expert, row group) reads the
     // expert once for all its slots.
-    let grouped = xq.is_some() && !direct && (rows > 1 || coop_rows(rec.gpu(), rows));
+    let on_tensor_cores = coop_rows(rec.gpu(), rows);
+    let grouped = xq.is_some() && !direct && (rows > 1 || on_tensor_cores);
     // ... on tensor cores where they serve (reading x itself).
-    let coop = grouped && coop_rows(rec.gpu(), rows);
+    let coop = grouped && on_tensor_cores;
     let xq = xq.filter(|_| !coop);
     let tpr4 = match dot {
         Some(_) => env_tpr().unwrap_or(tpr4),

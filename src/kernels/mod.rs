@@ -63,15 +63,16 @@ pub(crate) fn cpu_kernels(gpu: &crate::gpu::Gpu) -> bool {
     gpu.adapter.is_cpu() && crate::knobs::knob_on!("SPARSA_CPU_KERNELS")
 }
 
-/// Loop iterations one invocation of a CPU adapter's kernel may run (`mla_cpu`, `topk_cpu`).
+/// Loop iterations one invocation of a CPU adapter's kernel may run (`mla_cpu`, `scores_cpu`,
+/// `topk_cpu`, `route_cpu`).
 /// llvmpipe (lavapipe) counts every loop iteration of an invocation against one limit of
 /// 65,535 and past it leaves each loop at once, which would silently drop work (a
 /// 2,000-position split of a 310-wide query did in `mla_cpu`'s tests); the kernels' hosts
 /// keep each invocation to half of it.
 pub(crate) const CPU_LOOPS: u32 = 32_768;
 
-/// Invocations of a workgroup of the CPU adapters' kernels that take one invocation per item
-/// (`mla_cpu`, `rms_norm_cpu`, `topk_cpu`, `route_cpu`; CPU_WG in shaders/cpu.wgsl).
+/// Invocations of a workgroup of the CPU adapters' small-workgroup kernels (`mla_cpu`,
+/// `scores_cpu`, `rms_norm_cpu`, `topk_cpu`, `route_cpu`; CPU_WG in shaders/cpu.wgsl).
 pub(crate) const CPU_WG: u32 = 8;
 
 thread_local! {
