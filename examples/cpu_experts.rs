@@ -5,11 +5,16 @@
 //! (default), q8, fp8 or bf16; EXPERTS (default 16) experts of GLM-5's shape (hidden 6144,
 //! moe_intermediate 2048) with random weights; each round runs 8 of them on one token row,
 //! as a decode step's layer does, cycling through all so the reads come from RAM, not cache.
-//! RAYON_NUM_THREADS sets the threads. SPARSA_CE_BACKING says where the experts' bytes live:
+//! SPARSA_CE_THREADS sets the threads (default: the runtime's default),
+//! SPARSA_CE_SPIN_US how long idle threads spin before they sleep (default 5000, as the
+//! runtime's on a GPU), SPARSA_CE_PER_ROUND the experts a round runs (default 8) and
+//! SPARSA_CE_GAP_US a wait between rounds, the host polling meanwhile as it does for an
+//! offloaded layer's routing (default 0). SPARSA_CE_BACKING says where the experts' bytes live:
 //! `heap` (default, a Vec), `file` (written to a file in the temporary directory and
 //! memory-mapped, as the runtime reads a model's files: the page cache), `anon` (an anonymous
 //! mapping) or `thp` (an anonymous mapping advised to use transparent huge pages).
 use sparsa::experts::cpu::{run_experts, CpuExpert, CpuMatrix};
+use sparsa::experts::pool::Pool;
 use sparsa::weights::quant::{quantize_fp8, quantize_rows};
 use sparsa::weights::{DType, QFormat, WFormat};
 use std::time::Instant;
@@ -144,26 +149,46 @@ fn main() {
     let rows = [x.as_slice()];
     let mut out = vec![0f32; 8 * hidden];
     let mut scratch = Vec::new();
+    let env = |name: &str, default: u64| -> u64 {
+        std::env::var(name).map_or(default, |s| s.parse().expect("a number"))
+    };
+    let per = env("SPARSA_CE_PER_ROUND", 8) as usize;
+    let gap_us = env("SPARSA_CE_GAP_US", 0);
+    let threads = env(
+        "SPARSA_CE_THREADS",
+        sparsa::experts::default_cpu_threads() as u64,
+    ) as usize;
+    let spin = std::time::Duration::from_micros(env("SPARSA_CE_SPIN_US", 5000));
+    let pool = Pool::new(threads, spin).expect("the executor's threads");
     let round = |first: usize, out: &mut [f32], scratch: &mut Vec<f32>| {
-        let jobs: Vec<(CpuExpert, &[&[f32]])> = (0..8)
+        let jobs: Vec<(CpuExpert, &[&[f32]])> = (0..per)
             .map(|i| (list[(first + i) % experts], &rows[..]))
             .collect();
-        run_experts(&jobs, out, scratch);
+        run_experts(&pool, &jobs, out, scratch);
     };
     round(0, &mut out, &mut scratch);
     let t = Instant::now();
     let mut sum = 0f32;
+    let mut busy = 0f64;
     for r in 0..rounds {
-        round(8 * r, &mut out, &mut scratch);
+        if gap_us > 0 {
+            let g = Instant::now();
+            while g.elapsed().as_micros() < gap_us as u128 {
+                std::hint::spin_loop();
+            }
+            busy += g.elapsed().as_secs_f64();
+        }
+        round(per * r, &mut out, &mut scratch);
         sum += out.iter().sum::<f32>();
     }
-    let dt = t.elapsed().as_secs_f64();
-    let read = (rounds * 8 * bytes_per_expert) as f64;
+    let dt = t.elapsed().as_secs_f64() - busy;
+    let read = (rounds * per * bytes_per_expert) as f64;
     // RAM read rate on the same threads.
-    let ram = sparsa::experts::cpu::ram_read_bandwidth();
+    let ram = sparsa::experts::cpu::ram_read_bandwidth(&pool);
     println!(
-        "{format:?} ({backing}): {} threads, 8 experts of {:.1} MB per round: {:.2} ms per round, {:.1} GB/s; RAM read {:.1} GB/s; {:.0} % of it (checksum {:.3})",
-        rayon::current_num_threads(),
+        "{format:?} ({backing}): {} threads spinning {} us, {per} experts of {:.1} MB per round, {gap_us} us apart: {:.2} ms per round, {:.1} GB/s; RAM read {:.1} GB/s; {:.0} % of it (checksum {:.3})",
+        pool.threads(),
+        spin.as_micros(),
         bytes_per_expert as f64 / 1e6,
         dt / rounds as f64 * 1e3,
         read / dt / 1e9,

@@ -330,6 +330,9 @@ pub struct ExpertReport {
     /// bytes per second, and the time per token the CPU's expert reads need at it.
     pub ram_bytes_per_s: Option<f64>,
     pub ms_cpu_bound: Option<f64>,
+    /// The host's round trip through the GPU with no work in it, ms (median; see
+    /// [`round_trip_ms`]): the least an offloaded layer's routing wait can cost.
+    pub ms_empty_round_trip: f64,
     /// Hit rates other policies (and Belady's optimum) reach on the same routing, replayed
     /// with the same slots: (policy, hit rate).
     pub policies: Vec<(String, f64)>,
@@ -363,6 +366,29 @@ pub fn h2d_bandwidth(gpu: &Gpu) -> Result<f64> {
         }
     }
     Ok(total as f64 / best)
+}
+
+/// The host's round trip through the GPU with nothing to run, ms: a 4-byte copy staged in a
+/// submission of its own and read back as an offloaded layer's routing is
+/// ([`Gpu::read_staged`], polling on a GPU); the median of 64 after a warm-up. An offloaded
+/// layer's routing wait is this plus the GPU's work on the layer's attention and router.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn round_trip_ms(gpu: &Gpu) -> Result<f64> {
+    let buf = gpu.buffer(4, "round trip")?;
+    let mut t = Vec::with_capacity(64);
+    for i in 0..65 {
+        let t0 = Instant::now();
+        let mut rec = gpu.recorder();
+        let read = rec.stage_read(&[(&buf, 0, 4)]);
+        rec.flush();
+        gpu.read_staged(read)?;
+        rec.finish()?;
+        if i > 0 {
+            t.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
 }
 
 /// `copy_buffer_to_buffer` of 256 MiB from a mappable (MAP_WRITE, filled) buffer into a
@@ -783,6 +809,10 @@ pub fn run(
                     Some(ExpertReport {
                         ram_bytes_per_s: ram,
                         ms_cpu_bound: ram.map(|r| cpu_per_token / r * 1e3),
+                        #[cfg(not(target_arch = "wasm32"))]
+                        ms_empty_round_trip: round_trip_ms(gpu)?,
+                        #[cfg(target_arch = "wasm32")]
+                        ms_empty_round_trip: 0.0,
                         policy: o.policy.to_string(),
                         replay_zipf: o.replay_exponent(),
                         stats,
@@ -936,6 +966,13 @@ pub fn format_report(r: &BenchReport) -> String {
             }
             // Where a token's host time went (totals over the measured tokens).
             let per = |secs: f64| 1e3 * secs / st.tokens.max(1) as f64;
+            let readbacks = st.syncs as f64 / st.tokens.max(1) as f64;
+            let _ = writeln!(
+                o,
+                "  routing waits: {:.3} ms each ({readbacks:.1} a token); a round trip through the GPU with no work in it takes {:.3} ms (median of 64)",
+                per(st.wait_s) / readbacks.max(1.0),
+                x.ms_empty_round_trip,
+            );
             let (cpu, wait, up) = (per(st.cpu_s), per(st.wait_s), per(st.upload_s));
             let cpu_wait = per(st.cpu_wait_s);
             let _ = writeln!(

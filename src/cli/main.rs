@@ -232,7 +232,10 @@ pub(crate) struct ExpertArgs {
     /// 16 rows (prefill) upload. Only with --gpu-memory.
     #[arg(long, default_value = "auto", requires = "gpu_memory")]
     cpu_experts: sparsa::experts::CpuExperts,
-    /// Threads of the CPU expert executor, 1 to 1024 (default: one per logical CPU).
+    /// Threads of the CPU expert executor, 1 to 1024 (default: one per logical CPU but
+    /// one, which the host's thread keeps busy; all of them on machines of fewer than 4).
+    /// Idle, they poll for the next offloaded layer's work for 5 ms before they sleep (not
+    /// where the GPU is a CPU adapter).
     #[arg(long, requires = "gpu_memory", value_parser = clap::value_parser!(u16).range(1..=1024))]
     cpu_threads: Option<u16>,
 }

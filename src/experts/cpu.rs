@@ -3,7 +3,7 @@
 //! bf16, f16, FP8 block-scaled, q8, q4). Issue 22's executor: a hybrid run computes here the
 //! experts it did not make resident on the GPU instead of uploading them.
 //!
-//! A matrix product spreads its output rows over rayon's threads. A weight row is decoded
+//! A matrix product spreads its output rows over the threads of a [`Pool`]. A weight row is decoded
 //! block by block (a scale's block, or 256 elements of a float row) into f32 on the stack,
 //! and each block's dot product with x is taken in 8 independent sums, which the compiler
 //! vectorizes: with AVX2 and FMA where the CPU has them (checked at run time), NEON on
@@ -11,10 +11,12 @@
 //! allocated per row, and an expert's intermediates live in a scratch vector its caller
 //! keeps.
 
+use super::pool::Pool;
 use crate::error::{Error, Result};
 use crate::weights::quant::{e4m3_to_f32, FP8_BLOCK};
 use crate::weights::{QFormat, WFormat};
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 /// The most elements a decoded block holds (q4 / q8 blocks are 32 ..= 256, FP8's 128,
 /// float rows go 256 at a time).
@@ -154,8 +156,7 @@ impl<'a> CpuMatrix<'a> {
         false
     }
 
-    /// `y = W · x` (`y` has `n` elements, `x` has `k`), the rows spread over rayon's
-    /// threads in chunks as [`run_experts`] spreads them.
+    /// `y = W · x` (`y` has `n` elements, `x` has `k`), on the calling thread.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         self.matvec_on(Isa::here(), x, y)
     }
@@ -167,27 +168,28 @@ impl<'a> CpuMatrix<'a> {
             "CpuMatrix::matvec: short x or y"
         );
         let xs = [x];
-        let xq = quantized_rows(std::iter::once((self, &xs[..])));
+        let xq = quantized_rows(None, std::iter::once((self, &xs[..])));
         let xr: Vec<&XRow> = xq.get(x, self).into_iter().collect();
-        let chunk = chunk_rows(self.n, 1, rayon::current_num_threads());
-        y[..self.n]
-            .par_chunks_mut(chunk)
-            .enumerate()
-            .for_each(|(c, ys)| self.rows_on(isa, &xs, &xr, ys, c * chunk));
+        self.rows_on(isa, &xs, &xr, &mut y[..self.n], 0);
     }
 }
 
-/// This machine's RAM read rate, bytes per second, on the calling rayon pool's threads:
+/// This machine's RAM read rate, bytes per second, on `pool`'s threads:
 /// a 1 GiB buffer (larger than the caches) summed in 64 KiB pieces, best of three after a
 /// first pass that faults it in. What the executor's expert reads are measured against.
-pub fn ram_read_bandwidth() -> f64 {
+pub fn ram_read_bandwidth(pool: &Pool) -> f64 {
     let big: Vec<u64> = vec![1; 1 << 27];
+    let piece = 1 << 13;
     let mut best = 0f64;
     for pass in 0..4 {
+        let total = AtomicU64::new(0);
         let t = std::time::Instant::now();
-        let total: u64 = big.par_chunks(1 << 13).map(|c| c.iter().sum::<u64>()).sum();
+        pool.run(big.len() / piece, &|i| {
+            let s: u64 = big[i * piece..(i + 1) * piece].iter().sum();
+            total.fetch_add(s, Ordering::Relaxed);
+        });
         let rate = (8 * big.len()) as f64 / t.elapsed().as_secs_f64();
-        assert_eq!(total, big.len() as u64);
+        assert_eq!(total.load(Ordering::Relaxed), big.len() as u64);
         if pass > 0 {
             best = best.max(rate);
         }
@@ -894,7 +896,12 @@ impl<'a> CpuExpert<'a> {
 /// output). Each distinct x row is quantized once for the integer products, in parallel,
 /// and so is each activation row. `scratch` holds the activations; reused, it allocates
 /// only when a call needs more than any before.
-pub fn run_experts(jobs: &[(CpuExpert, &[&[f32]])], out: &mut [f32], scratch: &mut Vec<f32>) {
+pub fn run_experts(
+    pool: &Pool,
+    jobs: &[(CpuExpert, &[&[f32]])],
+    out: &mut [f32],
+    scratch: &mut Vec<f32>,
+) {
     let Some((first, _)) = jobs.first() else {
         return;
     };
@@ -918,9 +925,9 @@ pub fn run_experts(jobs: &[(CpuExpert, &[&[f32]])], out: &mut [f32], scratch: &m
         at.push(n);
         n += xs.len();
     }
-    let threads = rayon::current_num_threads();
+    let threads = pool.threads();
     // x rows quantized once per distinct row (decode: the experts of a token share one).
-    let xq = quantized_rows(jobs.iter().map(|(e, xs)| (&e.gate, *xs)));
+    let xq = quantized_rows(Some(pool), jobs.iter().map(|(e, xs)| (&e.gate, *xs)));
     let gate_up = |(j, n0, n1): (usize, usize, usize), act: SharedOut| {
         let (e, xs) = &jobs[j];
         let r = xs.len();
@@ -938,12 +945,12 @@ pub fn run_experts(jobs: &[(CpuExpert, &[&[f32]])], out: &mut [f32], scratch: &m
         }
     };
     let dst = SharedOut::of(act);
-    tasks(jobs, inter, threads)
-        .into_par_iter()
-        .for_each(|t| gate_up(t, dst));
+    let ts = tasks(jobs, inter, threads);
+    pool.run(ts.len(), &|t| gate_up(ts[t], dst));
     let act = &*act;
     let acts: Vec<&[f32]> = act.chunks_exact(inter).collect();
     let aq = quantized_rows(
+        Some(pool),
         jobs.iter()
             .zip(&at)
             .map(|((e, xs), &a)| (&e.down, &acts[a..a + xs.len()])),
@@ -964,9 +971,8 @@ pub fn run_experts(jobs: &[(CpuExpert, &[&[f32]])], out: &mut [f32], scratch: &m
     };
     let out = &mut out[..rows * hidden];
     let dst = SharedOut::of(out);
-    tasks(jobs, hidden, threads)
-        .into_par_iter()
-        .for_each(|t| down(t, dst));
+    let ts = tasks(jobs, hidden, threads);
+    pool.run(ts.len(), &|t| down(ts[t], dst));
 }
 
 /// The most values (rows × x rows) one task of [`run_experts`] computes into its stack.
@@ -1036,7 +1042,10 @@ fn is_q4(m: &CpuMatrix) -> bool {
     matches!(m.format, WFormat::Quant(QFormat::Q4 { .. }))
 }
 
+/// The distinct rows of `uses` that their matrices take quantized, each quantized once (on
+/// `pool`'s threads where given).
 fn quantized_rows<'a>(
+    pool: Option<&Pool>,
     uses: impl Iterator<Item = (&'a CpuMatrix<'a>, &'a [&'a [f32]])>,
 ) -> QuantizedRows<'a> {
     let mut want: Vec<(&[f32], bool, usize)> = Vec::new();
@@ -1054,10 +1063,20 @@ fn quantized_rows<'a>(
             }
         }
     }
+    let done: Vec<OnceLock<XRow>> = want.iter().map(|_| OnceLock::new()).collect();
+    let quantize = |i: usize| {
+        let (x, q4, k) = want[i];
+        let _ = done[i].set(XRow::new(&x[..k], q4));
+    };
+    match pool {
+        Some(p) => p.run(want.len(), &quantize),
+        None => (0..want.len()).for_each(quantize),
+    }
     QuantizedRows {
         rows: want
-            .into_par_iter()
-            .map(|(x, q4, k)| (x, q4, XRow::new(&x[..k], q4)))
+            .iter()
+            .zip(done)
+            .filter_map(|(&(x, q4, _), q)| Some((x, q4, q.into_inner()?)))
             .collect(),
     }
 }
@@ -1066,6 +1085,11 @@ fn quantized_rows<'a>(
 mod tests {
     use super::*;
     use crate::testutil::{assert_close, assert_close_plus, x_split_bound, Rng};
+
+    /// Three threads (two workers and the caller), sleeping when idle.
+    fn test_pool() -> Pool {
+        Pool::new(3, std::time::Duration::ZERO).unwrap()
+    }
     use crate::weights::quant::{dequantize_rows, quantize_fp8, quantize_rows};
     use crate::weights::DType;
 
@@ -1264,7 +1288,7 @@ mod tests {
             .unwrap();
             let x = rng.vec(hidden, 1.0);
             let mut out = vec![f32::NAN; hidden];
-            run_experts(&[(e, &[&x[..]])], &mut out, &mut Vec::new());
+            run_experts(&test_pool(), &[(e, &[&x[..]])], &mut out, &mut Vec::new());
             let want = expert_ref(&e, [&mats[0].2, &mats[1].2, &mats[2].2], &x);
             assert_close(&out, &want, 1e-4, 1e-4, &format!("expert {format:?}"));
         }
@@ -1313,7 +1337,7 @@ mod tests {
             ];
             let mut out = vec![f32::NAN; 6 * hidden];
             let mut scratch = Vec::new();
-            run_experts(&jobs, &mut out, &mut scratch);
+            run_experts(&test_pool(), &jobs, &mut out, &mut scratch);
             let owner = [0, 1, 1, 1, 2, 2];
             for (r, x) in xs.iter().enumerate() {
                 let m = &stores[owner[r]];

@@ -22,6 +22,8 @@
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cpu;
 pub mod policy;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod pool;
 
 pub use policy::{Policy, SlotTable, NONE};
 
@@ -361,10 +363,36 @@ pub struct Offload {
     /// The CPU executor's threads (`--cpu-threads`), its scratch (intermediates, outputs)
     /// and the measured rates that `Auto` decides by.
     #[cfg(not(target_arch = "wasm32"))]
-    pool: Option<rayon::ThreadPool>,
+    pool: Option<pool::Pool>,
     #[cfg(not(target_arch = "wasm32"))]
     scratch: Mutex<(Vec<f32>, Vec<f32>)>,
     rates: Mutex<Rates>,
+}
+
+/// The CPU executor's threads without `--cpu-threads`: one per logical CPU but one, which
+/// the host's thread keeps busy (it records the next layer while the CPU's part runs, and
+/// polls for the routing); all of them on machines of fewer than 4. A run's outputs do not
+/// depend on the count (each output row is one task's).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn default_cpu_threads() -> usize {
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n >= 4 {
+        n - 1
+    } else {
+        n
+    }
+}
+
+/// How long the executor's idle threads spin for the next job before they sleep: 5 ms on a
+/// GPU (a hybrid decode step's offloaded layers come about 1–3 ms apart, so the threads are
+/// awake for each; waking sleeping threads cost 0.3 ms a job on the development machine),
+/// none on a CPU adapter, whose threads need the cores. `SPARSA_CPU_SPIN_US` sets it (a
+/// measurement aid).
+#[cfg(not(target_arch = "wasm32"))]
+fn cpu_spin(cpu_adapter: bool) -> std::time::Duration {
+    let us = crate::knobs::knob!("SPARSA_CPU_SPIN_US", |v| v <= 1_000_000)
+        .unwrap_or(if cpu_adapter { 0 } else { 5000 });
+    std::time::Duration::from_micros(us as u64)
 }
 
 /// The host memory available now (`MemAvailable` of /proc/meminfo), where known.
@@ -442,7 +470,9 @@ impl Rates {
 }
 
 impl Offload {
-    /// `cpu_threads`: the CPU executor's threads (0: one per logical CPU).
+    /// `cpu_threads`: the CPU executor's threads (0: [`default_cpu_threads`]).
+    /// `cpu_adapter`: the GPU is a CPU adapter, whose threads need the cores: the executor's
+    /// idle threads sleep at once instead of spinning ([`cpu_spin`]).
     pub fn new(
         slots: Slots,
         policy: Policy,
@@ -450,6 +480,7 @@ impl Offload {
         files: WeightFiles,
         cpu: CpuExperts,
         cpu_threads: usize,
+        cpu_adapter: bool,
     ) -> Result<Offload> {
         let e = slots.n_experts;
         let layers = slots
@@ -467,7 +498,7 @@ impl Offload {
             })
             .collect();
         #[cfg(target_arch = "wasm32")]
-        let _ = cpu_threads;
+        let _ = (cpu_threads, cpu_adapter);
         Ok(Offload {
             slots,
             policy,
@@ -482,15 +513,17 @@ impl Offload {
             #[cfg(not(target_arch = "wasm32"))]
             pool: match cpu {
                 CpuExperts::Off => None,
-                _ => Some(
-                    rayon::ThreadPoolBuilder::new()
-                        .num_threads(cpu_threads)
-                        .thread_name(|i| format!("sparsa-experts-{i}"))
-                        .build()
-                        .map_err(|e| {
-                            Error::msg(format!("--cpu-threads {cpu_threads}: no thread pool: {e}"))
+                _ => {
+                    let threads = match cpu_threads {
+                        0 => default_cpu_threads(),
+                        n => n,
+                    };
+                    Some(
+                        pool::Pool::new(threads, cpu_spin(cpu_adapter)).map_err(|e| {
+                            Error::msg(format!("--cpu-threads {threads}: no threads: {e}"))
                         })?,
-                ),
+                    )
+                }
             },
             #[cfg(not(target_arch = "wasm32"))]
             scratch: Mutex::new(Default::default()),
@@ -729,10 +762,11 @@ impl Offload {
         let mut scratch = crate::gpu::lock(&self.scratch);
         let (mid, out) = &mut *scratch;
         out.resize(pair_of_row.len() * hidden, 0.0);
-        match &self.pool {
-            Some(pool) => pool.install(|| cpu::run_experts(&jobs, out, mid)),
-            None => cpu::run_experts(&jobs, out, mid),
-        }
+        let pool = self
+            .pool
+            .as_ref()
+            .ok_or_else(|| Error::msg(format!("layer {i}: CPU experts with --cpu-experts off")))?;
+        cpu::run_experts(pool, &jobs, out, mid);
         let secs = t0.elapsed().as_secs_f64();
         for (j, (&p, o)) in pair_of_row.iter().zip(out.chunks_exact(hidden)).enumerate() {
             if o.iter().any(|v| !v.is_finite()) && rows_of[j].iter().all(|v| v.is_finite()) {
@@ -833,9 +867,7 @@ impl Offload {
     /// where the CPU runs no experts.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn ram_bandwidth(&self) -> Option<f64> {
-        self.pool
-            .as_ref()
-            .map(|p| p.install(cpu::ram_read_bandwidth))
+        self.pool.as_ref().map(cpu::ram_read_bandwidth)
     }
 
     /// Expert `x` of a layer whose experts are in `source`, read in place from the mapped

@@ -69,13 +69,14 @@ impl Gpu {
         pollster::block_on(self.finish_read(r, self.spin_waits()))
     }
 
-    /// Whether [`Gpu::read_staged`] polls instead of sleeping until its data is there: on a
-    /// GPU, not on a CPU adapter, whose threads need the cores. On the H200, full-depth GLM-5
-    /// q4 hybrid decode: 70.1–70.6 ms a token waiting for the offloaded layers' routing
-    /// against 75.0–75.3 sleeping (BENCHMARKS.md, "Hybrid decode: the CPU's part overlapped").
+    /// Whether the host polls instead of sleeping for the short waits in the middle of a
+    /// step ([`Gpu::read_staged`], a hybrid round's CPU part): on a GPU, not on a CPU
+    /// adapter, whose threads need the cores. On the H200, full-depth GLM-5 q4 hybrid
+    /// decode: 70.1–70.6 ms a token waiting for the offloaded layers' routing against
+    /// 75.0–75.3 sleeping (BENCHMARKS.md, "Hybrid decode: the CPU's part overlapped").
     /// `SPARSA_SPIN_WAIT=0` never polls; `=1` polls in every read-back (measurement aids).
     #[cfg(not(target_arch = "wasm32"))]
-    fn spin_waits(&self) -> bool {
+    pub fn spin_waits(&self) -> bool {
         crate::knobs::knob!("SPARSA_SPIN_WAIT", |v| v <= 1).unwrap_or(1) == 1
             && !self.adapter.is_cpu()
     }

@@ -176,6 +176,7 @@ impl Model {
                 files.clone(),
                 b.cpu,
                 b.cpu_threads,
+                gpu.adapter.is_cpu(),
             )?),
             _ => None,
         };

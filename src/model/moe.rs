@@ -299,9 +299,10 @@ impl Session {
             // The receiver may be gone (the step failed before it waited): nothing to do.
             let _ = tx.send(got);
         });
+        let spin = model.gpu.spin_waits();
         rec.before_submit(move || {
             let t0 = std::time::Instant::now();
-            let got = rx.recv();
+            let got = recv_polling(&rx, spin);
             let off = offload(&model)?;
             off.count_cpu_wait(t0.elapsed().as_secs_f64());
             got.map_err(|_| {
@@ -311,5 +312,47 @@ impl Session {
             Ok(())
         });
         Ok(())
+    }
+}
+
+/// `rx.recv()`, polling first for up to 100 ms where `spin` ([`crate::gpu::Gpu::spin_waits`]):
+/// a hybrid round's CPU part ends a millisecond or two after the host starts waiting for it,
+/// and a sleeping host thread would add its wake-up to every offloaded layer.
+#[cfg(not(target_arch = "wasm32"))]
+fn recv_polling<T>(
+    rx: &std::sync::mpsc::Receiver<T>,
+    spin: bool,
+) -> std::result::Result<T, std::sync::mpsc::RecvError> {
+    use std::sync::mpsc::TryRecvError;
+    if spin {
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < std::time::Duration::from_millis(100) {
+            match rx.try_recv() {
+                Ok(v) => return Ok(v),
+                Err(TryRecvError::Disconnected) => return Err(std::sync::mpsc::RecvError),
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+            }
+        }
+    }
+    rx.recv()
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::recv_polling;
+
+    #[test]
+    fn recv_polling_takes_a_late_value_and_reports_a_dropped_sender() {
+        for spin in [true, false] {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let late = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(3));
+                tx.send(7).unwrap();
+            });
+            assert_eq!(recv_polling(&rx, spin), Ok(7));
+            late.join().unwrap();
+            // The sender is gone now.
+            assert!(recv_polling(&rx, spin).is_err());
+        }
     }
 }
