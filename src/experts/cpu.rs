@@ -928,14 +928,19 @@ pub fn run_experts(
     let threads = pool.threads();
     // x rows quantized once per distinct row (decode: the experts of a token share one).
     let xq = quantized_rows(Some(pool), jobs.iter().map(|(e, xs)| (&e.gate, *xs)));
+    // Each job's rows as quantized, looked up once per job rather than once per task.
+    let xr: Vec<Vec<&XRow>> = jobs
+        .iter()
+        .map(|(e, xs)| xs.iter().filter_map(|x| xq.get(x, &e.gate)).collect())
+        .collect();
     let gate_up = |(j, n0, n1): (usize, usize, usize), act: SharedOut| {
         let (e, xs) = &jobs[j];
         let r = xs.len();
-        let xr: Vec<&XRow> = xs.iter().filter_map(|x| xq.get(x, &e.gate)).collect();
+        let xr = &xr[j];
         let (mut g, mut u) = ([0f32; MAX_TASK], [0f32; MAX_TASK]);
         let len = (n1 - n0) * r;
-        e.gate.rows_into(xs, &xr, &mut g[..len], n0);
-        e.up.rows_into(xs, &xr, &mut u[..len], n0);
+        e.gate.rows_into(xs, xr, &mut g[..len], n0);
+        e.up.rows_into(xs, xr, &mut u[..len], n0);
         for c in 0..r {
             for i in 0..n1 - n0 {
                 let (a, b) = (g[i * r + c], u[i * r + c]);
@@ -955,13 +960,22 @@ pub fn run_experts(
             .zip(&at)
             .map(|((e, xs), &a)| (&e.down, &acts[a..a + xs.len()])),
     );
+    let ar: Vec<Vec<&XRow>> = jobs
+        .iter()
+        .zip(&at)
+        .map(|((e, xs), &a)| {
+            acts[a..a + xs.len()]
+                .iter()
+                .filter_map(|x| aq.get(x, &e.down))
+                .collect()
+        })
+        .collect();
     let down = |(j, n0, n1): (usize, usize, usize), out: SharedOut| {
         let (e, xs) = &jobs[j];
         let r = xs.len();
         let xs = &acts[at[j]..at[j] + r];
-        let xr: Vec<&XRow> = xs.iter().filter_map(|x| aq.get(x, &e.down)).collect();
         let mut y = [0f32; MAX_TASK];
-        e.down.rows_into(xs, &xr, &mut y[..(n1 - n0) * r], n0);
+        e.down.rows_into(xs, &ar[j], &mut y[..(n1 - n0) * r], n0);
         for c in 0..r {
             for i in 0..n1 - n0 {
                 // SAFETY: this task alone writes elements n0..n1 of job j's output rows.
