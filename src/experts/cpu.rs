@@ -236,13 +236,19 @@ impl XRow {
             let v = &x[32 * b..32 * b + 32];
             let amax = v.iter().fold(0f32, |a, &e| a.max(e.abs()));
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            // h and l in x's order, in a loop the compiler vectorizes (no rounding call).
+            let (mut hs, mut ls) = ([0f32; 32], [0f32; 32]);
+            for j in 0..32 {
+                let f = v[j] * inv;
+                let h = round_even(f).clamp(-127.0, 127.0);
+                hs[j] = h;
+                ls[j] = round_even((f - h) * 254.0).clamp(-127.0, 127.0);
+            }
             let (mut sh, mut sl) = (0i32, 0i32);
             for j in 0..32 {
                 // q4: even elements to positions 0..16, odd ones to 16..32.
                 let src = if q4 { 2 * (j % 16) + j / 16 } else { j };
-                let f = v[src] * inv;
-                let h = f.round_ties_even().clamp(-127.0, 127.0);
-                let l = ((f - h) * 254.0).round_ties_even().clamp(-127.0, 127.0);
+                let (h, l) = (hs[src], ls[src]);
                 r.h[32 * b + j] = h as i8;
                 r.l[32 * b + j] = l as i8;
                 r.w[32 * b + j] = 254 * h as i16 + l as i16;
@@ -265,6 +271,15 @@ impl XRow {
         }
         r
     }
+}
+
+/// `f.round_ties_even()` for |f| < 2^22 (here |f| ≤ 127.5), without a call into libm: adding
+/// and subtracting 1.5 · 2^23 leaves f rounded to an integer in the default rounding mode,
+/// ties to even, and the compiler vectorizes it.
+#[inline(always)]
+fn round_even(f: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (f + MAGIC) - MAGIC
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1186,6 +1201,20 @@ mod tests {
             .map(|(&a, &b)| a / (1.0 + (-a).exp()) * b)
             .collect();
         matvec_ref(back[2], &seen(&e.down, &h), hidden, inter)
+    }
+
+    #[test]
+    fn round_even_is_round_ties_even_in_its_range() {
+        let mut rng = Rng::new(5);
+        let mut xs: Vec<f32> = rng.vec(10_000, 130.0);
+        // Ties, both parities and signs, and values next to them.
+        for k in -128..=128 {
+            let t = k as f32 + 0.5;
+            xs.extend([t, -t, t.next_up(), t.next_down(), k as f32]);
+        }
+        for x in xs {
+            assert_eq!(round_even(x), x.round_ties_even(), "{x}");
+        }
     }
 
     #[test]
