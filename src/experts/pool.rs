@@ -167,29 +167,19 @@ impl Pool {
             stop: AtomicBool::new(false),
             spin,
         });
+        // Thread 0 is the leader, the others are the workers.
         let mut handles = Vec::with_capacity(threads);
-        for i in 1..threads {
+        for i in 0..threads {
             let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name(format!("sparsa-experts-{i}"))
-                .spawn(move || worker(&s));
+                .spawn(move || if i == 0 { leader(&s) } else { worker(&s) });
             match h {
                 Ok(h) => handles.push(h),
                 Err(e) => {
                     stop(&shared, handles);
                     return Err(e);
                 }
-            }
-        }
-        let s = shared.clone();
-        let leader = std::thread::Builder::new()
-            .name("sparsa-experts-0".into())
-            .spawn(move || leader(&s));
-        match leader {
-            Ok(h) => handles.push(h),
-            Err(e) => {
-                stop(&shared, handles);
-                return Err(e);
             }
         }
         Ok(Pool {
