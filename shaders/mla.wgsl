@@ -414,7 +414,10 @@ fn mla_cpu(
             let p = exp(s - mn);
             l = l * c + p;
             m = mn;
-            for (var d4 = 0u; d4 < kv4; d4++) {
+            // Every one of the QD4 columns (the RoPE part's sums are never stored): a loop
+            // of constant length keeps acc in registers on llvmpipe, where indexing it
+            // by a runtime bound put it in memory.
+            for (var d4 = 0u; d4 < QD4; d4++) {
                 acc[d4] = acc[d4] * c + p * crow[rb + d4];
             }
         }
@@ -433,12 +436,14 @@ fn mla_cpu(
         out[ob + P.kv_lora] = m;
         out[ob + P.kv_lora + 1u] = l;
     }
-    for (var i = 0u; i < kv4; i++) {
-        let v = acc[i] * inv;
-        out[ob + 4u * i] = v.x;
-        out[ob + 4u * i + 1u] = v.y;
-        out[ob + 4u * i + 2u] = v.z;
-        out[ob + 4u * i + 3u] = v.w;
+    for (var i = 0u; i < QD4; i++) {
+        if (i < kv4) {
+            let v = acc[i] * inv;
+            out[ob + 4u * i] = v.x;
+            out[ob + 4u * i + 1u] = v.y;
+            out[ob + 4u * i + 2u] = v.z;
+            out[ob + 4u * i + 3u] = v.w;
+        }
     }
 }
 
