@@ -24,5 +24,5 @@ for v in 0 1; do
   SPARSA_ROWS_COOP=$v timeout 60 $S bench --model $D --context 4096 --decode 8 --batch 8 > $OUT/bt-prof.$v.txt 2>&1
   grep -E "gemv|experts|sequences" $OUT/bt-prof.$v.txt | head -8 | cut -c1-160
 done
-rm -rf $D
+[ "${KEEP_SYNTH:-0}" = 1 ] || rm -rf $D   # KEEP_SYNTH=1: left for run3.sh
 echo "[$SECONDS s]"

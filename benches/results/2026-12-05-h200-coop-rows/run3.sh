@@ -4,7 +4,7 @@
 # the CPU executor on experts/pool.rs (idle threads spin 5 ms, 15 threads by default) against
 # rayon's pool (sparsa-0f6b45f), and the slots regrouped by whole layers (SPARSA_EXPERT_LAYERS=1:
 # 45 offloaded layers instead of 77), alternated; then the pool's spin and thread count. Reuses
-# run2's synth if it is still there (run2 deletes it: comment its `rm` out to chain them).
+# run2's synth if it is still there (run2 with KEEP_SYNTH=1).
 set -u
 OUT=${OUT:-benches/results/new}
 . benches/h200_setup.sh
