@@ -649,8 +649,12 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
         }
         return;
     }
-    if rows > GEMV_MAX_ROWS && rows <= GEMV_PASSES_MAX_ROWS {
-        // A few GEMV passes beat a GEMM whose tiles are mostly empty.
+    if rows > GEMV_MAX_ROWS && (rows <= GEMV_PASSES_MAX_ROWS || dev.cpu_gemvs) {
+        // A few GEMV passes beat a GEMM whose tiles are mostly empty. On CPU adapters they
+        // beat the tile at any rows: `gemv_cpu` takes 8 rows of x per weight read without a
+        // barrier, while the tile's 256 invocations switch through 32 SIMD slices at each
+        // of its barriers (a prefill chunk's dense GEMMs on lavapipe: BENCHMARKS.md,
+        // "lavapipe: prefill on the CPU adapters' GEMVs").
         let mut t = 0;
         while t < rows {
             let r = (rows - t).min(GEMV_MAX_ROWS);
@@ -1333,14 +1337,18 @@ fn experts_as(
     // Rows multiplied per slot.
     let rpe = win.n;
     let slots = rows * topk;
-    let gemv = rows <= GEMV_MAX_ROWS;
+    // On CPU adapters the per-slot GEMV serves a prefill chunk's slots too (faster there
+    // than the tile's barriers, as for `matmul`'s GEMV passes).
+    let gemv = rows <= GEMV_MAX_ROWS || (super::cpu_kernels(rec.gpu()) && gemv4_ok(2, x, w));
     let gemv4 = gemv && gemv4_ok(2, x, w);
     // q8 / q4: integer dot products, 4 rows per lane (gemv_dot_experts); other 4-bit
     // weights: 4 rows per lane (gemv4q_experts), else RR rows.
     let dot = match xq {
         Some(_) if gemv4 && dot_applies(x, w) => Some(1),
         _ => gemv4.then(|| dot_blocks(rec.gpu(), x, w)).flatten(),
-    };
+    }
+    // A prefill chunk's products stay in f32 (the CPU adapters' per-slot GEMV above).
+    .filter(|_| rows <= GEMV_MAX_ROWS);
     let cpu = rec.gpu().adapter.is_cpu();
     let quad = gemv4 && (dot.is_some() || quad_rows(w));
     let (tpr4, rr) = if quad {
