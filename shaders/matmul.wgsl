@@ -442,12 +442,18 @@ fn dense_quad_row(g: u32, lid: u32) -> u32 {
     return (g * (WG / TPR4) + lid / TPR4) * 4u;
 }
 
+// Workgroup g's item (slot or expert) and first row, where each item's P.n rows go to
+// workgroups in blocks of `per` rows.
+fn item_block(g: u32, per: u32) -> vec2<u32> {
+    let blocks = (P.n + per - 1u) / per;
+    return vec2<u32>(g / blocks, (g % blocks) * per);
+}
+
 // For a routed GEMV with 4 rows per lane: workgroup g's item (slot or expert) among the
 // P.n-row blocks of WG / TPR4 * 4 rows, and the first of the 4 rows lid's lane group takes.
 fn block_quad_row(g: u32, lid: u32) -> vec2<u32> {
-    let per = WG / TPR4 * 4u;
-    let groups = (P.n + per - 1u) / per;
-    return vec2<u32>(g / groups, (g % groups) * per + lid / TPR4 * 4u);
+    let b = item_block(g, WG / TPR4 * 4u);
+    return vec2<u32>(b.x, b.y + lid / TPR4 * 4u);
 }
 
 // Word offset of dense weight row n, NONE past P.n.
@@ -843,11 +849,9 @@ fn gemv_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 @compute @workgroup_size(WGC)
 fn gemv_cpu_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
-    let g = wid.x + wid.y * nwg.x;
-    let per = CG * RR;
-    let groups = (P.n + per - 1u) / per;
-    let slot = g / groups;
-    let n0 = (g % groups) * per + lid / TPR4 * RR;
+    let b = item_block(wid.x + wid.y * nwg.x, CG * RR);
+    let slot = b.x;
+    let n0 = b.y + lid / TPR4 * RR;
     var woa = vec4<u32>(NONE);
     var wob = vec4<u32>(NONE);
     var xb = 0u;
@@ -1272,10 +1276,9 @@ fn gemm_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 @compute @workgroup_size(256)
 fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-    let g = wid.x + wid.y * nwg.x;
-    let nt = (P.n + TN - 1u) / TN;
-    let e = P.e0 + g / nt;
-    let n0 = (g % nt) * TN;
+    let b = item_block(wid.x + wid.y * nwg.x, TN);
+    let e = P.e0 + b.x;
+    let n0 = b.y;
     if (e >= P.n_experts || expert_row(e, n0) >= P.row0 + P.crow || expert_row(e, P.n) <= P.row0) {
         return;
     }

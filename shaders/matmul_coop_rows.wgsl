@@ -160,10 +160,9 @@ fn gemv_coop_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 @compute @workgroup_size(RWG)
 fn gemv_coop_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
-    let g = wid.x + wid.y * nwg.x;
-    let blocks = (P.n + RC - 1u) / RC;
-    let e = P.e0 + g / blocks;
-    let n0 = (g % blocks) * RC;
+    let b = item_block(wid.x + wid.y * nwg.x, RC);
+    let e = P.e0 + b.x;
+    let n0 = b.y;
     if (lid < RC) {
         r_w[lid] = expert_word_row(e, n0 + lid);
     }
