@@ -63,12 +63,17 @@ pub fn argmax_rows(
     scratch: &SampleScratch,
 ) {
     assert!(n > 0 && rows > 0, "argmax of an empty row");
-    // All rows' partials fit the scratch's MAX_PARTS pairs.
+    assert!(
+        rows <= MAX_PARTS,
+        "argmax of {rows} rows: at most {MAX_PARTS}"
+    );
+    // All rows' partials fit the scratch's MAX_PARTS pairs: at most MAX_PARTS / rows a row
+    // (a row's parts, ceil(n / per_part), stay within it since per_part ≥ n / that).
     let per_part = PER_PART
-        .max((n * rows).div_ceil(MAX_PARTS))
+        .max(n.div_ceil(MAX_PARTS / rows))
         .next_multiple_of(256);
     let parts = n.div_ceil(per_part);
-    debug_assert!(parts * rows <= MAX_PARTS);
+    assert!(parts * rows <= MAX_PARTS);
     let p = Params {
         x_off: x.offset,
         n,
@@ -364,6 +369,10 @@ mod tests {
             (8, 6144),
             (5, 154_880),
             (8, 70_001),
+            // 6 rows of DeepSeek-V3.2's vocabulary: the partials of all rows once took
+            // 258 of the scratch's 256 pairs.
+            (6, 129_280),
+            (3, 174_084),
         ] {
             let stride = n + 5;
             let mut x = rng.vec(rows * stride + 3, 10.0);

@@ -79,8 +79,10 @@ impl Session {
         let vocab = model.config.vocab_size as u32;
         let logits = View::rows(&lead.s.logits, vocab);
         // Greedy rows all: picked in one pass into the lead's ids (row b's at b; the step
-        // has read its tokens), each then copied to its session's. Else row by row.
-        let greedy = n > 1 && rows.iter().all(|r| matches!(r.pick, Pick::Argmax));
+        // has read its tokens), each then copied to its session's. Else (or past the rows
+        // one pass takes) row by row.
+        let greedy =
+            n > 1 && t <= sample::MAX_PARTS && rows.iter().all(|r| matches!(r.pick, Pick::Argmax));
         if greedy {
             let out = lead.s.next_token();
             sample::argmax_rows(&mut rec, logits, t, vocab, out, &lead.s.sample);
