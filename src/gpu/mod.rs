@@ -41,7 +41,7 @@ pub use pools::pipelines::shader_prelude;
 #[cfg(test)]
 pub(crate) use pools::pipelines::shader_source;
 pub use profile::{Cost, KernelStat, ProfileClock};
-pub use readback::StagedRead;
+pub use readback::{StagedRead, SPIN_LIMIT};
 pub use recorder::Recorder;
 pub use stats::{GpuStats, HostTimes};
 

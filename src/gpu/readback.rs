@@ -18,6 +18,10 @@ pub(super) struct Readback {
     pub(super) last_submit: Mutex<Option<wgpu::SubmissionIndex>>,
 }
 
+/// The longest a short wait in the middle of a step polls before it blocks (where
+/// [`Gpu::spin_waits`]): the routing read-back's, a hybrid round's CPU part's.
+pub const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// A read-back whose copies into the staging buffer are recorded ([`Recorder::stage_read`]):
 /// each part's (offset in the buffer, bytes).
 pub struct StagedRead {
@@ -170,7 +174,7 @@ impl Gpu {
         #[cfg(not(target_arch = "wasm32"))]
         if spin || crate::knobs::knob!("SPARSA_SPIN_WAIT", |v| v <= 1) == Some(1) {
             let t0 = std::time::Instant::now();
-            while !rx.is_ready() && t0.elapsed() < std::time::Duration::from_millis(100) {
+            while !rx.is_ready() && t0.elapsed() < SPIN_LIMIT {
                 let _ = self.device.poll(wgpu::PollType::Poll);
                 std::hint::spin_loop();
             }

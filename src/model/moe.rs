@@ -315,7 +315,8 @@ impl Session {
     }
 }
 
-/// `rx.recv()`, polling first for up to 100 ms where `spin` ([`crate::gpu::Gpu::spin_waits`]):
+/// `rx.recv()`, polling first for up to [`crate::gpu::SPIN_LIMIT`] where `spin`
+/// ([`crate::gpu::Gpu::spin_waits`]):
 /// a hybrid round's CPU part ends a millisecond or two after the host starts waiting for it,
 /// and a sleeping host thread would add its wake-up to every offloaded layer.
 #[cfg(not(target_arch = "wasm32"))]
@@ -326,7 +327,7 @@ fn recv_polling<T>(
     use std::sync::mpsc::TryRecvError;
     if spin {
         let t0 = std::time::Instant::now();
-        while t0.elapsed() < std::time::Duration::from_millis(100) {
+        while t0.elapsed() < crate::gpu::SPIN_LIMIT {
             match rx.try_recv() {
                 Ok(v) => return Ok(v),
                 Err(TryRecvError::Disconnected) => return Err(std::sync::mpsc::RecvError),
