@@ -13,7 +13,7 @@
 //! `heap` (default, a Vec), `file` (written to a file in the temporary directory and
 //! memory-mapped, as the runtime reads a model's files: the page cache), `anon` (an anonymous
 //! mapping) or `thp` (an anonymous mapping advised to use transparent huge pages).
-use sparsa::experts::cpu::{run_experts, CpuExpert, CpuMatrix};
+use sparsa::experts::cpu::{run_experts, CpuExpert, CpuMatrix, Scratch};
 use sparsa::experts::pool::Pool;
 use sparsa::weights::quant::{quantize_fp8, quantize_rows};
 use sparsa::weights::{DType, QFormat, WFormat};
@@ -148,7 +148,7 @@ fn main() {
     // `run_experts` call as the hybrid runtime makes it. Warm the pool first.
     let rows = [x.as_slice()];
     let mut out = vec![0f32; 8 * hidden];
-    let mut scratch = Vec::new();
+    let mut scratch = Scratch::default();
     let env = |name: &str, default: u64| -> u64 {
         std::env::var(name).map_or(default, |s| s.parse().expect("a number"))
     };
@@ -160,7 +160,7 @@ fn main() {
     ) as usize;
     let spin = std::time::Duration::from_micros(env("SPARSA_CE_SPIN_US", 5000));
     let pool = Pool::new(threads, spin).expect("the executor's threads");
-    let round = |first: usize, out: &mut [f32], scratch: &mut Vec<f32>| {
+    let round = |first: usize, out: &mut [f32], scratch: &mut Scratch| {
         let jobs: Vec<(CpuExpert, &[&[f32]])> = (0..per)
             .map(|i| (list[(first + i) % experts], &rows[..]))
             .collect();

@@ -16,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::weights::quant::{e4m3_to_f32, FP8_BLOCK};
 use crate::weights::{QFormat, WFormat};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
 /// The most elements a decoded block holds (q4 / q8 blocks are 32 ..= 256, FP8's 128,
 /// float rows go 256 at a time).
@@ -123,13 +122,13 @@ impl<'a> CpuMatrix<'a> {
     /// `y[i · r + j] = Σ_c W[row0 + i, c] · xs[j][c]` for the rows `y` holds (`r` =
     /// `xs.len()` rows of x: a weight row is read once, from cache, for all of them). `xq`:
     /// the same rows quantized ([`XRow`]) where [`CpuMatrix::int_dot`] applies.
-    fn rows_into(&self, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32], row0: usize) {
+    fn rows_into(&self, xs: &[&[f32]], xq: XRows, y: &mut [f32], row0: usize) {
         self.rows_on(Isa::here(), xs, xq, y, row0)
     }
 
     /// [`CpuMatrix::rows_into`] on the instruction set `isa` (which the CPU must have: tests
     /// take each one the CPU has).
-    fn rows_on(&self, isa: Isa, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32], row0: usize) {
+    fn rows_on(&self, isa: Isa, xs: &[&[f32]], xq: XRows, y: &mut [f32], row0: usize) {
         match isa {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `isa` is one the CPU has (Isa::here, Isa::all_here).
@@ -168,9 +167,9 @@ impl<'a> CpuMatrix<'a> {
             "CpuMatrix::matvec: short x or y"
         );
         let xs = [x];
-        let xq = quantized_rows(None, std::iter::once((self, &xs[..])));
-        let xr: Vec<&XRow> = xq.get(x, self).into_iter().collect();
-        self.rows_on(isa, &xs, &xr, &mut y[..self.n], 0);
+        let mut xq = RowCache::default();
+        xq.fill(None, std::iter::once((self, &xs[..])));
+        self.rows_on(isa, &xs, xq.of(0, 1), &mut y[..self.n], 0);
     }
 }
 
@@ -203,6 +202,7 @@ pub fn ram_read_bandwidth(pool: &Pool) -> f64 {
 /// 254)` and `s_b = amax / 127`, which keeps products within f32 tolerances. For q4 each
 /// block's elements are stored even ones first, then odd ones: the order of a q4 block's
 /// low and high nibbles. `m_b = s_b · (Σh + Σl / 254)`: the block's sum, for q4's offset of 8.
+#[derive(Default)]
 pub struct XRow {
     h: Vec<i8>,
     l: Vec<i8>,
@@ -220,18 +220,27 @@ pub struct XRow {
 }
 
 impl XRow {
+    #[cfg(test)]
     fn new(x: &[f32], q4: bool) -> XRow {
+        let mut r = XRow::default();
+        r.fill(x, q4);
+        r
+    }
+
+    /// This row made `x` quantized (q4's element order where `q4`), in the vectors it
+    /// already has: it allocates only where they are shorter than `x` needs.
+    fn fill(&mut self, x: &[f32], q4: bool) {
         let nb = x.len() / 32;
-        let mut r = XRow {
-            h: vec![0; nb * 32],
-            l: vec![0; nb * 32],
-            s: vec![0.0; nb],
-            s254: vec![0.0; nb],
-            m: vec![0.0; nb],
-            w: vec![0; nb * 32],
-            hp: vec![0; if q4 { nb / 2 * 64 } else { 0 }],
-            lp: vec![0; if q4 { nb / 2 * 64 } else { 0 }],
-        };
+        let pairs = if q4 { nb / 2 * 64 } else { 0 };
+        let r = self;
+        r.h.resize(nb * 32, 0);
+        r.l.resize(nb * 32, 0);
+        r.s.resize(nb, 0.0);
+        r.s254.resize(nb, 0.0);
+        r.m.resize(nb, 0.0);
+        r.w.resize(nb * 32, 0);
+        r.hp.resize(pairs, 0);
+        r.lp.resize(pairs, 0);
         for b in 0..nb {
             let v = &x[32 * b..32 * b + 32];
             let amax = v.iter().fold(0f32, |a, &e| a.max(e.abs()));
@@ -269,7 +278,6 @@ impl XRow {
                 }
             }
         }
-        r
     }
 }
 
@@ -284,7 +292,7 @@ fn round_even(f: f32) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn rows_avx2(m: &CpuMatrix, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32], row0: usize) {
+unsafe fn rows_avx2(m: &CpuMatrix, xs: &[&[f32]], xq: XRows, y: &mut [f32], row0: usize) {
     let r = xs.len();
     match m.format {
         WFormat::Quant(q @ (QFormat::Q4 { block } | QFormat::Q8 { block }))
@@ -427,14 +435,16 @@ unsafe fn int_row_avx2(m: &CpuMatrix, q: QFormat, block: usize, r: usize, x: &XR
 /// quantized; everything else as AVX2 does it.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")]
-unsafe fn rows_avx512(m: &CpuMatrix, xs: &[&[f32]], xq: &[&XRow], y: &mut [f32], row0: usize) {
+unsafe fn rows_avx512(m: &CpuMatrix, xs: &[&[f32]], xq: XRows, y: &mut [f32], row0: usize) {
     match m.format {
         WFormat::Quant(q @ (QFormat::Q4 { block } | QFormat::Q8 { block }))
-            if m.k.is_multiple_of(block) && xq.len() == xs.len() =>
+            if m.k.is_multiple_of(block) && xq.covers(xs.len()) =>
         {
             for (i, out) in y.chunks_exact_mut(xs.len()).enumerate() {
-                for (o, xr) in out.iter_mut().zip(xq) {
-                    *o = int_row_avx512(m, q, block, row0 + i, xr);
+                for (j, o) in out.iter_mut().enumerate() {
+                    if let Some(xr) = xq.get(j) {
+                        *o = int_row_avx512(m, q, block, row0 + i, xr);
+                    }
                 }
             }
         }
@@ -902,6 +912,24 @@ impl<'a> CpuExpert<'a> {
     }
 }
 
+/// What [`run_experts`] keeps from one call to the next: the activations, the task lists,
+/// the quantized rows. Once a call has had the sizes of the next, the next allocates
+/// nothing (issue 22: no allocation per token; `tests/executor_alloc.rs` counts).
+#[derive(Default)]
+pub struct Scratch {
+    /// `silu(gate · x) ⊙ (up · x)`, a row of `inter` per (job, x row).
+    act: Vec<f32>,
+    /// Each job's first row in `act` and in the output.
+    at: Vec<usize>,
+    /// The running pass's tasks: (job, first row, end row).
+    tasks: Vec<(usize, usize, usize)>,
+    /// The x rows and the activation rows, quantized.
+    xq: RowCache,
+    aq: RowCache,
+    /// The activation rows as slices: empty between calls (see [`relend`]).
+    acts: Vec<&'static [f32]>,
+}
+
 /// SwiGLU experts on rows of x: `jobs[j]` = (expert, its x rows). `out` gets, job after
 /// job, each row's `down(silu(gate · x) ⊙ (up · x))` (`hidden` floats a row, the expert's
 /// output before its routing weight). Two parallel passes over every job at once, so a
@@ -909,13 +937,12 @@ impl<'a> CpuExpert<'a> {
 /// gate and up (a task takes a chunk of both matrices' rows and writes `silu(g) · u` for
 /// each x row), then down (a task takes a chunk of rows and writes them into each row's
 /// output). Each distinct x row is quantized once for the integer products, in parallel,
-/// and so is each activation row. `scratch` holds the activations; reused, it allocates
-/// only when a call needs more than any before.
+/// and so is each activation row. Everything between the passes lives in `scratch`.
 pub fn run_experts(
     pool: &Pool,
     jobs: &[(CpuExpert, &[&[f32]])],
     out: &mut [f32],
-    scratch: &mut Vec<f32>,
+    scratch: &mut Scratch,
 ) {
     let Some((first, _)) = jobs.first() else {
         return;
@@ -929,29 +956,33 @@ pub fn run_experts(
     );
     let rows: usize = jobs.iter().map(|(_, xs)| xs.len()).sum();
     assert!(out.len() >= rows * hidden, "run_experts: short output");
-    if scratch.len() < rows * inter {
-        scratch.resize(rows * inter, 0.0);
+    let Scratch {
+        act,
+        at,
+        tasks: ts,
+        xq,
+        aq,
+        acts,
+    } = scratch;
+    if act.len() < rows * inter {
+        act.resize(rows * inter, 0.0);
     }
-    let act = &mut scratch[..rows * inter];
-    // Each job's first row in `act` and `out`.
-    let mut at = Vec::with_capacity(jobs.len());
+    let act = &mut act[..rows * inter];
+    at.clear();
     let mut n = 0;
     for (_, xs) in jobs {
         at.push(n);
         n += xs.len();
     }
+    let at = &*at;
     let threads = pool.threads();
     // x rows quantized once per distinct row (decode: the experts of a token share one).
-    let xq = quantized_rows(Some(pool), jobs.iter().map(|(e, xs)| (&e.gate, *xs)));
-    // Each job's rows as quantized, looked up once per job rather than once per task.
-    let xr: Vec<Vec<&XRow>> = jobs
-        .iter()
-        .map(|(e, xs)| xs.iter().filter_map(|x| xq.get(x, &e.gate)).collect())
-        .collect();
-    let gate_up = |(j, n0, n1): (usize, usize, usize), act: SharedOut| {
+    xq.fill(Some(pool), jobs.iter().map(|(e, xs)| (&e.gate, *xs)));
+    let xq = &*xq;
+    let gate_up = |(j, n0, n1): (usize, usize, usize), act: SharedOut<f32>| {
         let (e, xs) = &jobs[j];
         let r = xs.len();
-        let xr = &xr[j];
+        let xr = xq.of(at[j], r);
         let (mut g, mut u) = ([0f32; MAX_TASK], [0f32; MAX_TASK]);
         let len = (n1 - n0) * r;
         e.gate.rows_into(xs, xr, &mut g[..len], n0);
@@ -965,32 +996,25 @@ pub fn run_experts(
         }
     };
     let dst = SharedOut::of(act);
-    let ts = tasks(jobs, inter, threads);
+    tasks_into(ts, jobs, inter, threads);
     pool.run(ts.len(), &|t| gate_up(ts[t], dst));
     let act = &*act;
-    let acts: Vec<&[f32]> = act.chunks_exact(inter).collect();
-    let aq = quantized_rows(
+    let mut acts_here = relend(std::mem::take(acts));
+    acts_here.extend(act.chunks_exact(inter));
+    let acts_of = |j: usize| &acts_here[at[j]..at[j] + jobs[j].1.len()];
+    aq.fill(
         Some(pool),
         jobs.iter()
-            .zip(&at)
-            .map(|((e, xs), &a)| (&e.down, &acts[a..a + xs.len()])),
+            .enumerate()
+            .map(|(j, (e, _))| (&e.down, acts_of(j))),
     );
-    let ar: Vec<Vec<&XRow>> = jobs
-        .iter()
-        .zip(&at)
-        .map(|((e, xs), &a)| {
-            acts[a..a + xs.len()]
-                .iter()
-                .filter_map(|x| aq.get(x, &e.down))
-                .collect()
-        })
-        .collect();
-    let down = |(j, n0, n1): (usize, usize, usize), out: SharedOut| {
+    let aq = &*aq;
+    let down = |(j, n0, n1): (usize, usize, usize), out: SharedOut<f32>| {
         let (e, xs) = &jobs[j];
         let r = xs.len();
-        let xs = &acts[at[j]..at[j] + r];
         let mut y = [0f32; MAX_TASK];
-        e.down.rows_into(xs, &ar[j], &mut y[..(n1 - n0) * r], n0);
+        e.down
+            .rows_into(acts_of(j), aq.of(at[j], r), &mut y[..(n1 - n0) * r], n0);
         for c in 0..r {
             for i in 0..n1 - n0 {
                 // SAFETY: this task alone writes elements n0..n1 of job j's output rows.
@@ -1000,24 +1024,41 @@ pub fn run_experts(
     };
     let out = &mut out[..rows * hidden];
     let dst = SharedOut::of(out);
-    let ts = tasks(jobs, hidden, threads);
+    tasks_into(ts, jobs, hidden, threads);
     pool.run(ts.len(), &|t| down(ts[t], dst));
+    *acts = relend(acts_here);
+}
+
+/// `v` emptied, its allocation lent at another lifetime: a vector of borrowed slices kept
+/// between calls holds none between them. (`collect` over the emptied vector's own
+/// iterator reuses its allocation: the elements have one size; `tests/executor_alloc.rs`
+/// checks that nothing is allocated.)
+fn relend<'b>(mut v: Vec<&[f32]>) -> Vec<&'b [f32]> {
+    v.clear();
+    v.into_iter()
+        .map(|_| -> &'b [f32] { unreachable!() })
+        .collect()
 }
 
 /// The most values (rows × x rows) one task of [`run_experts`] computes into its stack.
 const MAX_TASK: usize = 2048;
 
-/// The tasks of a pass over `n` rows of every job's matrix: (job, first row, end row), in
-/// chunks of about a quarter of the rows per thread, at most [`MAX_TASK`] values each.
-fn tasks(jobs: &[(CpuExpert, &[&[f32]])], n: usize, threads: usize) -> Vec<(usize, usize, usize)> {
-    let mut out = Vec::new();
+/// `out` made the tasks of a pass over `n` rows of every job's matrix: (job, first row,
+/// end row), in chunks of about a quarter of the rows per thread, at most [`MAX_TASK`]
+/// values each.
+fn tasks_into(
+    out: &mut Vec<(usize, usize, usize)>,
+    jobs: &[(CpuExpert, &[&[f32]])],
+    n: usize,
+    threads: usize,
+) {
+    out.clear();
     for (j, (_, xs)) in jobs.iter().enumerate() {
         let chunk = chunk_rows(n * jobs.len(), xs.len(), threads);
         for n0 in (0..n).step_by(chunk) {
             out.push((j, n0, (n0 + chunk).min(n)));
         }
     }
-    out
 }
 
 /// Rows per task of a pass over `total` rows with `r` rows of x: about a quarter of the
@@ -1029,85 +1070,123 @@ fn chunk_rows(total: usize, r: usize, threads: usize) -> usize {
         .max(1)
 }
 
-/// A float buffer that parallel tasks write disjoint elements of.
+/// A buffer that parallel tasks write disjoint elements of.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32, usize);
+struct SharedOut<T>(*mut T, usize);
 
 // SAFETY: tasks write disjoint elements (each `put`'s caller says why), and the buffer
 // outlives the parallel pass that writes it.
-unsafe impl Send for SharedOut {}
-unsafe impl Sync for SharedOut {}
+unsafe impl<T: Send> Send for SharedOut<T> {}
+unsafe impl<T: Send> Sync for SharedOut<T> {}
 
-impl SharedOut {
-    fn of(b: &mut [f32]) -> SharedOut {
+impl<T> SharedOut<T> {
+    fn of(b: &mut [T]) -> SharedOut<T> {
         SharedOut(b.as_mut_ptr(), b.len())
     }
     /// # Safety
     /// No other task writes or reads element `i` during the pass.
-    unsafe fn put(self, i: usize, v: f32) {
+    unsafe fn put(self, i: usize, v: T) {
+        *self.at(i) = v;
+    }
+    /// # Safety
+    /// As [`SharedOut::put`].
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn at(&self, i: usize) -> &mut T {
         assert!(i < self.1, "SharedOut: element {i} of {}", self.1);
-        *self.0.add(i) = v;
+        &mut *self.0.add(i)
     }
 }
 
-/// x rows quantized for the matrices that take them so ([`CpuMatrix::int_dot`]): each
-/// distinct (row, element order) once, in parallel.
-struct QuantizedRows<'a> {
-    rows: Vec<(&'a [f32], bool, XRow)>,
+/// The x rows of one product as quantized ([`XRow`]): row j's is `rows[idx[j]]`, none
+/// where `idx[j]` is [`NO_ROW`] (its matrix takes x unquantized).
+#[derive(Clone, Copy)]
+struct XRows<'a> {
+    rows: &'a [XRow],
+    idx: &'a [u32],
 }
 
-impl QuantizedRows<'_> {
-    /// Row `x` quantized for `m`, where `m` takes x quantized.
-    fn get(&self, x: &[f32], m: &CpuMatrix) -> Option<&XRow> {
-        let q4 = is_q4(m);
-        self.rows
-            .iter()
-            .find(|(r, o, _)| std::ptr::eq(*r, x) && *o == q4)
-            .map(|(_, _, q)| q)
+/// An x row that no quantized row stands for.
+const NO_ROW: u32 = u32::MAX;
+
+impl<'a> XRows<'a> {
+    fn get(&self, j: usize) -> Option<&'a XRow> {
+        self.rows.get(*self.idx.get(j)? as usize)
+    }
+
+    /// Whether each of the first `r` rows has its quantized row.
+    fn covers(&self, r: usize) -> bool {
+        (0..r).all(|j| self.get(j).is_some())
+    }
+}
+
+/// Quantized x rows for the matrices that take them so ([`CpuMatrix::int_dot`]), kept from
+/// call to call: each distinct (row, element order) quantized once, in parallel, into rows
+/// whose vectors the last call left.
+#[derive(Default)]
+struct RowCache {
+    rows: Vec<XRow>,
+    /// This fill's distinct rows: (address, q4's order, job, row of the job).
+    want: Vec<(usize, bool, usize, usize)>,
+    /// Per x row of every use in turn: its quantized row's index in `rows`, or [`NO_ROW`].
+    idx: Vec<u32>,
+}
+
+impl RowCache {
+    /// Quantizes the rows of `uses` (a matrix and its x rows per job), on `pool`'s threads
+    /// where given.
+    fn fill<'a>(
+        &mut self,
+        pool: Option<&Pool>,
+        uses: impl Iterator<Item = (&'a CpuMatrix<'a>, &'a [&'a [f32]])> + Clone + Sync,
+    ) {
+        self.want.clear();
+        self.idx.clear();
+        for (j, (m, xs)) in uses.clone().enumerate() {
+            let q4 = is_q4(m);
+            for (c, x) in xs.iter().enumerate() {
+                let mut i = NO_ROW;
+                if m.int_dot() {
+                    let at = x.as_ptr() as usize;
+                    i = match self.want.iter().position(|w| (w.0, w.1) == (at, q4)) {
+                        Some(i) => i as u32,
+                        None => {
+                            self.want.push((at, q4, j, c));
+                            (self.want.len() - 1) as u32
+                        }
+                    };
+                }
+                self.idx.push(i);
+            }
+        }
+        if self.rows.len() < self.want.len() {
+            self.rows.resize_with(self.want.len(), XRow::default);
+        }
+        let rows = SharedOut::of(&mut self.rows);
+        let want = &self.want;
+        let quantize = |i: usize| {
+            let (_, q4, j, c) = want[i];
+            let (m, xs) = uses.clone().nth(j).expect("a job of this fill");
+            // SAFETY: task i alone writes row i.
+            unsafe { rows.at(i) }.fill(&xs[c][..m.k], q4);
+        };
+        match pool {
+            Some(p) => p.run(want.len(), &quantize),
+            None => (0..want.len()).for_each(quantize),
+        }
+    }
+
+    /// The quantized rows of the `r` x rows from row `first` on (in the order of the fill's
+    /// uses).
+    fn of(&self, first: usize, r: usize) -> XRows<'_> {
+        XRows {
+            rows: &self.rows,
+            idx: &self.idx[first..first + r],
+        }
     }
 }
 
 fn is_q4(m: &CpuMatrix) -> bool {
     matches!(m.format, WFormat::Quant(QFormat::Q4 { .. }))
-}
-
-/// The distinct rows of `uses` that their matrices take quantized, each quantized once (on
-/// `pool`'s threads where given).
-fn quantized_rows<'a>(
-    pool: Option<&Pool>,
-    uses: impl Iterator<Item = (&'a CpuMatrix<'a>, &'a [&'a [f32]])>,
-) -> QuantizedRows<'a> {
-    let mut want: Vec<(&[f32], bool, usize)> = Vec::new();
-    for (m, xs) in uses {
-        if !m.int_dot() {
-            continue;
-        }
-        for x in xs {
-            let q4 = is_q4(m);
-            if !want
-                .iter()
-                .any(|(r, o, _)| std::ptr::eq(*r, *x) && *o == q4)
-            {
-                want.push((x, q4, m.k));
-            }
-        }
-    }
-    let done: Vec<OnceLock<XRow>> = want.iter().map(|_| OnceLock::new()).collect();
-    let quantize = |i: usize| {
-        let (x, q4, k) = want[i];
-        let _ = done[i].set(XRow::new(&x[..k], q4));
-    };
-    match pool {
-        Some(p) => p.run(want.len(), &quantize),
-        None => (0..want.len()).for_each(quantize),
-    }
-    QuantizedRows {
-        rows: want
-            .iter()
-            .zip(done)
-            .filter_map(|(&(x, q4, _), q)| Some((x, q4, q.into_inner()?)))
-            .collect(),
-    }
 }
 
 #[cfg(test)]
@@ -1331,7 +1410,12 @@ mod tests {
             .unwrap();
             let x = rng.vec(hidden, 1.0);
             let mut out = vec![f32::NAN; hidden];
-            run_experts(&test_pool(), &[(e, &[&x[..]])], &mut out, &mut Vec::new());
+            run_experts(
+                &test_pool(),
+                &[(e, &[&x[..]])],
+                &mut out,
+                &mut Scratch::default(),
+            );
             let want = expert_ref(&e, [&mats[0].2, &mats[1].2, &mats[2].2], &x);
             assert_close(&out, &want, 1e-4, 1e-4, &format!("expert {format:?}"));
         }
@@ -1379,7 +1463,7 @@ mod tests {
                 (experts[2], &rows[4..6]),
             ];
             let mut out = vec![f32::NAN; 6 * hidden];
-            let mut scratch = Vec::new();
+            let mut scratch = Scratch::default();
             run_experts(&test_pool(), &jobs, &mut out, &mut scratch);
             let owner = [0, 1, 1, 1, 2, 2];
             for (r, x) in xs.iter().enumerate() {

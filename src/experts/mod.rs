@@ -365,7 +365,7 @@ pub struct Offload {
     #[cfg(not(target_arch = "wasm32"))]
     pool: Option<pool::Pool>,
     #[cfg(not(target_arch = "wasm32"))]
-    scratch: Mutex<(Vec<f32>, Vec<f32>)>,
+    scratch: Mutex<(cpu::Scratch, Vec<f32>)>,
     rates: Mutex<Rates>,
 }
 

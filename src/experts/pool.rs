@@ -147,8 +147,10 @@ struct Shared {
 /// The executor's threads (see the module).
 pub struct Pool {
     shared: Arc<Shared>,
-    /// One run at a time (the leader's and a direct caller's take turns).
-    running: Mutex<()>,
+    /// One run at a time (the leader's and a direct caller's take turns); it holds the last
+    /// run's job, which the next run reuses where no worker still holds it (a run allocates
+    /// nothing).
+    running: Mutex<Option<Arc<Job>>>,
     threads: usize,
     handles: Vec<JoinHandle<()>>,
 }
@@ -184,7 +186,7 @@ impl Pool {
         }
         Ok(Pool {
             shared,
-            running: Mutex::new(()),
+            running: Mutex::new(None),
             threads,
             handles,
         })
@@ -202,18 +204,30 @@ impl Pool {
         if n == 0 {
             return;
         }
-        let _one = lock(&self.running);
+        let mut last = lock(&self.running);
         // SAFETY: only the lifetime is erased; `job.f` is not called after this run
         // returns (see `Job::f`), and the run waits below until every task is done.
         let f: *const (dyn Fn(usize) + Sync + '_) = f;
         let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(f) };
-        let job = Arc::new(Job {
+        let fresh = || Job {
             n,
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             panic: Mutex::new(None),
             f,
-        });
+        };
+        // The last run's job where this is its only holder (a worker that took it has let
+        // go of it once it found no task left), else a new one.
+        let job = match last.take() {
+            Some(mut j) => match Arc::get_mut(&mut j) {
+                Some(only) => {
+                    *only = fresh();
+                    j
+                }
+                None => Arc::new(fresh()),
+            },
+            None => Arc::new(fresh()),
+        };
         // One task, or no workers: the caller alone.
         let shared = self.threads > 1 && n > 1;
         if shared {
@@ -234,6 +248,8 @@ impl Pool {
             lock(&self.shared.job).take();
         }
         let failed = lock(&job.panic).take();
+        *last = Some(job);
+        drop(last);
         if let Some(msg) = failed {
             panic!("{msg}");
         }
