@@ -8,15 +8,17 @@
 set -u
 OUT=${OUT:-benches/results/new}
 . benches/h200_setup.sh
+R=$OUT; OUT=/tmp/o3; mkdir -p $OUT   # raw outputs: $R/raw3.tar.xz, after each run
+save() { tar -C $OUT -cJf $R/raw3.tar.xz . ; }
 chmod +x /tmp/sparsa-0f6b45f /tmp/cpu_experts
-left() { echo $((580 - SECONDS)); }
+left() { echo $((${LIMIT:-580} - SECONDS)); }
 lscpu | grep -E "^CPU\(s\)|Thread|Core|Model name" > $OUT/machine.txt
 D=/tmp/m
 [ -d $D ] || ( time timeout 200 $S synth --like glm-5 --layers 78 --experts 16 --format q4 --mtp --out $D > /dev/null 2>&1 ) 2>&1 | grep real
 echo "[$SECONDS s]"
 B="bench --model $D --context 4096 --decode 32 --prompt-len 0 --no-profile --gpu-memory 24GiB --expert-routing zipf:0 --cpu-experts on"
 # The executor alone (GLM-5 q4 experts from RAM, a round of 5 after a 1 ms pause, as a layer's).
-for v in "15 5000" "15 0" "16 5000"; do
+for v in "15 5000" "16 5000"; do
   set -- $v
   echo -n "executor alone, $1 threads, spin $2 us: "
   SPARSA_CE_THREADS=$1 SPARSA_CE_SPIN_US=$2 SPARSA_CE_PER_ROUND=5 SPARSA_CE_GAP_US=1000 timeout 40 /tmp/cpu_experts q4 32 100 2>/dev/null | sed 's/.* apart: //'
@@ -37,6 +39,7 @@ for v in old new layers new old layers spin0 t16; do
   timeout 100 $cmd > $f 2>&1
   echo "== $v [$SECONDS s]"
   grep -E "ms/token median|routing waits|a token's time|CPU experts: RAM|hit rate|rror" $f | sed -E 's/(hit rate [^,]*).*(, [0-9]+ readbacks).*/\1\2/' | cut -c1-330
+  save
 done
 rm -rf $D
 echo "[$SECONDS s]"

@@ -7,8 +7,12 @@
 set -u
 OUT=${OUT:-benches/results/new}
 . benches/h200_setup.sh
+# Raw outputs go to $OUT/raw.tar.xz after each phase (a call returns at most 8 files, and
+# what a call cut short left under $OUT still comes back).
+R=$OUT; OUT=/tmp/o; mkdir -p $OUT
+save() { tar -C $OUT -cJf $R/raw.tar.xz . ; }
 chmod +x /tmp/libtest /tmp/golden /tmp/batchtest /tmp/gemv_shapes
-left() { echo $((570 - SECONDS)); }
+left() { echo $((${LIMIT:-570} - SECONDS)); }
 D=/tmp/m
 ( time timeout 200 $S synth --like glm-5 --layers 78 --experts 16 --format q4 --mtp --out $D > /dev/null 2>&1 ) 2>&1 | grep real &
 SY=$!
@@ -22,7 +26,7 @@ echo "batch tests (rc $?): $(grep 'test result' $OUT/batch.txt)"; grep -E "panic
 SPARSA_ROWS_COOP=2 timeout 120 /tmp/golden --test-threads=2 --nocapture --skip quantize > $OUT/goldens.2.txt 2>&1
 echo "goldens, SPARSA_ROWS_COOP=2 (rc $?): $(grep 'test result' $OUT/goldens.2.txt)"
 grep -E "panicked|tolerance|argmax" $OUT/goldens.2.txt | head -6 | cut -c1-250
-echo "[$SECONDS s]"
+echo "[$SECONDS s]"; save
 for v in "SPARSA_ROWS_COOP=0" "SPARSA_ROWS_COOP=2"; do
   env $v SPARSA_GEMV_XQ=1 timeout 40 /tmp/gemv_shapes q4 20 1,2,4,8 > $OUT/shapes.${v#*=}.txt 2>&1
   echo "== shapes, $v (rc $?)"; grep -E "^q4x.: (all|q_b|o  |lm_head)" $OUT/shapes.${v#*=}.txt | cut -c1-120
@@ -37,7 +41,8 @@ for v in 0 1 2 0 1 2; do
   [ $(left) -gt 40 ] || break
   SPARSA_ROWS_COOP=$v timeout 50 $S bench --model $D --context 4096 --decode 8 --prompt-len 0 --verify 3 --no-profile > $OUT/v.$v.$SECONDS.txt 2>&1
   grep -hE "verif|rror" $OUT/v.$v.*.txt | tail -2 | cut -c1-200
+  save
 done
 [ "${KEEP_SYNTH:-0}" = 1 ] || rm -rf $D
-cd $OUT && tar cJf raw.tar.xz *.txt && rm -f *.txt
+save
 echo "[$SECONDS s]"
