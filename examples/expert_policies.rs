@@ -42,6 +42,7 @@ fn main() -> sparsa::Result<()> {
             prefetch,
             cpu: sparsa::experts::CpuExperts::Off,
             cpu_threads: 0,
+            placement: Default::default(),
         };
         let model = Model::from_source_within(&src, gpu.clone(), &mut |_, _| {}, Some(&budget))?;
         let off = model.offload.as_ref().expect("offloaded");

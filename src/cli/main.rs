@@ -238,6 +238,13 @@ pub(crate) struct ExpertArgs {
     /// where the GPU is a CPU adapter).
     #[arg(long, requires = "gpu_memory", value_parser = clap::value_parser!(u16).range(1..=1024))]
     cpu_threads: Option<u16>,
+    /// How the expert slots --gpu-memory leaves are laid over the MoE layers: spread (each
+    /// layer the same number, its hottest experts resident) or layers (as many layers as
+    /// fit keep all their experts, the others one slot each: fewer offloaded layers, so
+    /// fewer waits for routing a token, the same misses under uniform routing; more misses
+    /// where routing is skewed, slower prefill). Only with --gpu-memory.
+    #[arg(long, default_value = "spread", requires = "gpu_memory")]
+    expert_placement: sparsa::model::Placement,
 }
 
 #[derive(Args)]
@@ -380,6 +387,7 @@ pub(crate) fn budget(m: &ModelArgs, x: &ExpertArgs, ctx: usize) -> Option<sparsa
         prefetch: x.expert_prefetch,
         cpu: x.cpu_experts,
         cpu_threads: x.cpu_threads.map_or(0, usize::from),
+        placement: x.expert_placement,
     })
 }
 
@@ -725,6 +733,7 @@ mod tests {
             "expert-prefetch",
             "cpu-experts",
             "cpu-threads",
+            "expert-placement",
             "temperature",
             "seed",
         ] {

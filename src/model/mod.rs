@@ -25,7 +25,8 @@ pub use batch::BatchRow;
 pub use draft::DraftStats;
 pub use pick::Pick;
 pub use plan::{
-    free_memory, longest_ctx, plan, plan_sized, plan_summary, session_room, GpuMemory, Plan,
+    free_memory, longest_ctx, plan, plan_sized, plan_summary, session_room, GpuMemory, Placement,
+    Plan,
 };
 pub use scratch::set_prefill_chunk;
 pub use session::{Logits, Session};
@@ -59,6 +60,8 @@ pub struct Budget {
     /// CPU).
     pub cpu: CpuExperts,
     pub cpu_threads: usize,
+    /// How the expert slots are laid over the MoE layers.
+    pub placement: Placement,
 }
 
 /// A model on the GPU. Cloning is cheap (the weights are shared): every [`Session`] holds a
@@ -152,7 +155,8 @@ impl Model {
         let plan = match budget {
             Some(b) => {
                 let bytes = b.memory.bytes(gpu.memory_size())?;
-                let p = plan::plan(&config, files, bytes, b.ctx, gpu.max_binding(), b.cache)?;
+                let p = plan::plan(&config, files, bytes, b.ctx, gpu.max_binding(), b.cache)?
+                    .placed(b.placement);
                 log::info!("{}", p.describe());
                 Some(p)
             }

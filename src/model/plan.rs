@@ -369,10 +369,49 @@ pub fn plan_summary(
             extra = extra.saturating_sub(1);
         }
     }
-    if crate::knobs::knob!("SPARSA_EXPERT_LAYERS", |v| v <= 1) == Some(1) {
-        whole_layers(&mut p.slots);
-    }
     Ok(p)
+}
+
+/// How a budget's routed-expert slots are laid over the MoE layers (`--expert-placement`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Evenly: each MoE layer the same slots (one more for the first ones), each layer's
+    /// hottest experts resident.
+    #[default]
+    Spread,
+    /// By whole layers ([`whole_layers`]): fewer offloaded layers, so fewer routing round
+    /// trips a decode step.
+    Layers,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Placement, String> {
+        match s {
+            "spread" => Ok(Placement::Spread),
+            "layers" => Ok(Placement::Layers),
+            _ => Err(format!("expected spread or layers, got {s:?}")),
+        }
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(match self {
+            Placement::Spread => "spread",
+            Placement::Layers => "layers",
+        })
+    }
+}
+
+impl Plan {
+    /// The plan's expert slots laid out by `placement` (the plan spreads them).
+    pub fn placed(mut self, placement: Placement) -> Plan {
+        if placement == Placement::Layers {
+            whole_layers(&mut self.slots);
+        }
+        self
+    }
 }
 
 /// `slots` regrouped by whole layers: as many MoE layers as the same slots hold keep every
@@ -380,10 +419,11 @@ pub fn plan_summary(
 /// each (what a prefill chunk uploads through), the remainder going to the first of those.
 /// Under uniform routing the misses are as many as with the slots spread (a layer's hits
 /// scale with its slots) and the offloaded layers, each a round trip per decode step, are
-/// fewer: 45 instead of 77 for GLM-5 q4 with 558 slots. Skewed routing hits more with the slots
-/// spread (the hottest experts of every layer resident), and a prefill chunk takes more
-/// rounds through one slot, so this is a measurement knob (`SPARSA_EXPERT_LAYERS=1`), not a
-/// default.
+/// fewer: 45 instead of 77 for GLM-5 q4 with 558 slots (on the H200 host, hybrid decode
+/// 150.6 / 156.3 ms a token against 164.2 / 169.0 spread: BENCHMARKS.md, "H200, midday").
+/// Skewed routing hits more with the slots spread (the hottest experts of every layer
+/// resident), and a prefill chunk takes more rounds through one slot, so it is not the
+/// default (`--expert-placement layers`).
 fn whole_layers(slots: &mut Slots) {
     let e = slots.n_experts;
     let moe: Vec<usize> = (0..slots.per_layer.len())
@@ -460,6 +500,39 @@ mod tests {
             whole_layers(&mut t);
             assert_eq!(t.per_layer, vec![per; 5]);
         }
+    }
+
+    #[test]
+    fn placements_parse_and_lay_out_the_same_slots() {
+        assert_eq!("spread".parse(), Ok(Placement::Spread));
+        assert_eq!("layers".parse(), Ok(Placement::Layers));
+        let bad = "Layers".parse::<Placement>().unwrap_err();
+        assert!(bad.contains("spread or layers"), "{bad}");
+        let src = crate::model::ModelSource::open(&crate::config::bard_dir()).unwrap();
+        let cfg = &src.config;
+        let all = plan(cfg, &src.weights, 1 << 40, 256, 2047 << 20, None).unwrap();
+        let e = all.slots.n_experts as u64;
+        // Room for a third of the experts.
+        let budget = all.fixed() + all.slots.moe_layers() as u64 * all.slots.expert_bytes * e / 3;
+        let spread = plan(cfg, &src.weights, budget, 256, 2047 << 20, None).unwrap();
+        assert!(spread.slots.offloads());
+        let n = spread.slots.resident_experts();
+        let offloaded = |p: &Plan| {
+            let l = &p.slots.per_layer;
+            l.iter()
+                .filter(|&&x| x > 0 && x < p.slots.n_experts)
+                .count()
+        };
+        let same = spread.clone().placed(Placement::Spread);
+        assert_eq!(same.slots.per_layer, spread.slots.per_layer);
+        let layers = spread.clone().placed(Placement::Layers);
+        assert_eq!(layers.slots.resident_experts(), n);
+        assert!(
+            offloaded(&layers) < offloaded(&spread),
+            "{:?} against {:?}",
+            layers.slots.per_layer,
+            spread.slots.per_layer
+        );
     }
 
     #[test]

@@ -226,5 +226,6 @@ pub fn budget(
         prefetch: false,
         cpu: sparsa::experts::CpuExperts::Off,
         cpu_threads: 0,
+        placement: Default::default(),
     }
 }
