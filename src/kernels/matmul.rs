@@ -298,7 +298,7 @@ const COOP_ROWS_ENTRIES: [&str; 2] = ["gemv_coop_rows", "gemv_coop_experts_rows"
 const COOP_ROWS_MAX: u32 = 16;
 /// Weight rows (output columns) per workgroup of the [`coop_rows`] kernels (`RC`; twice as
 /// many invocations): 128, or 64 with `SPARSA_ROWS_COOP_COLS=64` (twice the workgroups for
-/// the small matrices; a measurement aid until the kernels have run on a device).
+/// the small matrices; a measurement aid).
 fn coop_rows_cols() -> u32 {
     knob!("SPARSA_ROWS_COOP_COLS", |v| v == 64 || v == 128).unwrap_or(128)
 }
@@ -307,10 +307,14 @@ fn coop_rows_cols() -> u32 {
 /// integer-dot GEMV takes), run on the tensor cores instead (`gemv_coop_rows`,
 /// `gemv_coop_experts_rows`): each weight decoded once and multiplied with all the rows in
 /// 16-row products, where the integer-dot kernels take every weight word against every row.
-/// Off by default until it has run on a device with tensor cores (written 2026-12-05, when
-/// none was lent: it compiles, its results and speed are unmeasured; the script that checks
-/// and times it is `benches/results/2026-12-05-h200-coop-rows/run1.sh`).
-/// `SPARSA_ROWS_COOP`: 1 at 2 rows and more, 2 also at one row (0, the default: never).
+/// Off by default: on the H200 (2026-12-05, `benches/results/2026-12-05-h200-coop-rows/`)
+/// its results pass the matmul tests, the batched-greedy tests and the goldens, but it is
+/// slower than the integer-dot rows: the GLM-5 decode shapes at 8 rows take 2.54 ms against
+/// 1.03, and a full-depth 8-row step 128.9 ms against 64.8. Its time follows K, not the
+/// rows (kv_a, 2 MB, 102 µs at any row count): a workgroup walks all of K, a K-step of 64
+/// at a time with two barriers, and the small matrices have few workgroups. Splitting K
+/// across subgroups or workgroups is the next step. `SPARSA_ROWS_COOP`: 1 at 2 rows and
+/// more, 2 also at one row (0, the default: never).
 fn coop_rows(gpu: &crate::gpu::Gpu, rows: u32) -> bool {
     let mode = knob!("SPARSA_ROWS_COOP", |v| v <= 2).unwrap_or(0);
     gpu.tensor_cores() && rows <= COOP_ROWS_MAX && (mode == 2 || (mode == 1 && rows > 1))
