@@ -327,10 +327,14 @@ struct LayerState {
 pub struct CpuPart {
     /// The MoE layer.
     pub layer: usize,
-    /// Pairs per row, and the experts' intermediate size.
+    /// Pairs per row, and the experts' intermediate size (read by the CPU executor, which
+    /// the browser build does not have).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     k: usize,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     inter: usize,
     /// Every pair's expert.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     experts: Vec<u32>,
     /// The missed experts in order of first use, each with the pairs (indices into
     /// `experts`) that chose it.

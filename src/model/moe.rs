@@ -16,7 +16,9 @@
 use super::load::Moe;
 use super::session::Session;
 use crate::error::Result;
-use crate::experts::{CpuPart, ExpertSource, Offload};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::experts::CpuPart;
+use crate::experts::{ExpertSource, Offload};
 use crate::gpu::Recorder;
 use crate::kernels::matmul::{Routed, XQuant};
 use crate::kernels::{elementwise, matmul, router, View};
