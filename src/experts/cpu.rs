@@ -15,7 +15,7 @@ use super::pool::Pool;
 use crate::error::{Error, Result};
 use crate::weights::quant::{e4m3_to_f32, FP8_BLOCK};
 use crate::weights::{QFormat, WFormat};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// The most elements a decoded block holds (q4 / q8 blocks are 32 ..= 256, FP8's 128,
 /// float rows go 256 at a time).
@@ -926,6 +926,8 @@ pub struct Scratch {
     /// The x rows and the activation rows, quantized.
     xq: RowCache,
     aq: RowCache,
+    /// Each job's gate_up tasks not yet done.
+    left: Vec<AtomicUsize>,
     /// The activation rows as slices: empty between calls (see [`relend`]).
     acts: Vec<&'static [f32]>,
 }
@@ -936,8 +938,9 @@ pub struct Scratch {
 /// decode step's few experts keep every thread busy and nothing runs serially between them:
 /// gate and up (a task takes a chunk of both matrices' rows and writes `silu(g) · u` for
 /// each x row), then down (a task takes a chunk of rows and writes them into each row's
-/// output). Each distinct x row is quantized once for the integer products, in parallel,
-/// and so is each activation row. Everything between the passes lives in `scratch`.
+/// output). Each distinct x row is quantized once for the integer products, in parallel;
+/// each activation row by the gate_up task that finishes its job, so the passes are two.
+/// Everything between them lives in `scratch`.
 pub fn run_experts(
     pool: &Pool,
     jobs: &[(CpuExpert, &[&[f32]])],
@@ -962,6 +965,7 @@ pub fn run_experts(
         tasks: ts,
         xq,
         aq,
+        left,
         acts,
     } = scratch;
     if act.len() < rows * inter {
@@ -979,6 +983,18 @@ pub fn run_experts(
     // x rows quantized once per distinct row (decode: the experts of a token share one).
     xq.fill(Some(pool), jobs.iter().map(|(e, xs)| (&e.gate, *xs)));
     let xq = &*xq;
+    // The activation rows quantized for down's integer products, one each (no two jobs
+    // share one): the job's last gate_up task fills them.
+    aq.own_rows(jobs.iter().map(|(e, xs)| (&e.down, xs.len())));
+    let aq_rows = SharedOut::of(&mut aq.rows);
+    let dst = SharedOut::of(act);
+    tasks_into(ts, jobs, inter, threads);
+    left.clear();
+    left.extend(jobs.iter().map(|_| AtomicUsize::new(0)));
+    for &(j, _, _) in ts.iter() {
+        *left[j].get_mut() += 1;
+    }
+    let left = &*left;
     let gate_up = |(j, n0, n1): (usize, usize, usize), act: SharedOut<f32>| {
         let (e, xs) = &jobs[j];
         let r = xs.len();
@@ -994,20 +1010,24 @@ pub fn run_experts(
                 unsafe { act.put((at[j] + c) * inter + n0 + i, a / (1.0 + (-a).exp()) * b) };
             }
         }
+        // The job's last task quantizes its activation rows (a panicking task leaves them
+        // undone, and the pass then panics in the caller).
+        if left[j].fetch_sub(1, Ordering::AcqRel) == 1 && e.down.int_dot() {
+            for c in 0..r {
+                let at_row = at[j] + c;
+                // SAFETY: every task of job j has written its rows (their writes come
+                // before this through the counter's AcqRel) and none writes them again;
+                // row at_row of the quantized rows is this job's alone.
+                unsafe { aq_rows.at(at_row) }
+                    .fill(unsafe { act.slice(at_row * inter, inter) }, is_q4(&e.down));
+            }
+        }
     };
-    let dst = SharedOut::of(act);
-    tasks_into(ts, jobs, inter, threads);
     pool.run(ts.len(), &|t| gate_up(ts[t], dst));
     let act = &*act;
     let mut acts_here = relend(std::mem::take(acts));
     acts_here.extend(act.chunks_exact(inter));
     let acts_of = |j: usize| &acts_here[at[j]..at[j] + jobs[j].1.len()];
-    aq.fill(
-        Some(pool),
-        jobs.iter()
-            .enumerate()
-            .map(|(j, (e, _))| (&e.down, acts_of(j))),
-    );
     let aq = &*aq;
     let down = |(j, n0, n1): (usize, usize, usize), out: SharedOut<f32>| {
         let (e, xs) = &jobs[j];
@@ -1087,6 +1107,18 @@ impl<T> SharedOut<T> {
     /// No other task writes or reads element `i` during the pass.
     unsafe fn put(self, i: usize, v: T) {
         *self.at(i) = v;
+    }
+    /// Elements `from .. from + len`.
+    ///
+    /// # Safety
+    /// No task writes them during the slice's life.
+    unsafe fn slice(&self, from: usize, len: usize) -> &[T] {
+        assert!(
+            from + len <= self.1,
+            "SharedOut: {from} + {len} of {}",
+            self.1
+        );
+        std::slice::from_raw_parts(self.0.add(from), len)
     }
     /// # Safety
     /// As [`SharedOut::put`].
@@ -1172,6 +1204,23 @@ impl RowCache {
         match pool {
             Some(p) => p.run(want.len(), &quantize),
             None => (0..want.len()).for_each(quantize),
+        }
+    }
+
+    /// A row of its own for each of the x rows of `uses` (a matrix and its count of x rows
+    /// per job) whose matrix takes x quantized, for the caller to fill (no row shared).
+    fn own_rows<'a>(&mut self, uses: impl Iterator<Item = (&'a CpuMatrix<'a>, usize)>) {
+        self.want.clear();
+        self.idx.clear();
+        for (m, r) in uses {
+            let q = m.int_dot();
+            for _ in 0..r {
+                let i = self.idx.len() as u32;
+                self.idx.push(if q { i } else { NO_ROW });
+            }
+        }
+        if self.rows.len() < self.idx.len() {
+            self.rows.resize_with(self.idx.len(), XRow::default);
         }
     }
 
