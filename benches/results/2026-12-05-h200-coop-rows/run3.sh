@@ -21,7 +21,7 @@ B="bench --model $D --context 4096 --decode 32 --prompt-len 0 --no-profile --gpu
 for v in "15 5000" "16 5000"; do
   set -- $v
   echo -n "executor alone, $1 threads, spin $2 us: "
-  SPARSA_CE_THREADS=$1 SPARSA_CE_SPIN_US=$2 SPARSA_CE_PER_ROUND=5 SPARSA_CE_GAP_US=1000 timeout 40 /tmp/cpu_experts q4 32 100 2>/dev/null | sed 's/.* apart: //'
+  SPARSA_CE_THREADS=$1 SPARSA_CE_SPIN_US=$2 SPARSA_CE_PER_ROUND=5 SPARSA_CE_GAP_US=1000 timeout 40 /tmp/cpu_experts q4 32 100 2>/dev/null | sed 's/.* apart: //' | tee -a $OUT/executor.txt
 done
 # The first run after a synth is slow (page cache write-back): a short one to discard.
 timeout 90 $S $B --decode 4 > /dev/null 2>&1
