@@ -109,6 +109,18 @@ unsafe impl Send for Job {}
 unsafe impl Sync for Job {}
 
 impl Job {
+    /// A job with no tasks (a pool's spare).
+    fn idle() -> Job {
+        fn nothing(_: usize) {}
+        Job {
+            n: 0,
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            panic: Mutex::new(None),
+            f: &nothing as &(dyn Fn(usize) + Sync) as *const _,
+        }
+    }
+
     /// Claims and runs tasks until none is left.
     fn work(&self) {
         loop {
@@ -147,10 +159,11 @@ struct Shared {
 /// The executor's threads (see the module).
 pub struct Pool {
     shared: Arc<Shared>,
-    /// One run at a time (the leader's and a direct caller's take turns); it holds the last
-    /// run's job, which the next run reuses where no worker still holds it (a run allocates
-    /// nothing).
-    running: Mutex<Option<Arc<Job>>>,
+    /// One run at a time (the leader's and a direct caller's take turns); it holds one job
+    /// per thread, made with the pool, which runs reuse: a worker holds at most one job at a
+    /// time (the one it works on), so of the workers' count + 1 jobs one is always free, and
+    /// a run allocates nothing.
+    running: Mutex<Vec<Arc<Job>>>,
     threads: usize,
     handles: Vec<JoinHandle<()>>,
 }
@@ -186,7 +199,7 @@ impl Pool {
         }
         Ok(Pool {
             shared,
-            running: Mutex::new(None),
+            running: Mutex::new((0..threads).map(|_| Arc::new(Job::idle())).collect()),
             threads,
             handles,
         })
@@ -204,7 +217,7 @@ impl Pool {
         if n == 0 {
             return;
         }
-        let mut last = lock(&self.running);
+        let mut jobs = lock(&self.running);
         // SAFETY: only the lifetime is erased; `job.f` is not called after this run
         // returns (see `Job::f`), and the run waits below until every task is done.
         let f: *const (dyn Fn(usize) + Sync + '_) = f;
@@ -216,18 +229,14 @@ impl Pool {
             panic: Mutex::new(None),
             f,
         };
-        // The last run's job where this is its only holder (a worker that took it has let
-        // go of it once it found no task left), else a new one.
-        let job = match last.take() {
-            Some(mut j) => match Arc::get_mut(&mut j) {
-                Some(only) => {
-                    *only = fresh();
-                    j
-                }
-                None => Arc::new(fresh()),
-            },
-            None => Arc::new(fresh()),
-        };
+        // A job no worker holds (one that took it lets go once it finds no task left).
+        let free = jobs.iter_mut().position(|j| Arc::get_mut(j).is_some());
+        let slot = free.unwrap_or_else(|| {
+            jobs.push(Arc::new(Job::idle()));
+            jobs.len() - 1
+        });
+        *Arc::get_mut(&mut jobs[slot]).expect("a job no one else holds") = fresh();
+        let job = jobs[slot].clone();
         // One task, or no workers: the caller alone.
         let shared = self.threads > 1 && n > 1;
         if shared {
@@ -248,8 +257,8 @@ impl Pool {
             lock(&self.shared.job).take();
         }
         let failed = lock(&job.panic).take();
-        *last = Some(job);
-        drop(last);
+        drop(job);
+        drop(jobs);
         if let Some(msg) = failed {
             panic!("{msg}");
         }
