@@ -109,16 +109,21 @@ unsafe impl Send for Job {}
 unsafe impl Sync for Job {}
 
 impl Job {
-    /// A job with no tasks (a pool's spare).
-    fn idle() -> Job {
-        fn nothing(_: usize) {}
+    /// Tasks `0..n` of `f`, none claimed yet.
+    fn new(n: usize, f: *const (dyn Fn(usize) + Sync)) -> Job {
         Job {
-            n: 0,
+            n,
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             panic: Mutex::new(None),
-            f: &nothing as &(dyn Fn(usize) + Sync) as *const _,
+            f,
         }
+    }
+
+    /// A job with no tasks (a pool's spare).
+    fn idle() -> Job {
+        fn nothing(_: usize) {}
+        Job::new(0, &nothing as &(dyn Fn(usize) + Sync))
     }
 
     /// Claims and runs tasks until none is left.
@@ -222,20 +227,13 @@ impl Pool {
         // returns (see `Job::f`), and the run waits below until every task is done.
         let f: *const (dyn Fn(usize) + Sync + '_) = f;
         let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(f) };
-        let fresh = || Job {
-            n,
-            next: AtomicUsize::new(0),
-            done: AtomicUsize::new(0),
-            panic: Mutex::new(None),
-            f,
-        };
         // A job no worker holds (one that took it lets go once it finds no task left).
         let free = jobs.iter_mut().position(|j| Arc::get_mut(j).is_some());
         let slot = free.unwrap_or_else(|| {
             jobs.push(Arc::new(Job::idle()));
             jobs.len() - 1
         });
-        *Arc::get_mut(&mut jobs[slot]).expect("a job no one else holds") = fresh();
+        *Arc::get_mut(&mut jobs[slot]).expect("a job no one else holds") = Job::new(n, f);
         let job = jobs[slot].clone();
         // One task, or no workers: the caller alone.
         let shared = self.threads > 1 && n > 1;

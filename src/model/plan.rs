@@ -395,15 +395,6 @@ impl std::str::FromStr for Placement {
     }
 }
 
-impl std::fmt::Display for Placement {
-    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str(match self {
-            Placement::Spread => "spread",
-            Placement::Layers => "layers",
-        })
-    }
-}
-
 impl Plan {
     /// The plan's expert slots laid out by `placement` (the plan spreads them).
     pub fn placed(mut self, placement: Placement) -> Plan {
