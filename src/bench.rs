@@ -323,6 +323,13 @@ pub struct ExpertReport {
     /// memory behind a resizable BAR (the H200 does), so the host's writes into the mapping
     /// are the transfer.
     pub mappable_copy_bytes_per_s: f64,
+    /// `copy_buffer_to_buffer` from a buffer in host memory (MAP_READ | COPY_SRC, natively
+    /// mappable primary buffers) into a GPU buffer, bytes per second: the GPU's own DMA read
+    /// of host memory, with no host copy in its path; 0 where the adapter cannot.
+    pub host_copy_bytes_per_s: f64,
+    /// The same copies while the CPU executor's threads read RAM ([`host_copy_contention`]):
+    /// (copy rate, RAM read rate), bytes per second; whether the two add up.
+    pub host_copy_with_ram: Option<(f64, f64)>,
     /// Time per token the uploads alone need at `h2d_bytes_per_s`: a lower bound on the
     /// step.
     pub ms_upload_bound: f64,
@@ -409,6 +416,84 @@ pub fn mappable_copy_bandwidth(gpu: &Gpu) -> Result<f64> {
     let dst = gpu.buffer(size, "dma dst")?;
     let t = best_time(gpu, |rec| rec.copy(&src, 0, &dst, 0, size))?;
     Ok(size as f64 / t)
+}
+
+/// A 256 MiB buffer in host memory (MAP_READ | COPY_SRC | COPY_DST: with natively mappable
+/// primary buffers such a buffer lives in system RAM) filled through the queue, and a GPU
+/// buffer of the same size to copy it into; None where the adapter lacks the feature.
+fn host_copy_buffers(gpu: &Gpu) -> Result<Option<(wgpu::Buffer, wgpu::Buffer, u64)>> {
+    if !gpu
+        .device
+        .features()
+        .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+    {
+        return Ok(None);
+    }
+    let size = gpu.max_binding().min(256 << 20) & !((1 << 20) - 1);
+    let src = gpu.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("host copy src"),
+        size,
+        usage: wgpu::BufferUsages::MAP_READ
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let fill: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 29 % 253) as u8).collect();
+    for off in (0..size).step_by(1 << 20) {
+        gpu.write(&src, off, &fill);
+    }
+    let dst = gpu.buffer(size, "host copy dst")?;
+    gpu.sync()?;
+    Ok(Some((src, dst, size)))
+}
+
+/// `copy_buffer_to_buffer` from host memory into GPU memory ([`host_copy_buffers`]), bytes
+/// per second, best of three after a warm-up; 0 where the adapter cannot.
+pub fn host_copy_bandwidth(gpu: &Gpu) -> Result<f64> {
+    let Some((src, dst, size)) = host_copy_buffers(gpu)? else {
+        return Ok(0.0);
+    };
+    let t = best_time(gpu, |rec| rec.copy(&src, 0, &dst, 0, size))?;
+    Ok(size as f64 / t)
+}
+
+/// Host-memory copies ([`host_copy_buffers`]) submitted back to back while the CPU
+/// executor's threads measure their RAM read ([`crate::experts::cpu::ram_read_bandwidth`]):
+/// (copy rate over that time, the RAM read rate), bytes per second. Whether the GPU's DMA
+/// reads of RAM and the CPU's add up says whether uploading some misses from a host copy
+/// while the CPU computes the others can beat the CPU alone.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn host_copy_contention(
+    gpu: &Gpu,
+    off: &crate::experts::Offload,
+) -> Result<Option<(f64, f64)>> {
+    let Some((src, dst, size)) = host_copy_buffers(gpu)? else {
+        return Ok(None);
+    };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (copied, secs, ram) = std::thread::scope(|sc| -> Result<(u64, f64, Option<f64>)> {
+        let ram = sc.spawn(|| {
+            // The copies start first: the read is measured while they run.
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let r = off.ram_bandwidth();
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            r
+        });
+        let t = Instant::now();
+        let mut copied = 0u64;
+        while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut rec = gpu.recorder();
+            rec.copy(&src, 0, &dst, 0, size);
+            rec.finish()?;
+            copied += size;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let ram = ram
+            .join()
+            .map_err(|_| Error::msg("RAM read thread panicked"))?;
+        Ok((copied, secs, ram))
+    })?;
+    Ok(ram.map(|r| (copied as f64 / secs, r)))
 }
 
 /// Hit rates of LRU, LFU (a few decays) and Belady on the routing `trace` (per layer, the
@@ -800,6 +885,14 @@ pub fn run(
                     let stats = o.stats().since(&b);
                     let h2d = h2d_bandwidth(gpu)?;
                     let mappable = mappable_copy_bandwidth(gpu)?;
+                    let host_copy = host_copy_bandwidth(gpu)?;
+                    #[cfg(not(target_arch = "wasm32"))]
+                    let host_copy_with_ram = match stats.cpu_bytes > 0 {
+                        true => host_copy_contention(gpu, o)?,
+                        false => None,
+                    };
+                    #[cfg(target_arch = "wasm32")]
+                    let host_copy_with_ram = None;
                     let ms_upload_bound = stats.bytes_per_token() / h2d * 1e3;
                     #[cfg(not(target_arch = "wasm32"))]
                     let ram = o.ram_bandwidth().filter(|_| stats.cpu_bytes > 0);
@@ -818,6 +911,8 @@ pub fn run(
                         stats,
                         h2d_bytes_per_s: h2d,
                         mappable_copy_bytes_per_s: mappable,
+                        host_copy_bytes_per_s: host_copy,
+                        host_copy_with_ram,
                         ms_upload_bound,
                         policies: compare_policies(o, &trace),
                     })
@@ -944,7 +1039,7 @@ pub fn format_report(r: &BenchReport) -> String {
             let st = &x.stats;
             let _ = writeln!(
                 o,
-                "  expert offloading ({}{}): {}\n  host→GPU {:.1} GB/s measured through the upload path (a mappable buffer copies at {:.1} GB/s): the uploads alone need {:.3} ms per token, so tok/s is {:.0} % of that bound",
+                "  expert offloading ({}{}): {}\n  host→GPU {:.1} GB/s measured through the upload path (a mappable buffer copies at {:.1} GB/s, one in host memory at {:.1} GB/s): the uploads alone need {:.3} ms per token, so tok/s is {:.0} % of that bound",
                 x.policy,
                 x.replay_zipf
                     .map(|z| format!(", Zipf {z} routing replayed"))
@@ -952,6 +1047,7 @@ pub fn format_report(r: &BenchReport) -> String {
                 st.line(),
                 x.h2d_bytes_per_s / 1e9,
                 x.mappable_copy_bytes_per_s / 1e9,
+                x.host_copy_bytes_per_s / 1e9,
                 x.ms_upload_bound,
                 100.0 * x.ms_upload_bound / d.ms_median,
             );
@@ -962,6 +1058,15 @@ pub fn format_report(r: &BenchReport) -> String {
                     "  CPU experts: RAM read {:.1} GB/s on the executor's threads: their reads alone need {ms:.3} ms per token; with the uploads {both:.3} ms, so tok/s is {:.0} % of that bound",
                     ram / 1e9,
                     100.0 * both / d.ms_median,
+                );
+            }
+            if let Some((copy, ram)) = x.host_copy_with_ram {
+                let _ = writeln!(
+                    o,
+                    "  together: host-memory copies {:.1} GB/s while the executor's threads read RAM at {:.1} GB/s ({:.1} GB/s in all)",
+                    copy / 1e9,
+                    ram / 1e9,
+                    (copy + ram) / 1e9,
                 );
             }
             // Where a token's host time went (totals over the measured tokens).

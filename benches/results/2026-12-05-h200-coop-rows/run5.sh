@@ -13,7 +13,7 @@ B="bench --model $D --context 4096 --prompt-len 0 --decode 8"
 for g in 6GiB 7GiB 8GiB; do
   timeout 60 $S $B --gpu-memory $g --expert-routing zipf:0 --cpu-experts on > $OUT/hybrid.txt 2>&1 && break
 done
-grep -E "ms/token median of|routing waits|a token's time|hit rate|rror" $OUT/hybrid.txt | cut -c1-220; save
+grep -E "ms/token median of|routing waits|a token.s time|hit rate|host→GPU|together|CPU experts|rror" $OUT/hybrid.txt | cut -c1-220; save
 echo "[$SECONDS s]"
 timeout 40 $S $B > $OUT/resident.txt 2>&1
 grep -E "ms/token median of" $OUT/resident.txt | cut -c1-120; save
