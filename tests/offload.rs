@@ -9,7 +9,7 @@
 
 mod common;
 
-use sparsa::experts::{CpuExperts, ExpertStats, Policy};
+use sparsa::experts::{CpuExperts, ExpertStats, HostCopy, Policy};
 use sparsa::generate::{generate, Sampler, SamplingParams};
 use sparsa::gpu::Gpu;
 use sparsa::model::{GpuMemory, Model, ModelSource, Session};
@@ -85,16 +85,31 @@ fn check_source(src: ModelSource, name: &str) {
     let want = run(&resident, &p, 6, ctx);
     drop(resident);
     let e = src.config.n_routed_experts as u64;
-    for (slots, policy, cpu) in [
-        (1, Policy::Lru, CpuExperts::Off),
-        (2, Policy::Lfu { decay: 0.9 }, CpuExperts::Off),
-        (e - 1, Policy::Lru, CpuExperts::Off),
-        (1, Policy::Lru, CpuExperts::On),
-        (e - 1, Policy::Lfu { decay: 0.9 }, CpuExperts::On),
+    // With the host copy on, uploads are the GPU's copies from it; with the CPU on as well,
+    // the first hybrid round times the CPU and the later ones copy a share of the misses.
+    for (slots, policy, cpu, host) in [
+        (1, Policy::Lru, CpuExperts::Off, HostCopy::Off),
+        (
+            2,
+            Policy::Lfu { decay: 0.9 },
+            CpuExperts::Off,
+            HostCopy::Off,
+        ),
+        (e - 1, Policy::Lru, CpuExperts::Off, HostCopy::Off),
+        (1, Policy::Lru, CpuExperts::On, HostCopy::Off),
+        (
+            e - 1,
+            Policy::Lfu { decay: 0.9 },
+            CpuExperts::On,
+            HostCopy::Off,
+        ),
+        (2, Policy::Lru, CpuExperts::Off, HostCopy::On),
+        (2, Policy::Lfu { decay: 0.9 }, CpuExperts::On, HostCopy::On),
     ] {
         let mut b = common::budget(&src, &g, ctx, slots, policy);
         b.cpu = cpu;
         b.cpu_threads = 3;
+        b.host_copy = host;
         let model = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
         let off = model.offload.as_ref().expect("the budget streams experts");
         assert!(off
@@ -105,7 +120,7 @@ fn check_source(src: ModelSource, name: &str) {
         let got = run(&model, &p, 6, ctx);
         assert!(
             matches(&got, &want),
-            "{name}, {slots} slots per layer ({policy}, CPU experts {cpu}): logits differ from the resident model's"
+            "{name}, {slots} slots per layer ({policy}, CPU experts {cpu}, host copy {host}): logits differ from the resident model's"
         );
         // The decode steps' logits (where the CPU runs experts): how far they are.
         let tail = 6 * src.config.vocab_size;
@@ -147,8 +162,12 @@ fn check_source(src: ModelSource, name: &str) {
             st.hits <= st.uses && st.uploads > 0 && st.bytes > 0,
             "{st:?}"
         );
-        // Every upload is one whole expert.
+        // Every upload is one whole expert; with the host copy, the GPU copied them all.
         assert_eq!(st.bytes, st.uploads * off.slots.expert_bytes, "{st:?}");
+        match host {
+            HostCopy::On => assert!(st.copied == st.uploads && st.copied_bytes == st.bytes),
+            _ => assert_eq!(st.copied, 0, "{st:?}"),
+        }
         // A 48-token chunk routes to more experts than 1 or 2 slots hold: several rounds.
         if slots <= 2 {
             assert!(st.rounds > st.syncs, "{st:?}");
@@ -400,7 +419,7 @@ fn batched_writes_land_byte_for_byte() {
 
 /// A NaN in a streamed expert is found when the expert is first uploaded, and the error
 /// names the tensor (the resident loader would have refused it at load; offloaded experts
-/// are not read at load).
+/// are not read at load, unless a host copy of them is made there).
 #[test]
 fn a_nan_in_a_streamed_expert_is_an_error_naming_it() {
     let dir = common::tmpdir("offload-nan");
@@ -430,6 +449,17 @@ fn a_nan_in_a_streamed_expert_is_an_error_naming_it() {
     assert!(
         err.0.contains("model.layers.2.mlp.experts.")
             && err.0.contains("up_proj.weight")
+            && err.0.contains("element 3 is NaN (weights must be finite)"),
+        "{err}"
+    );
+    // With a host copy every expert is read at load, so the load fails, naming it.
+    let mut b = b;
+    b.host_copy = HostCopy::On;
+    let err = Model::from_source_within(&src, gpu(), &mut |_, _| {}, Some(&b))
+        .err()
+        .expect("the NaN is found at load");
+    assert!(
+        err.0.contains("model.layers.2.mlp.experts.")
             && err.0.contains("element 3 is NaN (weights must be finite)"),
         "{err}"
     );

@@ -245,6 +245,15 @@ pub(crate) struct ExpertArgs {
     /// where routing is skewed, slower prefill). Only with --gpu-memory.
     #[arg(long, default_value = "spread", requires = "gpu_memory")]
     expert_placement: sparsa::model::Placement,
+    /// A copy of the offloaded experts in host memory that the GPU copies from (auto, on,
+    /// off): an upload is then the GPU's own read over the bus with no host thread copying,
+    /// so uploads run at the link's rate and beside the CPU's experts, which leave it a
+    /// share of each decode step's misses. It takes host memory of the size of the
+    /// offloaded layers' experts (made at load, a layer at a time); auto makes it on a GPU
+    /// that keeps buffers in host memory where it takes at most half the memory available.
+    /// Only with --gpu-memory.
+    #[arg(long, default_value = "auto", requires = "gpu_memory")]
+    expert_host_copy: sparsa::experts::HostCopy,
 }
 
 #[derive(Args)]
@@ -388,6 +397,7 @@ pub(crate) fn budget(m: &ModelArgs, x: &ExpertArgs, ctx: usize) -> Option<sparsa
         cpu: x.cpu_experts,
         cpu_threads: x.cpu_threads.map_or(0, usize::from),
         placement: x.expert_placement,
+        host_copy: x.expert_host_copy,
     })
 }
 

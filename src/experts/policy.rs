@@ -99,6 +99,17 @@ impl SlotTable {
             .filter(|&s| s != NONE)
     }
 
+    /// The distinct experts of `experts` that are not resident.
+    pub fn misses(&self, experts: &[u32]) -> usize {
+        let mut seen: Vec<u32> = Vec::with_capacity(experts.len());
+        for &e in experts {
+            if self.slot_of(e).is_none() && !seen.contains(&e) {
+                seen.push(e);
+            }
+        }
+        seen.len()
+    }
+
     /// Experts resident now, by slot.
     pub fn residents(&self) -> &[u32] {
         &self.slot_expert
@@ -187,7 +198,7 @@ impl SlotTable {
     pub fn place_hybrid(
         &mut self,
         experts: &[u32],
-        upload: impl Fn(u32) -> bool,
+        mut upload: impl FnMut(u32) -> bool,
     ) -> (Round, Vec<usize>) {
         let want = self.count_uses(experts);
         let hits = want

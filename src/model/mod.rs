@@ -37,7 +37,7 @@ use crate::config::Config;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::error::Error;
 use crate::error::Result;
-use crate::experts::{CpuExperts, Offload, Policy};
+use crate::experts::{CpuExperts, HostCopy, Offload, Policy};
 use crate::gpu::Gpu;
 use crate::weights::WeightFiles;
 #[cfg(not(target_arch = "wasm32"))]
@@ -62,6 +62,9 @@ pub struct Budget {
     pub cpu_threads: usize,
     /// How the expert slots are laid over the MoE layers.
     pub placement: Placement,
+    /// Whether the offloaded experts also get a copy in host memory for the GPU to copy
+    /// slots from (see [`crate::experts::HostCopy`]).
+    pub host_copy: HostCopy,
 }
 
 /// A model on the GPU. Cloning is cheap (the weights are shared): every [`Session`] holds a
@@ -172,7 +175,7 @@ impl Model {
         gpu.submit([]);
         gpu.sync()?;
         files.check_unchanged()?;
-        let offload = match (streamed, budget) {
+        let mut offload = match (streamed, budget) {
             (Some(s), Some(b)) => Some(Offload::new(
                 s.clone(),
                 b.policy,
@@ -184,6 +187,27 @@ impl Model {
             )?),
             _ => None,
         };
+        if let (Some(off), Some(b)) = (&mut offload, budget) {
+            let layers: Vec<_> = weights
+                .layers
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| match &l.mlp {
+                    load::Mlp::Moe(m) if off.offloaded(i) => {
+                        m.source.as_ref().map(|s| (i, s, &m.gate_up, &m.down))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let held = off.make_host_copy(&gpu, b.host_copy, &layers)?;
+            if held > 0 {
+                log::info!(
+                    "the offloaded experts' host copy: {:.1} GiB of host memory, copied to the GPU at {:.1} GB/s",
+                    held as f64 / (1u64 << 30) as f64,
+                    off.host_copy_rate().unwrap_or(0.0) / 1e9
+                );
+            }
+        }
         if let Some(off) = &offload {
             // The experts the CPU may read: their pages faulted in ahead, in the background.
             let sources = weights

@@ -18,7 +18,7 @@ use super::session::Session;
 use crate::error::Result;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::experts::CpuPart;
-use crate::experts::{ExpertSource, Offload};
+use crate::experts::{ExpertSource, Offload, SlotCopy};
 use crate::gpu::Recorder;
 use crate::kernels::matmul::{Routed, XQuant};
 use crate::kernels::{elementwise, matmul, router, View};
@@ -196,7 +196,11 @@ impl Session {
             let x: Vec<f32> = bytemuck::pod_collect_to_vec(&take());
             let first = off.first_layer() == Some(i);
             off.count_sync(t as usize, t0.elapsed().as_secs_f64(), first);
-            let mut gpu_round = |table: &[u32], shared: bool| -> Result<()> {
+            let mut gpu_round = |table: &[u32], copies: &[SlotCopy], shared: bool| -> Result<()> {
+                // The uploads the GPU copies from the host copy, ahead of the matmuls.
+                for c in copies {
+                    rec.copy(&c.src, c.src_off, &c.dst, c.dst_off, c.size);
+                }
                 // A hybrid round whose pairs all run on the CPU has no GPU experts.
                 if table.iter().any(|&x| x != crate::experts::NONE) {
                     gpu.write(&s.expert_slots, 0, bytemuck::cast_slice(table));
@@ -210,16 +214,17 @@ impl Session {
             };
             if hybrid {
                 let weights = (&m.gate_up, &m.down);
-                let part = off.serve_hybrid(gpu, i, src, ids, t as usize, weights, |table| {
-                    gpu_round(table, true)
-                })?;
+                let part =
+                    off.serve_hybrid(gpu, i, src, ids, t as usize, weights, |table, c| {
+                        gpu_round(table, c, true)
+                    })?;
                 if let Some(part) = part {
                     self.cpu_experts(rec, part, x)?;
                 }
             } else {
                 let (gu, dn) = (&m.gate_up, &m.down);
-                off.serve(gpu, i, src, ids, t as usize, gu, dn, |t| {
-                    gpu_round(t, false)
+                off.serve(gpu, i, src, ids, t as usize, gu, dn, |t, c| {
+                    gpu_round(t, c, false)
                 })?;
             }
             // Staged while the GPU runs this layer's experts and the next layer's attention.

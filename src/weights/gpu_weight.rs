@@ -44,6 +44,9 @@ impl GpuWeight {
     }
 }
 
+/// One buffer-to-buffer copy: (source, offset, destination, offset, bytes).
+pub type RowCopy<'a> = (&'a wgpu::Buffer, u64, &'a wgpu::Buffer, u64, u64);
+
 /// Rows to write into a matrix: floating point, or quantized with their scales.
 pub enum RowSource<'a> {
     Float(TensorRef<'a>),
@@ -392,15 +395,44 @@ impl GpuWeight {
         align_rows: usize,
         label: &str,
     ) -> Result<GpuWeight> {
+        Self::empty_in(gpu, rows, cols, format, align_rows, label, false)
+    }
+
+    /// [`GpuWeight::empty`] in host memory ([`Gpu::host_buffer`]): the expert cache's host
+    /// copy, which the GPU copies slots from.
+    pub fn empty_host(
+        gpu: &Gpu,
+        rows: usize,
+        cols: usize,
+        format: WFormat,
+        align_rows: usize,
+        label: &str,
+    ) -> Result<GpuWeight> {
+        Self::empty_in(gpu, rows, cols, format, align_rows, label, true)
+    }
+
+    fn empty_in(
+        gpu: &Gpu,
+        rows: usize,
+        cols: usize,
+        format: WFormat,
+        align_rows: usize,
+        label: &str,
+        host: bool,
+    ) -> Result<GpuWeight> {
         let per = Self::chunk_rows(gpu, rows, cols, format, align_rows.max(1), label)?;
         let (grb, srb) = (format.row_bytes(cols), format.scale_row_bytes(cols));
+        let make = |bytes: usize| match host {
+            true => gpu.host_buffer(bytes as u64, label),
+            false => gpu.buffer(bytes as u64, label),
+        };
         let mut chunks = Vec::new();
         let mut row0 = 0;
         while row0 < rows {
             let n = per.min(rows - row0);
-            let buf = gpu.buffer((n * grb) as u64, label)?;
+            let buf = make(n * grb)?;
             let scale = match format {
-                WFormat::Quant(_) => Some(gpu.buffer(((n * srb).div_ceil(4) * 4) as u64, label)?),
+                WFormat::Quant(_) => Some(make((n * srb).div_ceil(4) * 4)?),
                 WFormat::Float(_) => None,
             };
             chunks.push(WeightChunk {
@@ -525,6 +557,45 @@ impl GpuWeight {
             r += rows;
         }
         Ok(written)
+    }
+
+    /// The copies that put rows `from .. from + n` of `self` into rows `to .. to + n` of
+    /// `dst` (same format and columns; neither range straddles a chunk):
+    /// `(src buffer, src offset, dst buffer, dst offset, bytes)`, the weights' and the
+    /// scales'. None where a range is not 4-byte aligned (copies need it) or out of place.
+    pub fn copy_rows<'s>(
+        &'s self,
+        from: usize,
+        dst: &'s GpuWeight,
+        to: usize,
+        n: usize,
+    ) -> Option<Vec<RowCopy<'s>>> {
+        if self.format != dst.format || self.cols != dst.cols {
+            return None;
+        }
+        let find = |w: &'s GpuWeight, r: usize| {
+            w.chunks
+                .iter()
+                .find(|c| r >= c.row0 && r + n <= c.row0 + c.rows)
+                .map(|c| (c, r - c.row0))
+        };
+        let ((sc, sl), (dc, dl)) = (find(self, from)?, find(dst, to)?);
+        let (grb, srb) = (
+            self.format.row_bytes(self.cols),
+            self.format.scale_row_bytes(self.cols),
+        );
+        let mut out = vec![(&sc.buf, sl * grb, &dc.buf, dl * grb, n * grb)];
+        if let (Some(ss), Some(ds)) = (&sc.scale, &dc.scale) {
+            out.push((ss, sl * srb, ds, dl * srb, n * srb));
+        }
+        let aligned = |v: usize| v.is_multiple_of(4);
+        out.iter()
+            .all(|&(_, a, _, b, len)| aligned(a) && aligned(b) && aligned(len))
+            .then(|| {
+                out.into_iter()
+                    .map(|(s, a, d, b, len)| (s, a as u64, d, b as u64, len as u64))
+                    .collect()
+            })
     }
 
     /// Bytes on the GPU (weights and scales).

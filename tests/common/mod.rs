@@ -227,5 +227,6 @@ pub fn budget(
         cpu: sparsa::experts::CpuExperts::Off,
         cpu_threads: 0,
         placement: Default::default(),
+        host_copy: sparsa::experts::HostCopy::Off,
     }
 }

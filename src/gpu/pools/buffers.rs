@@ -97,6 +97,42 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// A buffer of `bytes` (rounded up to 4) in host memory that the GPU copies from
+    /// (MAP_READ | COPY_SRC | COPY_DST: with natively mappable primary buffers such a buffer
+    /// lives in system RAM, where the GPU reads it over the bus with no host copy in the
+    /// way); filled through the queue. An error where the adapter lacks the feature.
+    pub fn host_buffer(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {
+        if !self
+            .device
+            .features()
+            .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+        {
+            return Err(Error::msg(format!(
+                "buffer {label}: {} cannot keep buffers in host memory for the GPU to copy from (no MAPPABLE_PRIMARY_BUFFERS)",
+                self.adapter.name
+            )));
+        }
+        let size = bytes.max(4).div_ceil(4) * 4;
+        let seen = lock(&self.health.errors).len();
+        let buf = self.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut errors = lock(&self.health.errors);
+        if errors.len() > seen {
+            let new: Vec<String> = errors.drain(seen..).collect();
+            return Err(Error::msg(format!(
+                "host buffer {label} ({size} bytes): {}",
+                new[0].lines().next().unwrap_or("")
+            )));
+        }
+        Ok(buf)
+    }
+
     /// Every buffer sparsa makes is created here, so [`Gpu::stats`] can count them.
     pub fn create_buffer(&self, desc: &wgpu::BufferDescriptor) -> wgpu::Buffer {
         self.counters
