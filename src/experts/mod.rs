@@ -466,6 +466,7 @@ fn cpu_spin(cpu_adapter: bool) -> std::time::Duration {
 /// their measured rates (bytes per second; `cpu`, `up`); none until the CPU's rate is known
 /// (the first hybrid round measures it). `SPARSA_HOST_COPY_SHARE` (percent of the misses)
 /// sets it instead, a measurement aid.
+#[cfg(not(target_arch = "wasm32"))]
 fn copy_lane(misses: usize, cpu: Option<f64>, up: Option<f64>) -> usize {
     if let Some(p) = crate::knobs::knob!("SPARSA_HOST_COPY_SHARE", |v| v <= 100) {
         return (misses as f64 * p as f64 / 100.0).round() as usize;

@@ -18,7 +18,9 @@ use super::session::Session;
 use crate::error::Result;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::experts::CpuPart;
-use crate::experts::{ExpertSource, Offload, SlotCopy};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::experts::SlotCopy;
+use crate::experts::{ExpertSource, Offload};
 use crate::gpu::Recorder;
 use crate::kernels::matmul::{Routed, XQuant};
 use crate::kernels::{elementwise, matmul, router, View};
