@@ -1171,23 +1171,23 @@ impl Offload {
             gpu.sync()?;
             host[i] = Some((hg, hd));
         }
-        // The GPU's copy rate from there: up to 8 experts of the first layer into its slot
-        // 0 (empty until the first chunk), one submission, best of three after a warm-up.
+        // The GPU's copy rate from there: every expert of the first layer into its slot 0
+        // (empty until the first chunk), one submission, best of seven after a warm-up (a
+        // rate taken while the host is busy elsewhere, e.g. freeing an earlier process's
+        // memory, would give the copies too small a share of each round).
         let (i, _, gu, dn) = layers[0];
         if let Some((hg, hd)) = &host[i] {
             let n = self.slots.per_layer[i];
             let (rg, rd) = (gu.rows / n, dn.rows / n);
             let mut best = f64::MAX;
             let mut moved = 0;
-            for run in 0..4 {
+            for run in 0..8 {
                 let mut rec = gpu.recorder();
                 moved = 0;
-                for x in 0..e.min(8) {
+                for x in 0..e {
                     let g = hg.copy_rows(x * rg, gu, 0, rg).unwrap_or_default();
-                    for (src, so, dst, d_off, size) in g
-                        .into_iter()
-                        .chain(hd.copy_rows(x * rd, dn, 0, rd).unwrap_or_default())
-                    {
+                    let d = hd.copy_rows(x * rd, dn, 0, rd).unwrap_or_default();
+                    for (src, so, dst, d_off, size) in g.into_iter().chain(d) {
                         rec.copy(src, so, dst, d_off, size);
                         moved += size;
                     }

@@ -199,14 +199,20 @@ impl Model {
                     _ => None,
                 })
                 .collect();
+            #[cfg(not(target_arch = "wasm32"))]
+            let t0 = std::time::Instant::now();
             let held = off.make_host_copy(&gpu, b.host_copy, &layers)?;
+            #[cfg(not(target_arch = "wasm32"))]
             if held > 0 {
                 log::info!(
-                    "the offloaded experts' host copy: {:.1} GiB of host memory, copied to the GPU at {:.1} GB/s",
+                    "the offloaded experts' host copy: {:.1} GiB of host memory, made in {:.1} s, copied to the GPU at {:.1} GB/s",
                     held as f64 / (1u64 << 30) as f64,
+                    t0.elapsed().as_secs_f64(),
                     off.host_copy_rate().unwrap_or(0.0) / 1e9
                 );
             }
+            #[cfg(target_arch = "wasm32")]
+            let _ = held;
         }
         if let Some(off) = &offload {
             // The experts the CPU may read: their pages faulted in ahead, in the background.
