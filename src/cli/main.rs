@@ -249,8 +249,9 @@ pub(crate) struct ExpertArgs {
     /// off): an upload is then the GPU's own read over the bus with no host thread copying,
     /// so uploads run at the link's rate and beside the CPU's experts, which leave it a
     /// share of each decode step's misses. It takes host memory of the size of the
-    /// offloaded layers' experts (made at load, a layer at a time); auto makes it on a GPU
-    /// that keeps buffers in host memory where it takes at most half the memory available.
+    /// offloaded layers' experts (made at load, a layer at a time); auto makes it on a
+    /// discrete GPU that keeps buffers in host memory where it takes at most half the memory
+    /// available.
     /// Only with --gpu-memory.
     #[arg(long, default_value = "auto", requires = "gpu_memory")]
     expert_host_copy: sparsa::experts::HostCopy,

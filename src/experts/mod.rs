@@ -123,8 +123,9 @@ impl std::fmt::Display for CpuExperts {
 /// memory bandwidth twice (a read from the files and a write into staging).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum HostCopy {
-    /// On a GPU (not a CPU adapter) that keeps buffers in host memory, where the copy takes
-    /// at most half the host memory available.
+    /// On a discrete GPU (one across a bus: an integrated GPU or a CPU adapter shares the
+    /// host's memory, so a copy would only double it) that keeps buffers in host memory,
+    /// where the copy takes at most half the host memory available.
     #[default]
     Auto,
     On,
@@ -1139,7 +1140,7 @@ impl Offload {
                 let fits = available_memory().is_some_and(|a| total <= a / 2);
                 #[cfg(target_arch = "wasm32")]
                 let fits = false;
-                fits && !gpu.adapter.is_cpu()
+                fits && gpu.adapter.is_discrete()
                     && gpu
                         .device
                         .features()
@@ -1155,8 +1156,8 @@ impl Offload {
             let n = self.slots.per_layer[i];
             let (rg, rd) = (gu.rows / n, dn.rows / n);
             let label = format!("layer {i}: the experts' host copy");
-            let hg = GpuWeight::empty_host(gpu, e * rg, gu.cols, gu.format, rg, &label)?;
-            let hd = GpuWeight::empty_host(gpu, e * rd, dn.cols, dn.format, rd, &label)?;
+            let hg = GpuWeight::empty_in(gpu, e * rg, gu.cols, gu.format, rg, &label, true)?;
+            let hd = GpuWeight::empty_in(gpu, e * rd, dn.cols, dn.format, rd, &label, true)?;
             let mut st = crate::gpu::lock(self.layer(i)?);
             let mut writes = Vec::new();
             for x in 0..e {

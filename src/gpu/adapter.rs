@@ -51,6 +51,11 @@ impl AdapterSummary {
         self.device_type == format!("{:?}", wgpu::DeviceType::Cpu)
     }
 
+    /// A GPU with memory of its own across a bus (not integrated, not a CPU adapter).
+    pub fn is_discrete(&self) -> bool {
+        self.device_type == format!("{:?}", wgpu::DeviceType::DiscreteGpu)
+    }
+
     /// One line for logs and `sparsa devices`.
     pub fn line(&self) -> String {
         format!(

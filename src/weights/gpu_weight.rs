@@ -398,20 +398,10 @@ impl GpuWeight {
         Self::empty_in(gpu, rows, cols, format, align_rows, label, false)
     }
 
-    /// [`GpuWeight::empty`] in host memory ([`Gpu::host_buffer`]): the expert cache's host
-    /// copy, which the GPU copies slots from.
-    pub fn empty_host(
-        gpu: &Gpu,
-        rows: usize,
-        cols: usize,
-        format: WFormat,
-        align_rows: usize,
-        label: &str,
-    ) -> Result<GpuWeight> {
-        Self::empty_in(gpu, rows, cols, format, align_rows, label, true)
-    }
-
-    fn empty_in(
+    /// [`GpuWeight::empty`], in host memory ([`Gpu::host_buffer`]) where `host`: the
+    /// expert cache's host copy, which the GPU copies slots from.
+    #[allow(clippy::too_many_arguments)]
+    pub fn empty_in(
         gpu: &Gpu,
         rows: usize,
         cols: usize,

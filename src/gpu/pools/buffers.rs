@@ -76,16 +76,27 @@ impl Gpu {
             );
             return Err(Error::msg(format!("buffer {label} ({size} bytes): {msg}")));
         }
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC;
+        self.checked_buffer(size, usage, label)
+    }
+
+    /// A buffer of `size` bytes and `usage`, or the error its creation reported (natively a
+    /// failed creation reports to the error handler during the call).
+    fn checked_buffer(
+        &self,
+        size: u64,
+        usage: wgpu::BufferUsages,
+        label: &str,
+    ) -> Result<wgpu::Buffer> {
         let seen = lock(&self.health.errors).len();
         let buf = self.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
+            usage,
             mapped_at_creation: false,
         });
-        // Natively a failed creation reports to the error handler during the call.
         let mut errors = lock(&self.health.errors);
         if errors.len() > seen {
             let new: Vec<String> = errors.drain(seen..).collect();
@@ -112,25 +123,10 @@ impl Gpu {
                 self.adapter.name
             )));
         }
-        let size = bytes.max(4).div_ceil(4) * 4;
-        let seen = lock(&self.health.errors).len();
-        let buf = self.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut errors = lock(&self.health.errors);
-        if errors.len() > seen {
-            let new: Vec<String> = errors.drain(seen..).collect();
-            return Err(Error::msg(format!(
-                "host buffer {label} ({size} bytes): {}",
-                new[0].lines().next().unwrap_or("")
-            )));
-        }
-        Ok(buf)
+        let usage = wgpu::BufferUsages::MAP_READ
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        self.checked_buffer(bytes.max(4).div_ceil(4) * 4, usage, label)
     }
 
     /// Every buffer sparsa makes is created here, so [`Gpu::stats`] can count them.
