@@ -119,8 +119,20 @@ impl Plan {
             .collect();
         let sl = &self.slots;
         let total = sl.moe_layers() * sl.n_experts;
+        let offloaded = sl
+            .per_layer
+            .iter()
+            .filter(|&&s| s > 0 && s < sl.n_experts)
+            .count();
+        let host = match offloaded {
+            0 => String::new(),
+            n => format!(
+                "; the experts' host copy (--expert-host-copy) takes {} of host memory",
+                gib((n * sl.n_experts) as u64 * sl.expert_bytes)
+            ),
+        };
         format!(
-            "GPU memory plan for {} (caches {}): {}; routed experts {} of {} ({:.1} %) in {} slots of {} (exact: fixed {} B, expert {} B){}",
+            "GPU memory plan for {} (caches {}): {}; routed experts {} of {} ({:.1} %) in {} slots of {} (exact: fixed {} B, expert {} B){}{host}",
             gib(self.budget),
             self.cache.name(),
             parts.join(", "),
@@ -546,6 +558,11 @@ mod tests {
         assert_eq!(q.slots.resident_experts() as u64, n_moe * 3 / 2);
         assert!(q.slots.per_layer[1..].iter().all(|&s| s == 1 || s == 2));
         assert!(q.describe().contains("routed experts"));
+        // Every MoE layer streams: the host copy holds all their experts.
+        let all = n_moe * cfg.n_routed_experts as u64 * q.slots.expert_bytes;
+        let copy = format!("host copy (--expert-host-copy) takes {}", gib(all));
+        assert!(q.describe().contains(&copy), "{}", q.describe());
+        assert!(!p.describe().contains("host copy"));
         let e = plan(cfg, &src.weights, p.fixed(), 256, binding, None).unwrap_err();
         assert!(
             e.0.contains("--gpu-memory") && e.0.contains("lower --ctx"),
