@@ -422,22 +422,11 @@ pub fn mappable_copy_bandwidth(gpu: &Gpu) -> Result<f64> {
 /// primary buffers such a buffer lives in system RAM) filled through the queue, and a GPU
 /// buffer of the same size to copy it into; None where the adapter lacks the feature.
 fn host_copy_buffers(gpu: &Gpu) -> Result<Option<(wgpu::Buffer, wgpu::Buffer, u64)>> {
-    if !gpu
-        .device
-        .features()
-        .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
-    {
+    if !gpu.host_buffers() {
         return Ok(None);
     }
     let size = gpu.max_binding().min(256 << 20) & !((1 << 20) - 1);
-    let src = gpu.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("host copy src"),
-        size,
-        usage: wgpu::BufferUsages::MAP_READ
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
+    let src = gpu.host_buffer(size, "host copy src")?;
     let fill: Vec<u8> = (0..(1usize << 20)).map(|i| (i * 29 % 253) as u8).collect();
     for off in (0..size).step_by(1 << 20) {
         gpu.write(&src, off, &fill);

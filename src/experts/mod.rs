@@ -28,7 +28,7 @@ pub mod pool;
 pub use policy::{Policy, SlotTable, NONE};
 
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, Write};
+use crate::gpu::{BufferCopy, Gpu, Write};
 use crate::weights::{GpuWeight, QuantPart, RowSource, WFormat, WeightFiles};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -151,16 +151,6 @@ impl std::fmt::Display for HostCopy {
             HostCopy::Auto => "auto",
         })
     }
-}
-
-/// An upload done by the GPU: bytes copied from the host copy into a slot, recorded ahead
-/// of the round's expert matmuls.
-pub struct SlotCopy {
-    pub src: wgpu::Buffer,
-    pub src_off: u64,
-    pub dst: wgpu::Buffer,
-    pub dst_off: u64,
-    pub size: u64,
 }
 
 /// Where one MoE layer's routed experts are in the files.
@@ -720,7 +710,7 @@ impl Offload {
         rows: usize,
         gate_up: &GpuWeight,
         down: &GpuWeight,
-        mut run: impl FnMut(&[u32], &[SlotCopy]) -> Result<()>,
+        mut run: impl FnMut(&[u32], &[BufferCopy]) -> Result<()>,
     ) -> Result<()> {
         let layer = self.layer(i)?;
         let mut st = crate::gpu::lock(layer);
@@ -762,7 +752,7 @@ impl Offload {
         experts: Vec<u32>,
         rows: usize,
         (gate_up, down): (&GpuWeight, &GpuWeight),
-        run: impl FnOnce(&[u32], &[SlotCopy]) -> Result<()>,
+        run: impl FnOnce(&[u32], &[BufferCopy]) -> Result<()>,
     ) -> Result<Option<CpuPart>> {
         let layer = self.layer(i)?;
         let mut st = crate::gpu::lock(layer);
@@ -1051,7 +1041,7 @@ impl Offload {
         i: usize,
         st: &mut LayerState,
         source: &ExpertSource,
-        (uploads, mut copies): (&[(u32, u32)], Option<&mut Vec<SlotCopy>>),
+        (uploads, mut copies): (&[(u32, u32)], Option<&mut Vec<BufferCopy>>),
         (gate_up, down): (&GpuWeight, &GpuWeight),
         prefetched: bool,
     ) -> Result<()> {
@@ -1068,17 +1058,8 @@ impl Offload {
                     let g = hg.copy_rows(xs * rpe_gu, gate_up, sl * rpe_gu, rpe_gu);
                     let d = hd.copy_rows(xs * rpe_dn, down, sl * rpe_dn, rpe_dn);
                     g.zip(d).map(|(g, d)| {
-                        let mut b = 0;
-                        for (src, src_off, dst, dst_off, size) in g.into_iter().chain(d) {
-                            b += size;
-                            out.push(SlotCopy {
-                                src: src.clone(),
-                                src_off,
-                                dst: dst.clone(),
-                                dst_off,
-                                size,
-                            });
-                        }
+                        let b = g.iter().chain(&d).map(|c| c.size).sum::<u64>();
+                        out.extend(g.into_iter().chain(d));
                         b
                     })
                 }
@@ -1140,11 +1121,7 @@ impl Offload {
                 let fits = available_memory().is_some_and(|a| total <= a / 2);
                 #[cfg(target_arch = "wasm32")]
                 let fits = false;
-                fits && gpu.adapter.is_discrete()
-                    && gpu
-                        .device
-                        .features()
-                        .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+                fits && gpu.adapter.is_discrete() && gpu.host_buffers()
             }
         };
         if !on || layers.is_empty() {
@@ -1188,10 +1165,9 @@ impl Offload {
                 for x in 0..e {
                     let g = hg.copy_rows(x * rg, gu, 0, rg).unwrap_or_default();
                     let d = hd.copy_rows(x * rd, dn, 0, rd).unwrap_or_default();
-                    for (src, so, dst, d_off, size) in g.into_iter().chain(d) {
-                        rec.copy(src, so, dst, d_off, size);
-                        moved += size;
-                    }
+                    moved += g.iter().chain(&d).map(|c| c.size).sum::<u64>();
+                    rec.copy_all(&g);
+                    rec.copy_all(&d);
                 }
                 gpu.sync()?;
                 let t = Clock::now();

@@ -42,7 +42,7 @@ pub use pools::pipelines::shader_prelude;
 pub(crate) use pools::pipelines::shader_source;
 pub use profile::{Cost, KernelStat, ProfileClock};
 pub use readback::{StagedRead, SPIN_LIMIT};
-pub use recorder::Recorder;
+pub use recorder::{BufferCopy, Recorder};
 pub use stats::{GpuStats, HostTimes};
 
 use std::sync::Mutex;

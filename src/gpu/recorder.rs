@@ -22,13 +22,18 @@ enum Op {
         wg: [u32; 3],
         cost: Cost,
     },
-    Copy {
-        src: wgpu::Buffer,
-        src_off: u64,
-        dst: wgpu::Buffer,
-        dst_off: u64,
-        size: u64,
-    },
+    Copy(BufferCopy),
+}
+
+/// `size` bytes from `src_off` in `src` to `dst_off` in `dst`: a copy to record
+/// ([`Recorder::copy_all`]), e.g. an expert upload the GPU makes from host memory.
+#[derive(Clone, Debug)]
+pub struct BufferCopy {
+    pub src: wgpu::Buffer,
+    pub src_off: u64,
+    pub dst: wgpu::Buffer,
+    pub dst_off: u64,
+    pub size: u64,
 }
 
 pub struct Recorder<'g> {
@@ -210,13 +215,20 @@ impl<'g> Recorder<'g> {
         if size == 0 {
             return;
         }
-        self.ops.push(Op::Copy {
+        self.ops.push(Op::Copy(BufferCopy {
             src: src.clone(),
             src_off,
             dst: dst.clone(),
             dst_off,
             size,
-        });
+        }));
+    }
+
+    /// Record each of `copies` ([`Recorder::copy`]).
+    pub fn copy_all(&mut self, copies: &[BufferCopy]) {
+        for c in copies {
+            self.copy(&c.src, c.src_off, &c.dst, c.dst_off, c.size);
+        }
     }
 
     /// Has `job` run before the next submission, whatever makes it (the host's writes it
@@ -253,15 +265,8 @@ impl<'g> Recorder<'g> {
         let mut i = 0;
         let mut n_disp = 0u32;
         while i < ops.len() {
-            if let Op::Copy {
-                src,
-                src_off,
-                dst,
-                dst_off,
-                size,
-            } = &ops[i]
-            {
-                enc.copy_buffer_to_buffer(src, *src_off, dst, *dst_off, *size);
+            if let Op::Copy(c) = &ops[i] {
+                enc.copy_buffer_to_buffer(&c.src, c.src_off, &c.dst, c.dst_off, c.size);
                 i += 1;
                 continue;
             }
@@ -291,7 +296,7 @@ impl<'g> Recorder<'g> {
                             break;
                         }
                     }
-                    Op::Copy { .. } => break,
+                    Op::Copy(_) => break,
                 }
             }
         }

@@ -18,9 +18,9 @@ use super::session::Session;
 use crate::error::Result;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::experts::CpuPart;
-#[cfg(not(target_arch = "wasm32"))]
-use crate::experts::SlotCopy;
 use crate::experts::{ExpertSource, Offload};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::gpu::BufferCopy;
 use crate::gpu::Recorder;
 use crate::kernels::matmul::{Routed, XQuant};
 use crate::kernels::{elementwise, matmul, router, View};
@@ -198,22 +198,21 @@ impl Session {
             let x: Vec<f32> = bytemuck::pod_collect_to_vec(&take());
             let first = off.first_layer() == Some(i);
             off.count_sync(t as usize, t0.elapsed().as_secs_f64(), first);
-            let mut gpu_round = |table: &[u32], copies: &[SlotCopy], shared: bool| -> Result<()> {
-                // The uploads the GPU copies from the host copy, ahead of the matmuls.
-                for c in copies {
-                    rec.copy(&c.src, c.src_off, &c.dst, c.dst_off, c.size);
-                }
-                // A hybrid round whose pairs all run on the CPU has no GPU experts.
-                if table.iter().any(|&x| x != crate::experts::NONE) {
-                    gpu.write(&s.expert_slots, 0, bytemuck::cast_slice(table));
-                    self.experts(rec, m, &s.expert_slots, slots, t, xq);
-                }
-                if let (Some(sh), true) = (&m.shared, shared) {
-                    self.swiglu(rec, sh, t, xq);
-                }
-                rec.flush();
-                Ok(())
-            };
+            let mut gpu_round =
+                |table: &[u32], copies: &[BufferCopy], shared: bool| -> Result<()> {
+                    // The uploads the GPU copies from the host copy, ahead of the matmuls.
+                    rec.copy_all(copies);
+                    // A hybrid round whose pairs all run on the CPU has no GPU experts.
+                    if table.iter().any(|&x| x != crate::experts::NONE) {
+                        gpu.write(&s.expert_slots, 0, bytemuck::cast_slice(table));
+                        self.experts(rec, m, &s.expert_slots, slots, t, xq);
+                    }
+                    if let (Some(sh), true) = (&m.shared, shared) {
+                        self.swiglu(rec, sh, t, xq);
+                    }
+                    rec.flush();
+                    Ok(())
+                };
             if hybrid {
                 let weights = (&m.gate_up, &m.down);
                 let part =

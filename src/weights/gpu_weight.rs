@@ -3,7 +3,7 @@
 use super::quant::{e4m3_is_nan, QFormat, FP8_BLOCK};
 use super::{DType, TensorRef, WFormat};
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, Write};
+use crate::gpu::{BufferCopy, Gpu, Write};
 use std::borrow::Cow;
 
 /// Rows `row0 .. row0 + rows` of a matrix, in one buffer (element 0 = row `row0`, column 0),
@@ -43,9 +43,6 @@ impl GpuWeight {
         (self.format.row_bytes(self.cols) + self.format.scale_row_bytes(self.cols)) as u64
     }
 }
-
-/// One buffer-to-buffer copy: (source, offset, destination, offset, bytes).
-pub type RowCopy<'a> = (&'a wgpu::Buffer, u64, &'a wgpu::Buffer, u64, u64);
 
 /// Rows to write into a matrix: floating point, or quantized with their scales.
 pub enum RowSource<'a> {
@@ -550,26 +547,26 @@ impl GpuWeight {
     }
 
     /// The copies that put rows `from .. from + n` of `self` into rows `to .. to + n` of
-    /// `dst` (same format and columns; neither range straddles a chunk):
-    /// `(src buffer, src offset, dst buffer, dst offset, bytes)`, the weights' and the
-    /// scales'. None where a range is not 4-byte aligned (copies need it) or out of place.
-    pub fn copy_rows<'s>(
-        &'s self,
+    /// `dst` (same format and columns; neither range straddles a chunk): the weights' and
+    /// the scales'. None where a range is not 4-byte aligned (copies need it) or out of place.
+    pub fn copy_rows(
+        &self,
         from: usize,
-        dst: &'s GpuWeight,
+        dst: &GpuWeight,
         to: usize,
         n: usize,
-    ) -> Option<Vec<RowCopy<'s>>> {
+    ) -> Option<Vec<BufferCopy>> {
         if self.format != dst.format || self.cols != dst.cols {
             return None;
         }
-        let find = |w: &'s GpuWeight, r: usize| {
+        // The chunk holding rows r .. r + n, and r's row in it.
+        fn find(w: &GpuWeight, r: usize, n: usize) -> Option<(&WeightChunk, usize)> {
             w.chunks
                 .iter()
                 .find(|c| r >= c.row0 && r + n <= c.row0 + c.rows)
                 .map(|c| (c, r - c.row0))
-        };
-        let ((sc, sl), (dc, dl)) = (find(self, from)?, find(dst, to)?);
+        }
+        let ((sc, sl), (dc, dl)) = (find(self, from, n)?, find(dst, to, n)?);
         let (grb, srb) = (
             self.format.row_bytes(self.cols),
             self.format.scale_row_bytes(self.cols),
@@ -583,7 +580,13 @@ impl GpuWeight {
             .all(|&(_, a, _, b, len)| aligned(a) && aligned(b) && aligned(len))
             .then(|| {
                 out.into_iter()
-                    .map(|(s, a, d, b, len)| (s, a as u64, d, b as u64, len as u64))
+                    .map(|(src, a, dst, b, len)| BufferCopy {
+                        src: src.clone(),
+                        src_off: a as u64,
+                        dst: dst.clone(),
+                        dst_off: b as u64,
+                        size: len as u64,
+                    })
                     .collect()
             })
     }

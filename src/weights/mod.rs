@@ -12,7 +12,7 @@ pub mod mapguard;
 pub mod quant;
 
 pub use files::{parse_shard_index, TensorRef, WeightFiles};
-pub use gpu_weight::{GpuWeight, QuantPart, RowCopy, RowSource, WeightChunk};
+pub use gpu_weight::{GpuWeight, QuantPart, RowSource, WeightChunk};
 pub use quant::QFormat;
 
 use crate::error::{Error, Result};

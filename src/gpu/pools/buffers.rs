@@ -108,16 +108,20 @@ impl Gpu {
         Ok(buf)
     }
 
+    /// Whether the device keeps buffers in host memory for the GPU to copy from
+    /// ([`Gpu::host_buffer`]: natively mappable primary buffers).
+    pub fn host_buffers(&self) -> bool {
+        self.device
+            .features()
+            .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
+    }
+
     /// A buffer of `bytes` (rounded up to 4) in host memory that the GPU copies from
     /// (MAP_READ | COPY_SRC | COPY_DST: with natively mappable primary buffers such a buffer
     /// lives in system RAM, where the GPU reads it over the bus with no host copy in the
     /// way); filled through the queue. An error where the adapter lacks the feature.
     pub fn host_buffer(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {
-        if !self
-            .device
-            .features()
-            .contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS)
-        {
+        if !self.host_buffers() {
             return Err(Error::msg(format!(
                 "buffer {label}: {} cannot keep buffers in host memory for the GPU to copy from (no MAPPABLE_PRIMARY_BUFFERS)",
                 self.adapter.name
