@@ -739,12 +739,14 @@ impl Offload {
     }
 
     /// [`Offload::serve`] for a chunk of few rows (see [`Offload::hybrid_for`]), in one round:
-    /// the resident experts (and those the cache takes in, [`SlotTable::place_hybrid`]) run
-    /// on the GPU through `run`, which submits them. Returns the pairs left to the CPU, for
-    /// [`Offload::run_cpu`] (None: every pair ran on the GPU).
+    /// the pairs left to the CPU go to `cpu` first (it starts [`Offload::run_cpu`] on them
+    /// without waiting; not called when every pair runs on the GPU), then the resident
+    /// experts (and those the cache takes in, [`SlotTable::place_hybrid`]) run on the GPU
+    /// through `run`, which submits them. Returns what `cpu` returned. The CPU's part is the
+    /// longer one, so it starts before the host stages, records and submits the GPU's.
     #[cfg(not(target_arch = "wasm32"))]
     #[allow(clippy::too_many_arguments)]
-    pub fn serve_hybrid(
+    pub fn serve_hybrid<P>(
         &self,
         gpu: &Gpu,
         i: usize,
@@ -752,8 +754,9 @@ impl Offload {
         experts: Vec<u32>,
         rows: usize,
         (gate_up, down): (&GpuWeight, &GpuWeight),
+        cpu: impl FnOnce(CpuPart) -> Result<P>,
         run: impl FnOnce(&[u32], &[BufferCopy]) -> Result<()>,
-    ) -> Result<Option<CpuPart>> {
+    ) -> Result<Option<P>> {
         let layer = self.layer(i)?;
         let mut st = crate::gpu::lock(layer);
         let experts = self.prepare(i, &mut st, experts, rows)?;
@@ -789,34 +792,40 @@ impl Offload {
         for _ in 0..rows {
             st.table.tick();
         }
-        let mut copies = Vec::new();
-        let up = (&round.uploads[..], Some(&mut copies));
-        self.stage(gpu, i, &mut st, source, up, (gate_up, down), false)?;
         {
             let mut s = crate::gpu::lock(&self.stats);
             s.uses += experts.len() as u64;
             s.hits += round.hits as u64;
             s.rounds += 1;
         }
-        if let Err(err) = run(&round.slots, &copies) {
+        let started = match pairs.is_empty() {
+            true => None,
+            false => {
+                let mut order: Vec<(u32, Vec<usize>)> = Vec::new();
+                for &p in &pairs {
+                    match order.iter_mut().find(|(e, _)| *e == experts[p]) {
+                        Some((_, ps)) => ps.push(p),
+                        None => order.push((experts[p], vec![p])),
+                    }
+                }
+                Some(cpu(CpuPart {
+                    layer: i,
+                    k: experts.len() / rows.max(1),
+                    inter: gate_up.rows / st.table.slots() / 2,
+                    experts,
+                    order,
+                })?)
+            }
+        };
+        let mut copies = Vec::new();
+        let up = (&round.uploads[..], Some(&mut copies));
+        let staged = self.stage(gpu, i, &mut st, source, up, (gate_up, down), false);
+        if let Err(err) = staged.and_then(|_| run(&round.slots, &copies)) {
+            // What the slots hold is unknown now.
             st.table.clear();
             return Err(err);
         }
-        let inter = gate_up.rows / st.table.slots() / 2;
-        let mut order: Vec<(u32, Vec<usize>)> = Vec::new();
-        for &p in &pairs {
-            match order.iter_mut().find(|(e, _)| *e == experts[p]) {
-                Some((_, ps)) => ps.push(p),
-                None => order.push((experts[p], vec![p])),
-            }
-        }
-        Ok((!pairs.is_empty()).then(|| CpuPart {
-            layer: i,
-            k: experts.len() / rows.max(1),
-            inter,
-            experts,
-            order,
-        }))
+        Ok(started)
     }
 
     /// The CPU's part of a hybrid round ([`Offload::serve_hybrid`]), from the mapped files:

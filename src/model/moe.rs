@@ -215,12 +215,18 @@ impl Session {
                 };
             if hybrid {
                 let weights = (&m.gate_up, &m.down);
-                let part =
-                    off.serve_hybrid(gpu, i, src, ids, t as usize, weights, |table, c| {
-                        gpu_round(table, c, true)
-                    })?;
-                if let Some(part) = part {
-                    self.cpu_experts(rec, part, x)?;
+                let started = off.serve_hybrid(
+                    gpu,
+                    i,
+                    src,
+                    ids,
+                    t as usize,
+                    weights,
+                    |part| self.start_cpu_experts(part, x),
+                    |table, c| gpu_round(table, c, true),
+                )?;
+                if let Some(cpu) = started {
+                    self.await_cpu_experts(rec, cpu)?;
                 }
             } else {
                 let (gu, dn) = (&m.gate_up, &m.down);
@@ -243,18 +249,49 @@ impl Session {
         }
     }
 
-    /// A hybrid round's CPU part (`part`, over the chunk's expert input `x`): its outputs go
-    /// into `s.moe_out` before the next submission. With the executor's threads it runs on
-    /// them while the host records what follows (the combine, the next layer's attention and
-    /// router), and that submission waits for it (`SPARSA_CPU_OVERLAP=0`: here, a
-    /// measurement aid).
+    /// A hybrid round's CPU part (`part`, over the chunk's expert input `x`), started on the
+    /// executor's threads: they run it while the host records and submits the round's GPU
+    /// part and then what follows (the combine, the next layer's attention and router);
+    /// [`Session::await_cpu_experts`] makes the next submission wait for it
+    /// (`SPARSA_CPU_OVERLAP=0`: it runs there instead, on the host's thread, a measurement
+    /// aid).
     #[cfg(not(target_arch = "wasm32"))]
-    fn cpu_experts(&self, rec: &mut Recorder, part: CpuPart, x: Vec<f32>) -> Result<()> {
+    fn start_cpu_experts(&self, part: CpuPart, x: Vec<f32>) -> Result<CpuRun> {
+        if !crate::knobs::knob_on!("SPARSA_CPU_OVERLAP") {
+            return Ok(CpuRun::Later(part, x));
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let job = self.model.clone();
+        let pairs: Vec<usize> = part.pairs().collect();
+        offload(&self.model)?.spawn(move || {
+            // A panic on the pool's thread would abort the process: it becomes the error.
+            let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_cpu_part(&job, &part, &x)
+            }))
+            .unwrap_or_else(|_| {
+                Err(crate::error::Error::msg(format!(
+                    "layer {}: the CPU experts' job panicked",
+                    part.layer
+                )))
+            });
+            // The receiver may be gone (the step failed before it waited): nothing to do.
+            let _ = tx.send(got);
+        });
+        Ok(CpuRun::Started(pairs, rx))
+    }
+
+    /// The outputs of a CPU part [`Session::start_cpu_experts`] started go into `s.moe_out`
+    /// before the next submission: they arrive in one write to `cpu_out`, and each goes on to
+    /// its pair's row of `moe_out` by a copy recorded now, ahead of the combine.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn await_cpu_experts(&self, rec: &mut Recorder, cpu: CpuRun) -> Result<()> {
         let model = self.model.clone();
         let row = 4 * model.config.hidden_size as u64;
-        // The outputs arrive in one write to `cpu_out`; each goes on to its pair's row of
-        // `moe_out` by a copy recorded now, ahead of the combine.
-        for (j, p) in part.pairs().enumerate() {
+        let pairs: Vec<usize> = match &cpu {
+            CpuRun::Later(part, _) => part.pairs().collect(),
+            CpuRun::Started(pairs, _) => pairs.clone(),
+        };
+        for (j, p) in pairs.into_iter().enumerate() {
             rec.copy(
                 &self.s.cpu_out,
                 j as u64 * row,
@@ -267,46 +304,17 @@ impl Session {
         let write = move |model: &super::Model, off: &Offload| {
             off.with_cpu_outputs(|o| model.gpu.write(&out, 0, bytemuck::cast_slice(o)));
         };
-        // The closures below own the model and find the cache and the layer in it again.
-        fn offload(model: &super::Model) -> Result<&Offload> {
-            let off = model.offload.as_ref();
-            off.ok_or_else(|| crate::error::Error::msg("CPU experts without an expert cache"))
-        }
-        let run = |model: &super::Model, part: &CpuPart, x: &[f32]| {
-            let layer = model.weights.layer(part.layer).map(|l| &l.mlp);
-            if let Some(super::load::Mlp::Moe(m)) = layer {
-                if let Some(src) = &m.source {
-                    return offload(model)?.run_cpu(src, part, x, (&m.gate_up, &m.down));
-                }
-            }
-            Err(crate::error::Error::msg(format!(
-                "layer {}: CPU experts for a layer that does not stream its experts",
-                part.layer
-            )))
-        };
         let off = offload(&model)?;
-        if !crate::knobs::knob_on!("SPARSA_CPU_OVERLAP") {
-            let t0 = std::time::Instant::now();
-            run(&model, &part, &x)?;
-            off.count_cpu_wait(t0.elapsed().as_secs_f64());
-            write(&model, off);
-            return Ok(());
-        }
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let job = model.clone();
-        off.spawn(move || {
-            // A panic on the pool's thread would abort the process: it becomes the error.
-            let got =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&job, &part, &x)))
-                    .unwrap_or_else(|_| {
-                        Err(crate::error::Error::msg(format!(
-                            "layer {}: the CPU experts' job panicked",
-                            part.layer
-                        )))
-                    });
-            // The receiver may be gone (the step failed before it waited): nothing to do.
-            let _ = tx.send(got);
-        });
+        let rx = match cpu {
+            CpuRun::Later(part, x) => {
+                let t0 = std::time::Instant::now();
+                run_cpu_part(&model, &part, &x)?;
+                off.count_cpu_wait(t0.elapsed().as_secs_f64());
+                write(&model, off);
+                return Ok(());
+            }
+            CpuRun::Started(_, rx) => rx,
+        };
         let spin = model.gpu.spin_waits();
         rec.before_submit(move || {
             let t0 = std::time::Instant::now();
@@ -321,6 +329,37 @@ impl Session {
         });
         Ok(())
     }
+}
+
+/// A hybrid round's CPU part: running on the executor's threads (its pairs, and where its
+/// result arrives), or left to run on the host's thread (`SPARSA_CPU_OVERLAP=0`).
+#[cfg(not(target_arch = "wasm32"))]
+enum CpuRun {
+    Started(Vec<usize>, std::sync::mpsc::Receiver<Result<()>>),
+    Later(CpuPart, Vec<f32>),
+}
+
+/// The model's expert cache (the closures that run a CPU part own the model and find the
+/// cache and the layer in it again).
+#[cfg(not(target_arch = "wasm32"))]
+fn offload(model: &super::Model) -> Result<&Offload> {
+    let off = model.offload.as_ref();
+    off.ok_or_else(|| crate::error::Error::msg("CPU experts without an expert cache"))
+}
+
+/// `part` of a hybrid round over the expert input `x`, on the executor.
+#[cfg(not(target_arch = "wasm32"))]
+fn run_cpu_part(model: &super::Model, part: &CpuPart, x: &[f32]) -> Result<()> {
+    let layer = model.weights.layer(part.layer).map(|l| &l.mlp);
+    if let Some(super::load::Mlp::Moe(m)) = layer {
+        if let Some(src) = &m.source {
+            return offload(model)?.run_cpu(src, part, x, (&m.gate_up, &m.down));
+        }
+    }
+    Err(crate::error::Error::msg(format!(
+        "layer {}: CPU experts for a layer that does not stream its experts",
+        part.layer
+    )))
 }
 
 /// `rx.recv()`, polling first for up to [`crate::gpu::SPIN_LIMIT`] where `spin`
