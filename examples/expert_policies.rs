@@ -44,6 +44,7 @@ fn main() -> sparsa::Result<()> {
             cpu_threads: 0,
             placement: Default::default(),
             host_copy: sparsa::experts::HostCopy::Off,
+            host_embeddings: sparsa::experts::HostCopy::Off,
         };
         let model = Model::from_source_within(&src, gpu.clone(), &mut |_, _| {}, Some(&budget))?;
         let off = model.offload.as_ref().expect("offloaded");

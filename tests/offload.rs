@@ -110,7 +110,29 @@ fn check_source(src: ModelSource, name: &str) {
         b.cpu = cpu;
         b.cpu_threads = 3;
         b.host_copy = host;
+        // With the host copy, the embedding table goes to host memory too: the same slots
+        // then need its bytes less of the budget.
+        b.host_embeddings = host;
+        let tied = src.config.tie_word_embeddings && !src.weights.contains("lm_head.weight");
+        let table = sparsa::model::info::summarize(&src.config, &src.weights)
+            .unwrap()
+            .embed_bytes;
+        let host_table = host == HostCopy::On && !tied;
+        if let (true, GpuMemory::Bytes(m)) = (host_table, &mut b.memory) {
+            *m -= table;
+        }
+        if host == HostCopy::On && tied {
+            let err = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b));
+            let msg = err
+                .err()
+                .expect("a tied LM head refuses host embeddings")
+                .to_string();
+            assert!(msg.contains("--host-embeddings on"), "{msg}");
+            b.host_embeddings = HostCopy::Off;
+        }
         let model = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
+        let placed = model.plan.as_ref().map(|p| p.host_embed);
+        assert_eq!(placed, Some(if host_table { table } else { 0 }), "{name}");
         let off = model.offload.as_ref().expect("the budget streams experts");
         assert!(off
             .slots

@@ -37,7 +37,7 @@ pub fn weight(gpu: &Gpu, fmt: &str, rows: usize, cols: usize) -> sparsa::Result<
                     *v = 0x3c | (*v & 0x81);
                 }
             }
-            GpuWeight::upload_bytes(gpu, &[&b], rows, cols, DType::BF16, 1, None, "w")
+            GpuWeight::upload_bytes(gpu, &[&b], rows, cols, DType::BF16, 1, None, ("w", false))
         }
     }
 }

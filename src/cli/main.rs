@@ -255,6 +255,13 @@ pub(crate) struct ExpertArgs {
     /// Only with --gpu-memory.
     #[arg(long, default_value = "auto", requires = "gpu_memory")]
     expert_host_copy: sparsa::experts::HostCopy,
+    /// Keep the embedding table in host memory (auto, on, off), where the GPU reads the one
+    /// row a token needs over the bus: its GPU memory (1.8 GiB in GLM-5's bf16) holds expert
+    /// slots instead. auto does it where the plan offloads experts, on a discrete GPU that
+    /// keeps buffers in host memory; never where the LM head is the embedding table. Only
+    /// with --gpu-memory.
+    #[arg(long, default_value = "auto", requires = "gpu_memory")]
+    host_embeddings: sparsa::experts::HostCopy,
 }
 
 #[derive(Args)]
@@ -399,6 +406,7 @@ pub(crate) fn budget(m: &ModelArgs, x: &ExpertArgs, ctx: usize) -> Option<sparsa
         cpu_threads: x.cpu_threads.map_or(0, usize::from),
         placement: x.expert_placement,
         host_copy: x.expert_host_copy,
+        host_embeddings: x.host_embeddings,
     })
 }
 

@@ -118,7 +118,9 @@ impl std::fmt::Display for CpuExperts {
 }
 
 /// Whether the offloaded layers' experts get a copy in host memory that the GPU copies
-/// slots from (`--expert-host-copy`): an upload is then the GPU's own read over the bus,
+/// slots from (`--expert-host-copy`; also whether the embedding table is kept in host memory,
+/// `--host-embeddings`, see [`crate::model::Budget`]): an upload is then the GPU's own read
+/// over the bus,
 /// with no host thread copying, so it runs beside the CPU's experts instead of taking their
 /// memory bandwidth twice (a read from the files and a write into staging).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -140,6 +142,24 @@ impl std::str::FromStr for HostCopy {
             CpuExperts::On => HostCopy::On,
             CpuExperts::Auto => HostCopy::Auto,
         })
+    }
+}
+
+impl HostCopy {
+    /// Whether to keep `bytes` in host memory for `gpu` to read: `Auto` on a discrete GPU
+    /// that keeps buffers there, where they take at most half the host memory available.
+    pub fn wanted(self, gpu: &Gpu, bytes: u64) -> bool {
+        match self {
+            HostCopy::Off => false,
+            HostCopy::On => true,
+            HostCopy::Auto => {
+                #[cfg(not(target_arch = "wasm32"))]
+                let fits = available_memory().is_some_and(|a| bytes <= a / 2);
+                #[cfg(target_arch = "wasm32")]
+                let fits = false;
+                fits && gpu.adapter.is_discrete() && gpu.host_buffers()
+            }
+        }
     }
 }
 
@@ -1122,18 +1142,7 @@ impl Offload {
     ) -> Result<u64> {
         let e = self.slots.n_experts;
         let total = layers.len() as u64 * e as u64 * self.slots.expert_bytes;
-        let on = match mode {
-            HostCopy::Off => false,
-            HostCopy::On => true,
-            HostCopy::Auto => {
-                #[cfg(not(target_arch = "wasm32"))]
-                let fits = available_memory().is_some_and(|a| total <= a / 2);
-                #[cfg(target_arch = "wasm32")]
-                let fits = false;
-                fits && gpu.adapter.is_discrete() && gpu.host_buffers()
-            }
-        };
-        if !on || layers.is_empty() {
+        if layers.is_empty() || !mode.wanted(gpu, total) {
             return Ok(0);
         }
         let mut host: Vec<Option<(GpuWeight, GpuWeight)>> =

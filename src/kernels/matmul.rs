@@ -1527,8 +1527,17 @@ mod tests {
         match fmt {
             WFormat::Float(dtype) => {
                 let bytes = dtype.from_f32(wv);
-                let w = GpuWeight::upload_bytes(g, &[&bytes], n, k, dtype, align_rows, chunk, "w")
-                    .unwrap();
+                let w = GpuWeight::upload_bytes(
+                    g,
+                    &[&bytes],
+                    n,
+                    k,
+                    dtype,
+                    align_rows,
+                    chunk,
+                    ("w", false),
+                )
+                .unwrap();
                 (w, rounded(wv, dtype))
             }
             WFormat::Quant(q) => {

@@ -76,6 +76,7 @@ pub struct ClassStats {
     pub gpu_bytes: u64,
 }
 
+#[derive(Clone)]
 pub struct Summary {
     /// Per class, in [`TensorClass::ALL`]'s order (see [`Summary::class`]).
     pub classes: [ClassStats; 8],
@@ -90,6 +91,11 @@ pub struct Summary {
     /// it loads whole, beside streamed experts too, and the `--gpu-memory` planner places
     /// it before the routed-expert slots.
     pub mtp_gpu_bytes: u64,
+    /// Bytes of the embedding table (`model.embed_tokens.weight`), counted in the
+    /// embeddings' class unless [`Summary::with_host_embeddings`] moved it to host memory.
+    pub embed_bytes: u64,
+    /// The embedding table is in host memory: not in the GPU bytes.
+    pub embed_in_host: bool,
 }
 
 /// The layer index in a `model.layers.{i}.` tensor name.
@@ -138,11 +144,15 @@ pub fn summarize_tensors(cfg: &Config, tensors: &[TensorMeta]) -> Result<Summary
     let mut classes = [ClassStats::default(); 8];
     let mut formats: Vec<String> = Vec::new();
     let mut skipped = 0;
+    let mut embed_bytes = 0;
     for t in tensors {
         let name = t.name.as_str();
         if layer_of(name).is_some_and(|l| l >= cfg.num_hidden_layers) {
             skipped += 1;
             continue;
+        }
+        if name == "model.embed_tokens.weight" {
+            embed_bytes = t.bytes;
         }
         let c = &mut classes[TensorClass::of(name) as usize];
         c.file_bytes += t.bytes;
@@ -220,12 +230,25 @@ pub fn summarize_tensors(cfg: &Config, tensors: &[TensorMeta]) -> Result<Summary
         formats,
         skipped_tensors: skipped,
         mtp_gpu_bytes,
+        embed_bytes,
+        embed_in_host: false,
     })
 }
 
 impl Summary {
     pub fn class(&self, c: TensorClass) -> ClassStats {
         self.classes[c as usize]
+    }
+
+    /// This summary with the embedding table in host memory, where the kernels read a few
+    /// rows of it a step over the bus (`--host-embeddings`): its bytes leave the GPU's.
+    pub fn with_host_embeddings(mut self) -> Summary {
+        if !self.embed_in_host {
+            let c = &mut self.classes[TensorClass::Embeddings as usize];
+            c.gpu_bytes = c.gpu_bytes.saturating_sub(self.embed_bytes);
+            self.embed_in_host = true;
+        }
+        self
     }
 
     /// GPU bytes of every weight that loads, the MTP layer's included where it runs.

@@ -189,7 +189,7 @@ impl<'a> Loader<'a, '_> {
     ) -> Result<Proj> {
         if names.len() > 1 {
             if let Ok(collected) = self.collect(names, rows_each, cols) {
-                let w = self.upload_stacked(collected, cols, 1, label)?;
+                let w = self.upload_stacked(collected, cols, 1, label, false)?;
                 return Ok(Proj { parts: vec![w] });
             }
         }
@@ -201,8 +201,15 @@ impl<'a> Loader<'a, '_> {
         Ok(Proj { parts })
     }
 
-    /// A floating-point matrix (the embedding table).
-    fn float_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<GpuWeight> {
+    /// A floating-point matrix (the embedding table), in host memory that the kernels read
+    /// over the bus where `host` ([`crate::gpu::Gpu::host_storage`]).
+    fn float_matrix(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        host: bool,
+    ) -> Result<GpuWeight> {
         let t = self.files.get(name)?;
         if stored_format(&t, self.qconfig)?.is_some() {
             return Err(Error::msg(format!(
@@ -211,7 +218,8 @@ impl<'a> Loader<'a, '_> {
                 t.dtype
             )));
         }
-        self.matrix(name, rows, cols)
+        let collected = self.collect(&[name.to_string()], &[rows], cols)?;
+        self.upload_stacked(collected, cols, 1, name, host)
     }
 
     /// A matrix that the kernels need in one storage binding (kv_b: the absorbed
@@ -292,16 +300,18 @@ impl<'a> Loader<'a, '_> {
         label: &str,
     ) -> Result<GpuWeight> {
         let collected = self.collect(names, rows_each, cols)?;
-        self.upload_stacked(collected, cols, align, label)
+        self.upload_stacked(collected, cols, align, label, false)
     }
 
-    /// Uploads what [`Self::collect`] found as one matrix.
+    /// Uploads what [`Self::collect`] found as one matrix (a float one into host memory
+    /// where `host`: see [`Self::float_matrix`]).
     fn upload_stacked(
         &mut self,
         (fmt, parts, file_bytes): (Option<QFormat>, Vec<RowSource<'a>>, u64),
         cols: usize,
         align: usize,
         label: &str,
+        host: bool,
     ) -> Result<GpuWeight> {
         let w = match fmt {
             None => {
@@ -312,7 +322,7 @@ impl<'a> Loader<'a, '_> {
                         RowSource::Quant(_) => None,
                     })
                     .collect();
-                GpuWeight::upload(self.gpu, &f, cols, align, label)?
+                GpuWeight::upload_in(self.gpu, &f, cols, align, label, host)?
             }
             Some(q) => {
                 let qp: Vec<QuantPart> = parts
@@ -482,13 +492,15 @@ impl<'a> Loader<'a, '_> {
 }
 
 /// Upload `files` to the GPU; with `slots` (per layer, from [`crate::model::plan`]) a MoE
-/// layer with fewer slots than experts gets empty slots and its experts stay in the files.
+/// layer with fewer slots than experts gets empty slots and its experts stay in the files;
+/// with `host_embed` the embedding table goes into host memory (the plan left it out).
 pub fn load(
     gpu: &Gpu,
     cfg: &Config,
     files: &WeightFiles,
     progress: Progress,
     slots: Option<&[usize]>,
+    host_embed: bool,
 ) -> Result<Weights> {
     let total = files.total_bytes();
     let mut l = Loader {
@@ -500,8 +512,10 @@ pub fn load(
         progress,
     };
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-    let embed = l.float_matrix("model.embed_tokens.weight", v, h)?;
-    let lm_head = if cfg.tie_word_embeddings && !files.contains("lm_head.weight") {
+    // A tied LM head reads the whole table every step: it stays on the GPU.
+    let tied = cfg.tie_word_embeddings && !files.contains("lm_head.weight");
+    let embed = l.float_matrix("model.embed_tokens.weight", v, h, host_embed && !tied)?;
+    let lm_head = if tied {
         None
     } else {
         Some(l.matrix("lm_head.weight", v, h)?)

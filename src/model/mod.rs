@@ -65,6 +65,10 @@ pub struct Budget {
     /// Whether the offloaded experts also get a copy in host memory for the GPU to copy
     /// slots from (see [`crate::experts::HostCopy`]).
     pub host_copy: HostCopy,
+    /// Whether the embedding table lives in host memory, where the kernels read the few rows
+    /// a step needs over the bus (`--host-embeddings`; `Auto`: where the plan offloads
+    /// experts, on the terms of [`HostCopy::wanted`]): its GPU bytes become expert slots.
+    pub host_embeddings: HostCopy,
 }
 
 /// A model on the GPU. Cloning is cheap (the weights are shared): every [`Session`] holds a
@@ -156,18 +160,13 @@ impl Model {
         budget: Option<&Budget>,
     ) -> Result<Model> {
         let plan = match budget {
-            Some(b) => {
-                let bytes = b.memory.bytes(gpu.memory_size())?;
-                let p = plan::plan(&config, files, bytes, b.ctx, gpu.max_binding(), b.cache)?
-                    .placed(b.placement);
-                log::info!("{}", p.describe());
-                Some(p)
-            }
+            Some(b) => Some(Self::plan_for(&config, files, &gpu, b)?),
             None => None,
         };
         let streamed = plan.as_ref().map(|p| &p.slots).filter(|s| s.offloads());
         let slots = streamed.map(|s| s.per_layer.as_slice());
-        let weights = load::load(&gpu, &config, files, progress, slots)?;
+        let host_embed = plan.as_ref().is_some_and(|p| p.host_embed > 0);
+        let weights = load::load(&gpu, &config, files, progress, slots, host_embed)?;
         // What runs is what was loaded: no MTP layer, no caches for one.
         config.keep_mtp(weights.mtp.is_some());
         // Submit the last writes and wait, so that their staging memory is freed now: what
@@ -237,6 +236,41 @@ impl Model {
             offload,
             label,
         })))
+    }
+
+    /// The plan for `budget` on `gpu`, the embedding table in host memory where
+    /// `--host-embeddings` says so (`Auto`: where the plan with it on the GPU offloads
+    /// experts).
+    fn plan_for(config: &Config, files: &WeightFiles, gpu: &Gpu, b: &Budget) -> Result<Plan> {
+        let bytes = b.memory.bytes(gpu.memory_size())?;
+        let s = info::summarize(config, files)?;
+        let sized = |s: &info::Summary| {
+            plan::plan_sized(config, s, bytes, b.ctx, gpu.max_binding(), b.cache)
+        };
+        // Where the LM head is the embedding table, every step reads all of it.
+        let tied = config.tie_word_embeddings && !files.contains("lm_head.weight");
+        let mode = b.host_embeddings;
+        let p = match mode {
+            HostCopy::On if tied => {
+                return Err(Error::msg(
+                    "--host-embeddings on: this model's LM head is its embedding table, which every step reads whole; it stays on the GPU (use auto or off)",
+                ))
+            }
+            HostCopy::On => sized(&s.with_host_embeddings())?,
+            HostCopy::Off => sized(&s)?,
+            // Where the plan with the table on the GPU offloads experts, or does not fit.
+            HostCopy::Auto => {
+                let p = sized(&s);
+                let offloads = p.as_ref().map_or(true, |p| p.slots.offloads());
+                match !tied && offloads && mode.wanted(gpu, s.embed_bytes) {
+                    true => sized(&s.with_host_embeddings())?,
+                    false => p?,
+                }
+            }
+        }
+        .placed(b.placement);
+        log::info!("{}", p.describe());
+        Ok(p)
     }
 
     /// Start a conversation with caches for `max_ctx` tokens in the default formats.

@@ -102,6 +102,9 @@ pub struct Plan {
     /// The scratch is reserved for the prefill chunks of streamed experts
     /// ([`plan_sized`]).
     pub streamed_chunks: bool,
+    /// Bytes of the embedding table where it is in host memory, not in the budget (0: on
+    /// the GPU; [`info::Summary::with_host_embeddings`]).
+    pub host_embed: u64,
 }
 
 impl Plan {
@@ -124,13 +127,19 @@ impl Plan {
             .iter()
             .filter(|&&s| s > 0 && s < sl.n_experts)
             .count();
-        let host = match offloaded {
+        let mut host = match offloaded {
             0 => String::new(),
             n => format!(
                 "; the experts' host copy (--expert-host-copy) takes {} of host memory",
                 gib((n * sl.n_experts) as u64 * sl.expert_bytes)
             ),
         };
+        if self.host_embed > 0 {
+            host += &format!(
+                "; the embedding table ({}) is in host memory (--host-embeddings)",
+                gib(self.host_embed)
+            );
+        }
         format!(
             "GPU memory plan for {} (caches {}): {}; routed experts {} of {} ({:.1} %) in {} slots of {} (exact: fixed {} B, expert {} B){}{host}",
             gib(self.budget),
@@ -165,8 +174,12 @@ pub fn usable(memory: u64) -> u64 {
 fn weight_parts(s: &info::Summary) -> Vec<(&'static str, u64)> {
     use TensorClass as T;
     let c = |class| s.class(class).gpu_bytes;
+    let table = match s.embed_in_host {
+        true => "lm_head",
+        false => "embeddings/lm_head",
+    };
     let mut parts = vec![
-        ("embeddings/lm_head", c(T::Embeddings)),
+        (table, c(T::Embeddings)),
         ("attention + indexer", c(T::Attention) + c(T::Indexer)),
         (
             "dense MLPs, routers, norms",
@@ -344,6 +357,7 @@ pub fn plan_summary(
         cache,
         session_bytes: caches.saturating_add(scratch),
         streamed_chunks: false,
+        host_embed: if s.embed_in_host { s.embed_bytes } else { 0 },
     };
     if n_moe == 0 || e == 0 {
         return Ok(p);

@@ -156,6 +156,19 @@ impl GpuWeight {
         align_rows: usize,
         label: &str,
     ) -> Result<GpuWeight> {
+        Self::upload_in(gpu, parts, cols, align_rows, label, false)
+    }
+
+    /// [`GpuWeight::upload`], into host memory that the kernels read over the bus where
+    /// `host` ([`Gpu::host_storage`]).
+    pub fn upload_in(
+        gpu: &Gpu,
+        parts: &[TensorRef],
+        cols: usize,
+        align_rows: usize,
+        label: &str,
+        host: bool,
+    ) -> Result<GpuWeight> {
         let first = parts
             .first()
             .ok_or_else(|| Error::msg(format!("{label}: no tensors")))?;
@@ -181,11 +194,23 @@ impl GpuWeight {
             check_finite(p, dtype)?;
         }
         let sources: Vec<&[u8]> = parts.iter().map(|p| p.bytes).collect();
-        Self::upload_bytes(gpu, &sources, rows, cols, dtype, align_rows, None, label)
+        let (max_chunk_rows, label) = (None, (label, host));
+        Self::upload_bytes(
+            gpu,
+            &sources,
+            rows,
+            cols,
+            dtype,
+            align_rows,
+            max_chunk_rows,
+            label,
+        )
     }
 
     /// Upload raw bytes of `dtype` (the concatenation of `sources` is `[rows, cols]`).
     /// `max_chunk_rows` forces smaller chunks (tests exercise the split path with it).
+    /// `(label, host)`: the buffers' label, and whether they are in host memory
+    /// ([`Gpu::host_storage`]).
     #[allow(clippy::too_many_arguments)]
     pub fn upload_bytes(
         gpu: &Gpu,
@@ -195,7 +220,7 @@ impl GpuWeight {
         dtype: DType,
         align_rows: usize,
         max_chunk_rows: Option<usize>,
-        label: &str,
+        (label, host): (&str, bool),
     ) -> Result<GpuWeight> {
         let row_bytes = cols * dtype.size();
         let total: usize = sources.iter().map(|s| s.len()).sum();
@@ -222,7 +247,10 @@ impl GpuWeight {
         };
         while row0 < rows {
             let n = per.min(rows - row0);
-            let buf = gpu.buffer((n * row_bytes) as u64, label)?;
+            let buf = match host {
+                true => gpu.host_storage((n * row_bytes) as u64, label)?,
+                false => gpu.buffer((n * row_bytes) as u64, label)?,
+            };
             w.offset = 0;
             let mut need = n * row_bytes;
             while need > 0 {
@@ -259,6 +287,7 @@ impl GpuWeight {
         label: &str,
     ) -> Result<GpuWeight> {
         let bytes = dtype.from_f32(data);
+        let label = (label, false);
         Self::upload_bytes(gpu, &[&bytes], rows, cols, dtype, 1, max_chunk_rows, label)
     }
 

@@ -228,5 +228,6 @@ pub fn budget(
         cpu_threads: 0,
         placement: Default::default(),
         host_copy: sparsa::experts::HostCopy::Off,
+        host_embeddings: sparsa::experts::HostCopy::Off,
     }
 }

@@ -61,12 +61,7 @@ impl Gpu {
     /// A storage buffer of `bytes` (rounded up to 4), usable as copy source and destination.
     pub fn buffer(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {
         let size = bytes.max(4).div_ceil(4) * 4;
-        if size > self.max_binding() {
-            return Err(Error::msg(format!(
-                "buffer {label}: {size} bytes exceed the adapter's storage binding limit of {} bytes",
-                self.max_binding()
-            )));
-        }
+        self.check_binding(size, label)?;
         let created = self.counters.buffer_bytes_created.load(Ordering::Relaxed) + size;
         if crate::fault::injected("GPU_MEMORY").is_some_and(|limit| created > limit) {
             // What a driver reports when the memory is gone (see crate::fault).
@@ -80,6 +75,17 @@ impl Gpu {
             | wgpu::BufferUsages::COPY_DST
             | wgpu::BufferUsages::COPY_SRC;
         self.checked_buffer(size, usage, label)
+    }
+
+    /// An error where a storage buffer of `size` bytes would not fit one binding.
+    fn check_binding(&self, size: u64, label: &str) -> Result<()> {
+        if size > self.max_binding() {
+            return Err(Error::msg(format!(
+                "buffer {label}: {size} bytes exceed the adapter's storage binding limit of {} bytes",
+                self.max_binding()
+            )));
+        }
+        Ok(())
     }
 
     /// A buffer of `size` bytes and `usage`, or the error its creation reported (natively a
@@ -121,16 +127,36 @@ impl Gpu {
     /// lives in system RAM, where the GPU reads it over the bus with no host copy in the
     /// way); filled through the queue. An error where the adapter lacks the feature.
     pub fn host_buffer(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {
+        self.host_buffer_for(bytes, label, wgpu::BufferUsages::empty())
+    }
+
+    /// [`Gpu::host_buffer`] that kernels also bind as storage: they read it over the bus
+    /// (for tables of which a step reads a few rows, such as the embedding table).
+    pub fn host_storage(&self, bytes: u64, label: &str) -> Result<wgpu::Buffer> {
+        self.host_buffer_for(bytes, label, wgpu::BufferUsages::STORAGE)
+    }
+
+    fn host_buffer_for(
+        &self,
+        bytes: u64,
+        label: &str,
+        extra: wgpu::BufferUsages,
+    ) -> Result<wgpu::Buffer> {
         if !self.host_buffers() {
             return Err(Error::msg(format!(
-                "buffer {label}: {} cannot keep buffers in host memory for the GPU to copy from (no MAPPABLE_PRIMARY_BUFFERS)",
+                "buffer {label}: {} cannot keep buffers in host memory for the GPU to read (no MAPPABLE_PRIMARY_BUFFERS)",
                 self.adapter.name
             )));
         }
+        let size = bytes.max(4).div_ceil(4) * 4;
+        if extra.contains(wgpu::BufferUsages::STORAGE) {
+            self.check_binding(size, label)?;
+        }
         let usage = wgpu::BufferUsages::MAP_READ
             | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST;
-        self.checked_buffer(bytes.max(4).div_ceil(4) * 4, usage, label)
+            | wgpu::BufferUsages::COPY_DST
+            | extra;
+        self.checked_buffer(size, usage, label)
     }
 
     /// Every buffer sparsa makes is created here, so [`Gpu::stats`] can count them.
