@@ -472,13 +472,20 @@ fn cpu_spin(cpu_adapter: bool) -> std::time::Duration {
     std::time::Duration::from_micros(us as u64)
 }
 
-/// How many of a hybrid round's `misses` the GPU copies from the host copy while the CPU
-/// computes the others: the count that has the slower of the two ways finish first, by
-/// their measured rates (bytes per second; `cpu`, `up`); none until the CPU's rate is known
-/// (the first hybrid round measures it). `SPARSA_HOST_COPY_SHARE` (percent of the misses)
-/// sets it instead, a measurement aid.
+/// How many of a hybrid round's `misses` (of `bytes` each) the GPU copies from the host copy
+/// while the CPU computes the others: the count that has the slower of the two ways finish
+/// first, by their measured rates (bytes per second; `cpu`, `up`) and the copies' fixed
+/// cost a round (`start`, seconds: the submission before them and the matmuls after, which
+/// tip the close cases to the CPU); none until the CPU's rate is known (the first hybrid
+/// round measures it). `SPARSA_HOST_COPY_SHARE` (percent of the misses) sets it instead, a
+/// measurement aid.
 #[cfg(not(target_arch = "wasm32"))]
-fn copy_lane(misses: usize, cpu: Option<f64>, up: Option<f64>) -> usize {
+fn copy_lane(
+    misses: usize,
+    cpu: Option<f64>,
+    up: Option<f64>,
+    (bytes, start): (f64, f64),
+) -> usize {
     if let Some(p) = crate::knobs::knob!("SPARSA_HOST_COPY_SHARE", |v| v <= 100) {
         return (misses as f64 * p as f64 / 100.0).round() as usize;
     }
@@ -488,7 +495,11 @@ fn copy_lane(misses: usize, cpu: Option<f64>, up: Option<f64>) -> usize {
     if c <= 0.0 || u <= 0.0 {
         return 0;
     }
-    let time = |n: usize| (n as f64 / u).max((misses - n) as f64 / c);
+    let copies = |n: usize| match n {
+        0 => 0.0,
+        n => start + n as f64 * bytes / u,
+    };
+    let time = |n: usize| copies(n).max((misses - n) as f64 * bytes / c);
     (0..=misses)
         .min_by(|&a, &b| time(a).total_cmp(&time(b)))
         .unwrap_or(0)
@@ -559,6 +570,9 @@ struct Rates {
     upload: Option<f64>,
     /// The GPU's copies from the host copy (measured when it is made).
     copy: Option<f64>,
+    /// Seconds a round of those copies costs besides its bytes (measured with `copy`: one
+    /// expert's copy submitted and waited for, less its bytes at that rate).
+    copy_start: f64,
 }
 
 impl Rates {
@@ -782,9 +796,13 @@ impl Offload {
         let experts = self.prepare(i, &mut st, experts, rows)?;
         let bytes = self.slots.expert_bytes as f64;
         let copies_here = self.host.get(i).is_some_and(|h| h.is_some());
-        let (cpu_rate, up_rate) = {
+        let (cpu_rate, up_rate, copy_start) = {
             let r = crate::gpu::lock(&self.rates);
-            (r.cpu, if copies_here { r.copy } else { r.upload })
+            (
+                r.cpu,
+                if copies_here { r.copy } else { r.upload },
+                r.copy_start,
+            )
         };
         // Auto: upload a miss where its rows cost the CPU more than its upload would.
         let rates = match self.cpu {
@@ -800,7 +818,10 @@ impl Offload {
         // With the host copy, the GPU's copies are a second way in beside the CPU: a share
         // of the misses goes that way, as many as the two rates split evenly.
         let mut lane = match copies_here {
-            true => copy_lane(st.table.misses(&experts), cpu_rate, up_rate),
+            true => {
+                let costs = (bytes, copy_start);
+                copy_lane(st.table.misses(&experts), cpu_rate, up_rate, costs)
+            }
             false => 0,
         };
         let upload = |e: u32| {
@@ -1170,41 +1191,51 @@ impl Offload {
         // The GPU's copy rate from there: every expert of the first layer into its slot 0
         // (empty until the first chunk), one submission, best of seven after a warm-up (a
         // rate taken while the host is busy elsewhere, e.g. freeing an earlier process's
-        // memory, would give the copies too small a share of each round).
+        // memory, would give the copies too small a share of each round). Then one expert
+        // the same way: what it takes beyond its bytes at that rate is a round's fixed cost.
         let (i, _, gu, dn) = layers[0];
         if let Some((hg, hd)) = &host[i] {
             let n = self.slots.per_layer[i];
             let (rg, rd) = (gu.rows / n, dn.rows / n);
-            let mut best = f64::MAX;
-            let mut moved = 0;
-            for run in 0..8 {
-                let mut rec = gpu.recorder();
-                moved = 0;
-                for x in 0..e {
-                    let g = hg.copy_rows(x * rg, gu, 0, rg).unwrap_or_default();
-                    let d = hd.copy_rows(x * rd, dn, 0, rd).unwrap_or_default();
-                    moved += g.iter().chain(&d).map(|c| c.size).sum::<u64>();
-                    rec.copy_all(&g);
-                    rec.copy_all(&d);
+            let probe = |experts: usize| -> Result<(f64, u64)> {
+                let (mut best, mut moved) = (f64::MAX, 0);
+                for run in 0..8 {
+                    let mut rec = gpu.recorder();
+                    moved = 0;
+                    for x in 0..experts {
+                        let g = hg.copy_rows(x * rg, gu, 0, rg).unwrap_or_default();
+                        let d = hd.copy_rows(x * rd, dn, 0, rd).unwrap_or_default();
+                        moved += g.iter().chain(&d).map(|c| c.size).sum::<u64>();
+                        rec.copy_all(&g);
+                        rec.copy_all(&d);
+                    }
+                    gpu.sync()?;
+                    let t = Clock::now();
+                    rec.finish()?;
+                    if run > 0 {
+                        best = best.min(t.secs());
+                    }
                 }
-                gpu.sync()?;
-                let t = Clock::now();
-                rec.finish()?;
-                if run > 0 {
-                    best = best.min(t.secs());
-                }
-            }
-            if moved > 0 && best > 0.0 {
-                crate::gpu::lock(&self.rates).copy = Some(moved as f64 / best);
+                Ok((best, moved))
+            };
+            let (all, moved) = probe(e)?;
+            if moved > 0 && all > 0.0 {
+                let rate = moved as f64 / all;
+                let (one, one_moved) = probe(1)?;
+                let mut r = crate::gpu::lock(&self.rates);
+                r.copy = Some(rate);
+                r.copy_start = (one - one_moved as f64 / rate).max(0.0);
             }
         }
         self.host = host;
         Ok(total)
     }
 
-    /// The GPU's copy rate from the host copy, bytes per second, where one was made.
-    pub fn host_copy_rate(&self) -> Option<f64> {
-        crate::gpu::lock(&self.rates).copy
+    /// The GPU's copy rate from the host copy, bytes per second, and a round's fixed cost in
+    /// seconds (see [`copy_lane`]), where one was made.
+    pub fn host_copy_rate(&self) -> Option<(f64, f64)> {
+        let r = crate::gpu::lock(&self.rates);
+        r.copy.map(|c| (c, r.copy_start))
     }
 
     /// A submission waited `secs` for a hybrid round's CPU part.
@@ -1306,12 +1337,19 @@ mod tests {
     fn the_copy_lane_takes_the_misses_that_finish_both_ways_first() {
         // H200-like rates: the CPU 86 GB/s, the GPU's copies 53: one of four misses is
         // copied (0.35 of an expert's time at the CPU's rate), two would wait on the copies.
-        assert_eq!(copy_lane(4, Some(86e9), Some(53e9)), 1);
-        assert_eq!(copy_lane(8, Some(86e9), Some(53e9)), 3);
+        let free = (1.0, 0.0);
+        assert_eq!(copy_lane(4, Some(86e9), Some(53e9), free), 1);
+        assert_eq!(copy_lane(8, Some(86e9), Some(53e9), free), 3);
         // Equal rates split evenly; a faster lane takes more; none before the CPU is timed.
-        assert_eq!(copy_lane(4, Some(1.0), Some(1.0)), 2);
-        assert_eq!(copy_lane(4, Some(1.0), Some(3.0)), 3);
-        assert_eq!(copy_lane(4, None, Some(3.0)), 0);
-        assert_eq!(copy_lane(0, Some(1.0), Some(1.0)), 0);
+        assert_eq!(copy_lane(4, Some(1.0), Some(1.0), free), 2);
+        assert_eq!(copy_lane(4, Some(1.0), Some(3.0), free), 3);
+        assert_eq!(copy_lane(4, None, Some(3.0), free), 0);
+        assert_eq!(copy_lane(0, Some(1.0), Some(1.0), free), 0);
+        // The H200 host's rates as measured together (CPU 69 GB/s, copies 48), experts of
+        // 21.2 MB: two of four misses copied end at 0.88 ms against the CPU's 0.61, one at
+        // 0.44 against 0.92; a copy round's 50 µs of fixed cost tips it to one.
+        let expert = 21.2e6;
+        assert_eq!(copy_lane(4, Some(69e9), Some(48e9), (expert, 0.0)), 2);
+        assert_eq!(copy_lane(4, Some(69e9), Some(48e9), (expert, 50e-6)), 1);
     }
 }

@@ -199,15 +199,21 @@ impl Session {
             let first = off.first_layer() == Some(i);
             off.count_sync(t as usize, t0.elapsed().as_secs_f64(), first);
             let mut gpu_round =
-                |table: &[u32], copies: &[BufferCopy], shared: bool| -> Result<()> {
-                    // The uploads the GPU copies from the host copy, ahead of the matmuls.
+                |table: &[u32], copies: &[BufferCopy], hybrid: bool| -> Result<()> {
+                    // The uploads the GPU copies from the host copy, ahead of the matmuls. In
+                    // a hybrid round they are the GPU's long part, which should end with the
+                    // CPU's: submitted on their own, they start before the host records the
+                    // matmuls.
                     rec.copy_all(copies);
+                    if hybrid && !copies.is_empty() {
+                        rec.flush();
+                    }
                     // A hybrid round whose pairs all run on the CPU has no GPU experts.
                     if table.iter().any(|&x| x != crate::experts::NONE) {
                         gpu.write(&s.expert_slots, 0, bytemuck::cast_slice(table));
                         self.experts(rec, m, &s.expert_slots, slots, t, xq);
                     }
-                    if let (Some(sh), true) = (&m.shared, shared) {
+                    if let (Some(sh), true) = (&m.shared, hybrid) {
                         self.swiglu(rec, sh, t, xq);
                     }
                     rec.flush();
