@@ -11,9 +11,10 @@ use clap::Args;
 use sparsa::cache::{CacheFormat, Caches};
 use sparsa::config::{Config, IndexerKind};
 use sparsa::error::Error;
+use sparsa::experts::HostCopy;
 use sparsa::gpu::Gpu;
 use sparsa::model::info::{summarize, summarize_tensors, Summary, TensorClass};
-use sparsa::model::plan::gib;
+use sparsa::model::plan::{gib, placing_embeddings};
 use sparsa::model::{
     free_memory, longest_ctx, plan_sized, session_room, GpuMemory, ModelSource, Plan, Session,
 };
@@ -420,6 +421,11 @@ pub fn run(a: InfoArgs) -> Result<()> {
         memory: memory.as_ref().filter(|m| m.reported).map(|m| m.size),
         free: memory.as_ref().map_or(0, |m| m.free),
         adapter: gpu.is_ok(),
+        // As a load with --gpu-memory places the embedding table (--host-embeddings auto);
+        // without the files, the config says whether the LM head is the table.
+        host_embed_ok: gpu
+            .as_ref()
+            .is_ok_and(|g| HostCopy::Auto.wanted(g, s.embed_bytes)),
         format,
         explicit: m.cache_type.0,
     };
@@ -489,6 +495,9 @@ struct Fit<'a> {
     binding: u64,
     memory: Option<u64>,
     adapter: bool,
+    /// The adapter would keep the embedding table in host memory where the plan offloads
+    /// experts (see [`sparsa::model::plan::placing_embeddings`]).
+    host_embed_ok: bool,
     /// What the adapter has free for sparsa now ([`free_memory`]).
     free: u64,
     /// The caches' formats at `ctx` without a budget or with the one given.
@@ -504,7 +513,9 @@ impl Fit<'_> {
 
     /// The plan for `budget` bytes, with caches in `cache` (`None`: chosen for the budget).
     fn plan(&self, budget: u64, ctx: usize, cache: Option<CacheFormat>) -> Result<Plan> {
-        plan_sized(self.cfg, self.s, budget, ctx, self.binding, cache)
+        let sized = |s: &Summary| plan_sized(self.cfg, s, budget, ctx, self.binding, cache);
+        let tied = self.cfg.tie_word_embeddings;
+        placing_embeddings(self.s, tied, HostCopy::Auto, self.host_embed_ok, sized)
     }
 
     /// The longest context (up to `self.ctx`) whose plan fits `budget`, if any, and the

@@ -252,25 +252,8 @@ impl Model {
         // Where the LM head is the embedding table, every step reads all of it.
         let tied = config.tie_word_embeddings && !files.contains("lm_head.weight");
         let mode = b.host_embeddings;
-        let p = match mode {
-            HostCopy::On if tied => {
-                return Err(Error::msg(
-                    "--host-embeddings on: this model's LM head is its embedding table, which every step reads whole; it stays on the GPU (use auto or off)",
-                ))
-            }
-            HostCopy::On => sized(&s.with_host_embeddings())?,
-            HostCopy::Off => sized(&s)?,
-            // Where the plan with the table on the GPU offloads experts, or does not fit.
-            HostCopy::Auto => {
-                let p = sized(&s);
-                let offloads = p.as_ref().map_or(true, |p| p.slots.offloads());
-                match !tied && offloads && mode.wanted(gpu, s.embed_bytes) {
-                    true => sized(&s.with_host_embeddings())?,
-                    false => p?,
-                }
-            }
-        }
-        .placed(b.placement);
+        let host_ok = mode.wanted(gpu, s.embed_bytes);
+        let p = plan::placing_embeddings(&s, tied, mode, host_ok, sized)?.placed(b.placement);
         log::info!("{}", p.describe());
         Ok(p)
     }

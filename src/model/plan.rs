@@ -5,7 +5,7 @@ use super::info::{self, TensorClass};
 use crate::cache::{CacheFormat, Caches};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::experts::Slots;
+use crate::experts::{HostCopy, Slots};
 use crate::weights::WeightFiles;
 
 /// A GPU memory budget as the user gave it.
@@ -295,6 +295,36 @@ pub fn plan(
     plan_sized(cfg, &s, budget, ctx, max_binding, cache)
 }
 
+/// The plan `sized` makes of `s` with the embedding table where `--host-embeddings` (`mode`)
+/// puts it: in host memory (out of the budget, [`info::Summary::with_host_embeddings`]) for
+/// `On`, and for `Auto` where `host_ok` (the adapter keeps host buffers, [`HostCopy::wanted`])
+/// and the plan with the table on the GPU offloads experts or does not fit; on the GPU for
+/// `Off`, and always where the LM head is the table (`tied`: `On` is an error there).
+pub fn placing_embeddings(
+    s: &info::Summary,
+    tied: bool,
+    mode: HostCopy,
+    host_ok: bool,
+    sized: impl Fn(&info::Summary) -> Result<Plan>,
+) -> Result<Plan> {
+    let host = || sized(&s.clone().with_host_embeddings());
+    match mode {
+        HostCopy::On if tied => Err(Error::msg(
+            "--host-embeddings on: this model's LM head is its embedding table, which every step reads whole; it stays on the GPU (use auto or off)",
+        )),
+        HostCopy::On => host(),
+        HostCopy::Off => sized(s),
+        HostCopy::Auto => {
+            let p = sized(s);
+            let offloads = p.as_ref().map_or(true, |p| p.slots.offloads());
+            match !tied && offloads && host_ok {
+                true => host(),
+                false => p,
+            }
+        }
+    }
+}
+
 /// [`plan_summary`] with a session's scratch for storage bindings of `max_binding` bytes:
 /// for the resident prefill chunks, or, where that plan streams routed experts, for the
 /// larger chunks of streamed experts (`STREAMED_CHUNK_ROWS` in scratch.rs: fewer uploads a
@@ -582,6 +612,55 @@ mod tests {
             e.0.contains("--gpu-memory") && e.0.contains("lower --ctx"),
             "{e}"
         );
+    }
+
+    /// `--host-embeddings`: the table leaves the budget where it is in host memory (its bytes
+    /// become slots), `auto` moves it only where experts stream, and a tied LM head keeps it.
+    #[test]
+    fn host_embeddings_leave_the_budget_where_experts_stream() {
+        let (cfg, s) = bard();
+        let binding = 2047 << 20;
+        let (ctx, f32) = (256, Some(CacheFormat::F32));
+        assert!(s.embed_bytes > 0 && !s.embed_in_host);
+        let at = |budget: u64, mode, ok, tied| {
+            let sized = |s: &info::Summary| plan_sized(&cfg, s, budget, ctx, binding, f32);
+            placing_embeddings(&s, tied, mode, ok, sized)
+        };
+        // Resident: auto leaves the table on the GPU, on moves it.
+        let all = at(u64::MAX, HostCopy::Auto, true, false).unwrap();
+        assert!(!all.slots.offloads() && all.host_embed == 0);
+        let on = at(u64::MAX, HostCopy::On, true, false).unwrap();
+        assert_eq!(on.host_embed, s.embed_bytes);
+        assert_eq!(all.fixed() - on.fixed(), s.embed_bytes);
+        assert!(
+            on.describe().contains("embedding table")
+                && !all.describe().contains("embedding table")
+        );
+        // Streamed: auto moves it where the adapter can, and the slots grow by its bytes.
+        let n_moe = all.slots.moe_layers() as u64;
+        let budget = all.fixed() + n_moe * all.slots.expert_bytes * 3 / 2;
+        let gpu = at(budget, HostCopy::Auto, false, false).unwrap();
+        let host = at(budget, HostCopy::Auto, true, false).unwrap();
+        assert!(gpu.slots.offloads() && gpu.host_embed == 0);
+        assert_eq!(host.host_embed, s.embed_bytes);
+        let more = (s.embed_bytes / all.slots.expert_bytes) as usize;
+        let got = host.slots.resident_experts() - gpu.slots.resident_experts();
+        let cap = n_moe as usize * cfg.n_routed_experts - gpu.slots.resident_experts();
+        assert!(
+            got >= more.min(cap) && got <= more + 1,
+            "{got} {more} {cap}"
+        );
+        assert_eq!(
+            at(budget, HostCopy::Off, true, false).unwrap().host_embed,
+            0
+        );
+        // A tied LM head: auto keeps the table, on is an error naming the flag.
+        assert_eq!(
+            at(budget, HostCopy::Auto, true, true).unwrap().host_embed,
+            0
+        );
+        let e = at(budget, HostCopy::On, true, true).unwrap_err();
+        assert!(e.0.contains("--host-embeddings on"), "{e}");
     }
 
     /// Where a plan streams experts, the scratch is for the larger prefill chunks if the
