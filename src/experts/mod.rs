@@ -156,7 +156,11 @@ impl HostCopy {
                 #[cfg(not(target_arch = "wasm32"))]
                 let fits = available_memory().is_some_and(|a| bytes <= a / 2);
                 #[cfg(target_arch = "wasm32")]
-                let fits = false;
+                let fits = {
+                    // No host memory to count in a browser: no host buffers either.
+                    let _ = bytes;
+                    false
+                };
                 fits && gpu.adapter.is_discrete() && gpu.host_buffers()
             }
         }
