@@ -312,10 +312,21 @@ fn drafts_with_streamed_experts_keep_greedy_tokens() {
     assert_eq!(got, want, "{stats:?}");
     assert!(stats.rounds > 0 && stats.accepted > 0, "{stats:?}");
     drop(m);
-    // The same with the misses of decode steps and verifications (4 rows) on the CPU.
+    // The same with the misses of decode steps and verifications (4 rows) on the CPU, and
+    // the experts' copy and the embedding table in host memory (the MTP layer embeds each
+    // drafted token from it; the budget less its bytes keeps one slot a layer).
     let mut b = b;
     b.cpu = CpuExperts::On;
+    b.host_copy = HostCopy::On;
+    b.host_embeddings = HostCopy::On;
+    let table = sparsa::model::info::summarize(&src.config, &src.weights)
+        .unwrap()
+        .embed_bytes;
+    if let GpuMemory::Bytes(x) = &mut b.memory {
+        *x -= table;
+    }
     let m = Model::from_source_within(&src, g.clone(), &mut |_, _| {}, Some(&b)).unwrap();
+    assert_eq!(m.plan.as_ref().map(|p| p.host_embed), Some(table));
     for k in [0, 3] {
         let (got, stats) = gen(&m, k);
         assert_eq!(got, want, "CPU experts, --draft {k}: {stats:?}");
