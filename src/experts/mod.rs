@@ -856,7 +856,7 @@ impl Offload {
                 Some(cpu(CpuPart {
                     layer: i,
                     k: experts.len() / rows.max(1),
-                    inter: gate_up.rows / st.table.slots() / 2,
+                    inter: self.expert_rows(i, (gate_up, down)).0 / 2,
                     experts,
                     order,
                 })?)
@@ -1100,25 +1100,16 @@ impl Offload {
         prefetched: bool,
     ) -> Result<()> {
         let t0 = Clock::now();
-        let n = st.table.slots();
-        let (rpe_gu, rpe_dn) = (gate_up.rows / n, down.rows / n);
-        let host = self.host.get(i).and_then(|h| h.as_ref());
+        let (rpe_gu, rpe_dn) = self.expert_rows(i, (gate_up, down));
         let mut writes = Vec::new();
         let (mut bytes, mut copied, mut copied_bytes) = (0, 0, 0);
         for &(x, slot) in uploads {
             let (xs, sl) = (x as usize, slot as usize);
-            let by_copy = match (host, copies.as_deref_mut()) {
-                (Some((hg, hd)), Some(out)) => {
-                    let g = hg.copy_rows(xs * rpe_gu, gate_up, sl * rpe_gu, rpe_gu);
-                    let d = hd.copy_rows(xs * rpe_dn, down, sl * rpe_dn, rpe_dn);
-                    g.zip(d).map(|(g, d)| {
-                        let b = g.iter().chain(&d).map(|c| c.size).sum::<u64>();
-                        out.extend(g.into_iter().chain(d));
-                        b
-                    })
-                }
-                _ => None,
-            };
+            let by_copy = copies.as_deref_mut().and_then(|out| {
+                let (c, b) = self.host_copies(i, xs, sl, (gate_up, down))?;
+                out.extend(c);
+                Some(b)
+            });
             match by_copy {
                 Some(b) => {
                     copied += 1;
@@ -1173,8 +1164,7 @@ impl Offload {
         let mut host: Vec<Option<(GpuWeight, GpuWeight)>> =
             (0..self.layers.len()).map(|_| None).collect();
         for &(i, src, gu, dn) in layers {
-            let n = self.slots.per_layer[i];
-            let (rg, rd) = (gu.rows / n, dn.rows / n);
+            let (rg, rd) = self.expert_rows(i, (gu, dn));
             let label = format!("layer {i}: the experts' host copy");
             let hg = GpuWeight::empty_in(gpu, e * rg, gu.cols, gu.format, rg, &label, true)?;
             let hd = GpuWeight::empty_in(gpu, e * rd, dn.cols, dn.format, rd, &label, true)?;
@@ -1192,47 +1182,66 @@ impl Offload {
             gpu.sync()?;
             host[i] = Some((hg, hd));
         }
+        self.host = host;
         // The GPU's copy rate from there: every expert of the first layer into its slot 0
         // (empty until the first chunk), one submission, best of seven after a warm-up (a
         // rate taken while the host is busy elsewhere, e.g. freeing an earlier process's
         // memory, would give the copies too small a share of each round). Then one expert
         // the same way: what it takes beyond its bytes at that rate is a round's fixed cost.
         let (i, _, gu, dn) = layers[0];
-        if let Some((hg, hd)) = &host[i] {
-            let n = self.slots.per_layer[i];
-            let (rg, rd) = (gu.rows / n, dn.rows / n);
-            let probe = |experts: usize| -> Result<(f64, u64)> {
-                let (mut best, mut moved) = (f64::MAX, 0);
-                for run in 0..8 {
-                    let mut rec = gpu.recorder();
-                    moved = 0;
-                    for x in 0..experts {
-                        let g = hg.copy_rows(x * rg, gu, 0, rg).unwrap_or_default();
-                        let d = hd.copy_rows(x * rd, dn, 0, rd).unwrap_or_default();
-                        moved += g.iter().chain(&d).map(|c| c.size).sum::<u64>();
-                        rec.copy_all(&g);
-                        rec.copy_all(&d);
-                    }
-                    gpu.sync()?;
-                    let t = Clock::now();
-                    rec.finish()?;
-                    if run > 0 {
-                        best = best.min(t.secs());
+        let probe = |experts: usize| -> Result<(f64, u64)> {
+            let (mut best, mut moved) = (f64::MAX, 0);
+            for run in 0..8 {
+                let mut rec = gpu.recorder();
+                moved = 0;
+                for x in 0..experts {
+                    if let Some((c, b)) = self.host_copies(i, x, 0, (gu, dn)) {
+                        rec.copy_all(&c);
+                        moved += b;
                     }
                 }
-                Ok((best, moved))
-            };
-            let (all, moved) = probe(e)?;
-            if moved > 0 && all > 0.0 {
-                let rate = moved as f64 / all;
-                let (one, one_moved) = probe(1)?;
-                let mut r = crate::gpu::lock(&self.rates);
-                r.copy = Some(rate);
-                r.copy_start = (one - one_moved as f64 / rate).max(0.0);
+                gpu.sync()?;
+                let t = Clock::now();
+                rec.finish()?;
+                if run > 0 {
+                    best = best.min(t.secs());
+                }
             }
+            Ok((best, moved))
+        };
+        let (all, moved) = probe(e)?;
+        if moved > 0 && all > 0.0 {
+            let rate = moved as f64 / all;
+            let (one, one_moved) = probe(1)?;
+            let mut r = crate::gpu::lock(&self.rates);
+            r.copy = Some(rate);
+            r.copy_start = (one - one_moved as f64 / rate).max(0.0);
         }
-        self.host = host;
         Ok(total)
+    }
+
+    /// Rows of one expert in offloaded layer `i`'s slot matrices `gate_up` / `down`.
+    fn expert_rows(&self, i: usize, (gate_up, down): (&GpuWeight, &GpuWeight)) -> (usize, usize) {
+        let n = self.slots.per_layer[i].max(1);
+        (gate_up.rows / n, down.rows / n)
+    }
+
+    /// The GPU's copies of expert `x` from layer `i`'s host copy into `slot` of its slot
+    /// matrices `gate_up` / `down`, and their bytes; None where the layer has no host copy
+    /// (or a range cannot be copied, [`GpuWeight::copy_rows`]).
+    fn host_copies(
+        &self,
+        i: usize,
+        x: usize,
+        slot: usize,
+        (gate_up, down): (&GpuWeight, &GpuWeight),
+    ) -> Option<(Vec<BufferCopy>, u64)> {
+        let (hg, hd) = self.host.get(i)?.as_ref()?;
+        let (rg, rd) = self.expert_rows(i, (gate_up, down));
+        let mut copies = hg.copy_rows(x * rg, gate_up, slot * rg, rg)?;
+        copies.extend(hd.copy_rows(x * rd, down, slot * rd, rd)?);
+        let bytes = copies.iter().map(|c| c.size).sum();
+        Some((copies, bytes))
     }
 
     /// The GPU's copy rate from the host copy, bytes per second, and a round's fixed cost in

@@ -194,17 +194,8 @@ impl GpuWeight {
             check_finite(p, dtype)?;
         }
         let sources: Vec<&[u8]> = parts.iter().map(|p| p.bytes).collect();
-        let (max_chunk_rows, label) = (None, (label, host));
-        Self::upload_bytes(
-            gpu,
-            &sources,
-            rows,
-            cols,
-            dtype,
-            align_rows,
-            max_chunk_rows,
-            label,
-        )
+        let place = (label, host);
+        Self::upload_bytes(gpu, &sources, rows, cols, dtype, align_rows, None, place)
     }
 
     /// Upload raw bytes of `dtype` (the concatenation of `sources` is `[rows, cols]`).
