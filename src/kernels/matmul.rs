@@ -236,14 +236,23 @@ fn coop_defines_with(f: WFormat, k: Knobs, gather: bool) -> Vec<(&'static str, S
 
 /// The defines only the tensor-core tile reads, for weights of `W_DTYPE` code `w_dtype`.
 /// `W_GATHER`: the weights are gathered rows read transposed (`mla_values`), staged K-major.
-fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 5] {
+fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 6] {
     [
         ("Q4_MODE", u(coop_q4_mode())),
         ("X_F16", u(coop_x_f16())),
         ("TN", u(coop_tile_cols(w_dtype))),
         ("W_GATHER", u(gather as u32)),
         ("RC", u(coop_rows_cols())),
+        ("ROWS_DIAG", u(coop_rows_diag())),
     ]
+}
+
+/// A measurement aid for the [`coop_rows`] kernels, which gives wrong results: which part of
+/// a K-step to leave out, to see what bounds the rest (`SPARSA_ROWS_COOP_DIAG`): 0 (default)
+/// none; 1, the weights' decoding (a constant staged instead); 2, the products; 3, the
+/// weights' stores into workgroup memory (the loads kept).
+fn coop_rows_diag() -> u32 {
+    knob!("SPARSA_ROWS_COOP_DIAG", |v| v <= 3).unwrap_or(0)
 }
 
 /// Whether the tensor-core tile stages `entry`'s weights K-major, as gathered rows read
@@ -291,30 +300,62 @@ fn coop_x_f16() -> u32 {
     knob!("SPARSA_COOP_X_F16", |v| v <= 1).unwrap_or(0)
 }
 
-/// The entries that multiply a few rows of x on tensor cores (matmul_coop_rows.wgsl).
-const COOP_ROWS_ENTRIES: [&str; 2] = ["gemv_coop_rows", "gemv_coop_experts_rows"];
+/// The entries that multiply a few rows of x on tensor cores (matmul_coop_rows.wgsl), and
+/// the sum of the dense one's K ranges.
+const COOP_ROWS_ENTRIES: [&str; 3] = [
+    "gemv_coop_rows",
+    "gemv_coop_experts_rows",
+    "gemv_coop_rows_sum",
+];
 
 /// Most rows of x [`coop_rows`] takes (the tensor cores' 16-row products).
 const COOP_ROWS_MAX: u32 = 16;
-/// Weight rows (output columns) per workgroup of the [`coop_rows`] kernels (`RC`; twice as
-/// many invocations): 128, or 64 with `SPARSA_ROWS_COOP_COLS=64` (twice the workgroups for
-/// the small matrices; a measurement aid).
+/// Weight rows (output columns) per workgroup of the [`coop_rows`] kernels (`RC`; 64
+/// invocations each): 64, or 128 with `SPARSA_ROWS_COOP_COLS=128` (half the workgroups, twice
+/// the products per staged x fragment; a measurement aid). On an H100 the GLM-5 decode shapes
+/// took 1.53 ms at one row with 64 against 3.33 with 128, and 2.03 against 3.63 at 8 rows
+/// (2026-12-05 night, run1).
 fn coop_rows_cols() -> u32 {
-    knob!("SPARSA_ROWS_COOP_COLS", |v| v == 64 || v == 128).unwrap_or(128)
+    knob!("SPARSA_ROWS_COOP_COLS", |v| v == 64 || v == 128).unwrap_or(64)
 }
+
+/// The K ranges `gemv_coop_rows` splits a product of `k` columns into where it has `blocks`
+/// column blocks: as many as bring the workgroups to about [`COOP_ROWS_WORKGROUPS`], each at
+/// least [`COOP_ROWS_MIN_K`] long (a multiple of the 64-element K-step); returns (ranges,
+/// elements per range).
+fn coop_rows_splits(blocks: u32, k: u32) -> (u32, u32) {
+    let want = knob!("SPARSA_ROWS_COOP_WGS", |v| v >= 1).unwrap_or(COOP_ROWS_WORKGROUPS);
+    let min_k = knob!("SPARSA_ROWS_COOP_KMIN", |v| v >= 64).unwrap_or(COOP_ROWS_MIN_K);
+    let most = k.div_ceil(min_k.next_multiple_of(64)).max(1);
+    let splits = want.div_ceil(blocks.max(1)).clamp(1, most);
+    let len = k.div_ceil(splits).next_multiple_of(64);
+    (k.div_ceil(len), len)
+}
+/// Workgroups [`coop_rows_splits`] aims for (`SPARSA_ROWS_COOP_WGS` overrides).
+const COOP_ROWS_WORKGROUPS: u32 = 1024;
+/// Shortest K range of a split (`SPARSA_ROWS_COOP_KMIN` overrides).
+const COOP_ROWS_MIN_K: u32 = 256;
 
 /// Whether `rows` rows of x, quantized for the integer-dot GEMVs (so over q4 weights the
 /// integer-dot GEMV takes), run on the tensor cores instead (`gemv_coop_rows`,
 /// `gemv_coop_experts_rows`): each weight decoded once and multiplied with all the rows in
 /// 16-row products, where the integer-dot kernels take every weight word against every row.
-/// Off by default: on the H200 (2026-12-05, `benches/results/2026-12-05-h200-coop-rows/`)
-/// its results pass the matmul tests, the batched-greedy tests and the goldens, but it is
-/// slower than the integer-dot rows: the GLM-5 decode shapes at 8 rows take 2.54 ms against
-/// 1.03, and a full-depth 8-row step 128.9 ms against 64.8. Its time follows K, not the
-/// rows (kv_a, 2 MB, 102 µs at any row count): a workgroup walks all of K, a K-step of 64
-/// at a time with two barriers, and the small matrices have few workgroups. Splitting K
-/// across subgroups or workgroups is the next step. `SPARSA_ROWS_COOP`: 1 at 2 rows and
-/// more, 2 also at one row (0, the default: never).
+/// Off by default: correct on the real driver (the matmul tests, the batched-greedy tests and
+/// the goldens pass on H100 and H200), but slower than the integer-dot rows.
+/// - The first version (2026-12-05 midday) walked all of K in each workgroup of 8 subgroups:
+///   the GLM-5 decode shapes took 2.54 ms at 8 rows against 1.03 (H200).
+/// - This one (2026-12-05 night, `benches/results/2026-12-05-coop-split/`) splits the dense
+///   kernel's K into ranges ([`coop_rows_splits`]) and has two subgroups of 32 columns a
+///   workgroup: 1.87 ms at 8 rows against the integer-dot rows' 1.04 in the same call (H200,
+///   run4), 1.73 against 0.29 at one row. At full depth (H100, run3) an 8-row step took
+///   106.7 ms against 68.1, a 4-position verification 94 against 44.7.
+/// - What bounds it (run4, `SPARSA_ROWS_COOP_DIAG`): without decoding the weights the shapes
+///   took 1.14 ms at one row, without the products 1.45, with neither decoding nor storing
+///   the weights 1.28: each part costs, and the bare K-step (loads, x staged, two barriers,
+///   the products) is already 4× the integer-dot kernel. Two K-steps' loads in flight
+///   instead of one were slower (1.97 against 1.86 ms at 8 rows, H100, run5).
+///
+/// `SPARSA_ROWS_COOP`: 1 at 2 rows and more, 2 also at one row (0, the default: never).
 fn coop_rows(gpu: &crate::gpu::Gpu, rows: u32) -> bool {
     let mode = knob!("SPARSA_ROWS_COOP", |v| v <= 2).unwrap_or(0);
     gpu.tensor_cores() && rows <= COOP_ROWS_MAX && (mode == 2 || (mode == 1 && rows > 1))
@@ -370,14 +411,13 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
     // A device with tensor cores also runs the few-rows kernels where the integer-dot rows
     // kernels ran (off by default, `coop_rows`): compiled here beside the GEMMs of the same
     // weights, which every workload with a prefill runs.
-    let rows_entry = match v.entry {
-        "gemm" => Some("gemv_coop_rows"),
-        "gemm_experts" => Some("gemv_coop_experts_rows"),
-        _ => None,
+    let rows_entries: &[&'static str] = match v.entry {
+        "gemm" => &["gemv_coop_rows", "gemv_coop_rows_sum"],
+        "gemm_experts" => &["gemv_coop_experts_rows"],
+        _ => &[],
     };
-    [Some(v.entry), rows_entry]
-        .into_iter()
-        .flatten()
+    std::iter::once(v.entry)
+        .chain(rows_entries.iter().copied())
         .flat_map(|entry| {
             [true, false].map(|x4| ShaderVariant {
                 shader: shader_of(entry, true, x4).code(),
@@ -878,7 +918,6 @@ fn matmul_as(
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
             Dense::CoopRows => n.div_ceil(coop_rows_cols()),
         };
-        let grid = rec.gpu().grid(groups);
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
         let (k, n, r) = (w.cols as u64, n as u64, rows as u64);
         rec.cost(
@@ -886,9 +925,58 @@ fn matmul_as(
             2 * r * n * k,
             w.format.name(),
         );
+        if kind == Dense::CoopRows {
+            let x4 = x_in_quads(x, x.stride, w.cols as u32);
+            coop_rows_dispatch(
+                rec,
+                (&pipe, w, x4),
+                p,
+                [x.buf, &c.buf, y.buf, scale],
+                groups,
+            );
+            continue;
+        }
+        let grid = rec.gpu().grid(groups);
         let xb = xq.map_or(x.buf, |q| q.buf);
         rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale], grid);
     }
+}
+
+/// `gemv_coop_rows` (`pipe`, of weights `w`, x read in quads where `x4`) over `blocks`
+/// column blocks with parameters `p` and bindings `b` (x, weights, y, scales): in one
+/// dispatch where K needs no split ([`coop_rows_splits`]), else each K range's sums into a
+/// scratch buffer and `gemv_coop_rows_sum` adding them into y.
+fn coop_rows_dispatch(
+    rec: &mut Recorder,
+    (pipe, w, x4): (&Kernel<Params>, &GpuWeight, bool),
+    p: Params,
+    b: [&wgpu::Buffer; 4],
+    blocks: u32,
+) {
+    let (splits, len) = coop_rows_splits(blocks, p.k);
+    let p = Params {
+        splits,
+        seg_n: len,
+        y_split: p.rows * p.n,
+        ..p
+    };
+    let grid = rec.gpu().grid(blocks * splits);
+    if splits == 1 {
+        rec.dispatch(pipe, &p, &b, grid);
+        return;
+    }
+    let gpu = rec.gpu();
+    let sums = match gpu.scratch("coop rows sums", 4 * (splits * p.y_split) as u64) {
+        Ok(s) => s,
+        Err(e) => {
+            gpu.report_error(e.to_string());
+            return;
+        }
+    };
+    rec.dispatch(pipe, &p, &[b[0], b[1], &sums, b[3]], grid);
+    let sum = pipeline(rec, "gemv_coop_rows_sum", w, Knobs { x4, ..KNOBS });
+    rec.cost(4 * (splits + 2) as u64 * p.y_split as u64, 0, "f32");
+    rec.dispatch(&sum, &p, &[&sums, b[2]], gpu.grid(p.y_split.div_ceil(256)));
 }
 
 /// Which expert each routed pair uses: `ids[t * topk + j]` (u32) for row `t`'s `j`-th pair,
@@ -2379,6 +2467,9 @@ mod tests {
                 // The MLA GEMMs take the positions and counts at 4 and 5.
                 let want: &[u32] = if ["gemm", "gemm_heads", "gemv_coop_rows"].contains(&entry) {
                     &[0, 1, 2, 3, 4]
+                } else if entry == "gemv_coop_rows_sum" {
+                    // The scratch sums at 1, y at 2.
+                    &[0, 1, 2]
                 } else {
                     &[0, 1, 2, 3, 4, 5]
                 };
