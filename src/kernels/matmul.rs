@@ -313,7 +313,7 @@ const COOP_ROWS_MAX: u32 = 16;
 /// Weight rows (output columns) per workgroup of the [`coop_rows`] kernels (`RC`; 64
 /// invocations each): 64, or 128 with `SPARSA_ROWS_COOP_COLS=128` (half the workgroups, twice
 /// the products per staged x fragment; a measurement aid). On an H100 the GLM-5 decode shapes
-/// took 1.53 ms at one row with 64 against 3.33 with 128, and 2.03 against 3.63 at 8 rows
+/// took 1.53 ms at one row with 64 against 3.42 with 128, and 2.03 against 3.73 at 8 rows
 /// (2026-12-05 night, run1).
 fn coop_rows_cols() -> u32 {
     knob!("SPARSA_ROWS_COOP_COLS", |v| v == 64 || v == 128).unwrap_or(64)
