@@ -123,7 +123,11 @@ pub fn compile(source: &str, entry: &str) -> Result<Compiled> {
     };
     let mut words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
         .map_err(|e| fail("SPIR-V", e.to_string()))?;
-    publish_workgroup_memory(&mut words)?;
+    // `SPARSA_SPIRV_PUBLISH=0` leaves the words as naga wrote them: a measurement aid, to see
+    // what the memory model's ordering costs (results may be wrong without it).
+    if crate::knobs::knob_on!("SPARSA_SPIRV_PUBLISH") {
+        publish_workgroup_memory(&mut words)?;
+    }
     Ok(Compiled {
         words,
         layout,
