@@ -491,6 +491,12 @@ impl<'a> Loader<'a, '_> {
     }
 }
 
+/// Whether the model's LM head is its embedding table: tied in the config, with no
+/// `lm_head.weight` in the files.
+pub(super) fn lm_head_is_table(cfg: &Config, files: &WeightFiles) -> bool {
+    cfg.tie_word_embeddings && !files.contains("lm_head.weight")
+}
+
 /// Upload `files` to the GPU; with `slots` (per layer, from [`crate::model::plan`]) a MoE
 /// layer with fewer slots than experts gets empty slots and its experts stay in the files;
 /// with `host_embed` the embedding table goes into host memory (the plan left it out).
@@ -513,7 +519,7 @@ pub fn load(
     };
     let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     // A tied LM head reads the whole table every step: it stays on the GPU.
-    let tied = cfg.tie_word_embeddings && !files.contains("lm_head.weight");
+    let tied = lm_head_is_table(cfg, files);
     let embed = l.float_matrix("model.embed_tokens.weight", v, h, host_embed && !tied)?;
     let lm_head = if tied {
         None

@@ -250,7 +250,7 @@ impl Model {
             plan::plan_sized(config, s, bytes, b.ctx, gpu.max_binding(), b.cache)
         };
         // Where the LM head is the embedding table, every step reads all of it.
-        let tied = config.tie_word_embeddings && !files.contains("lm_head.weight");
+        let tied = load::lm_head_is_table(config, files);
         let mode = b.host_embeddings;
         let host_ok = mode.wanted(gpu, s.embed_bytes);
         let p = plan::placing_embeddings(&s, tied, mode, host_ok, sized)?.placed(b.placement);
