@@ -3,8 +3,8 @@
 # the lib, golden and batch test binaries (as libtest, golden, batchtest), examples
 # gemv_shapes and cpu_experts, stripped and packed into .h200/bundle.tar.xz with one
 # dictionary across them (under the 64 MiB a device call carries); .h200/BUILT_FROM names the
-# commit. OLD=path/to/an/older/sparsa adds it as sparsa-OLDNAME (OLDNAME: its file name's
-# suffix after "sparsa-", e.g. a build of another commit to alternate against). The Vulkan
+# commit. OLD="path/to/sparsa-OLDNAME ..." adds each file named (under its own name: e.g. the
+# builds of another commit to alternate against). The Vulkan
 # loader debs (.gl/) come from the device README's recipe. About 8 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ T=$(mktemp -d)
 cp target/release/sparsa "$T/sparsa"
 cp "$L" "$T/libtest"; cp "$G" "$T/golden"; cp "$B" "$T/batchtest"
 cp target/release/examples/gemv_shapes target/release/examples/cpu_experts "$T/"
-if [ -n "${OLD:-}" ]; then cp "$OLD" "$T/$(basename "$OLD")"; fi
+for f in ${OLD:-}; do cp "$f" "$T/$(basename "$f")"; done
 strip "$T"/*
 mkdir -p .h200
 tar -C "$T" -cf - . | xz --lzma2=preset=6,dict=256MiB -T2 > .h200/bundle.tar.xz

@@ -100,16 +100,28 @@ fn quantize_x_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     quant_word(v, lid, live, r * xq_stride(P.k), nb, b);
 }
 
-// dot(w, h) and dot(w, l) of 16 bytes of int8 weights with x's hi and lo words.
-fn idot8x(w: vec4<u32>, h: vec4<u32>, l: vec4<u32>) -> vec2<i32> {
-    return vec2<i32>(
-        (dot4I8Packed(w.x, h.x) + dot4I8Packed(w.y, h.y)) + (dot4I8Packed(w.z, h.z) + dot4I8Packed(w.w, h.w)),
-        (dot4I8Packed(w.x, l.x) + dot4I8Packed(w.y, l.y)) + (dot4I8Packed(w.z, l.z) + dot4I8Packed(w.w, l.w)));
+// dot(w, h) and dot(w, l) of 16 bytes of int8 weights with x's hi and lo words, added onto
+// `d`: each product's sum is the next one's addend (one chain, which a dot-accumulate
+// instruction takes whole).
+fn idot8x(d: vec2<i32>, w: vec4<u32>, h: vec4<u32>, l: vec4<u32>) -> vec2<i32> {
+    var a = d;
+    a.x += dot4I8Packed(w.x, h.x);
+    a.x += dot4I8Packed(w.y, h.y);
+    a.x += dot4I8Packed(w.z, h.z);
+    a.x += dot4I8Packed(w.w, h.w);
+    a.y += dot4I8Packed(w.x, l.x);
+    a.y += dot4I8Packed(w.y, l.y);
+    a.y += dot4I8Packed(w.z, l.z);
+    a.y += dot4I8Packed(w.w, l.w);
+    return a;
 }
 
-// dot(w, hi) and dot(w, lo) of 16 bytes of int8 weights with x vec4 pair index `xi`.
-fn idot8(w: vec4<u32>, xi: u32) -> vec2<i32> {
-    return idot8x(w, get_xh(xi), get_xl(xi));
+// The integers `i` as f32, exactly for |i| < 2^22 (a word's dot sums are below 2^19): added
+// into the mantissa of 1.5 · 2^23, where the spacing is 1, then the 1.5 · 2^23 taken off.
+// Two integer and two float additions instead of two int-to-float conversions, which GPUs
+// run at a quarter of their float rate or less (the same bits as f32(i)).
+fn i2f_small(i: vec2<i32>) -> vec2<f32> {
+    return bitcast<vec2<f32>>(i + vec2<i32>(0x4b400000)) - vec2<f32>(12582912.0);
 }
 
 // A 16-byte word of weight codes as int8 vectors: q4's 32 nibbles (low and high nibble of
@@ -152,11 +164,11 @@ fn x_words(q: u32) -> XWords {
 // sw · s_x · (Dhi + Dlo / 254 − offset).
 fn dot_x(c: Codes, x: XWords, sw: f32) -> f32 {
     if (W_DTYPE == 5u) {
-        let d = idot8x(c.a, x.ha, x.la) + idot8x(c.b, x.hb, x.lb);
-        return sw * x.sm.x * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - x.sm.y);
+        let d = i2f_small(idot8x(idot8x(vec2<i32>(0), c.a, x.ha, x.la), c.b, x.hb, x.lb));
+        return sw * x.sm.x * ((d.x + d.y * (1.0 / 254.0)) - x.sm.y);
     }
-    let d = idot8x(c.a, x.ha, x.la);
-    return sw * x.sm.x * (f32(d.x) + f32(d.y) * (1.0 / 254.0));
+    let d = i2f_small(idot8x(vec2<i32>(0), c.a, x.ha, x.la));
+    return sw * x.sm.x * (d.x + d.y * (1.0 / 254.0));
 }
 
 // dot_x with x's words for weight word `q`.
@@ -240,11 +252,14 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
 
 // ---- T rows of x at once (gemv_dot_rows, gemv_dot_experts_rows; XQ = 1) ----------------
 // A speculative verification (or a short chunk) multiplies a few rows of x by the same
-// weights: each lane loads its 4 weight rows' words once and takes them against every x
-// row, so the weights are read once for all rows instead of once per row.
+// weights: each lane loads its weight rows' words once and takes them against every x
+// row, so the weights are read once for all rows instead of once per row. A lane takes RR
+// quads of weight rows (1 or 2): with 2, each x word it loads serves 8 weight rows, half
+// the x loads per product.
 
-// This lane's partial dots: acc_t[t][j] for x row t (t < nx) and weight row j.
-var<private> acc_t: array<vec4<f32>, T>;
+// This lane's partial dots: acc_t[i · T + t][j] for x row t (t < nx) and weight row j of
+// quad i.
+var<private> acc_t: array<vec4<f32>, T * RR>;
 // vec4 offset in xq of x row t, and the y offset its outputs go to.
 var<private> xrows: array<u32, T>;
 var<private> ybase: array<u32, T>;
@@ -266,39 +281,66 @@ fn words4(w: vec4<u32>, q: u32) -> Words4 {
                             q_scale(((w.z + q) * EPV) / QB), q_scale(((w.w + q) * EPV) / QB)));
 }
 
+// Word position q of a lane's quads (the second only where RR = 2).
+struct Words8 {
+    u: Words4,
+    v: Words4,
+}
+
+fn words8(w: vec4<u32>, w2: vec4<u32>, q: u32) -> Words8 {
+    let u = words4(w, q);
+    if (RR == 2u) {
+        return Words8(u, words4(w2, q));
+    }
+    return Words8(u, u);
+}
+
 // Adds word position q's products with every x row to acc_t: the weight words unpacked
 // once, each x row's words loaded once.
-fn rows_word(v: Words4, q: u32) {
-    let c0 = codes_of(v.a);
-    let c1 = codes_of(v.b);
-    let c2 = codes_of(v.c);
-    let c3 = codes_of(v.d);
+fn rows_word(v: Words8, q: u32) {
+    let c0 = codes_of(v.u.a);
+    let c1 = codes_of(v.u.b);
+    let c2 = codes_of(v.u.c);
+    let c3 = codes_of(v.u.d);
+    let c4 = codes_of(v.v.a);
+    let c5 = codes_of(v.v.b);
+    let c6 = codes_of(v.v.c);
+    let c7 = codes_of(v.v.d);
     for (var t = 0u; t < T; t++) {
         if (t < nx) {
             xqb = xrows[t];
             let xw = x_words(q);
-            acc_t[t] += vec4<f32>(dot_x(c0, xw, v.s.x), dot_x(c1, xw, v.s.y), dot_x(c2, xw, v.s.z), dot_x(c3, xw, v.s.w));
+            acc_t[t] += vec4<f32>(dot_x(c0, xw, v.u.s.x), dot_x(c1, xw, v.u.s.y), dot_x(c2, xw, v.u.s.z), dot_x(c3, xw, v.u.s.w));
+            if (RR == 2u) {
+                acc_t[T + t] += vec4<f32>(dot_x(c4, xw, v.v.s.x), dot_x(c5, xw, v.v.s.y), dot_x(c6, xw, v.v.s.z), dot_x(c7, xw, v.v.s.w));
+            }
         }
     }
 }
 
-// acc_t for the 4 weight rows at word offsets `wo` (NONE: absent) from lane `lane`. With
-// UNROLL = 2 the next word position's words are loaded before this one's products, so the
-// loads of one overlap the arithmetic of the other.
-fn rows_partial(wo: vec4<u32>, lane: u32) {
-    for (var t = 0u; t < T; t++) {
-        acc_t[t] = vec4<f32>(0.0);
+// acc_t for the weight rows at word offsets `wo` and (RR = 2) `wo2` (NONE: absent) from
+// lane `lane`. With UNROLL = 2 the next word position's words are loaded before this one's
+// products, so the loads of one overlap the arithmetic of the other.
+fn rows_partial(wo: vec4<u32>, wo2: vec4<u32>, lane: u32) {
+    for (var i = 0u; i < T * RR; i++) {
+        acc_t[i] = vec4<f32>(0.0);
     }
     let w = live_rows(wo);
     let kw = P.k / EPV;
     if (w.x == NONE || lane >= kw) {
         return;
     }
+    // The second quad's absent rows read the first's (rows ascend: if any of the first
+    // quad's rows is absent, all of the second's are).
+    var w2 = live_rows(wo2);
+    if (w2.x == NONE) {
+        w2 = w;
+    }
     if (UNROLL == 2u) {
         var q = lane;
-        var v = words4(w, q);
+        var v = words8(w, w2, q);
         for (; q + TPR4 < kw; q += TPR4) {
-            let next = words4(w, q + TPR4);
+            let next = words8(w, w2, q + TPR4);
             rows_word(v, q);
             v = next;
         }
@@ -306,20 +348,20 @@ fn rows_partial(wo: vec4<u32>, lane: u32) {
         return;
     }
     for (var q = lane; q < kw; q += TPR4) {
-        rows_word(words4(w, q), q);
+        rows_word(words8(w, w2, q), q);
     }
 }
 
-// Reduces acc_t over each row group's lanes and stores rows n0 .. n0 + 3 (those in `wo`)
-// of each x row t < nx at ybase[t] (P.accumulate: added to y). Workgroup-uniform: the
-// reductions run for all T rows.
-fn rows_store(wo: vec4<u32>, n0: u32, lid: u32) {
+// Reduces quad i's acc_t over each row group's lanes and stores its rows (those in `wo`,
+// from n0) of each x row t < nx at ybase[t] (P.accumulate: added to y). Workgroup-uniform:
+// the reductions run for all T rows.
+fn rows_store_quad(i: u32, wo: vec4<u32>, n0: u32, lid: u32) {
     for (var t = 0u; t < T; t += 2u) {
         var b = vec4<f32>(0.0);
         if (t + 1u < T) {
-            b = acc_t[t + 1u];
+            b = acc_t[i * T + t + 1u];
         }
-        let r = reduce_pair(acc_t[t], b, lid);
+        let r = reduce_pair(acc_t[i * T + t], b, lid);
         if (lid % TPR4 == 0u) {
             if (t < nx) {
                 store_quad(r.lo, wo, ybase[t] + n0);
@@ -331,21 +373,31 @@ fn rows_store(wo: vec4<u32>, n0: u32, lid: u32) {
     }
 }
 
+// rows_store_quad for each of the lane's quads: rows n0 .. n0 + 3 at `wo`, n0 + 4 .. n0 + 7
+// at `wo2`.
+fn rows_store(wo: vec4<u32>, wo2: vec4<u32>, n0: u32, lid: u32) {
+    rows_store_quad(0u, wo, n0, lid);
+    if (RR == 2u) {
+        rows_store_quad(1u, wo2, n0 + 4u, lid);
+    }
+}
+
 // y[t, n] (+)= Σ_k x[t, k] · W[n, k] for the T = P.rows rows of x quantized in xq (row t at
 // t · xq_stride(k)).
 @compute @workgroup_size(256)
 fn gemv_dot_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let n0 = dense_quad_row(g, lid);
+    let n0 = dense_quad_row(g, lid) * RR;
     let wo = dense_quad(n0);
+    let wo2 = dense_quad(n0 + 4u);
     nx = min(P.rows, T);
     for (var t = 0u; t < T; t++) {
         xrows[t] = t * xq_stride(P.k);
         ybase[t] = P.y_off + t * P.y_stride;
     }
-    rows_partial(wo, lid % TPR4);
-    rows_store(wo, n0, lid);
+    rows_partial(wo, wo2, lid % TPR4);
+    rows_store(wo, wo2, n0, lid);
 }
 
 // The slots of the current batch, for workgroup-uniform control flow.
@@ -359,10 +411,11 @@ var<workgroup> batch_n: u32;
 fn gemv_dot_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let at = block_quad_row(g, lid);
-    let e = P.e0 + at.x;
-    let n0 = at.y;
+    let b = item_block(g, WG / TPR4 * 4u * RR);
+    let e = P.e0 + b.x;
+    let n0 = b.y + lid / TPR4 * 4u * RR;
     let wo = expert_quad(e, n0);
+    let wo2 = expert_quad(e, n0 + 4u);
     let stride = xq_stride(P.k);
     var s = 0u;
     loop {
@@ -383,7 +436,7 @@ fn gemv_dot_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
         if (n == 0u) {
             break;
         }
-        rows_partial(wo, lid % TPR4);
-        rows_store(wo, n0, lid);
+        rows_partial(wo, wo2, lid % TPR4);
+        rows_store(wo, wo2, n0, lid);
     }
 }

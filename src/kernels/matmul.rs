@@ -202,8 +202,20 @@ fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
     Knobs {
         t: rows,
         unroll: unroll.unwrap_or(unroll_default),
+        rr: rows_quads(),
         ..dot_knobs(tpr4, 1, true)
     }
+}
+
+/// Quads of weight rows each lane of gemv_dot_rows and gemv_dot_experts_rows takes: 1 (4
+/// rows), or 2 (8 rows: each x word a lane loads serves twice the products, for twice the
+/// registers). `SPARSA_ROWS_QUADS` selects (a measurement aid; 1 until measured).
+fn rows_quads() -> u32 {
+    #[cfg(test)]
+    if let Some(q) = tests::ROWS_QUADS.with(|c| c.get()) {
+        return q;
+    }
+    knob!("SPARSA_ROWS_QUADS", |v| v == 1 || v == 2).unwrap_or(1)
 }
 
 fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Kernel<Params> {
@@ -913,6 +925,7 @@ fn matmul_as(
             Dense::Gemv => n.div_ceil(GEMV_RPW),
             Dense::Gemv4(tpr4, rr) => n.div_ceil(256 / tpr4 * rr),
             Dense::GemvCpu(tpr4, rr) => n.div_ceil(cpu_wg() / tpr4 * rr),
+            Dense::GemvDot(tpr4, _) if rows > 1 => n.div_ceil(256 / tpr4 * 4 * rows_quads()),
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(64) => rows.div_ceil(GEMM_TILE_ROWS) * n.div_ceil(tile_cols(rec, w.format)),
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
@@ -1541,7 +1554,7 @@ fn experts_as(
         } else if coop {
             (e1 - e0) * rpe.div_ceil(coop_rows_cols())
         } else if grouped {
-            (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr)
+            (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr * rows_quads())
         } else if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
         } else if gemv {
@@ -1568,6 +1581,11 @@ fn experts_as(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// What [`rows_quads`] answers on this thread (tests run both layouts).
+        pub(super) static ROWS_QUADS: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+    }
     use crate::kernels::testutil::{
         assert_close_plus, gpu, gpu_default_limits, x_split_bound, Rng,
     };
@@ -2290,7 +2308,7 @@ mod tests {
         // once for all of them, gemv_dot_experts_rows each expert once for the slots routed
         // to it. Every row count up to GEMV_MAX_ROWS somewhere; odd K and N; chunks.
         let f = WFormat::Quant(QFormat::Q4 { block: 32 });
-        for (i, (rows, k, n, chunk)) in [
+        for ((i, (rows, k, n, chunk)), quads) in [
             (2, 32, 5, None),
             (3, 96, 9, None),
             (4, 544, 37, Some(7)),
@@ -2301,9 +2319,13 @@ mod tests {
         ]
         .into_iter()
         .enumerate()
+        .flat_map(|c| [(c, 1), (c, 2)])
         {
+            // Each lane 4 weight rows, or 8 (two quads: the second partly or wholly past
+            // N in some workgroups).
+            ROWS_QUADS.with(|c| c.set(Some(quads)));
             run_matmul_xq(
-                1700 + i as u64,
+                1700 + i as u64 + 100 * quads as u64,
                 rows,
                 k,
                 n,
@@ -2314,7 +2336,7 @@ mod tests {
                 true,
             );
             for per_slot in [false, true] {
-                let seed = 1800 + 2 * i as u64 + per_slot as u64;
+                let seed = 1800 + 2 * i as u64 + per_slot as u64 + 100 * quads as u64;
                 // Few experts: rows share them, and a row may name one twice (random ids),
                 // so an expert can have more than `rows` slots (the kernel's batches).
                 check_experts_xq(seed, (rows, 3, 4, n, k), f, per_slot, 1, Some(2 * n), true);
