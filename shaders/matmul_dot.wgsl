@@ -11,7 +11,8 @@
 // memory first; 1 = a producer wrote it to a buffer once (`quantize_x_rows`, or a fused
 // RMSNorm / SwiGLU), read through x4's binding by every workgroup: no per-workgroup prologue.
 // Extra defines: MAXB, the blocks the workgroup arrays hold (≥ k / 32 when XQ = 0); UNROLL,
-// 16-byte words per row a lane loads before using them (1 or 2).
+// 16-byte words per row a lane loads before using them (1 or 2); XLO, 0 to leave x's lo
+// words out (half the products and x loads; inexact results, for timing only).
 
 var<workgroup> xh: array<vec4<u32>, 2 * MAXB>;
 var<workgroup> xl: array<vec4<u32>, 2 * MAXB>;
@@ -35,6 +36,9 @@ fn get_xh(i: u32) -> vec4<u32> {
     return xh[i];
 }
 fn get_xl(i: u32) -> vec4<u32> {
+    if (XLO == 0u) {
+        return vec4<u32>(0u);
+    }
     if (XQ == 1u) {
         return xq(xqb + P.k / 16u + i);
     }
@@ -109,10 +113,12 @@ fn idot8x(d: vec2<i32>, w: vec4<u32>, h: vec4<u32>, l: vec4<u32>) -> vec2<i32> {
     a.x += dot4I8Packed(w.y, h.y);
     a.x += dot4I8Packed(w.z, h.z);
     a.x += dot4I8Packed(w.w, h.w);
-    a.y += dot4I8Packed(w.x, l.x);
-    a.y += dot4I8Packed(w.y, l.y);
-    a.y += dot4I8Packed(w.z, l.z);
-    a.y += dot4I8Packed(w.w, l.w);
+    if (XLO == 1u) {
+        a.y += dot4I8Packed(w.x, l.x);
+        a.y += dot4I8Packed(w.y, l.y);
+        a.y += dot4I8Packed(w.z, l.z);
+        a.y += dot4I8Packed(w.w, l.w);
+    }
     return a;
 }
 

@@ -207,6 +207,15 @@ fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
     }
 }
 
+/// Whether the integer-dot GEMVs take x's lo words: 1 (default), or 0 with `SPARSA_XQ_LO=0`,
+/// a measurement aid whose results are inexact (x kept to its hi int8 words, as llama.cpp's
+/// q8_1 activations are, but with the lo words' share of the q4 offset still subtracted): half
+/// the products and x loads, to time what the lo words cost the few-rows GEMVs, which are
+/// bound by their integer products.
+fn xq_lo() -> u32 {
+    knob!("SPARSA_XQ_LO", |v| v <= 1).unwrap_or(1)
+}
+
 /// Quads of weight rows each lane of gemv_dot_rows and gemv_dot_experts_rows takes: 1 (4
 /// rows), or 2 (8 rows: each x word a lane loads serves twice the products, for twice the
 /// registers). `SPARSA_ROWS_QUADS` selects (a measurement aid; 1 until measured).
@@ -441,7 +450,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .collect()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 11] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 12] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -454,6 +463,7 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 11] {
         ("XQ", u(k.xq)),
         ("UNROLL", u(k.unroll)),
         ("WGC", u(cpu_wg())),
+        ("XLO", u(xq_lo())),
     ]
 }
 

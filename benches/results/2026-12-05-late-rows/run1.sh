@@ -6,7 +6,7 @@
 # (a build before both: `OLD="/work/old/sparsa-old /work/old/gemv_shapes-old"
 # benches/h200_bundle.sh`). Part 1, about 2 minutes: the matmul lib tests (both layouts on
 # the device), the GLM-5 decode shapes old / new / new with 8 rows a lane, alternated, and
-# run6.sh of 2026-12-05-coop-split (the memory model's cost), if time is left.
+# SPARSA_XQ_LO=0 (x without its lo words: what they cost; inexact, timing only).
 set -u
 OUT=${OUT:-benches/results/new}
 . benches/h200_setup.sh
@@ -15,7 +15,7 @@ timeout 90 /tmp/libtest kernels::matmul --test-threads=4 > $OUT/matmul.txt 2>&1
 echo "matmul lib tests (rc $?): $(grep 'test result' $OUT/matmul.txt)"
 grep -E "panicked|FAILED" $OUT/matmul.txt | head -4 | cut -c1-300
 for pass in a b; do
-  for v in old new "new SPARSA_ROWS_QUADS=2" "new SPARSA_ROWS_QUADS=2 SPARSA_ROWS_UNROLL=2" "new SPARSA_ROWS_UNROLL=2"; do
+  for v in old new "new SPARSA_ROWS_QUADS=2" "new SPARSA_ROWS_QUADS=2 SPARSA_ROWS_UNROLL=2" "new SPARSA_ROWS_UNROLL=2" "new SPARSA_XQ_LO=0"; do
     set -- $v; b=$1; shift
     g=/tmp/gemv_shapes; [ $b = old ] && g=/tmp/gemv_shapes-old
     n=$(echo "$v" | tr ' =' '__').$pass
