@@ -19,7 +19,10 @@
 // With places (P.ragged, places.wgsl) chunk row cs_row + r goes to cache row lo + pos
 // instead of pos0 + r, and a row outside this segment is skipped.
 //
-// One workgroup per row (per (row, head) for rotate). Defines: LFMT, KFMT, RANDOM, PREP.
+// One workgroup per row (per (row, head) for rotate). Defines: LFMT, KFMT, RANDOM, PREP and
+// CWG, the workgroup size: 128, or 8 on CPU adapters (lavapipe), where each of a row's
+// reductions then takes 3 barriers instead of 7, each a switch through one SIMD slice of 8
+// instead of 16 (FP8 latents keep 128: a workgroup quantizes one 128-code block at a time).
 
 // Params (binding 0): declared once, in src/kernels/cache.rs (`Params`), and put before this source.
 
@@ -34,7 +37,7 @@
 @group(0) @binding(5) var<storage, read> cs: array<f32>;
 @group(0) @binding(6) var<storage, read> places: array<u32>;
 
-const WG: u32 = 128u;
+const WG: u32 = CWG; // invocations: 128, or CPU_WG on CPU adapters (not FP8 latents: WG = BLK)
 const BLK: u32 = 128u; // FP8 scale block
 const MAXD: u32 = 256u; // longest key row the rotation takes
 const MAXROW: u32 = 2048u; // longest prepared row (MAX_PREPARED_ROW in cache.rs)
@@ -170,7 +173,7 @@ fn reduce_max(lid: u32) -> f32 {
     return m;
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(CWG)
 fn store_latent(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -244,7 +247,7 @@ fn hadamard(lid: u32, dim: u32) {
     workgroupBarrier();
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(CWG)
 fn store_keys(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -295,7 +298,7 @@ fn store_keys(
     }
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(CWG)
 fn rotate(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,

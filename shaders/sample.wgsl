@@ -17,7 +17,9 @@
 @group(0) @binding(1) var<storage, read_write> part: array<u32>;
 @group(0) @binding(2) var<storage, read_write> io: array<u32>;
 
-const WG: u32 = 256u;
+// Invocations: 256, or 8 on CPU adapters (define SWG), where each of the reduction's
+// barriers switches through every SIMD slice of 8 (3 levels of one slice instead of 8 of 32).
+const WG: u32 = SWG;
 
 var<workgroup> wkey: array<u32, WG>;
 var<workgroup> widx: array<u32, WG>;
@@ -36,7 +38,7 @@ fn reduce(lid: u32, k: u32, i: u32) {
     }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(SWG)
 fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
     let g = wid.x;
@@ -62,7 +64,7 @@ fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(SWG)
 fn argmax_final(@builtin(workgroup_id) wid: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
     let r = wid.x;

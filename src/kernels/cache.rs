@@ -370,9 +370,21 @@ pub struct Prepare<'a> {
     pub cos_sin: &'a wgpu::Buffer,
 }
 
+/// cache.wgsl's workgroup size (CWG): 128, or [`super::CPU_WG`] on CPU adapters where
+/// `small` (a row's reductions through fewer barriers: llvmpipe switches through every SIMD
+/// slice of a workgroup at each; not for FP8 latents, whose workgroup quantizes a 128-code
+/// block at a time).
+fn workgroup(gpu: &crate::gpu::Gpu, small: bool) -> u32 {
+    if small && super::cpu_kernels(gpu) {
+        super::CPU_WG
+    } else {
+        128
+    }
+}
+
 /// Dispatches `entry` once per segment that positions `pos0 .. pos0 + rows` touch, or with
-/// places ([`Causal::places`]) for every row on every segment (`defines`: LFMT and KFMT;
-/// every pipeline of cache.wgsl sets all four defines).
+/// places ([`Causal::places`]) for every row on every segment (`defines`: LFMT, KFMT and
+/// CWG; every pipeline of cache.wgsl sets all five defines).
 fn store<F: Copy>(
     rec: &mut Recorder,
     entry: &'static str,
@@ -488,7 +500,12 @@ pub fn store_latent<'a>(
         dim: kv_lora + dr,
         ..bytemuck::Zeroable::zeroed()
     };
-    let defs = [("LFMT", u(cache.format.code())), ("KFMT", u(0u32))];
+    let small = cache.format != LatentFormat::Fp8;
+    let defs = [
+        ("LFMT", u(cache.format.code())),
+        ("KFMT", u(0u32)),
+        ("CWG", u(workgroup(rec.gpu(), small))),
+    ];
     store(rec, "store_latent", &defs, src, cache, at.into(), base);
 }
 
@@ -505,7 +522,11 @@ pub fn store_keys<'a>(
         dim,
         ..bytemuck::Zeroable::zeroed()
     };
-    let defs = [("LFMT", u(0u32)), ("KFMT", u(cache.format.code()))];
+    let defs = [
+        ("LFMT", u(0u32)),
+        ("KFMT", u(cache.format.code())),
+        ("CWG", u(workgroup(rec.gpu(), true))),
+    ];
     store(rec, "store_keys", &defs, src, cache, at.into(), base);
 }
 
@@ -524,6 +545,7 @@ pub fn rotate(rec: &mut Recorder, x: View, rows: u32, heads: u32, dim: u32) {
             ("PREP", u(0u32)),
             ("LFMT", u(0u32)),
             ("KFMT", u(0u32)),
+            ("CWG", u(workgroup(gpu, true))),
         ],
     );
     let params = Params {
@@ -634,6 +656,16 @@ mod tests {
 
     #[test]
     fn store_latent_matches_the_cpu_codec_across_segments() {
+        // Both workgroup sizes (CWG): the GPUs' 128 and the CPU adapters' 8.
+        for cpu in [false, true] {
+            crate::kernels::with_cpu_kernels(
+                cpu,
+                store_latent_matches_the_cpu_codec_across_segments_on,
+            );
+        }
+    }
+
+    fn store_latent_matches_the_cpu_codec_across_segments_on() {
         let g = gpu();
         let mut rng = Rng::new(11);
         // kv_lora not a multiple of 128 (a partial scale block), odd dr.
@@ -681,6 +713,13 @@ mod tests {
 
     #[test]
     fn store_keys_and_rotate_match_the_cpu_codec() {
+        // Both workgroup sizes (CWG): the GPUs' 128 and the CPU adapters' 8.
+        for cpu in [false, true] {
+            crate::kernels::with_cpu_kernels(cpu, store_keys_and_rotate_match_the_cpu_codec_on);
+        }
+    }
+
+    fn store_keys_and_rotate_match_the_cpu_codec_on() {
         let g = gpu();
         let mut rng = Rng::new(12);
         for &dim in &[4usize, 32, 128, 256] {
@@ -793,6 +832,13 @@ mod tests {
     /// pairings, rows straddling segments.
     #[test]
     fn prepared_stores_normalize_and_rotate() {
+        // Both workgroup sizes (CWG): the GPUs' 128 and the CPU adapters' 8.
+        for cpu in [false, true] {
+            crate::kernels::with_cpu_kernels(cpu, prepared_stores_normalize_and_rotate_on);
+        }
+    }
+
+    fn prepared_stores_normalize_and_rotate_on() {
         let g = gpu();
         let mut rng = Rng::new(13);
         let (pos0, n) = (3u32, 11usize);

@@ -85,7 +85,13 @@ pub fn argmax_rows(
         _pad2: 0,
     };
     let gpu = rec.gpu();
-    let pipe = |e| gpu.pipeline(&SAMPLE, e, &[]);
+    // CPU adapters: workgroups of CPU_WG, whose reductions take few barriers (llvmpipe
+    // switches through every SIMD slice of a workgroup at each).
+    let wg = match super::cpu_kernels(gpu) {
+        true => super::CPU_WG,
+        false => 256,
+    };
+    let pipe = |e| gpu.pipeline(&SAMPLE, e, &[("SWG", wg.to_string())]);
     let part = &scratch.part;
     rec.cost(4 * (n * rows) as u64, 0, "");
     rec.dispatch(&pipe("argmax_part"), &p, &[part, x.buf], [parts, rows, 1]);
@@ -330,6 +336,13 @@ mod tests {
 
     #[test]
     fn argmax_matches_the_host_rule() {
+        // Both workgroup sizes: the GPUs' 256 and the CPU adapters' 8.
+        for cpu in [false, true] {
+            crate::kernels::with_cpu_kernels(cpu, argmax_matches_the_host_rule_on);
+        }
+    }
+
+    fn argmax_matches_the_host_rule_on() {
         let mut rng = Rng::new(5);
         for (i, &n) in [1usize, 7, 255, 256, 2049, 4097, 70_001, 154_880, 600_000]
             .iter()
@@ -358,6 +371,13 @@ mod tests {
 
     #[test]
     fn argmax_rows_picks_each_row() {
+        // Both workgroup sizes: the GPUs' 256 and the CPU adapters' 8.
+        for cpu in [false, true] {
+            crate::kernels::with_cpu_kernels(cpu, argmax_rows_picks_each_row_on);
+        }
+    }
+
+    fn argmax_rows_picks_each_row_on() {
         // Several rows in two dispatches (a batched step's greedy picks): each row's index
         // is its own argmax, at row counts whose partials fill the scratch unevenly, rows
         // with ties and NaN among them, and a stride past the row's length.
