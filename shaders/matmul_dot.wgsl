@@ -261,7 +261,9 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
 // weights: each lane loads its weight rows' words once and takes them against every x
 // row, so the weights are read once for all rows instead of once per row. A lane takes RR
 // quads of weight rows (1 or 2): with 2, each x word it loads serves 8 weight rows, half
-// the x loads per product.
+// the x loads per product. Workgroups of ROWS_WG invocations (256, or 128: with as many
+// registers a lane, finer steps of occupancy; `red` and the reductions' lane groups are
+// laid out for 256 and serve any smaller size).
 
 // This lane's partial dots: acc_t[i · T + t][j] for x row t (t < nx) and weight row j of
 // quad i.
@@ -390,11 +392,11 @@ fn rows_store(wo: vec4<u32>, wo2: vec4<u32>, n0: u32, lid: u32) {
 
 // y[t, n] (+)= Σ_k x[t, k] · W[n, k] for the T = P.rows rows of x quantized in xq (row t at
 // t · xq_stride(k)).
-@compute @workgroup_size(256)
+@compute @workgroup_size(ROWS_WG)
 fn gemv_dot_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let n0 = dense_quad_row(g, lid) * RR;
+    let n0 = (g * (ROWS_WG / TPR4) + lid / TPR4) * 4u * RR;
     let wo = dense_quad(n0);
     let wo2 = dense_quad(n0 + 4u);
     nx = min(P.rows, T);
@@ -413,11 +415,11 @@ var<workgroup> batch_n: u32;
 // group) reads that expert's rows once for every slot routed to it (at most T per batch;
 // a token names an expert once, so one batch unless more than T tokens share it). Workgroups
 // of experts no slot names return at once.
-@compute @workgroup_size(256)
+@compute @workgroup_size(ROWS_WG)
 fn gemv_dot_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let b = item_block(g, WG / TPR4 * 4u * RR);
+    let b = item_block(g, ROWS_WG / TPR4 * 4u * RR);
     let e = P.e0 + b.x;
     let n0 = b.y + lid / TPR4 * 4u * RR;
     let wo = expert_quad(e, n0);

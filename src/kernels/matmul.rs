@@ -207,6 +207,17 @@ fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
     }
 }
 
+/// Invocations of a workgroup of gemv_dot_rows and gemv_dot_experts_rows: 256, or 128 with
+/// `SPARSA_ROWS_WG=128` (a measurement aid: with the same registers a lane, workgroups half
+/// the size fill an SM in finer steps).
+fn rows_wg() -> u32 {
+    #[cfg(test)]
+    if let Some(w) = tests::ROWS_WG.with(|c| c.get()) {
+        return w;
+    }
+    knob!("SPARSA_ROWS_WG", |v| v == 128 || v == 256).unwrap_or(256)
+}
+
 /// Whether the integer-dot GEMVs take x's lo words: 1 (default), or 0 with `SPARSA_XQ_LO=0`,
 /// a measurement aid whose results are inexact (x kept to its hi int8 words, as llama.cpp's
 /// q8_1 activations are, but with the lo words' share of the q4 offset still subtracted): half
@@ -450,7 +461,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .collect()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 12] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 13] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -464,6 +475,7 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 12] {
         ("UNROLL", u(k.unroll)),
         ("WGC", u(cpu_wg())),
         ("XLO", u(xq_lo())),
+        ("ROWS_WG", u(rows_wg())),
     ]
 }
 
@@ -935,7 +947,7 @@ fn matmul_as(
             Dense::Gemv => n.div_ceil(GEMV_RPW),
             Dense::Gemv4(tpr4, rr) => n.div_ceil(256 / tpr4 * rr),
             Dense::GemvCpu(tpr4, rr) => n.div_ceil(cpu_wg() / tpr4 * rr),
-            Dense::GemvDot(tpr4, _) if rows > 1 => n.div_ceil(256 / tpr4 * 4 * rows_quads()),
+            Dense::GemvDot(tpr4, _) if rows > 1 => n.div_ceil(rows_wg() / tpr4 * 4 * rows_quads()),
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(64) => rows.div_ceil(GEMM_TILE_ROWS) * n.div_ceil(tile_cols(rec, w.format)),
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
@@ -1564,7 +1576,7 @@ fn experts_as(
         } else if coop {
             (e1 - e0) * rpe.div_ceil(coop_rows_cols())
         } else if grouped {
-            (e1 - e0) * rpe.div_ceil(256 / tpr4 * rr * rows_quads())
+            (e1 - e0) * rpe.div_ceil(rows_wg() / tpr4 * rr * rows_quads())
         } else if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
         } else if gemv {
@@ -1595,6 +1607,8 @@ mod tests {
     thread_local! {
         /// What [`rows_quads`] answers on this thread (tests run both layouts).
         pub(super) static ROWS_QUADS: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+        /// What [`rows_wg`] answers on this thread.
+        pub(super) static ROWS_WG: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     }
     use crate::kernels::testutil::{
         assert_close_plus, gpu, gpu_default_limits, x_split_bound, Rng,
@@ -2329,13 +2343,15 @@ mod tests {
         ]
         .into_iter()
         .enumerate()
-        .flat_map(|c| [(c, 1), (c, 2)])
+        .flat_map(|c| [(c, (1, 256)), (c, (2, 256)), (c, (1, 128)), (c, (2, 128))])
         {
             // Each lane 4 weight rows, or 8 (two quads: the second partly or wholly past
-            // N in some workgroups).
+            // N in some workgroups); workgroups of 256 invocations or 128.
+            let (quads, wg) = quads;
             ROWS_QUADS.with(|c| c.set(Some(quads)));
+            ROWS_WG.with(|c| c.set(Some(wg)));
             run_matmul_xq(
-                1700 + i as u64 + 100 * quads as u64,
+                1700 + i as u64 + 100 * quads as u64 + wg as u64,
                 rows,
                 k,
                 n,
@@ -2346,7 +2362,7 @@ mod tests {
                 true,
             );
             for per_slot in [false, true] {
-                let seed = 1800 + 2 * i as u64 + per_slot as u64 + 100 * quads as u64;
+                let seed = 1800 + 2 * i as u64 + per_slot as u64 + 100 * quads as u64 + wg as u64;
                 // Few experts: rows share them, and a row may name one twice (random ids),
                 // so an expert can have more than `rows` slots (the kernel's batches).
                 check_experts_xq(seed, (rows, 3, 4, n, k), f, per_slot, 1, Some(2 * n), true);

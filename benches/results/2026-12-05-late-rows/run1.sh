@@ -4,9 +4,10 @@
 # weight row, the same bits) and SPARSA_ROWS_QUADS=2 (8 weight rows a lane in the few-rows
 # kernels: half the x loads per product). Needs a bundle with gemv_shapes-old and sparsa-old
 # (a build before both: `OLD="/work/old/sparsa-old /work/old/gemv_shapes-old"
-# benches/h200_bundle.sh`). Part 1, about 2 minutes: the matmul lib tests (both layouts on
-# the device), the GLM-5 decode shapes old / new / new with 8 rows a lane, alternated, and
-# SPARSA_XQ_LO=0 (x without its lo words: what they cost; inexact, timing only).
+# benches/h200_bundle.sh`). Part 1, about 3 minutes: the matmul lib tests (every layout on
+# the device), then the GLM-5 decode shapes for old / new / new with 8 rows a lane / new with
+# workgroups of 128 (SPARSA_ROWS_WG=128: occupancy in finer steps) / new without x's lo words
+# (SPARSA_XQ_LO=0: what they cost; inexact, timing only), alternated twice.
 set -u
 OUT=${OUT:-benches/results/new}
 . benches/h200_setup.sh
@@ -15,7 +16,7 @@ timeout 90 /tmp/libtest kernels::matmul --test-threads=4 > $OUT/matmul.txt 2>&1
 echo "matmul lib tests (rc $?): $(grep 'test result' $OUT/matmul.txt)"
 grep -E "panicked|FAILED" $OUT/matmul.txt | head -4 | cut -c1-300
 for pass in a b; do
-  for v in old new "new SPARSA_ROWS_QUADS=2" "new SPARSA_ROWS_QUADS=2 SPARSA_ROWS_UNROLL=2" "new SPARSA_ROWS_UNROLL=2" "new SPARSA_XQ_LO=0"; do
+  for v in old new "new SPARSA_ROWS_QUADS=2" "new SPARSA_ROWS_QUADS=2 SPARSA_ROWS_UNROLL=2" "new SPARSA_ROWS_UNROLL=2" "new SPARSA_ROWS_WG=128" "new SPARSA_ROWS_WG=128 SPARSA_ROWS_QUADS=2" "new SPARSA_XQ_LO=0"; do
     set -- $v; b=$1; shift
     g=/tmp/gemv_shapes; [ $b = old ] && g=/tmp/gemv_shapes-old
     n=$(echo "$v" | tr ' =' '__').$pass

@@ -18,7 +18,7 @@ grep -E "panicked|tolerance|argmax" $OUT/goldens.txt | head -6 | cut -c1-250
 wait $SY
 echo "[$SECONDS s] synth done"
 left() { echo $((${LIMIT:-570} - SECONDS)); }
-for v in ${SETS:-old new new,SPARSA_ROWS_QUADS=2 old new new,SPARSA_ROWS_QUADS=2}; do
+for v in ${SETS:-old new new,SPARSA_ROWS_QUADS=2 new,SPARSA_ROWS_WG=128 old new new,SPARSA_ROWS_QUADS=2 new,SPARSA_ROWS_WG=128}; do
   [ $(left) -gt 50 ] || break
   set -- $(echo $v | tr ',' ' '); b=$1; shift
   bin=$S; [ $b = old ] && bin=/tmp/sparsa-old
