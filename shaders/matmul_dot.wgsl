@@ -265,6 +265,11 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
 // registers a lane, finer steps of occupancy; `red` and the reductions' lane groups are
 // laid out for 256 and serve any smaller size).
 
+// Weight rows a lane group takes (RR quads), and a workgroup (rows_per_workgroup in
+// kernels/matmul.rs).
+const RLG: u32 = 4u * RR;
+const RPWG: u32 = ROWS_WG / TPR4 * RLG;
+
 // This lane's partial dots: acc_t[i · T + t][j] for x row t (t < nx) and weight row j of
 // quad i.
 var<private> acc_t: array<vec4<f32>, T * RR>;
@@ -396,7 +401,7 @@ fn rows_store(wo: vec4<u32>, wo2: vec4<u32>, n0: u32, lid: u32) {
 fn gemv_dot_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let n0 = (g * (ROWS_WG / TPR4) + lid / TPR4) * 4u * RR;
+    let n0 = g * RPWG + lid / TPR4 * RLG;
     let wo = dense_quad(n0);
     let wo2 = dense_quad(n0 + 4u);
     nx = min(P.rows, T);
@@ -419,9 +424,9 @@ var<workgroup> batch_n: u32;
 fn gemv_dot_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let b = item_block(g, ROWS_WG / TPR4 * 4u * RR);
+    let b = item_block(g, RPWG);
     let e = P.e0 + b.x;
-    let n0 = b.y + lid / TPR4 * 4u * RR;
+    let n0 = b.y + lid / TPR4 * RLG;
     let wo = expert_quad(e, n0);
     let wo2 = expert_quad(e, n0 + 4u);
     let stride = xq_stride(P.k);

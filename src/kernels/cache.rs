@@ -370,15 +370,12 @@ pub struct Prepare<'a> {
     pub cos_sin: &'a wgpu::Buffer,
 }
 
-/// cache.wgsl's workgroup size (CWG): 128, or [`super::CPU_WG`] on CPU adapters where
-/// `small` (a row's reductions through fewer barriers: llvmpipe switches through every SIMD
-/// slice of a workgroup at each; not for FP8 latents, whose workgroup quantizes a 128-code
-/// block at a time).
+/// cache.wgsl's workgroup size (CWG): [`super::reduce_workgroup`] of 128 where `small`, else
+/// 128 (FP8 latents, whose workgroup quantizes a 128-code block at a time).
 fn workgroup(gpu: &crate::gpu::Gpu, small: bool) -> u32 {
-    if small && super::cpu_kernels(gpu) {
-        super::CPU_WG
-    } else {
-        128
+    match small {
+        true => super::reduce_workgroup(gpu, 128),
+        false => 128,
     }
 }
 

@@ -212,10 +212,16 @@ fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
 /// the size fill an SM in finer steps).
 fn rows_wg() -> u32 {
     #[cfg(test)]
-    if let Some(w) = tests::ROWS_WG.with(|c| c.get()) {
+    if let Some((_, w)) = tests::ROWS_LAYOUT.with(|c| c.get()) {
         return w;
     }
     knob!("SPARSA_ROWS_WG", |v| v == 128 || v == 256).unwrap_or(256)
+}
+
+/// Weight rows a workgroup of gemv_dot_rows and gemv_dot_experts_rows takes with `tpr4`
+/// lanes per row group (RPWG in matmul_dot.wgsl).
+fn rows_per_workgroup(tpr4: u32) -> u32 {
+    rows_wg() / tpr4 * 4 * rows_quads()
 }
 
 /// Whether the integer-dot GEMVs take x's lo words: 1 (default), or 0 with `SPARSA_XQ_LO=0`,
@@ -232,7 +238,7 @@ fn xq_lo() -> u32 {
 /// registers). `SPARSA_ROWS_QUADS` selects (a measurement aid; 1 until measured).
 fn rows_quads() -> u32 {
     #[cfg(test)]
-    if let Some(q) = tests::ROWS_QUADS.with(|c| c.get()) {
+    if let Some((q, _)) = tests::ROWS_LAYOUT.with(|c| c.get()) {
         return q;
     }
     knob!("SPARSA_ROWS_QUADS", |v| v == 1 || v == 2).unwrap_or(1)
@@ -947,7 +953,7 @@ fn matmul_as(
             Dense::Gemv => n.div_ceil(GEMV_RPW),
             Dense::Gemv4(tpr4, rr) => n.div_ceil(256 / tpr4 * rr),
             Dense::GemvCpu(tpr4, rr) => n.div_ceil(cpu_wg() / tpr4 * rr),
-            Dense::GemvDot(tpr4, _) if rows > 1 => n.div_ceil(rows_wg() / tpr4 * 4 * rows_quads()),
+            Dense::GemvDot(tpr4, _) if rows > 1 => n.div_ceil(rows_per_workgroup(tpr4)),
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(64) => rows.div_ceil(GEMM_TILE_ROWS) * n.div_ceil(tile_cols(rec, w.format)),
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
@@ -1576,7 +1582,7 @@ fn experts_as(
         } else if coop {
             (e1 - e0) * rpe.div_ceil(coop_rows_cols())
         } else if grouped {
-            (e1 - e0) * rpe.div_ceil(rows_wg() / tpr4 * rr * rows_quads())
+            (e1 - e0) * rpe.div_ceil(rows_per_workgroup(tpr4))
         } else if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
         } else if gemv {
@@ -1603,16 +1609,15 @@ fn experts_as(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    thread_local! {
-        /// What [`rows_quads`] answers on this thread (tests run both layouts).
-        pub(super) static ROWS_QUADS: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
-        /// What [`rows_wg`] answers on this thread.
-        pub(super) static ROWS_WG: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
-    }
     use crate::kernels::testutil::{
         assert_close_plus, gpu, gpu_default_limits, x_split_bound, Rng,
     };
+
+    thread_local! {
+        /// What [`rows_quads`] and [`rows_wg`] answer on this thread (tests run every
+        /// layout of the few-rows kernels).
+        pub(super) static ROWS_LAYOUT: std::cell::Cell<Option<(u32, u32)>> = const { std::cell::Cell::new(None) };
+    }
     use crate::kernels::with_cpu_kernels;
     use crate::weights::{quant, DType, QFormat, WFormat};
 
@@ -2332,7 +2337,7 @@ mod tests {
         // once for all of them, gemv_dot_experts_rows each expert once for the slots routed
         // to it. Every row count up to GEMV_MAX_ROWS somewhere; odd K and N; chunks.
         let f = WFormat::Quant(QFormat::Q4 { block: 32 });
-        for ((i, (rows, k, n, chunk)), quads) in [
+        for ((i, (rows, k, n, chunk)), (quads, wg)) in [
             (2, 32, 5, None),
             (3, 96, 9, None),
             (4, 544, 37, Some(7)),
@@ -2347,9 +2352,7 @@ mod tests {
         {
             // Each lane 4 weight rows, or 8 (two quads: the second partly or wholly past
             // N in some workgroups); workgroups of 256 invocations or 128.
-            let (quads, wg) = quads;
-            ROWS_QUADS.with(|c| c.set(Some(quads)));
-            ROWS_WG.with(|c| c.set(Some(wg)));
+            ROWS_LAYOUT.with(|c| c.set(Some((quads, wg))));
             run_matmul_xq(
                 1700 + i as u64 + 100 * quads as u64 + wg as u64,
                 rows,

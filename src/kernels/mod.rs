@@ -63,6 +63,18 @@ pub(crate) fn cpu_kernels(gpu: &crate::gpu::Gpu) -> bool {
     gpu.adapter.is_cpu() && crate::knobs::knob_on!("SPARSA_CPU_KERNELS")
 }
 
+/// The workgroup size of a kernel whose rows reduce through workgroup memory: `gpu_size` on
+/// GPUs, [`CPU_WG`] where [`cpu_kernels`] holds (llvmpipe runs each barrier as a switch
+/// through every SIMD slice of 8 invocations, so a smaller workgroup reduces through fewer,
+/// cheaper barriers).
+pub(crate) fn reduce_workgroup(gpu: &crate::gpu::Gpu, gpu_size: u32) -> u32 {
+    if cpu_kernels(gpu) {
+        CPU_WG
+    } else {
+        gpu_size
+    }
+}
+
 /// Loop iterations one invocation of a CPU adapter's kernel may run (`mla_cpu`, `scores_cpu`,
 /// `topk_cpu`, `route_cpu`).
 /// llvmpipe (lavapipe) counts every loop iteration of an invocation against one limit of

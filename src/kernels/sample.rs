@@ -85,12 +85,7 @@ pub fn argmax_rows(
         _pad2: 0,
     };
     let gpu = rec.gpu();
-    // CPU adapters: workgroups of CPU_WG, whose reductions take few barriers (llvmpipe
-    // switches through every SIMD slice of a workgroup at each).
-    let wg = match super::cpu_kernels(gpu) {
-        true => super::CPU_WG,
-        false => 256,
-    };
+    let wg = super::reduce_workgroup(gpu, 256);
     let pipe = |e| gpu.pipeline(&SAMPLE, e, &[("SWG", wg.to_string())]);
     let part = &scratch.part;
     rec.cost(4 * (n * rows) as u64, 0, "");
