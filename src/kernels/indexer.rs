@@ -222,12 +222,12 @@ pub fn indexer_scores(
 
 /// Whether `scores_cpu` (CPU adapters: one invocation per key, the queries staged once per
 /// workgroup) can take `heads` heads of `qd4` vec4s: its loops stay under [`CPU_LOOPS`] an
-/// invocation (per key: the key's staging and a dot per head; before them, the queries'
-/// share of the staging) and its workgroup memory (queries, weights, keys) under `wg_bytes`.
+/// invocation (per key: the key's loads and a dot per head; before them, the queries'
+/// share of the staging) and its workgroup memory (queries, weights) under `wg_bytes`.
 fn cpu_scores_fit(heads: u32, qd4: u32, wg_bytes: u32) -> bool {
     let per_key = qd4 + heads * (1 + qd4);
     let loops = (KT / CPU_WG) * per_key + (heads * qd4).div_ceil(CPU_WG) + heads;
-    let bytes = 16 * (heads + CPU_WG) * qd4 + 4 * heads + 8;
+    let bytes = 16 * heads * qd4 + 4 * heads + 8;
     loops <= CPU_LOOPS && bytes <= wg_bytes
 }
 
