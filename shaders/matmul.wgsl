@@ -739,14 +739,18 @@ fn quad_dots(w: WQ4, x: X8) -> vec4<f32> {
     return vec4<f32>(wdot(w.a, x), wdot(w.b, x), wdot(w.c, x), wdot(w.d, x));
 }
 
-// The dots of the x row at vec4 index xi with the lane's quads (b's only when CQ = 2).
-fn cpu_row(wa: WQ4, wb: WQ4, xi: u32) -> Acc8 {
-    let x = load_xw(xi);
+// The dots of x's EPV floats with the lane's quads (b's only when CQ = 2).
+fn cpu_row_x(wa: WQ4, wb: WQ4, x: X8) -> Acc8 {
     var r = Acc8(quad_dots(wa, x), vec4<f32>(0.0));
     if (CQ > 1u) {
         r.hi = quad_dots(wb, x);
     }
     return r;
+}
+
+// The dots of the x row at vec4 index xi with the lane's quads.
+fn cpu_row(wa: WQ4, wb: WQ4, xi: u32) -> Acc8 {
+    return cpu_row_x(wa, wb, load_xw(xi));
 }
 
 var<workgroup> cred: array<vec4<f32>, WGC * 16u>;   // [lane][x row][quad]
@@ -825,6 +829,16 @@ fn live_quads(woa: vec4<u32>, wob: vec4<u32>) -> array<vec4<u32>, 2> {
     return array<vec4<u32>, 2>(a, select(lb, vec4<u32>(a.x), lb.x == NONE));
 }
 
+// The word offsets of the lane group's quads of dense rows from n0 (the second: NONE unless
+// CQ = 2).
+fn dense_quads(n0: u32) -> array<vec4<u32>, 2> {
+    var wob = vec4<u32>(NONE);
+    if (CQ > 1u) {
+        wob = dense_quad(n0 + 4u);
+    }
+    return array<vec4<u32>, 2>(dense_quad(n0), wob);
+}
+
 // The first weight row of lid's lane group in workgroup g's block of WGC / TPR4 · RR rows.
 fn cpu_row0(g: u32, lid: u32) -> u32 {
     return g * (CG * RR) + lid / TPR4 * RR;
@@ -833,15 +847,10 @@ fn cpu_row0(g: u32, lid: u32) -> u32 {
 @compute @workgroup_size(WGC)
 fn gemv_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
-    let g = wid.x + wid.y * nwg.x;
-    let n0 = cpu_row0(g, lid);
-    let woa = dense_quad(n0);
-    var wob = vec4<u32>(NONE);
-    if (CQ > 1u) {
-        wob = dense_quad(n0 + 4u);
-    }
-    let l = live_quads(woa, wob);
-    cpu_store(cpu_partial(l[0], l[1], P.x_off / 4u, P.x_stride / 4u, lid), woa, wob, P.y_off, n0, lid);
+    let n0 = cpu_row0(wid.x + wid.y * nwg.x, lid);
+    let w = dense_quads(n0);
+    let l = live_quads(w[0], w[1]);
+    cpu_store(cpu_partial(l[0], l[1], P.x_off / 4u, P.x_stride / 4u, lid), w[0], w[1], P.y_off, n0, lid);
 }
 
 // gemv_cpu for routed experts: one slot (T = 1) per workgroup, WGC / TPR4 · RR rows of its

@@ -187,6 +187,16 @@ impl Gpu {
         self.tensor_cores
     }
 
+    /// The fewest invocations of a subgroup, where the device was opened with subgroups;
+    /// else 0.
+    pub fn subgroup_lanes(&self) -> u32 {
+        if self.device.features().contains(wgpu::Features::SUBGROUP) {
+            self.adapter.subgroup_min
+        } else {
+            0
+        }
+    }
+
     /// The flag that asks long host loops on this device (the weight upload) to stop: set it
     /// from a signal handler or another thread; they return an error saying they were
     /// interrupted.

@@ -103,6 +103,19 @@ const MATMUL: Shader<Params> = Shader::new(
         include_str!("../../shaders/matmul_tile.wgsl")
     ),
 );
+/// MATMUL with gemv_cpu_sg, which shares x through subgroups (its own module, so adapters
+/// without subgroups still compile the others).
+const MATMUL_SG: Shader<Params> = Shader::new(
+    "matmul_sg",
+    concat!(
+        include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/fp8.wgsl"),
+        include_str!("../../shaders/quant.wgsl"),
+        include_str!("../../shaders/matmul.wgsl"),
+        include_str!("../../shaders/matmul_tile.wgsl"),
+        include_str!("../../shaders/matmul_cpu_sg.wgsl")
+    ),
+);
 /// MATMUL with the GEMV on 8-bit integer dot products (its own module, so browsers
 /// without WGSL's packed_4x8_integer_dot_product still compile the others).
 const MATMUL_DOT: Shader<Params> = Shader::new(
@@ -148,6 +161,7 @@ const MATMUL_COOP_X1: Shader<Params> = Shader::new(
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[
     MATMUL.code(),
+    MATMUL_SG.code(),
     MATMUL_DOT.code(),
     MATMUL_COOP.code(),
     MATMUL_COOP_X1.code(),
@@ -421,6 +435,8 @@ fn shader_of(entry: &str, tensor_cores: bool, x4: bool) -> &'static Shader<Param
         }
     } else if entry.starts_with("gemv_dot") || entry == "quantize_x_rows" {
         &MATMUL_DOT
+    } else if entry == "gemv_cpu_sg" {
+        &MATMUL_SG
     } else {
         &MATMUL
     }
@@ -577,12 +593,20 @@ fn cpu_wg() -> u32 {
 
 /// gemv_cpu's (lanes per row group, weight rows per lane) for `out_rows` weight rows: 8
 /// rows a lane, and lanes added to each row group (splitting K) while the dispatch would
-/// have under 4 workgroups and each lane keeps at least 4 words of a row.
+/// have under 4 workgroups and each lane keeps at least 4 words of a row. With `shares_x`
+/// (several x rows shared through subgroups, `gemv_cpu_sg`, which takes one lane a row
+/// group): one lane, and 4 rows a lane where 8 would make under 4 workgroups.
 /// `SPARSA_CPU_RR` (4 or 8) and `SPARSA_CPU_TPR` override (measurement aids).
-fn cpu_knobs(w: &GpuWeight, out_rows: u32) -> (u32, u32) {
-    let rr = knob!("SPARSA_CPU_RR", |v| v == 4 || v == 8).unwrap_or(8);
+fn cpu_knobs(w: &GpuWeight, out_rows: u32, shares_x: bool) -> (u32, u32) {
+    let rr_knob = knob!("SPARSA_CPU_RR", |v| v == 4 || v == 8);
+    let tpr_knob = knob!("SPARSA_CPU_TPR", |v| v.is_power_of_two() && v <= 16);
+    if shares_x && tpr_knob.is_none() {
+        let few = out_rows.div_ceil(cpu_wg() * 8) < 4;
+        return (1, rr_knob.unwrap_or(if few { 4 } else { 8 }));
+    }
+    let rr = rr_knob.unwrap_or(8);
     let words = (w.format.row_bytes(w.cols) / 16) as u32;
-    let tpr = knob!("SPARSA_CPU_TPR", |v| v.is_power_of_two() && v <= 16).unwrap_or_else(|| {
+    let tpr = tpr_knob.unwrap_or_else(|| {
         let mut t = 1u32;
         while t < 16 && words >= 4 * t && out_rows.div_ceil(cpu_wg() / t * rr) < 4 {
             t *= 2;
@@ -590,6 +614,17 @@ fn cpu_knobs(w: &GpuWeight, out_rows: u32) -> (u32, u32) {
         t
     });
     (tpr, rr)
+}
+
+/// Whether `gemv_cpu` runs as `gemv_cpu_sg` (x rows shared through subgroups): several
+/// rows, one lane per row group (every lane at the same words), and subgroups of at least
+/// `rows` lanes. `SPARSA_CPU_SG=0` keeps `gemv_cpu` (a measurement aid).
+fn cpu_shares_x(gpu: &crate::gpu::Gpu, tpr4: u32, rows: u32) -> bool {
+    #[cfg(test)]
+    if tests::CPU_SG_OFF.with(|c| c.get()) {
+        return false;
+    }
+    tpr4 == 1 && rows > 1 && gpu.subgroup_lanes() >= rows && knob_on!("SPARSA_CPU_SG")
 }
 
 /// Bytes of workgroup memory `gemv4q`'s reduction takes (`red` in matmul.wgsl).
@@ -673,6 +708,8 @@ struct Dev {
     cpu: bool,
     /// The GEMVs take the CPU adapters' kernels ([`super::cpu_kernels`]).
     cpu_gemvs: bool,
+    /// [`crate::gpu::Gpu::subgroup_lanes`].
+    subgroup_lanes: u32,
 }
 
 impl Dev {
@@ -681,6 +718,7 @@ impl Dev {
             tensor_cores: gpu.tensor_cores(),
             cpu: gpu.adapter.is_cpu(),
             cpu_gemvs: super::cpu_kernels(gpu),
+            subgroup_lanes: gpu.subgroup_lanes(),
         }
     }
 }
@@ -693,7 +731,8 @@ impl Dense {
         let cpu = dev.cpu;
         if rows <= GEMV_MAX_ROWS {
             if dev.cpu_gemvs && gemv4_ok(rows, x, w) {
-                let (tpr, rr) = cpu_knobs(w, w.rows as u32);
+                let sg = rows > 1 && dev.subgroup_lanes >= rows && knob_on!("SPARSA_CPU_SG");
+                let (tpr, rr) = cpu_knobs(w, w.rows as u32, sg);
                 Dense::GemvCpu(tpr, rr)
             } else if let Some(maxb) = dot.filter(|_| rows == 1) {
                 Dense::GemvDot(dot_lanes(w, w.rows as u32, cpu), maxb)
@@ -905,7 +944,11 @@ fn matmul_as(
         Dense::Gemv4Q(tpr4) => pipeline(rec, "gemv4q", w, Knobs { tpr4, ..KNOBS }),
         Dense::GemvCpu(tpr4, rr) => pipeline(
             rec,
-            "gemv_cpu",
+            if cpu_shares_x(rec.gpu(), tpr4, rows) {
+                "gemv_cpu_sg"
+            } else {
+                "gemv_cpu"
+            },
             w,
             Knobs {
                 t: rows,
@@ -1503,7 +1546,7 @@ fn experts_as(
     };
     let cpu_gemv = gemv4 && dot.is_none() && super::cpu_kernels(rec.gpu());
     let (tpr4, rr) = if cpu_gemv {
-        cpu_knobs(w, rpe.saturating_mul(slots))
+        cpu_knobs(w, rpe.saturating_mul(slots), false)
     } else {
         (tpr4, rr)
     };
@@ -1617,6 +1660,8 @@ mod tests {
         /// What [`rows_quads`] and [`rows_wg`] answer on this thread (tests run every
         /// layout of the few-rows kernels).
         pub(super) static ROWS_LAYOUT: std::cell::Cell<Option<(u32, u32)>> = const { std::cell::Cell::new(None) };
+        /// Set: [`cpu_shares_x`] answers no on this thread (tests run both CPU GEMVs).
+        pub(super) static CPU_SG_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
     use crate::kernels::with_cpu_kernels;
     use crate::weights::{quant, DType, QFormat, WFormat};
@@ -1948,7 +1993,17 @@ mod tests {
             } else {
                 1024
             };
-            for (tpr, rr) in [(1, 8), (2, 4), (4, 8), (16, 8)] {
+            // (1, 4) and (1, 8) with several rows: gemv_cpu_sg where the adapter has
+            // subgroups, then gemv_cpu.
+            for (tpr, rr, sg_off) in [
+                (1, 8, false),
+                (1, 4, false),
+                (1, 8, true),
+                (2, 4, false),
+                (4, 8, false),
+                (16, 8, false),
+            ] {
+                CPU_SG_OFF.with(|c| c.set(sg_off));
                 for rows in [1, 3, GEMV_MAX_ROWS as usize] {
                     let s = 7000 + i as u64 * 100 + tpr as u64 + rr as u64 * 10 + rows as u64;
                     let kind = Some(Dense::GemvCpu(tpr, rr));
@@ -1958,6 +2013,7 @@ mod tests {
                     run_matmul(s + 50, rows, k, 131, f, Some(7), kind, (0, k));
                 }
             }
+            CPU_SG_OFF.with(|c| c.set(false));
         }
     }
 
