@@ -16,7 +16,7 @@ pub struct AdapterSummary {
     pub max_workgroup_storage: u32,
     pub shader_f16: bool,
     pub subgroups: bool,
-    /// The fewest invocations a subgroup of the adapter has (0 without subgroups).
+    /// The fewest invocations a subgroup of the adapter has (where `subgroups`).
     pub subgroup_min: u32,
     pub timestamps: bool,
     /// Tensor cores usable by the GEMM tile (see `tensor_core_support`).
@@ -42,11 +42,7 @@ impl AdapterSummary {
             max_workgroup_storage: l.max_compute_workgroup_storage_size,
             shader_f16: f.contains(wgpu::Features::SHADER_F16),
             subgroups: f.contains(wgpu::Features::SUBGROUP),
-            subgroup_min: if f.contains(wgpu::Features::SUBGROUP) {
-                info.subgroup_min_size
-            } else {
-                0
-            },
+            subgroup_min: info.subgroup_min_size,
             timestamps: f.contains(wgpu::Features::TIMESTAMP_QUERY),
             tensor_cores: tensor_core_support(adapter),
         }
@@ -193,8 +189,9 @@ pub fn tensor_cores_possible(backend: wgpu::Backend) -> bool {
 
 /// The features a device is opened with, of those the adapter `offers`: timestamps (the
 /// profiler), subgroups (`gemv_cpu_sg`), natively mappable primary buffers, and with
-/// `tensor_cores` the tile's features. These decide what shaders may use (wgpu validates them against the device's
-/// features), so the backend test validates every variant with them.
+/// `tensor_cores` the tile's features. These decide what shaders may use (wgpu validates
+/// them against the device's features), so the backend test validates every variant with
+/// them.
 pub fn device_features(offers: wgpu::Features, tensor_cores: bool) -> wgpu::Features {
     let mut wanted = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP;
     // Host-memory staging buffers that the GPU copies from (expert uploads): mappable

@@ -150,6 +150,11 @@ impl Gpu {
                 Error::msg(format!("adapter {}: cannot open device: {e}", summary.name))
             })?;
         let prelude = shader_prelude(device.features(), cfg!(target_arch = "wasm32"));
+        let subgroup_lanes = if device.features().contains(wgpu::Features::SUBGROUP) {
+            summary.subgroup_min
+        } else {
+            0
+        };
         let health = Health::watch(&device, summary.name.clone());
         let param_arena = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("params"),
@@ -169,6 +174,7 @@ impl Gpu {
             adapter: summary,
             limits,
             tensor_cores,
+            subgroup_lanes,
             pipelines: PipelineCache::new(prelude),
             bind_groups: BindGroupCache::default(),
             params: ParamArena::new(param_arena),
@@ -190,11 +196,7 @@ impl Gpu {
     /// The fewest invocations of a subgroup, where the device was opened with subgroups;
     /// else 0.
     pub fn subgroup_lanes(&self) -> u32 {
-        if self.device.features().contains(wgpu::Features::SUBGROUP) {
-            self.adapter.subgroup_min
-        } else {
-            0
-        }
+        self.subgroup_lanes
     }
 
     /// The flag that asks long host loops on this device (the weight upload) to stop: set it

@@ -55,6 +55,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Whether the device was opened with f16 cooperative matrices for the GEMM tile.
     tensor_cores: bool,
+    /// [`Gpu::subgroup_lanes`], read once when the device opens (every matmul asks).
+    subgroup_lanes: u32,
     /// Compiled pipelines, their labels and the shader prelude.
     pipelines: pools::PipelineCache,
     /// Bind groups of recorders that asked for caching (see [`Recorder::cache_bind_groups`]).

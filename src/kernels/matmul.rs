@@ -93,68 +93,49 @@ kernel_params! {
     }
 }
 
-const MATMUL: Shader<Params> = Shader::new(
-    "matmul",
-    concat!(
-        include_str!("../../shaders/weights.wgsl"),
-        include_str!("../../shaders/fp8.wgsl"),
-        include_str!("../../shaders/quant.wgsl"),
-        include_str!("../../shaders/matmul.wgsl"),
-        include_str!("../../shaders/matmul_tile.wgsl")
-    ),
-);
+/// The text of a matmul module: the `head` files of shaders/ (those whose `enable` lines
+/// must come first), matmul.wgsl with the files it calls into, then the `tail` files.
+macro_rules! matmul_module {
+    ([$($head:literal),*], [$($tail:literal),*]) => {
+        concat!(
+            $(include_str!(concat!("../../shaders/", $head)),)*
+            include_str!("../../shaders/weights.wgsl"),
+            include_str!("../../shaders/fp8.wgsl"),
+            include_str!("../../shaders/quant.wgsl"),
+            include_str!("../../shaders/matmul.wgsl"),
+            $(include_str!(concat!("../../shaders/", $tail))),*
+        )
+    };
+}
+
+const MATMUL: Shader<Params> = Shader::new("matmul", matmul_module!([], ["matmul_tile.wgsl"]));
 /// MATMUL with gemv_cpu_sg, which shares x through subgroups (its own module, so adapters
 /// without subgroups still compile the others).
 const MATMUL_SG: Shader<Params> = Shader::new(
     "matmul_sg",
-    concat!(
-        include_str!("../../shaders/weights.wgsl"),
-        include_str!("../../shaders/fp8.wgsl"),
-        include_str!("../../shaders/quant.wgsl"),
-        include_str!("../../shaders/matmul.wgsl"),
-        include_str!("../../shaders/matmul_tile.wgsl"),
-        include_str!("../../shaders/matmul_cpu_sg.wgsl")
-    ),
+    matmul_module!([], ["matmul_tile.wgsl", "matmul_cpu_sg.wgsl"]),
 );
 /// MATMUL with the GEMV on 8-bit integer dot products (its own module, so browsers
 /// without WGSL's packed_4x8_integer_dot_product still compile the others).
 const MATMUL_DOT: Shader<Params> = Shader::new(
     "matmul_dot",
-    concat!(
-        include_str!("../../shaders/weights.wgsl"),
-        include_str!("../../shaders/fp8.wgsl"),
-        include_str!("../../shaders/quant.wgsl"),
-        include_str!("../../shaders/matmul.wgsl"),
-        include_str!("../../shaders/matmul_tile.wgsl"),
-        include_str!("../../shaders/xquant.wgsl"),
-        include_str!("../../shaders/matmul_dot.wgsl")
-    ),
+    matmul_module!([], ["matmul_tile.wgsl", "xquant.wgsl", "matmul_dot.wgsl"]),
 );
 /// MATMUL with the GEMM tile on tensor cores (its `enable` lines first), reading x in
 /// 16-byte loads: for x rows on 4-float boundaries and K a multiple of 4 ([`x_in_quads`]).
 const MATMUL_COOP: Shader<Params> = Shader::new(
     "matmul_coop",
-    concat!(
-        include_str!("../../shaders/matmul_coop.wgsl"),
-        include_str!("../../shaders/coop_x4.wgsl"),
-        include_str!("../../shaders/weights.wgsl"),
-        include_str!("../../shaders/fp8.wgsl"),
-        include_str!("../../shaders/quant.wgsl"),
-        include_str!("../../shaders/matmul.wgsl"),
-        include_str!("../../shaders/matmul_coop_rows.wgsl")
+    matmul_module!(
+        ["matmul_coop.wgsl", "coop_x4.wgsl"],
+        ["matmul_coop_rows.wgsl"]
     ),
 );
 /// MATMUL_COOP reading x element by element (any x layout).
 const MATMUL_COOP_X1: Shader<Params> = Shader::new(
     "matmul_coop_x1",
-    concat!(
-        include_str!("../../shaders/matmul_coop.wgsl"),
-        include_str!("../../shaders/coop_x1.wgsl"),
-        include_str!("../../shaders/weights.wgsl"),
-        include_str!("../../shaders/fp8.wgsl"),
-        include_str!("../../shaders/quant.wgsl"),
-        include_str!("../../shaders/matmul.wgsl"),
-        include_str!("../../shaders/matmul_coop_rows.wgsl")
+    matmul_module!(
+        ["matmul_coop.wgsl", "coop_x1.wgsl"],
+        ["matmul_coop_rows.wgsl"]
     ),
 );
 
@@ -616,15 +597,16 @@ fn cpu_knobs(w: &GpuWeight, out_rows: u32, shares_x: bool) -> (u32, u32) {
     (tpr, rr)
 }
 
-/// Whether `gemv_cpu` runs as `gemv_cpu_sg` (x rows shared through subgroups): several
-/// rows, one lane per row group (every lane at the same words), and subgroups of at least
-/// `rows` lanes. `SPARSA_CPU_SG=0` keeps `gemv_cpu` (a measurement aid).
-fn cpu_shares_x(gpu: &crate::gpu::Gpu, tpr4: u32, rows: u32) -> bool {
+/// Whether `rows` rows of x can be shared through subgroups of `subgroup_lanes` lanes
+/// (`gemv_cpu_sg`, which [`cpu_knobs`] then lays out and which runs where that layout has
+/// one lane per row group): several rows, and subgroups of at least that many lanes.
+/// `SPARSA_CPU_SG=0` keeps `gemv_cpu` (a measurement aid).
+fn cpu_shares_x(subgroup_lanes: u32, rows: u32) -> bool {
     #[cfg(test)]
     if tests::CPU_SG_OFF.with(|c| c.get()) {
         return false;
     }
-    tpr4 == 1 && rows > 1 && gpu.subgroup_lanes() >= rows && knob_on!("SPARSA_CPU_SG")
+    rows > 1 && subgroup_lanes >= rows && knob_on!("SPARSA_CPU_SG")
 }
 
 /// Bytes of workgroup memory `gemv4q`'s reduction takes (`red` in matmul.wgsl).
@@ -731,7 +713,7 @@ impl Dense {
         let cpu = dev.cpu;
         if rows <= GEMV_MAX_ROWS {
             if dev.cpu_gemvs && gemv4_ok(rows, x, w) {
-                let sg = rows > 1 && dev.subgroup_lanes >= rows && knob_on!("SPARSA_CPU_SG");
+                let sg = cpu_shares_x(dev.subgroup_lanes, rows);
                 let (tpr, rr) = cpu_knobs(w, w.rows as u32, sg);
                 Dense::GemvCpu(tpr, rr)
             } else if let Some(maxb) = dot.filter(|_| rows == 1) {
@@ -944,7 +926,7 @@ fn matmul_as(
         Dense::Gemv4Q(tpr4) => pipeline(rec, "gemv4q", w, Knobs { tpr4, ..KNOBS }),
         Dense::GemvCpu(tpr4, rr) => pipeline(
             rec,
-            if cpu_shares_x(rec.gpu(), tpr4, rows) {
+            if tpr4 == 1 && cpu_shares_x(rec.gpu().subgroup_lanes(), rows) {
                 "gemv_cpu_sg"
             } else {
                 "gemv_cpu"
