@@ -104,30 +104,14 @@ fn quantize_x_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     quant_word(v, lid, live, r * xq_stride(P.k), nb, b);
 }
 
-// dot(w, h) and dot(w, l) of 16 bytes of int8 weights with x's hi and lo words, added onto
-// `d`: each product's sum is the next one's addend (one chain, which a dot-accumulate
-// instruction takes whole).
-fn idot8x(d: vec2<i32>, w: vec4<u32>, h: vec4<u32>, l: vec4<u32>) -> vec2<i32> {
-    var a = d;
-    a.x += dot4I8Packed(w.x, h.x);
-    a.x += dot4I8Packed(w.y, h.y);
-    a.x += dot4I8Packed(w.z, h.z);
-    a.x += dot4I8Packed(w.w, h.w);
+// dot(w, h) and dot(w, l) of 16 bytes of int8 weights with x's hi and lo words (l's left
+// out where XLO = 0).
+fn idot8x(w: vec4<u32>, h: vec4<u32>, l: vec4<u32>) -> vec2<i32> {
+    var lo = 0;
     if (XLO == 1u) {
-        a.y += dot4I8Packed(w.x, l.x);
-        a.y += dot4I8Packed(w.y, l.y);
-        a.y += dot4I8Packed(w.z, l.z);
-        a.y += dot4I8Packed(w.w, l.w);
+        lo = (dot4I8Packed(w.x, l.x) + dot4I8Packed(w.y, l.y)) + (dot4I8Packed(w.z, l.z) + dot4I8Packed(w.w, l.w));
     }
-    return a;
-}
-
-// The integers `i` as f32, exactly for |i| < 2^22 (a word's dot sums are below 2^19): added
-// into the mantissa of 1.5 · 2^23, where the spacing is 1, then the 1.5 · 2^23 taken off.
-// Two integer and two float additions instead of two int-to-float conversions, which GPUs
-// run at a quarter of their float rate or less (the same bits as f32(i)).
-fn i2f_small(i: vec2<i32>) -> vec2<f32> {
-    return bitcast<vec2<f32>>(i + vec2<i32>(0x4b400000)) - vec2<f32>(12582912.0);
+    return vec2<i32>((dot4I8Packed(w.x, h.x) + dot4I8Packed(w.y, h.y)) + (dot4I8Packed(w.z, h.z) + dot4I8Packed(w.w, h.w)), lo);
 }
 
 // A 16-byte word of weight codes as int8 vectors: q4's 32 nibbles (low and high nibble of
@@ -170,11 +154,11 @@ fn x_words(q: u32) -> XWords {
 // sw · s_x · (Dhi + Dlo / 254 − offset).
 fn dot_x(c: Codes, x: XWords, sw: f32) -> f32 {
     if (W_DTYPE == 5u) {
-        let d = i2f_small(idot8x(idot8x(vec2<i32>(0), c.a, x.ha, x.la), c.b, x.hb, x.lb));
-        return sw * x.sm.x * ((d.x + d.y * (1.0 / 254.0)) - x.sm.y);
+        let d = idot8x(c.a, x.ha, x.la) + idot8x(c.b, x.hb, x.lb);
+        return sw * x.sm.x * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - x.sm.y);
     }
-    let d = i2f_small(idot8x(vec2<i32>(0), c.a, x.ha, x.la));
-    return sw * x.sm.x * (d.x + d.y * (1.0 / 254.0));
+    let d = idot8x(c.a, x.ha, x.la);
+    return sw * x.sm.x * (f32(d.x) + f32(d.y) * (1.0 / 254.0));
 }
 
 // dot_x with x's words for weight word `q`.
