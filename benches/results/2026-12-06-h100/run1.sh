@@ -24,6 +24,10 @@ for g in old new; do
   SPARSA_GEMV_XQ=1 timeout 40 $b q4 20 1,8 > $OUT/shapes.$g.txt 2>&1
   echo "== shapes, $g (rc $?): $(grep -E '^q4x.: all' $OUT/shapes.$g.txt | tr -s ' ' | cut -c1-60 | tr '\n' ' ')"
 done
+# SPARSA_ROWS_WG=128 exited with 101 at 2 rows in the late-rows run1 (its output did not come
+# back): the message.
+SPARSA_ROWS_WG=128 SPARSA_GEMV_XQ=1 timeout 30 /tmp/gemv_shapes q4 2 2 > $OUT/wg128.txt 2>&1
+echo "ROWS_WG=128 (rc $?):"; grep -iE "panic|error|caused|invalid" -A2 $OUT/wg128.txt | head -8 | cut -c1-250
 wait $SY; cat $OUT/synth.txt
 echo "[$SECONDS s] synth done"
 left() { echo $((${LIMIT:-540} - SECONDS)); }
