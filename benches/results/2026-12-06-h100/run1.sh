@@ -30,7 +30,7 @@ SPARSA_ROWS_WG=128 SPARSA_GEMV_XQ=1 timeout 30 /tmp/gemv_shapes q4 2 2 > $OUT/wg
 echo "ROWS_WG=128 (rc $?):"; grep -iE "panic|error|caused|invalid" -A2 $OUT/wg128.txt | head -8 | cut -c1-250
 wait $SY; cat $OUT/synth.txt
 echo "[$SECONDS s] synth done"
-left() { echo $((${LIMIT:-540} - SECONDS)); }
+left() { echo $((${LIMIT:-430} - SECONDS)); }
 for b in new old new old; do
   [ $(left) -gt 45 ] || break
   bin=$S; [ $b = old ] && bin=/tmp/sparsa-old
