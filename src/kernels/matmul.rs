@@ -198,7 +198,7 @@ fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
         t: rows,
         unroll: unroll.unwrap_or(unroll_default),
         rr: rows_quads(),
-        ..dot_knobs(tpr4, 1, true)
+        ..dot_knobs(rows_tpr(tpr4), 1, true)
     }
 }
 
@@ -216,7 +216,14 @@ fn rows_wg() -> u32 {
 /// Weight rows a workgroup of gemv_dot_rows and gemv_dot_experts_rows takes with `tpr4`
 /// lanes per row group (RPWG in matmul_dot.wgsl).
 fn rows_per_workgroup(tpr4: u32) -> u32 {
-    rows_wg() / tpr4 * 4 * rows_quads()
+    rows_wg() / rows_tpr(tpr4) * 4 * rows_quads()
+}
+
+/// The lanes a row group of gemv_dot_rows / gemv_dot_experts_rows takes for `tpr4` asked:
+/// at most a workgroup (with `SPARSA_ROWS_WG=128`, a long row's 256 lanes would leave a
+/// workgroup no whole row group).
+fn rows_tpr(tpr4: u32) -> u32 {
+    tpr4.min(rows_wg())
 }
 
 /// Whether the integer-dot GEMVs take x's lo words: 1 (default), or 0 with `SPARSA_XQ_LO=0`,
@@ -2367,6 +2374,19 @@ mod tests {
         // Other formats keep the float GEMVs.
         let f8 = make_weight(&[0.5; 3 * 64], 3, 64, WFormat::Quant(QFormat::Fp8), 1, None).0;
         assert_eq!(dot_blocks(g, x, &f8), None);
+    }
+
+    #[test]
+    fn rows_kernels_keep_a_row_group_within_a_workgroup() {
+        // 256 lanes a row (a long K) in workgroups of 128: one row group of 128 lanes, not
+        // none (which divided by zero on an H100).
+        ROWS_LAYOUT.with(|c| c.set(Some((1, 128))));
+        assert_eq!(rows_knobs(256, 8, 1).tpr4, 128);
+        assert_eq!(rows_per_workgroup(256), 4);
+        ROWS_LAYOUT.with(|c| c.set(Some((2, 256))));
+        assert_eq!(rows_knobs(256, 8, 1).tpr4, 256);
+        assert_eq!(rows_per_workgroup(256), 8);
+        ROWS_LAYOUT.with(|c| c.set(None));
     }
 
     #[test]
