@@ -1810,14 +1810,16 @@ mod tests {
         let qb = g
             .buffer(xq_bytes(k as u32, rows as u32).max(16), "xq")
             .unwrap();
-        match kind {
-            Some(kind) => matmul_as(&mut rec, xv, &wgt, yv, rows as u32, kind, None, false),
-            None if xq => {
-                let order = takes_xq(xv, &wgt).expect("x quantized beforehand applies");
-                let q = quantize_x(&mut rec, xv, rows as u32, k as u32, order, &qb);
-                matmul_xq(&mut rec, &q, xv, &wgt, yv);
+        let q = xq.then(|| {
+            let order = takes_xq(xv, &wgt).expect("x quantized beforehand applies");
+            quantize_x(&mut rec, xv, rows as u32, k as u32, order, &qb)
+        });
+        match (kind, &q) {
+            (Some(kind), q) => {
+                matmul_as(&mut rec, xv, &wgt, yv, rows as u32, kind, q.as_ref(), false)
             }
-            None => matmul(&mut rec, xv, &wgt, yv, rows as u32),
+            (None, Some(q)) => matmul_xq(&mut rec, q, xv, &wgt, yv),
+            (None, None) => matmul(&mut rec, xv, &wgt, yv, rows as u32),
         }
         rec.finish().unwrap();
         let got = g.read_f32(&yb, 0, ylen).unwrap();
@@ -2422,6 +2424,21 @@ mod tests {
                 (8, k + 4),
                 true,
             );
+            // A long row's 256 lanes (what a GPU picks at large K), in every layout: at
+            // most a workgroup's lanes take a row group (rows_tpr).
+            if k >= 2048 {
+                run_matmul_xq(
+                    1750 + i as u64 + 100 * quads as u64 + wg as u64,
+                    rows,
+                    k,
+                    n,
+                    f,
+                    chunk,
+                    Some(Dense::GemvDot(256, 1)),
+                    (8, k + 4),
+                    true,
+                );
+            }
             for per_slot in [false, true] {
                 let seed = 1800 + 2 * i as u64 + per_slot as u64 + 100 * quads as u64 + wg as u64;
                 // Few experts: rows share them, and a row may name one twice (random ids),
