@@ -212,7 +212,7 @@ fn gemv_dot(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     quantize_x(P.x_off, lid);
     let n0 = dense_quad_row(g, lid);
     let wo = dense_quad(n0);
-    quad_store(quad_partial_i8(wo, lid % TPR4), wo, P.y_off, n0, lid);
+    dot_store(quad_partial_i8(wo, lid % TPR4), wo, P.y_off, n0, lid);
 }
 
 // gemv_dot for routed experts: one slot per workgroup (as gemv4q_experts).
@@ -237,7 +237,7 @@ fn gemv_dot_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     if (e < P.n_experts) {
         wo = expert_quad(e, n0);
     }
-    quad_store(quad_partial_i8(wo, lid % TPR4), wo, P.y_off + slot * P.y_stride, n0, lid);
+    dot_store(quad_partial_i8(wo, lid % TPR4), wo, P.y_off + slot * P.y_stride, n0, lid);
 }
 
 // ---- T rows of x at once (gemv_dot_rows, gemv_dot_experts_rows; XQ = 1) ----------------
@@ -346,27 +346,6 @@ fn rows_partial(wo: vec4<u32>, wo2: vec4<u32>, lane: u32) {
     }
     for (var q = lane; q < kw; q += TPR4) {
         rows_word(words8(w, w2, q), q);
-    }
-}
-
-// Reduces quad i's acc_t over each row group's lanes and stores its rows (those in `wo`,
-// from n0) of each x row t < nx at ybase[t] (P.accumulate: added to y). Workgroup-uniform:
-// the reductions run for all T rows.
-fn rows_store_quad(i: u32, wo: vec4<u32>, n0: u32, lid: u32) {
-    for (var t = 0u; t < T; t += 2u) {
-        var b = vec4<f32>(0.0);
-        if (t + 1u < T) {
-            b = acc_t[i * T + t + 1u];
-        }
-        let r = reduce_pair(acc_t[i * T + t], b, lid);
-        if (lid % TPR4 == 0u) {
-            if (t < nx) {
-                store_quad(r.lo, wo, ybase[t] + n0);
-            }
-            if (t + 1u < nx) {
-                store_quad(r.hi, wo, ybase[t + 1u] + n0);
-            }
-        }
     }
 }
 

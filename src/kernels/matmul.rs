@@ -119,7 +119,29 @@ const MATMUL_SG: Shader<Params> = Shader::new(
 /// without WGSL's packed_4x8_integer_dot_product still compile the others).
 const MATMUL_DOT: Shader<Params> = Shader::new(
     "matmul_dot",
-    matmul_module!([], ["matmul_tile.wgsl", "xquant.wgsl", "matmul_dot.wgsl"]),
+    matmul_module!(
+        [],
+        [
+            "matmul_tile.wgsl",
+            "xquant.wgsl",
+            "matmul_dot.wgsl",
+            "dot_red.wgsl"
+        ]
+    ),
+);
+/// MATMUL_DOT with its lanes' reductions through subgroup shuffles ([`dot_sg_lanes`]; its
+/// own module, as MATMUL_SG).
+const MATMUL_DOT_SG: Shader<Params> = Shader::new(
+    "matmul_dot_sg",
+    matmul_module!(
+        [],
+        [
+            "matmul_tile.wgsl",
+            "xquant.wgsl",
+            "matmul_dot.wgsl",
+            "dot_red_sg.wgsl"
+        ]
+    ),
 );
 /// MATMUL with the GEMM tile on tensor cores (its `enable` lines first), reading x in
 /// 16-byte loads: for x rows on 4-float boundaries and K a multiple of 4 ([`x_in_quads`]).
@@ -144,6 +166,7 @@ pub(super) const SHADERS: &[ShaderCode] = &[
     MATMUL.code(),
     MATMUL_SG.code(),
     MATMUL_DOT.code(),
+    MATMUL_DOT_SG.code(),
     MATMUL_COOP.code(),
     MATMUL_COOP_X1.code(),
 ];
@@ -163,6 +186,9 @@ struct Knobs {
     /// The tensor-core GEMMs: x read in 16-byte loads ([`x_in_quads`]; not a define, a
     /// shader of its own).
     x4: bool,
+    /// The integer-dot GEMVs: lanes a subgroup shuffle reduces ([`dot_sg_lanes`]; 0: the
+    /// reductions in workgroup memory). Set by [`pipeline_for`], which picks the module.
+    sgr: u32,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -173,6 +199,7 @@ const KNOBS: Knobs = Knobs {
     xq: 0,
     unroll: 1,
     x4: false,
+    sgr: 0,
 };
 
 /// gemv_dot's knobs after the measurement overrides.
@@ -235,6 +262,31 @@ fn xq_lo() -> u32 {
     knob!("SPARSA_XQ_LO", |v| v <= 1).unwrap_or(1)
 }
 
+/// The lanes whose partial dots the integer-dot GEMV `entry` (with `tpr4` lanes a row
+/// group) adds through subgroup shuffles on a device with subgroups of at least
+/// `subgroup_lanes` lanes (0: none): min(tpr4, subgroup_lanes), or 0 for the reductions in
+/// workgroup memory. `SPARSA_DOT_SG` picks: 0 (default until measured on a GPU) none, 1 the
+/// few-rows kernels (`gemv_dot_rows`, `gemv_dot_experts_rows`: T x rows' sums a lane), 2
+/// every integer-dot GEMV. Subgroups of under 4 lanes keep workgroup memory.
+fn dot_sg_lanes(subgroup_lanes: u32, entry: &str, tpr4: u32) -> u32 {
+    #[cfg(test)]
+    let forced = tests::DOT_SG.with(|c| c.get());
+    #[cfg(not(test))]
+    let forced = None;
+    let mode = forced.unwrap_or_else(|| knob!("SPARSA_DOT_SG", |v| v <= 2).unwrap_or(0));
+    let rows = entry.ends_with("_rows");
+    let on = match mode {
+        0 => false,
+        1 => rows,
+        _ => entry.starts_with("gemv_dot"),
+    };
+    if on && subgroup_lanes >= 4 {
+        tpr4.min(subgroup_lanes)
+    } else {
+        0
+    }
+}
+
 /// Quads of weight rows each lane of gemv_dot_rows and gemv_dot_experts_rows takes: 1 (4
 /// rows), or 2 (8 rows: each x word a lane loads serves twice the products, for twice the
 /// registers). `SPARSA_ROWS_QUADS` selects (a measurement aid; 1 until measured).
@@ -252,7 +304,14 @@ fn pipeline(rec: &Recorder, entry: &'static str, w: &GpuWeight, k: Knobs) -> Ker
 
 /// [`pipeline`] for weights in format `f`.
 fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Kernel<Params> {
-    let shader = shader_of(entry, rec.gpu().tensor_cores(), k.x4);
+    let mut shader = shader_of(entry, rec.gpu().tensor_cores(), k.x4);
+    let mut k = k;
+    if shader.name == MATMUL_DOT.name {
+        k.sgr = dot_sg_lanes(rec.gpu().subgroup_lanes(), entry, k.tpr4);
+        if k.sgr > 0 {
+            shader = &MATMUL_DOT_SG;
+        }
+    }
     if [MATMUL_COOP.name, MATMUL_COOP_X1.name].contains(&shader.name) {
         rec.gpu()
             .pipeline(shader, entry, &coop_defines(entry, f, k))
@@ -471,7 +530,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .collect()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 13] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 14] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -486,6 +545,7 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 13] {
         ("WGC", u(cpu_wg())),
         ("XLO", u(xq_lo())),
         ("ROWS_WG", u(rows_wg())),
+        ("SGR", u(k.sgr)),
     ]
 }
 
@@ -1651,6 +1711,9 @@ mod tests {
         pub(super) static ROWS_LAYOUT: std::cell::Cell<Option<(u32, u32)>> = const { std::cell::Cell::new(None) };
         /// Set: [`cpu_shares_x`] answers no on this thread (tests run both CPU GEMVs).
         pub(super) static CPU_SG_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// What `SPARSA_DOT_SG` answers on this thread ([`dot_sg_lanes`]; tests run both
+        /// reductions).
+        pub(super) static DOT_SG: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     }
     use crate::kernels::with_cpu_kernels;
     use crate::weights::{quant, DType, QFormat, WFormat};
@@ -2347,10 +2410,14 @@ mod tests {
             {
                 let s = 1200 + 10 * i as u64 + q.bits() as u64;
                 run_matmul(s, 1, k, n, f, chunk, None, (8, k + 4));
-                for tpr in [4, 32] {
+                // Lanes a row group within a subgroup and across several; the reductions
+                // in workgroup memory (0) and through subgroup shuffles (2).
+                for (tpr, sg) in [(4, 0), (32, 0), (4, 2), (32, 2), (256, 2)] {
+                    DOT_SG.with(|c| c.set(Some(sg)));
                     let kind = Dense::GemvDot(tpr, (k as u32 / 32).next_power_of_two().max(8));
                     run_matmul(s + tpr as u64, 1, k, n, f, chunk, Some(kind), (4, k));
                 }
+                DOT_SG.with(|c| c.set(None));
             }
         }
         // x quantized once beforehand (the decode path's quantize_x + matmul_xq): the same
@@ -2397,7 +2464,7 @@ mod tests {
         // once for all of them, gemv_dot_experts_rows each expert once for the slots routed
         // to it. Every row count up to GEMV_MAX_ROWS somewhere; odd K and N; chunks.
         let f = WFormat::Quant(QFormat::Q4 { block: 32 });
-        for ((i, (rows, k, n, chunk)), (quads, wg)) in [
+        for ((i, (rows, k, n, chunk)), (quads, wg, sg)) in [
             (2, 32, 5, None),
             (3, 96, 9, None),
             (4, 544, 37, Some(7)),
@@ -2408,11 +2475,19 @@ mod tests {
         ]
         .into_iter()
         .enumerate()
-        .flat_map(|c| [(c, (1, 256)), (c, (2, 256)), (c, (1, 128)), (c, (2, 128))])
-        {
+        .flat_map(|c| {
+            [
+                (c, (1, 256, 0)),
+                (c, (2, 256, 2)),
+                (c, (1, 128, 2)),
+                (c, (2, 128, 0)),
+            ]
+        }) {
             // Each lane 4 weight rows, or 8 (two quads: the second partly or wholly past
-            // N in some workgroups); workgroups of 256 invocations or 128.
+            // N in some workgroups); workgroups of 256 invocations or 128; the lanes'
+            // reductions in workgroup memory (0) or through subgroup shuffles (2).
             ROWS_LAYOUT.with(|c| c.set(Some((quads, wg))));
+            DOT_SG.with(|c| c.set(Some(sg)));
             run_matmul_xq(
                 1700 + i as u64 + 100 * quads as u64 + wg as u64,
                 rows,
