@@ -269,11 +269,11 @@ fn xq_lo() -> u32 {
 /// few-rows kernels (`gemv_dot_rows`, `gemv_dot_experts_rows`: T x rows' sums a lane), 2
 /// every integer-dot GEMV. Subgroups of under 4 lanes keep workgroup memory.
 fn dot_sg_lanes(subgroup_lanes: u32, entry: &str, tpr4: u32) -> u32 {
+    let knob = || knob!("SPARSA_DOT_SG", |v| v <= 2).unwrap_or(0);
     #[cfg(test)]
-    let forced = tests::DOT_SG.with(|c| c.get());
+    let mode = tests::DOT_SG.with(|c| c.get()).unwrap_or_else(knob);
     #[cfg(not(test))]
-    let forced = None;
-    let mode = forced.unwrap_or_else(|| knob!("SPARSA_DOT_SG", |v| v <= 2).unwrap_or(0));
+    let mode = knob();
     let rows = entry.ends_with("_rows");
     let on = match mode {
         0 => false,
