@@ -189,6 +189,9 @@ struct Knobs {
     /// The integer-dot GEMVs: lanes a subgroup shuffle reduces ([`dot_sg_lanes`]; 0: the
     /// reductions in workgroup memory). Set by [`pipeline_for`], which picks the module.
     sgr: u32,
+    /// gemv_dot_rows: the workgroups of its dispatch (0: not known), for [`dot_sg_lanes`].
+    /// Not a define.
+    grid: u32,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -200,6 +203,7 @@ const KNOBS: Knobs = Knobs {
     unroll: 1,
     x4: false,
     sgr: 0,
+    grid: 0,
 };
 
 /// gemv_dot's knobs after the measurement overrides.
@@ -262,23 +266,32 @@ fn xq_lo() -> u32 {
     knob!("SPARSA_XQ_LO", |v| v <= 1).unwrap_or(1)
 }
 
+/// Dispatches of gemv_dot_rows with at most this many workgroups reduce through subgroup
+/// shuffles by default. On an H100 (2026-12-06, `gemv_shapes q4 20 1,8`, 8 x rows) the
+/// shuffles took the GLM-5 shapes of 36–192 workgroups from 16–78 µs to 14–71 (q_a 24.4 →
+/// 17.1, q_b 32.3 → 25.5), and those of 384 and more from 98–661 to 101–746 µs (dense
+/// gate_up 114.5 → 160.8): a short dispatch waits on its reductions, a long one on more
+/// than they save.
+const DOT_SG_MAX_GROUPS: u32 = 256;
+
 /// The lanes whose partial dots the integer-dot GEMV `entry` (with `tpr4` lanes a row
-/// group) adds through subgroup shuffles on a device with subgroups of at least
-/// `subgroup_lanes` lanes (0: none): min(tpr4, subgroup_lanes), or 0 for the reductions in
-/// workgroup memory. `SPARSA_DOT_SG` picks: 0 (default until measured on a GPU) none, 1 the
-/// few-rows kernels (`gemv_dot_rows`, `gemv_dot_experts_rows`: T x rows' sums a lane), 2
-/// every integer-dot GEMV. Subgroups of under 4 lanes keep workgroup memory.
-fn dot_sg_lanes(subgroup_lanes: u32, entry: &str, tpr4: u32) -> u32 {
-    let knob = || knob!("SPARSA_DOT_SG", |v| v <= 2).unwrap_or(0);
+/// group, `grid` workgroups, 0 if not known) adds through subgroup shuffles on a device with
+/// subgroups of at least `subgroup_lanes` lanes (0: none): min(tpr4, subgroup_lanes), or 0
+/// for the reductions in workgroup memory. By default gemv_dot_rows where `grid` is at most
+/// [`DOT_SG_MAX_GROUPS`]; `SPARSA_DOT_SG` overrides: 0 none, 1 the few-rows kernels
+/// (`gemv_dot_rows`, `gemv_dot_experts_rows`), 2 every integer-dot GEMV (measurement
+/// aids). Subgroups of under 4 lanes keep workgroup memory.
+fn dot_sg_lanes(subgroup_lanes: u32, entry: &str, tpr4: u32, grid: u32) -> u32 {
+    let knob = || knob!("SPARSA_DOT_SG", |v| v <= 2);
     #[cfg(test)]
-    let mode = tests::DOT_SG.with(|c| c.get()).unwrap_or_else(knob);
+    let mode = tests::DOT_SG.with(|c| c.get()).or_else(knob);
     #[cfg(not(test))]
     let mode = knob();
-    let rows = entry.ends_with("_rows");
     let on = match mode {
-        0 => false,
-        1 => rows,
-        _ => entry.starts_with("gemv_dot"),
+        None => entry == "gemv_dot_rows" && grid > 0 && grid <= DOT_SG_MAX_GROUPS,
+        Some(0) => false,
+        Some(1) => entry.ends_with("_rows"),
+        Some(_) => entry.starts_with("gemv_dot"),
     };
     if on && subgroup_lanes >= 4 {
         tpr4.min(subgroup_lanes)
@@ -307,7 +320,7 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
     let mut shader = shader_of(entry, rec.gpu().tensor_cores(), k.x4);
     let mut k = k;
     if shader.name == MATMUL_DOT.name {
-        k.sgr = dot_sg_lanes(rec.gpu().subgroup_lanes(), entry, k.tpr4);
+        k.sgr = dot_sg_lanes(rec.gpu().subgroup_lanes(), entry, k.tpr4, k.grid);
         if k.sgr > 0 {
             shader = &MATMUL_DOT_SG;
         }
@@ -1009,7 +1022,16 @@ fn matmul_as(
         // Several rows of x, quantized beforehand: the weights read once for all of them.
         Dense::GemvDot(tpr4, _) if rows > 1 => {
             debug_assert!(xq.is_some(), "gemv_dot_rows reads x quantized");
-            pipeline(rec, "gemv_dot_rows", w, rows_knobs(tpr4, rows, 1))
+            let grid = (w.rows as u32).div_ceil(rows_per_workgroup(tpr4));
+            pipeline(
+                rec,
+                "gemv_dot_rows",
+                w,
+                Knobs {
+                    grid,
+                    ..rows_knobs(tpr4, rows, 1)
+                },
+            )
         }
         Dense::GemvDot(tpr4, maxb) => {
             pipeline(rec, "gemv_dot", w, dot_knobs(tpr4, maxb, xq.is_some()))
@@ -2456,6 +2478,40 @@ mod tests {
         assert_eq!(rows_knobs(256, 8, 1).tpr4, 256);
         assert_eq!(rows_per_workgroup(256), 8);
         ROWS_LAYOUT.with(|c| c.set(None));
+    }
+
+    #[test]
+    fn dot_reductions_through_subgroups_where_measured_faster() {
+        // By default: gemv_dot_rows with few workgroups, on subgroups of 4 lanes or more.
+        DOT_SG.with(|c| c.set(None));
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128), 16);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 64, DOT_SG_MAX_GROUPS), 32);
+        assert_eq!(
+            dot_sg_lanes(32, "gemv_dot_rows", 16, DOT_SG_MAX_GROUPS + 1),
+            0
+        );
+        assert_eq!(
+            dot_sg_lanes(32, "gemv_dot_rows", 16, 0),
+            0,
+            "grid not known"
+        );
+        assert_eq!(dot_sg_lanes(0, "gemv_dot_rows", 16, 128), 0, "no subgroups");
+        assert_eq!(
+            dot_sg_lanes(2, "gemv_dot_rows", 16, 128),
+            0,
+            "2-lane subgroups"
+        );
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts_rows", 16, 128), 0);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot", 16, 128), 0);
+        // The overrides: none, the few-rows kernels, every integer-dot GEMV.
+        DOT_SG.with(|c| c.set(Some(0)));
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128), 0);
+        DOT_SG.with(|c| c.set(Some(1)));
+        assert_eq!(dot_sg_lanes(8, "gemv_dot_experts_rows", 64, 4096), 8);
+        assert_eq!(dot_sg_lanes(8, "gemv_dot", 64, 0), 0);
+        DOT_SG.with(|c| c.set(Some(2)));
+        assert_eq!(dot_sg_lanes(8, "gemv_dot", 4, 0), 4);
+        DOT_SG.with(|c| c.set(None));
     }
 
     #[test]
