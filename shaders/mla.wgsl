@@ -344,6 +344,105 @@ fn mla(
 var<workgroup> crow: array<vec4<f32>, CPU_WG * QD4>;
 var<workgroup> cpos: array<u32, CPU_WG>;
 
+// mla_cpu's (and mla_cpu_sg's) workgroup: its row t, split and this invocation's head.
+struct CpuAt {
+    t: u32,
+    split: u32,
+    head: u32,
+}
+
+fn cpu_at(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> CpuAt {
+    let g = wid.x + wid.y * nwg.x;
+    let hgs = (P.heads + CPU_WG - 1u) / CPU_WG;
+    return CpuAt(g / (P.splits * hgs), (g / hgs) % P.splits, (g % hgs) * CPU_WG + lid);
+}
+
+// Head h's query of row t (zeros for a head past the last).
+fn cpu_query(t: u32, h: u32) -> array<vec4<f32>, QD4> {
+    var q: array<vec4<f32>, QD4>;
+    for (var d4 = 0u; d4 < QD4; d4++) {
+        let d = d4 * 4u;
+        q[d4] = vec4<f32>(0.0);
+        if (h < P.heads) {
+            q[d4] = vec4<f32>(query(t, h, d), query(t, h, d + 1u), query(t, h, d + 2u), query(t, h, d + 3u));
+        }
+    }
+    return q;
+}
+
+// Selected position j of row t: its cache position, or ABSENT past j_end or outside the
+// segment.
+fn cpu_pos(t: u32, j: u32, j_end: u32) -> u32 {
+    if (j < j_end) {
+        let p = idx[t * P.topk + j];
+        if (p >= P.seg_lo && p - P.seg_lo < P.seg_n) {
+            return p;
+        }
+    }
+    return ABSENT;
+}
+
+// The online softmax's state of one head: the running max, the sum of weights and the
+// weighted rows.
+struct Online {
+    m: f32,
+    l: f32,
+    acc: array<vec4<f32>, QD4>,
+}
+
+// Takes cache row r (its logit against q) into o.
+fn online_add(o: ptr<function, Online>, q: ptr<function, array<vec4<f32>, QD4>>, r: ptr<function, array<vec4<f32>, QD4>>) {
+    var dotv = vec4<f32>(0.0);
+    for (var d4 = 0u; d4 < QD4; d4++) {
+        dotv += (*q)[d4] * (*r)[d4];
+    }
+    let s = (dotv.x + dotv.y + dotv.z + dotv.w) * P.scale;
+    let mn = max((*o).m, s);
+    let c = exp((*o).m - mn);
+    let p = exp(s - mn);
+    (*o).l = (*o).l * c + p;
+    (*o).m = mn;
+    // Every one of the QD4 columns (the RoPE part's sums are never stored): a loop of
+    // constant length keeps acc in registers on llvmpipe, where indexing it by a runtime
+    // bound put it in memory.
+    for (var d4 = 0u; d4 < QD4; d4++) {
+        (*o).acc[d4] = (*o).acc[d4] * c + p * (*r)[d4];
+    }
+}
+
+// One split: o_lat, normalized. Several: the split's partials, [acc (kv_lora) | m | l] at
+// part[(t, head, split)].
+fn cpu_store(at: CpuAt, o: ptr<function, Online>) {
+    let kv4 = P.kv_lora / 4u;
+    var ob = P.o_off + at.t * P.o_stride + at.head * P.kv_lora;
+    var inv = select(0.0, 1.0 / (*o).l, (*o).l > 0.0);
+    if (P.part_splits > 1u) {
+        ob = ((at.t * P.heads + at.head) * P.part_splits + P.split_base + at.split) * (P.kv_lora + 2u);
+        inv = 1.0;
+        out[ob + P.kv_lora] = (*o).m;
+        out[ob + P.kv_lora + 1u] = (*o).l;
+    }
+    for (var i = 0u; i < QD4; i++) {
+        if (i < kv4) {
+            let v = (*o).acc[i] * inv;
+            out[ob + 4u * i] = v.x;
+            out[ob + 4u * i + 1u] = v.y;
+            out[ob + 4u * i + 2u] = v.z;
+            out[ob + 4u * i + 3u] = v.w;
+        }
+    }
+}
+
+fn online_new() -> Online {
+    var o: Online;
+    o.m = NEG_BIG;
+    o.l = 0.0;
+    for (var i = 0u; i < QD4; i++) {
+        o.acc[i] = vec4<f32>(0.0);
+    }
+    return o;
+}
+
 @compute @workgroup_size(CPU_WG)
 fn mla_cpu(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -351,45 +450,21 @@ fn mla_cpu(
     @builtin(local_invocation_index) lid: u32,
 ) {
     // Row and split are the workgroup's (uniform: barriers follow).
-    let g = wid.x + wid.y * nwg.x;
-    let hgs = (P.heads + CPU_WG - 1u) / CPU_WG;
-    let t = g / (P.splits * hgs);
-    let split = (g / hgs) % P.splits;
-    let head = (g % hgs) * CPU_WG + lid;
+    let at = cpu_at(wid, nwg, lid);
+    let t = at.t;
     if (t >= P.rows) {
         return;
     }
-    let live = head < P.heads;
-    var q: array<vec4<f32>, QD4>;
-    for (var d4 = 0u; d4 < QD4; d4++) {
-        let d = d4 * 4u;
-        q[d4] = vec4<f32>(0.0);
-        if (live) {
-            q[d4] = vec4<f32>(query(t, head, d), query(t, head, d + 1u), query(t, head, d + 2u), query(t, head, d + 3u));
-        }
-    }
-    let kv4 = P.kv_lora / 4u;
-    var acc: array<vec4<f32>, QD4>;
-    for (var i = 0u; i < QD4; i++) {
-        acc[i] = vec4<f32>(0.0);
-    }
-    var m = NEG_BIG;
-    var l = 0.0;
+    var q = cpu_query(t, at.head);
+    var o = online_new();
     if (lid == 0u) {
         n_sh = min(cnt[t], P.topk);
     }
     let n = workgroupUniformLoad(&n_sh);
-    let j_end = min(n, (split + 1u) * P.split_len);
-    for (var j0 = split * P.split_len; j0 < j_end; j0 += CPU_WG) {
+    let j_end = min(n, (at.split + 1u) * P.split_len);
+    for (var j0 = at.split * P.split_len; j0 < j_end; j0 += CPU_WG) {
         // Invocation lid stages position j0 + lid (ABSENT: past the split or the segment).
-        let j = j0 + lid;
-        var pos = ABSENT;
-        if (j < j_end) {
-            let p = idx[t * P.topk + j];
-            if (p >= P.seg_lo && p - P.seg_lo < P.seg_n) {
-                pos = p;
-            }
-        }
+        let pos = cpu_pos(t, j0 + lid, j_end);
         cpos[lid] = pos;
         if (pos != ABSENT) {
             let base = P.c_off + (pos - P.seg_lo) * P.c_stride;
@@ -403,47 +478,16 @@ fn mla_cpu(
             if (cpos[i] == ABSENT) {
                 continue;
             }
-            let rb = i * QD4;
-            var dotv = vec4<f32>(0.0);
+            var r: array<vec4<f32>, QD4>;
             for (var d4 = 0u; d4 < QD4; d4++) {
-                dotv += q[d4] * crow[rb + d4];
+                r[d4] = crow[i * QD4 + d4];
             }
-            let s = (dotv.x + dotv.y + dotv.z + dotv.w) * P.scale;
-            let mn = max(m, s);
-            let c = exp(m - mn);
-            let p = exp(s - mn);
-            l = l * c + p;
-            m = mn;
-            // Every one of the QD4 columns (the RoPE part's sums are never stored): a loop
-            // of constant length keeps acc in registers on llvmpipe, where indexing it
-            // by a runtime bound put it in memory.
-            for (var d4 = 0u; d4 < QD4; d4++) {
-                acc[d4] = acc[d4] * c + p * crow[rb + d4];
-            }
+            online_add(&o, &q, &r);
         }
         workgroupBarrier();
     }
-    if (!live) {
-        return;
-    }
-    // One split: o_lat, normalized. Several: the split's partials, [acc (kv_lora) | m | l] at
-    // part[(t, head, split)].
-    var ob = P.o_off + t * P.o_stride + head * P.kv_lora;
-    var inv = select(0.0, 1.0 / l, l > 0.0);
-    if (P.part_splits > 1u) {
-        ob = ((t * P.heads + head) * P.part_splits + P.split_base + split) * (P.kv_lora + 2u);
-        inv = 1.0;
-        out[ob + P.kv_lora] = m;
-        out[ob + P.kv_lora + 1u] = l;
-    }
-    for (var i = 0u; i < QD4; i++) {
-        if (i < kv4) {
-            let v = acc[i] * inv;
-            out[ob + 4u * i] = v.x;
-            out[ob + 4u * i + 1u] = v.y;
-            out[ob + 4u * i + 2u] = v.z;
-            out[ob + 4u * i + 3u] = v.w;
-        }
+    if (at.head < P.heads) {
+        cpu_store(at, &o);
     }
 }
 

@@ -157,8 +157,32 @@ const MLA: Shader<MlaParams> = Shader::new(
     ),
 );
 
+/// MLA with `mla_cpu_sg`, which shares the selected rows through subgroups (its own module,
+/// so adapters without subgroups still compile the others).
+const MLA_SG: Shader<MlaParams> = Shader::new(
+    "mla_sg",
+    concat!(
+        include_str!("../../shaders/fp8.wgsl"),
+        include_str!("../../shaders/rotary.wgsl"),
+        include_str!("../../shaders/cpu.wgsl"),
+        include_str!("../../shaders/mla.wgsl"),
+        include_str!("../../shaders/mla_cpu_sg.wgsl")
+    ),
+);
+
 /// This module's shaders (for [`super::shaders`]).
-pub(super) const SHADERS: &[ShaderCode] = &[MLA.code()];
+pub(super) const SHADERS: &[ShaderCode] = &[MLA.code(), MLA_SG.code()];
+
+/// Whether a CPU adapter's sparse MLA takes `mla_cpu_sg` on a device whose subgroups have
+/// at least `subgroup_lanes` lanes (0: none): where a subgroup holds a whole workgroup of
+/// [`CPU_WG`] invocations, unless `SPARSA_MLA_CPU_SG=0` (a measurement aid).
+fn mla_cpu_sg(subgroup_lanes: u32) -> bool {
+    #[cfg(test)]
+    if let Some(on) = tests::MLA_CPU_SG.with(|c| c.get()) {
+        return on && subgroup_lanes >= CPU_WG;
+    }
+    subgroup_lanes >= CPU_WG && knob!("SPARSA_MLA_CPU_SG", |v| v <= 1) != Some(0)
+}
 
 /// Workgroups `sparse_mla` aims for before it splits the selected positions. Measured on
 /// the H200 (full-depth GLM-5, a 4-position verification at 4K): 1,024 → 256 took `mla`
@@ -428,7 +452,11 @@ pub fn sparse_mla(
     };
     let part_splits = splits * nseg;
     let defines = sh.defines(cache.format);
-    let p = gpu.pipeline(&MLA, if cpu { "mla_cpu" } else { "mla" }, &defines);
+    let p = if cpu && mla_cpu_sg(gpu.subgroup_lanes()) {
+        gpu.pipeline(&MLA_SG, "mla_cpu_sg", &defines)
+    } else {
+        gpu.pipeline(&MLA, if cpu { "mla_cpu" } else { "mla" }, &defines)
+    };
     let params = MlaParams {
         qa_off: q_abs.offset,
         qa_stride: q_abs.stride,
@@ -771,6 +799,11 @@ mod tests {
     };
     use crate::kernels::with_cpu_kernels;
     use crate::weights::{DType, WFormat};
+
+    thread_local! {
+        /// What [`mla_cpu_sg`] answers on this thread (tests run both CPU kernels).
+        pub(super) static MLA_CPU_SG: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+    }
 
     /// The weight as the GPU sees it (rounded to `dtype`).
     fn rounded(w: &[f32], dtype: DType) -> Vec<f32> {
@@ -1145,12 +1178,14 @@ mod tests {
         }
         let want = sparse_ref(&qa, &q_ref, &cache, sel, rows, d, scale);
         let mut got = Vec::new();
-        // The GPUs' kernels in every plan, then the CPU adapters' kernel, unsplit and split.
-        let runs = TEST_PLANS
-            .map(|p| (p, false))
-            .into_iter()
-            .chain([1, 3].map(|s| (TEST_PLANS[0].with_cpu_splits(s), true)));
-        for (plan, cpu) in runs {
+        // The GPUs' kernels in every plan, then the CPU adapters' kernels (rows staged in
+        // workgroup memory, and shared through subgroups), unsplit and split.
+        let runs = TEST_PLANS.map(|p| (p, false, false)).into_iter().chain(
+            [(1, false), (3, false), (1, true), (3, true)]
+                .map(|(s, sg)| (TEST_PLANS[0].with_cpu_splits(s), true, sg)),
+        );
+        for (plan, cpu, sg) in runs {
+            MLA_CPU_SG.with(|c| c.set(Some(sg)));
             // Filled anew: an element a kernel leaves unwritten shows.
             let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
             let mut rec = g.recorder();
@@ -1181,7 +1216,8 @@ mod tests {
             rec.finish().unwrap();
             got.extend(ob.read(g, "sparse_mla"));
         }
-        (got, want.repeat(TEST_PLANS.len() + 2))
+        MLA_CPU_SG.with(|c| c.set(None));
+        (got, want.repeat(TEST_PLANS.len() + 4))
     }
 
     /// How [`run_sparse_in`] runs sparse_mla, its outputs one after the other in this
