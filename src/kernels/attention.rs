@@ -173,15 +173,23 @@ const MLA_SG: Shader<MlaParams> = Shader::new(
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[MLA.code(), MLA_SG.code()];
 
+/// Most 4-float words of a cache row (`qd4`) for which `mla_cpu_sg` runs: each invocation
+/// holds its row, the row it takes from a lane, its query and its sums in registers, four
+/// arrays of `qd4` words (the built-in model's rows are 20 words; GLM-5's 144 would spill
+/// them, and llvmpipe compiles such a variant slowly).
+const MLA_CPU_SG_MAX_QD4: u32 = 32;
+
 /// Whether a CPU adapter's sparse MLA takes `mla_cpu_sg` on a device whose subgroups have
-/// at least `subgroup_lanes` lanes (0: none): where a subgroup holds a whole workgroup of
-/// [`CPU_WG`] invocations, unless `SPARSA_MLA_CPU_SG=0` (a measurement aid).
-fn mla_cpu_sg(subgroup_lanes: u32) -> bool {
+/// at least `subgroup_lanes` lanes (0: none), for rows of `qd4` words: where a subgroup
+/// holds a whole workgroup of [`CPU_WG`] invocations and a row fits
+/// [`MLA_CPU_SG_MAX_QD4`], unless `SPARSA_MLA_CPU_SG=0` (a measurement aid).
+fn mla_cpu_sg(subgroup_lanes: u32, qd4: u32) -> bool {
+    let fits = subgroup_lanes >= CPU_WG && qd4 <= MLA_CPU_SG_MAX_QD4;
     #[cfg(test)]
     if let Some(on) = tests::MLA_CPU_SG.with(|c| c.get()) {
-        return on && subgroup_lanes >= CPU_WG;
+        return on && fits;
     }
-    subgroup_lanes >= CPU_WG && knob!("SPARSA_MLA_CPU_SG", |v| v <= 1) != Some(0)
+    fits && knob!("SPARSA_MLA_CPU_SG", |v| v <= 1) != Some(0)
 }
 
 /// Workgroups `sparse_mla` aims for before it splits the selected positions. Measured on
@@ -452,7 +460,7 @@ pub fn sparse_mla(
     };
     let part_splits = splits * nseg;
     let defines = sh.defines(cache.format);
-    let p = if cpu && mla_cpu_sg(gpu.subgroup_lanes()) {
+    let p = if cpu && mla_cpu_sg(gpu.subgroup_lanes(), sh.qd4) {
         gpu.pipeline(&MLA_SG, "mla_cpu_sg", &defines)
     } else {
         gpu.pipeline(&MLA, if cpu { "mla_cpu" } else { "mla" }, &defines)

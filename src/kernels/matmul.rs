@@ -268,10 +268,11 @@ fn xq_lo() -> u32 {
 
 /// Dispatches of gemv_dot_rows with at most this many workgroups reduce through subgroup
 /// shuffles by default. On an H100 (2026-12-06, `gemv_shapes q4 20 1,8`, 8 x rows) the
-/// shuffles took the GLM-5 shapes of 36–192 workgroups from 16–78 µs to 14–71 (q_a 24.4 →
-/// 17.1, q_b 32.3 → 25.5), and those of 384 and more from 98–661 to 101–746 µs (dense
-/// gate_up 114.5 → 160.8): a short dispatch waits on its reductions, a long one on more
-/// than they save.
+/// shuffles took every GLM-5 shape of 32–256 workgroups from 16–32 µs to 14–26 (q_a 24.4 →
+/// 17.1, q_b 32.3 → 25.5). Of the 384-workgroup shapes the down projections gained (dense
+/// down 77.7 → 70.6) and o and dense gate_up lost (97.5 → 101.0, 114.5 → 160.3), as did
+/// lm_head (2,420 workgroups, 661 → 746). Words a lane separate them better (the gains at
+/// 1–6, the losses at 8–12); this rule is the one measured safe.
 const DOT_SG_MAX_GROUPS: u32 = 256;
 
 /// The lanes whose partial dots the integer-dot GEMV `entry` (with `tpr4` lanes a row
