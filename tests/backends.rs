@@ -38,7 +38,7 @@ use sparsa::kernels::attention::{self, MlaDims, MlaGemmUse, MlaPlan, MlaQueries}
 use sparsa::kernels::cache::{CacheRows, Segment};
 use sparsa::kernels::matmul::{self, matmul_experts, Routed};
 use sparsa::kernels::topk::Selection;
-use sparsa::kernels::{with_cpu_kernels, View};
+use sparsa::kernels::{with_cpu_kernels, with_mla_cpu_sg, View};
 use sparsa::model::{Model, ModelSource, Session};
 use sparsa::sampling::{Sampler, SamplingParams};
 use sparsa::weights::{DType, GpuWeight, QFormat, WFormat};
@@ -400,6 +400,9 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
             let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {}).expect("loads");
             greedy(&model, 40);
         }
+        // The sparse MLA of CPU adapters whose subgroups cannot share the cache rows.
+        let model = Model::load(&data("dsv32"), gpu.clone(), &mut |_, _| {}).expect("loads");
+        with_mla_cpu_sg(false, || greedy(&model, 40));
         lap("the CPU adapters' kernels");
     });
     let mut all: BTreeSet<ShaderVariant> = gpu.shader_variants().into_iter().collect();

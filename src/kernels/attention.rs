@@ -185,8 +185,7 @@ const MLA_CPU_SG_MAX_QD4: u32 = 32;
 /// [`MLA_CPU_SG_MAX_QD4`], unless `SPARSA_MLA_CPU_SG=0` (a measurement aid).
 fn mla_cpu_sg(subgroup_lanes: u32, qd4: u32) -> bool {
     let fits = subgroup_lanes >= CPU_WG && qd4 <= MLA_CPU_SG_MAX_QD4;
-    #[cfg(test)]
-    if let Some(on) = tests::MLA_CPU_SG.with(|c| c.get()) {
+    if let Some(on) = super::forced_mla_cpu_sg() {
         return on && fits;
     }
     fits && knob!("SPARSA_MLA_CPU_SG", |v| v <= 1) != Some(0)
@@ -805,13 +804,8 @@ mod tests {
     use crate::kernels::testutil::{
         assert_close, assert_close_plus, cache_segments, gpu, x_split_bound, Placed, Rng,
     };
-    use crate::kernels::with_cpu_kernels;
+    use crate::kernels::{with_cpu_kernels, with_mla_cpu_sg};
     use crate::weights::{DType, WFormat};
-
-    thread_local! {
-        /// What [`mla_cpu_sg`] answers on this thread (tests run both CPU kernels).
-        pub(super) static MLA_CPU_SG: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
-    }
 
     /// The weight as the GPU sees it (rounded to `dtype`).
     fn rounded(w: &[f32], dtype: DType) -> Vec<f32> {
@@ -1193,38 +1187,38 @@ mod tests {
                 .map(|(s, sg)| (TEST_PLANS[0].with_cpu_splits(s), true, sg)),
         );
         for (plan, cpu, sg) in runs {
-            MLA_CPU_SG.with(|c| c.set(Some(sg)));
             // Filled anew: an element a kernel leaves unwritten shows.
             let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
             let mut rec = g.recorder();
             with_cpu_kernels(cpu, || {
-                sparse_mla(
-                    &mut rec,
-                    &MlaQueries {
-                        absorbed: ab.view(),
-                        q: View::rows(&qb, qc as u32),
-                        rows: rows as u32,
-                        rope: rope.map(|il| QueryRope {
-                            slice: slice(il),
-                            cos_sin: &csb,
-                        }),
-                    },
-                    &cb,
-                    &Selection {
-                        idx: &ib,
-                        cnt: &nb,
-                        k: topk as u32,
-                    },
-                    topk as u32,
-                    ob.view(),
-                    &d.mla(scale),
-                    plan,
-                )
+                with_mla_cpu_sg(sg, || {
+                    sparse_mla(
+                        &mut rec,
+                        &MlaQueries {
+                            absorbed: ab.view(),
+                            q: View::rows(&qb, qc as u32),
+                            rows: rows as u32,
+                            rope: rope.map(|il| QueryRope {
+                                slice: slice(il),
+                                cos_sin: &csb,
+                            }),
+                        },
+                        &cb,
+                        &Selection {
+                            idx: &ib,
+                            cnt: &nb,
+                            k: topk as u32,
+                        },
+                        topk as u32,
+                        ob.view(),
+                        &d.mla(scale),
+                        plan,
+                    )
+                })
             });
             rec.finish().unwrap();
             got.extend(ob.read(g, "sparse_mla"));
         }
-        MLA_CPU_SG.with(|c| c.set(None));
         (got, want.repeat(TEST_PLANS.len() + 4))
     }
 

@@ -102,6 +102,27 @@ pub fn with_cpu_kernels<R>(on: bool, f: impl FnOnce() -> R) -> R {
     r
 }
 
+thread_local! {
+    /// Set by [`with_mla_cpu_sg`]: whether the CPU adapters' sparse MLA may take its
+    /// subgroup kernel on this thread.
+    static FORCE_MLA_CPU_SG: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the CPU adapters' sparse MLA recorded on this thread taking `mla_cpu_sg`
+/// where it fits (`on`) or `mla_cpu` (not `on`): for tests, which check both kernels on one
+/// adapter.
+pub fn with_mla_cpu_sg<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    let before = FORCE_MLA_CPU_SG.with(|c| c.replace(Some(on)));
+    let r = f();
+    FORCE_MLA_CPU_SG.with(|c| c.set(before));
+    r
+}
+
+/// What [`with_mla_cpu_sg`] set on this thread.
+fn forced_mla_cpu_sg() -> Option<bool> {
+    FORCE_MLA_CPU_SG.with(|c| c.get())
+}
+
 /// The query rows of a chunk over the positions scored for it: row `t < rows` is at
 /// position `pos0 + t` and sees the positions `s ≤ pos0 + t` of the `n_keys` scored
 /// (causal attention over the cache).
