@@ -351,10 +351,18 @@ struct CpuAt {
     head: u32,
 }
 
+// Row and split alone are workgroup-uniform (a value built from `lid` is not, for the
+// barriers' uniformity analysis, even in its other fields): the entry points take them first.
 fn cpu_at(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> CpuAt {
     let g = wid.x + wid.y * nwg.x;
     let hgs = (P.heads + CPU_WG - 1u) / CPU_WG;
     return CpuAt(g / (P.splits * hgs), (g / hgs) % P.splits, (g % hgs) * CPU_WG + lid);
+}
+
+// cpu_at's row and split, uniform.
+fn cpu_row_split(wid: vec3<u32>, nwg: vec3<u32>) -> vec2<u32> {
+    let at = cpu_at(wid, nwg, 0u);
+    return vec2<u32>(at.t, at.split);
 }
 
 // Head h's query of row t (zeros for a head past the last).
@@ -450,8 +458,10 @@ fn mla_cpu(
     @builtin(local_invocation_index) lid: u32,
 ) {
     // Row and split are the workgroup's (uniform: barriers follow).
+    let rs = cpu_row_split(wid, nwg);
+    let t = rs.x;
+    let split = rs.y;
     let at = cpu_at(wid, nwg, lid);
-    let t = at.t;
     if (t >= P.rows) {
         return;
     }
@@ -461,8 +471,8 @@ fn mla_cpu(
         n_sh = min(cnt[t], P.topk);
     }
     let n = workgroupUniformLoad(&n_sh);
-    let j_end = min(n, (at.split + 1u) * P.split_len);
-    for (var j0 = at.split * P.split_len; j0 < j_end; j0 += CPU_WG) {
+    let j_end = min(n, (split + 1u) * P.split_len);
+    for (var j0 = split * P.split_len; j0 < j_end; j0 += CPU_WG) {
         // Invocation lid stages position j0 + lid (ABSENT: past the split or the segment).
         let pos = cpu_pos(t, j0 + lid, j_end);
         cpos[lid] = pos;
