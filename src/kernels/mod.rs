@@ -96,9 +96,18 @@ thread_local! {
 /// or the GPUs' ones, whatever the adapter: for tests, which check both kinds on one
 /// adapter.
 pub fn with_cpu_kernels<R>(on: bool, f: impl FnOnce() -> R) -> R {
-    let before = FORCE_CPU_KERNELS.with(|c| c.replace(Some(on)));
+    with_forced(&FORCE_CPU_KERNELS, on, f)
+}
+
+/// Runs `f` with `cell` answering `on` on this thread, then as before.
+fn with_forced<R>(
+    cell: &'static std::thread::LocalKey<std::cell::Cell<Option<bool>>>,
+    on: bool,
+    f: impl FnOnce() -> R,
+) -> R {
+    let before = cell.with(|c| c.replace(Some(on)));
     let r = f();
-    FORCE_CPU_KERNELS.with(|c| c.set(before));
+    cell.with(|c| c.set(before));
     r
 }
 
@@ -112,10 +121,7 @@ thread_local! {
 /// where it fits (`on`) or `mla_cpu` (not `on`): for tests, which check both kernels on one
 /// adapter.
 pub fn with_mla_cpu_sg<R>(on: bool, f: impl FnOnce() -> R) -> R {
-    let before = FORCE_MLA_CPU_SG.with(|c| c.replace(Some(on)));
-    let r = f();
-    FORCE_MLA_CPU_SG.with(|c| c.set(before));
-    r
+    with_forced(&FORCE_MLA_CPU_SG, on, f)
 }
 
 /// What [`with_mla_cpu_sg`] set on this thread.
