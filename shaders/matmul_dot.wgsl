@@ -12,7 +12,8 @@
 // RMSNorm / SwiGLU), read through x4's binding by every workgroup: no per-workgroup prologue.
 // Extra defines: MAXB, the blocks the workgroup arrays hold (≥ k / 32 when XQ = 0); UNROLL,
 // 16-byte words per row a lane loads before using them (1 or 2); XLO, 0 to leave x's lo
-// words out (half the products and x loads; inexact results, for timing only).
+// words out (half the products and x loads; inexact results, for timing only); I2F, the
+// int-to-float conversions of a q4 word's sums (2, or 1: see dot_x).
 
 var<workgroup> xh: array<vec4<u32>, 2 * MAXB>;
 var<workgroup> xl: array<vec4<u32>, 2 * MAXB>;
@@ -152,9 +153,14 @@ fn x_words(q: u32) -> XWords {
 
 // The codes `c` of a weight word (scale `sw`) against x's words `x` for it:
 // sw · s_x · (Dhi + Dlo / 254 − offset).
+// With I2F = 1, q4's two sums become f32 in one conversion: |254 · Dhi + Dlo| ≤ 255 · 32 ·
+// 15 · 127 < 2^24, so the f32 holds it exactly.
 fn dot_x(c: Codes, x: XWords, sw: f32) -> f32 {
     if (W_DTYPE == 5u) {
         let d = idot8x(c.a, x.ha, x.la) + idot8x(c.b, x.hb, x.lb);
+        if (I2F == 1u) {
+            return sw * x.sm.x * (f32(d.x * 254 + d.y) * (1.0 / 254.0) - x.sm.y);
+        }
         return sw * x.sm.x * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - x.sm.y);
     }
     let d = idot8x(c.a, x.ha, x.la);

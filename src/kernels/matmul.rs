@@ -192,6 +192,9 @@ struct Knobs {
     /// gemv_dot_rows: the workgroups of its dispatch (0: not known), for [`dot_sg_lanes`].
     /// Not a define.
     grid: u32,
+    /// The few-rows integer-dot GEMVs: 16-byte words of a weight row each lane of a row
+    /// group takes (0: not known), for [`dot_sg_lanes`]. Not a define.
+    wpl: u32,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -204,6 +207,7 @@ const KNOBS: Knobs = Knobs {
     x4: false,
     sgr: 0,
     grid: 0,
+    wpl: 0,
 };
 
 /// gemv_dot's knobs after the measurement overrides.
@@ -231,6 +235,12 @@ fn rows_knobs(tpr4: u32, rows: u32, unroll_default: u32) -> Knobs {
         rr: rows_quads(),
         ..dot_knobs(rows_tpr(tpr4), 1, true)
     }
+}
+
+/// 16-byte words of a row of `w` each lane of a row group of gemv_dot_rows /
+/// gemv_dot_experts_rows takes with `tpr4` lanes asked (rounded up).
+fn words_per_lane(w: &GpuWeight, tpr4: u32) -> u32 {
+    ((w.format.row_bytes(w.cols) / 16) as u32).div_ceil(rows_tpr(tpr4))
 }
 
 /// Invocations of a workgroup of gemv_dot_rows and gemv_dot_experts_rows: 256, or 128 with
@@ -266,6 +276,14 @@ fn xq_lo() -> u32 {
     knob!("SPARSA_XQ_LO", |v| v <= 1).unwrap_or(1)
 }
 
+/// How the integer-dot GEMVs turn a q4 word's two integer sums (x's hi and lo words) into
+/// f32: 2 (default), two int-to-float conversions; 1, one, of `254 · hi + lo` (under 2^24
+/// for q4, so exact). NVIDIA GPUs convert at a quarter of the integer dot rate
+/// (`SPARSA_DOT_I2F`, a measurement knob until measured).
+fn dot_i2f() -> u32 {
+    knob!("SPARSA_DOT_I2F", |v| v == 1 || v == 2).unwrap_or(2)
+}
+
 /// Dispatches of gemv_dot_rows with at most this many workgroups reduce through subgroup
 /// shuffles by default. On an H100 (2026-12-06, `gemv_shapes q4 20 1,8`, 8 x rows) the
 /// shuffles took every GLM-5 shape of 32–256 workgroups from 16–32 µs to 14–26 (q_a 24.4 →
@@ -275,6 +293,11 @@ fn xq_lo() -> u32 {
 /// 1–6, the losses at 8–12); this rule is the one measured safe.
 const DOT_SG_MAX_GROUPS: u32 = 256;
 
+/// `SPARSA_DOT_SG=3`: the few-rows kernels reduce through subgroup shuffles where each lane
+/// takes at most this many 16-byte words of a row (the H100's gains were at 1–6, its losses
+/// at 8–12).
+const DOT_SG_MAX_WORDS: u32 = 6;
+
 /// The lanes whose partial dots the integer-dot GEMV `entry` (with `tpr4` lanes a row
 /// group, `grid` workgroups, 0 if not known) adds through subgroup shuffles on a device with
 /// subgroups of at least `subgroup_lanes` lanes (0: none): min(tpr4, subgroup_lanes), or 0
@@ -282,8 +305,8 @@ const DOT_SG_MAX_GROUPS: u32 = 256;
 /// [`DOT_SG_MAX_GROUPS`]; `SPARSA_DOT_SG` overrides: 0 none, 1 the few-rows kernels
 /// (`gemv_dot_rows`, `gemv_dot_experts_rows`), 2 every integer-dot GEMV (measurement
 /// aids). Subgroups of under 4 lanes keep workgroup memory.
-fn dot_sg_lanes(subgroup_lanes: u32, entry: &str, tpr4: u32, grid: u32) -> u32 {
-    let knob = || knob!("SPARSA_DOT_SG", |v| v <= 2);
+fn dot_sg_lanes(subgroup_lanes: u32, entry: &str, tpr4: u32, grid: u32, wpl: u32) -> u32 {
+    let knob = || knob!("SPARSA_DOT_SG", |v| v <= 3);
     #[cfg(test)]
     let mode = tests::DOT_SG.with(|c| c.get()).or_else(knob);
     #[cfg(not(test))]
@@ -292,7 +315,8 @@ fn dot_sg_lanes(subgroup_lanes: u32, entry: &str, tpr4: u32, grid: u32) -> u32 {
         None => entry == "gemv_dot_rows" && grid > 0 && grid <= DOT_SG_MAX_GROUPS,
         Some(0) => false,
         Some(1) => entry.ends_with("_rows"),
-        Some(_) => entry.starts_with("gemv_dot"),
+        Some(2) => entry.starts_with("gemv_dot"),
+        Some(_) => entry.ends_with("_rows") && (1..=DOT_SG_MAX_WORDS).contains(&wpl),
     };
     if on && subgroup_lanes >= 4 {
         tpr4.min(subgroup_lanes)
@@ -321,7 +345,7 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
     let mut shader = shader_of(entry, rec.gpu().tensor_cores(), k.x4);
     let mut k = k;
     if shader.name == MATMUL_DOT.name {
-        k.sgr = dot_sg_lanes(rec.gpu().subgroup_lanes(), entry, k.tpr4, k.grid);
+        k.sgr = dot_sg_lanes(rec.gpu().subgroup_lanes(), entry, k.tpr4, k.grid, k.wpl);
         if k.sgr > 0 {
             shader = &MATMUL_DOT_SG;
         }
@@ -544,7 +568,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .collect()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 14] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 15] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -560,6 +584,7 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 14] {
         ("XLO", u(xq_lo())),
         ("ROWS_WG", u(rows_wg())),
         ("SGR", u(k.sgr)),
+        ("I2F", u(dot_i2f())),
     ]
 }
 
@@ -1030,6 +1055,7 @@ fn matmul_as(
                 w,
                 Knobs {
                     grid,
+                    wpl: words_per_lane(w, tpr4),
                     ..rows_knobs(tpr4, rows, 1)
                 },
             )
@@ -1632,7 +1658,10 @@ fn experts_as(
             rec,
             "gemv_dot_experts_rows",
             w,
-            rows_knobs(tpr4, expert_batch(rows), 2),
+            Knobs {
+                wpl: words_per_lane(w, tpr4),
+                ..rows_knobs(tpr4, expert_batch(rows), 2)
+            },
         )
     } else if let Some(maxb) = dot {
         pipeline(
@@ -2485,33 +2514,52 @@ mod tests {
     fn dot_reductions_through_subgroups_where_measured_faster() {
         // By default: gemv_dot_rows with few workgroups, on subgroups of 4 lanes or more.
         DOT_SG.with(|c| c.set(None));
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128), 16);
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 64, DOT_SG_MAX_GROUPS), 32);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128, 0), 16);
         assert_eq!(
-            dot_sg_lanes(32, "gemv_dot_rows", 16, DOT_SG_MAX_GROUPS + 1),
+            dot_sg_lanes(32, "gemv_dot_rows", 64, DOT_SG_MAX_GROUPS, 0),
+            32
+        );
+        assert_eq!(
+            dot_sg_lanes(32, "gemv_dot_rows", 16, DOT_SG_MAX_GROUPS + 1, 0),
             0
         );
         assert_eq!(
-            dot_sg_lanes(32, "gemv_dot_rows", 16, 0),
+            dot_sg_lanes(32, "gemv_dot_rows", 16, 0, 0),
             0,
             "grid not known"
         );
-        assert_eq!(dot_sg_lanes(0, "gemv_dot_rows", 16, 128), 0, "no subgroups");
         assert_eq!(
-            dot_sg_lanes(2, "gemv_dot_rows", 16, 128),
+            dot_sg_lanes(0, "gemv_dot_rows", 16, 128, 0),
+            0,
+            "no subgroups"
+        );
+        assert_eq!(
+            dot_sg_lanes(2, "gemv_dot_rows", 16, 128, 0),
             0,
             "2-lane subgroups"
         );
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts_rows", 16, 128), 0);
-        assert_eq!(dot_sg_lanes(32, "gemv_dot", 16, 128), 0);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts_rows", 16, 128, 0), 0);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot", 16, 128, 0), 0);
         // The overrides: none, the few-rows kernels, every integer-dot GEMV.
         DOT_SG.with(|c| c.set(Some(0)));
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128), 0);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128, 0), 0);
         DOT_SG.with(|c| c.set(Some(1)));
-        assert_eq!(dot_sg_lanes(8, "gemv_dot_experts_rows", 64, 4096), 8);
-        assert_eq!(dot_sg_lanes(8, "gemv_dot", 64, 0), 0);
+        assert_eq!(dot_sg_lanes(8, "gemv_dot_experts_rows", 64, 4096, 0), 8);
+        assert_eq!(dot_sg_lanes(8, "gemv_dot", 64, 0, 0), 0);
         DOT_SG.with(|c| c.set(Some(2)));
-        assert_eq!(dot_sg_lanes(8, "gemv_dot", 4, 0), 4);
+        assert_eq!(dot_sg_lanes(8, "gemv_dot", 4, 0, 0), 4);
+        // 3: the few-rows kernels where a lane takes at most DOT_SG_MAX_WORDS words.
+        DOT_SG.with(|c| c.set(Some(3)));
+        let max = DOT_SG_MAX_WORDS;
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts_rows", 16, 0, max), 16);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 64, 4096, 1), 32);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128, max + 1), 0);
+        assert_eq!(
+            dot_sg_lanes(32, "gemv_dot_rows", 16, 128, 0),
+            0,
+            "words not known"
+        );
+        assert_eq!(dot_sg_lanes(32, "gemv_dot", 16, 0, 1), 0);
         DOT_SG.with(|c| c.set(None));
     }
 
