@@ -8,7 +8,8 @@
 # Lib tests and goldens under the candidates, the GLM-5 decode shapes at 1 and 8 rows, then
 # full depth (GLM-5 q4 synth, 78 layers, 16 experts, MTP layer, context 4,096: batch 1 / 8
 # and a 4-position verification) alternated while the call lasts (LIMIT, default 540 s),
-# and the built-in model's drafts (issue 25). Every output in one archive ($OUT/run4.tgz).
+# the built-in model's drafts (issue 25) first, and SPARSA_ROWS_WG=128 (workgroups of 128
+# in the few-rows kernels: finer occupancy steps) beside them. Every output in one archive ($OUT/run4.tgz).
 set -u
 OUT=${OUT:-benches/results/new}
 . benches/h200_setup.sh
@@ -27,6 +28,12 @@ env SPARSA_DOT_I2F=1 SPARSA_DOT_SG=3 timeout 120 /tmp/golden --test-threads=2 > 
 echo "goldens, I2F=1 SG=3 (rc $?): $(grep 'test result' $R/golden.txt)"
 env SPARSA_DOT_I2F=1 SPARSA_DOT_SG=3 timeout 60 /tmp/batchtest --test-threads=1 > $R/batch.txt 2>&1
 echo "batch tests, I2F=1 SG=3 (rc $?): $(grep 'test result' $R/batch.txt)"
+M=models/sparsa-bard-12m
+for k in 0 3 0 3; do
+  echo "== built-in model, --draft $k" >> $R/bard.txt
+  timeout 20 $S generate -m $M -p $'ROMEO.\nBut soft, what light through yonder window breaks?\n' -n 1000 --ignore-eos --temperature 0 --draft $k -v 2>&1 | grep -E "tok/s|drafts:|host ms|rror" >> $R/bard.txt
+done
+grep -E "==|decode|drafts" $R/bard.txt
 for r in 1 2; do
   for v in auto "SPARSA_DOT_SG=0" "SPARSA_DOT_SG=3" "SPARSA_DOT_I2F=1" "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_ROWS_WG=128"; do
     e=""; [ "$v" = auto ] || e="$v"
@@ -38,8 +45,8 @@ done
 wait $SY; cat $R/synth.txt
 echo "[$SECONDS s] synth done"
 left() { echo $((${LIMIT:-540} - SECONDS)); }
-for v in auto "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_DOT_SG=3" "SPARSA_DOT_I2F=1" auto "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_DOT_SG=3" "SPARSA_DOT_I2F=1"; do
-  [ $(left) -gt 45 ] || break
+for v in auto "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_ROWS_WG=128" "SPARSA_DOT_SG=3" "SPARSA_DOT_I2F=1" auto "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_ROWS_WG=128"; do
+  [ $(left) -gt 75 ] || break
   e=""; [ "$v" = auto ] || e="$v"
   echo "== full depth, $v [$SECONDS s]"
   env $e timeout 40 $S bench --model $D --context 4096 --decode 8 --batch 1,8 --no-profile > "$R/bt.${v// /+}.$SECONDS.txt" 2>&1
@@ -48,13 +55,5 @@ for v in auto "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_DOT_SG=3" "SPARSA_DOT_I
   grep -hE "^  verif|rror" "$R"/v.${v// /+}.*.txt | tail -1 | cut -c1-120
 done
 rm -rf $D
-if [ $(left) -gt 25 ]; then
-  M=models/sparsa-bard-12m
-  for k in 0 3 0 3; do
-    echo "== built-in model, --draft $k" >> $R/bard.txt
-    timeout 20 $S generate -m $M -p $'ROMEO.\nBut soft, what light through yonder window breaks?\n' -n 1000 --ignore-eos --temperature 0 --draft $k -v 2>&1 | grep -E "tok/s|drafts:|rror" >> $R/bard.txt
-  done
-  grep -E "==|decode|drafts" $R/bard.txt
-fi
 tar czf $OUT/run4.tgz -C $R .
 echo "[$SECONDS s]"
