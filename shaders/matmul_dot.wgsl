@@ -13,7 +13,8 @@
 // Extra defines: MAXB, the blocks the workgroup arrays hold (≥ k / 32 when XQ = 0); UNROLL,
 // 16-byte words per row a lane loads before using them (1 or 2); XLO, 0 to leave x's lo
 // words out (half the products and x loads; inexact results, for timing only); I2F, the
-// int-to-float conversions of a q4 word's sums (2, or 1: see dot_x).
+// int-to-float conversions of a q4 word's sums (2, or 1: see dot_x); ROWS_SEL, 1 to write
+// gemv_dot_experts_rows' row offsets at constant indices.
 
 var<workgroup> xh: array<vec4<u32>, 2 * MAXB>;
 var<workgroup> xl: array<vec4<u32>, 2 * MAXB>;
@@ -405,8 +406,21 @@ fn gemv_dot_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
         var m = 0u;
         for (; s < P.rows && m < T; s++) {
             if (expert_of(s) == e) {
-                xrows[m] = select(s / P.topk, s, P.x_per_slot != 0u) * stride;
-                ybase[m] = P.y_off + s * P.y_stride;
+                let xr = select(s / P.topk, s, P.x_per_slot != 0u) * stride;
+                let yb = P.y_off + s * P.y_stride;
+                if (ROWS_SEL == 1u) {
+                    // Written at constant indices (the loop unrolls), so that the arrays
+                    // can stay in registers rather than in memory indexed at run time.
+                    for (var t = 0u; t < T; t++) {
+                        if (t == m) {
+                            xrows[t] = xr;
+                            ybase[t] = yb;
+                        }
+                    }
+                } else {
+                    xrows[m] = xr;
+                    ybase[m] = yb;
+                }
                 m++;
             }
         }

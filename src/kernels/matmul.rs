@@ -276,6 +276,14 @@ fn xq_lo() -> u32 {
     knob!("SPARSA_XQ_LO", |v| v <= 1).unwrap_or(1)
 }
 
+/// How gemv_dot_experts_rows writes the x and y offsets of the slots a pass takes into
+/// its private arrays: 0 (default), at the pass's running count (an index known only at
+/// run time, which a GPU compiler may answer by placing the arrays in memory); 1, at
+/// constant indices, each entry a select (`SPARSA_ROWS_SEL`, a measurement knob).
+fn rows_sel() -> u32 {
+    knob!("SPARSA_ROWS_SEL", |v| v <= 1).unwrap_or(0)
+}
+
 /// How the integer-dot GEMVs turn a q4 word's two integer sums (x's hi and lo words) into
 /// f32: 2 (default), two int-to-float conversions; 1, one, of `254 · hi + lo` (under 2^24
 /// for q4, so exact). NVIDIA GPUs convert at a quarter of the integer dot rate
@@ -568,7 +576,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .collect()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 15] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 16] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -585,6 +593,7 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 15] {
         ("ROWS_WG", u(rows_wg())),
         ("SGR", u(k.sgr)),
         ("I2F", u(dot_i2f())),
+        ("ROWS_SEL", u(rows_sel())),
     ]
 }
 

@@ -9,7 +9,8 @@
 # full depth (GLM-5 q4 synth, 78 layers, 16 experts, MTP layer, context 4,096: batch 1 / 8
 # and a 4-position verification) alternated while the call lasts (LIMIT, default 540 s),
 # the built-in model's drafts (issue 25) first, and SPARSA_ROWS_WG=128 (workgroups of 128
-# in the few-rows kernels: finer occupancy steps) beside them. Every output in one archive ($OUT/run4.tgz).
+# in the few-rows kernels: finer occupancy steps) and SPARSA_ROWS_SEL=1 (gemv_dot_experts_rows'
+# row offsets written at constant indices) beside them. Every output in one archive ($OUT/run4.tgz).
 set -u
 OUT=${OUT:-benches/results/new}
 . benches/h200_setup.sh
@@ -20,7 +21,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > $R/gpu.txt
 ( time timeout 200 $S synth --like glm-5 --layers 78 --experts 16 --format q4 --mtp --out $D > /dev/null 2>&1 ) 2>&1 | grep real > $R/synth.txt &
 SY=$!
 T="kernels::matmul::tests::integer_dot kernels::matmul::tests::xq_gemv kernels::matmul::tests::dot_red kernels::matmul::tests::quantized_experts"
-for e in "SPARSA_DOT_I2F=1" "SPARSA_DOT_SG=3" "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1"; do
+for e in "SPARSA_DOT_I2F=1" "SPARSA_DOT_SG=3" "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_ROWS_SEL=1"; do
   env $e timeout 90 /tmp/libtest $T --test-threads=2 > "$R/lib.$e.txt" 2>&1
   echo "lib tests, $e (rc $?): $(grep 'test result' "$R/lib.$e.txt")"
 done
@@ -45,7 +46,7 @@ done
 wait $SY; cat $R/synth.txt
 echo "[$SECONDS s] synth done"
 left() { echo $((${LIMIT:-540} - SECONDS)); }
-for v in auto "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_ROWS_WG=128" "SPARSA_DOT_SG=3" "SPARSA_DOT_I2F=1" auto "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_ROWS_WG=128"; do
+for v in auto "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_ROWS_SEL=1" "SPARSA_ROWS_WG=128" "SPARSA_DOT_SG=3" "SPARSA_DOT_I2F=1" auto "SPARSA_DOT_SG=3 SPARSA_DOT_I2F=1" "SPARSA_ROWS_SEL=1"; do
   [ $(left) -gt 75 ] || break
   e=""; [ "$v" = auto ] || e="$v"
   echo "== full depth, $v [$SECONDS s]"
