@@ -13,8 +13,7 @@
 // Extra defines: MAXB, the blocks the workgroup arrays hold (≥ k / 32 when XQ = 0); UNROLL,
 // 16-byte words per row a lane loads before using them (1 or 2); XLO, 0 to leave x's lo
 // words out (half the products and x loads; inexact results, for timing only); I2F, the
-// int-to-float conversions of a q4 word's sums (2, or 1: see dot_x); ROWS_SEL, 1 to write
-// gemv_dot_experts_rows' row offsets at constant indices.
+// int-to-float conversions of a q4 word's sums (1, or 2: see dot_x).
 
 var<workgroup> xh: array<vec4<u32>, 2 * MAXB>;
 var<workgroup> xl: array<vec4<u32>, 2 * MAXB>;
@@ -154,7 +153,7 @@ fn x_words(q: u32) -> XWords {
 
 // The codes `c` of a weight word (scale `sw`) against x's words `x` for it:
 // sw · s_x · (Dhi + Dlo / 254 − offset).
-// With I2F = 1, q4's two sums become f32 in one conversion: |254 · Dhi + Dlo| ≤ 255 · 32 ·
+// With I2F = 1 (the default), q4's two sums become f32 in one conversion: |254 · Dhi + Dlo| ≤ 255 · 32 ·
 // 15 · 127 < 2^24, so the f32 holds it exactly.
 fn dot_x(c: Codes, x: XWords, sw: f32) -> f32 {
     if (W_DTYPE == 5u) {
@@ -406,21 +405,8 @@ fn gemv_dot_experts_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
         var m = 0u;
         for (; s < P.rows && m < T; s++) {
             if (expert_of(s) == e) {
-                let xr = select(s / P.topk, s, P.x_per_slot != 0u) * stride;
-                let yb = P.y_off + s * P.y_stride;
-                if (ROWS_SEL == 1u) {
-                    // Written at constant indices (the loop unrolls), so that the arrays
-                    // can stay in registers rather than in memory indexed at run time.
-                    for (var t = 0u; t < T; t++) {
-                        if (t == m) {
-                            xrows[t] = xr;
-                            ybase[t] = yb;
-                        }
-                    }
-                } else {
-                    xrows[m] = xr;
-                    ybase[m] = yb;
-                }
+                xrows[m] = select(s / P.topk, s, P.x_per_slot != 0u) * stride;
+                ybase[m] = P.y_off + s * P.y_stride;
                 m++;
             }
         }

@@ -189,9 +189,6 @@ struct Knobs {
     /// The integer-dot GEMVs: lanes a subgroup shuffle reduces ([`dot_sg_lanes`]; 0: the
     /// reductions in workgroup memory). Set by [`pipeline_for`], which picks the module.
     sgr: u32,
-    /// gemv_dot_rows: the workgroups of its dispatch (0: not known), for [`dot_sg_lanes`].
-    /// Not a define.
-    grid: u32,
     /// The few-rows integer-dot GEMVs: 16-byte words of a weight row each lane of a row
     /// group takes (0: not known), for [`dot_sg_lanes`]. Not a define.
     wpl: u32,
@@ -206,7 +203,6 @@ const KNOBS: Knobs = Knobs {
     unroll: 1,
     x4: false,
     sgr: 0,
-    grid: 0,
     wpl: 0,
 };
 
@@ -276,55 +272,49 @@ fn xq_lo() -> u32 {
     knob!("SPARSA_XQ_LO", |v| v <= 1).unwrap_or(1)
 }
 
-/// How gemv_dot_experts_rows writes the x and y offsets of the slots a pass takes into
-/// its private arrays: 0 (default), at the pass's running count (an index known only at
-/// run time, which a GPU compiler may answer by placing the arrays in memory); 1, at
-/// constant indices, each entry a select (`SPARSA_ROWS_SEL`, a measurement knob).
-fn rows_sel() -> u32 {
-    knob!("SPARSA_ROWS_SEL", |v| v <= 1).unwrap_or(0)
-}
-
 /// How the integer-dot GEMVs turn a q4 word's two integer sums (x's hi and lo words) into
-/// f32: 2 (default), two int-to-float conversions; 1, one, of `254 · hi + lo` (under 2^24
-/// for q4, so exact). NVIDIA GPUs convert at a quarter of the integer dot rate
-/// (`SPARSA_DOT_I2F`, a measurement knob until measured).
+/// f32: 1 (default), one int-to-float conversion of `254 · hi + lo` (under 2^24 for q4, so
+/// exact); 2, two (`SPARSA_DOT_I2F=2`, a measurement knob). NVIDIA GPUs convert at a quarter
+/// of the integer dot rate; on an H100 one conversion took the GLM-5 decode shapes at 8 x
+/// rows from 1,085 to 1,079 µs and left one row's at 351 (run4 of
+/// benches/results/2026-12-06c).
 fn dot_i2f() -> u32 {
-    knob!("SPARSA_DOT_I2F", |v| v == 1 || v == 2).unwrap_or(2)
+    knob!("SPARSA_DOT_I2F", |v| v == 1 || v == 2).unwrap_or(1)
 }
 
-/// Dispatches of gemv_dot_rows with at most this many workgroups reduce through subgroup
-/// shuffles by default. On an H100 (2026-12-06, `gemv_shapes q4 20 1,8`, 8 x rows) the
-/// shuffles took every GLM-5 shape of 32–256 workgroups from 16–32 µs to 14–26 (q_a 24.4 →
-/// 17.1, q_b 32.3 → 25.5). Of the 384-workgroup shapes the down projections gained (dense
-/// down 77.7 → 70.6) and o and dense gate_up lost (97.5 → 101.0, 114.5 → 160.3), as did
-/// lm_head (2,420 workgroups, 661 → 746). Words a lane separate them better (the gains at
-/// 1–6, the losses at 8–12); this rule is the one measured safe.
-const DOT_SG_MAX_GROUPS: u32 = 256;
-
-/// `SPARSA_DOT_SG=3`: the few-rows kernels reduce through subgroup shuffles where each lane
-/// takes at most this many 16-byte words of a row (the H100's gains were at 1–6, its losses
-/// at 8–12).
+/// gemv_dot_rows reduces through subgroup shuffles by default where each lane takes at most
+/// this many 16-byte words of a row. On an H100 (2026-12-06, `gemv_shapes q4 20 1,8`, 8 x
+/// rows) the shuffles took the GLM-5 shapes whose lanes take 1–6 words from 16–78 µs to
+/// 14–71 (q_a 24.4 → 17.1, q_b 32.3 → 25.5, dense down 77.7 → 70.6) and lost on those of
+/// 8–12 words (o 97.5 → 101.0, dense gate_up 114.5 → 160.3, lm_head 661 → 746); the whole
+/// table 1,085 µs by the earlier rule (≤ 256 workgroups) against 1,070 by this one (run4 of
+/// benches/results/2026-12-06c).
 const DOT_SG_MAX_WORDS: u32 = 6;
 
 /// The lanes whose partial dots the integer-dot GEMV `entry` (with `tpr4` lanes a row
-/// group, `grid` workgroups, 0 if not known) adds through subgroup shuffles on a device with
-/// subgroups of at least `subgroup_lanes` lanes (0: none): min(tpr4, subgroup_lanes), or 0
-/// for the reductions in workgroup memory. By default gemv_dot_rows where `grid` is at most
-/// [`DOT_SG_MAX_GROUPS`]; `SPARSA_DOT_SG` overrides: 0 none, 1 the few-rows kernels
-/// (`gemv_dot_rows`, `gemv_dot_experts_rows`), 2 every integer-dot GEMV (measurement
-/// aids). Subgroups of under 4 lanes keep workgroup memory.
-fn dot_sg_lanes(subgroup_lanes: u32, entry: &str, tpr4: u32, grid: u32, wpl: u32) -> u32 {
-    let knob = || knob!("SPARSA_DOT_SG", |v| v <= 3);
+/// group, each taking `wpl` 16-byte words of a row, 0 if not known) adds through subgroup
+/// shuffles on a device with subgroups of at least `subgroup_lanes` lanes (0: none):
+/// min(tpr4, subgroup_lanes), or 0 for the reductions in workgroup memory. By default
+/// gemv_dot_experts_rows always (at full depth on an H100, the 8-sequence step 65.4 ms with
+/// the few-rows kernels' shuffles against 68.2–68.7 without, almost all of it this kernel's:
+/// BENCHMARKS.md, "2026-12-06 (third session)") and gemv_dot_rows where `wpl` is at most
+/// [`DOT_SG_MAX_WORDS`]. `SPARSA_DOT_SG` overrides: 0 none, 1 the few-rows kernels, 2 every
+/// integer-dot GEMV (measurement aids). Subgroups of under 4 lanes keep workgroup memory.
+fn dot_sg_lanes(subgroup_lanes: u32, entry: &str, tpr4: u32, wpl: u32) -> u32 {
+    let knob = || knob!("SPARSA_DOT_SG", |v| v <= 2);
     #[cfg(test)]
     let mode = tests::DOT_SG.with(|c| c.get()).or_else(knob);
     #[cfg(not(test))]
     let mode = knob();
     let on = match mode {
-        None => entry == "gemv_dot_rows" && grid > 0 && grid <= DOT_SG_MAX_GROUPS,
+        None => match entry {
+            "gemv_dot_experts_rows" => true,
+            "gemv_dot_rows" => (1..=DOT_SG_MAX_WORDS).contains(&wpl),
+            _ => false,
+        },
         Some(0) => false,
         Some(1) => entry.ends_with("_rows"),
-        Some(2) => entry.starts_with("gemv_dot"),
-        Some(_) => entry.ends_with("_rows") && (1..=DOT_SG_MAX_WORDS).contains(&wpl),
+        Some(_) => entry.starts_with("gemv_dot"),
     };
     if on && subgroup_lanes >= 4 {
         tpr4.min(subgroup_lanes)
@@ -353,7 +343,7 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
     let mut shader = shader_of(entry, rec.gpu().tensor_cores(), k.x4);
     let mut k = k;
     if shader.name == MATMUL_DOT.name {
-        k.sgr = dot_sg_lanes(rec.gpu().subgroup_lanes(), entry, k.tpr4, k.grid, k.wpl);
+        k.sgr = dot_sg_lanes(rec.gpu().subgroup_lanes(), entry, k.tpr4, k.wpl);
         if k.sgr > 0 {
             shader = &MATMUL_DOT_SG;
         }
@@ -576,7 +566,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .collect()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 16] {
+fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 15] {
     [
         ("W_DTYPE", u(f.code())),
         ("QB", u(f.block().max(1) as u32)),
@@ -593,7 +583,6 @@ fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 16] {
         ("ROWS_WG", u(rows_wg())),
         ("SGR", u(k.sgr)),
         ("I2F", u(dot_i2f())),
-        ("ROWS_SEL", u(rows_sel())),
     ]
 }
 
@@ -1057,13 +1046,11 @@ fn matmul_as(
         // Several rows of x, quantized beforehand: the weights read once for all of them.
         Dense::GemvDot(tpr4, _) if rows > 1 => {
             debug_assert!(xq.is_some(), "gemv_dot_rows reads x quantized");
-            let grid = (w.rows as u32).div_ceil(rows_per_workgroup(tpr4));
             pipeline(
                 rec,
                 "gemv_dot_rows",
                 w,
                 Knobs {
-                    grid,
                     wpl: words_per_lane(w, tpr4),
                     ..rows_knobs(tpr4, rows, 1)
                 },
@@ -2521,54 +2508,36 @@ mod tests {
 
     #[test]
     fn dot_reductions_through_subgroups_where_measured_faster() {
-        // By default: gemv_dot_rows with few workgroups, on subgroups of 4 lanes or more.
+        // By default: gemv_dot_experts_rows always, gemv_dot_rows where a lane takes at most
+        // DOT_SG_MAX_WORDS words, on subgroups of 4 lanes or more.
         DOT_SG.with(|c| c.set(None));
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128, 0), 16);
-        assert_eq!(
-            dot_sg_lanes(32, "gemv_dot_rows", 64, DOT_SG_MAX_GROUPS, 0),
-            32
-        );
-        assert_eq!(
-            dot_sg_lanes(32, "gemv_dot_rows", 16, DOT_SG_MAX_GROUPS + 1, 0),
-            0
-        );
-        assert_eq!(
-            dot_sg_lanes(32, "gemv_dot_rows", 16, 0, 0),
-            0,
-            "grid not known"
-        );
-        assert_eq!(
-            dot_sg_lanes(0, "gemv_dot_rows", 16, 128, 0),
-            0,
-            "no subgroups"
-        );
-        assert_eq!(
-            dot_sg_lanes(2, "gemv_dot_rows", 16, 128, 0),
-            0,
-            "2-lane subgroups"
-        );
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts_rows", 16, 128, 0), 0);
-        assert_eq!(dot_sg_lanes(32, "gemv_dot", 16, 128, 0), 0);
-        // The overrides: none, the few-rows kernels, every integer-dot GEMV.
-        DOT_SG.with(|c| c.set(Some(0)));
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128, 0), 0);
-        DOT_SG.with(|c| c.set(Some(1)));
-        assert_eq!(dot_sg_lanes(8, "gemv_dot_experts_rows", 64, 4096, 0), 8);
-        assert_eq!(dot_sg_lanes(8, "gemv_dot", 64, 0, 0), 0);
-        DOT_SG.with(|c| c.set(Some(2)));
-        assert_eq!(dot_sg_lanes(8, "gemv_dot", 4, 0, 0), 4);
-        // 3: the few-rows kernels where a lane takes at most DOT_SG_MAX_WORDS words.
-        DOT_SG.with(|c| c.set(Some(3)));
         let max = DOT_SG_MAX_WORDS;
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts_rows", 16, 0, max), 16);
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 64, 4096, 1), 32);
-        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 128, max + 1), 0);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts_rows", 16, 12), 16);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts_rows", 64, 0), 32);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, 1), 16);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 64, max), 32);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_rows", 16, max + 1), 0);
         assert_eq!(
-            dot_sg_lanes(32, "gemv_dot_rows", 16, 128, 0),
+            dot_sg_lanes(32, "gemv_dot_rows", 16, 0),
             0,
             "words not known"
         );
-        assert_eq!(dot_sg_lanes(32, "gemv_dot", 16, 0, 1), 0);
+        assert_eq!(dot_sg_lanes(0, "gemv_dot_rows", 16, 1), 0, "no subgroups");
+        assert_eq!(
+            dot_sg_lanes(2, "gemv_dot_experts_rows", 16, 1),
+            0,
+            "2-lane subgroups"
+        );
+        assert_eq!(dot_sg_lanes(32, "gemv_dot", 16, 1), 0);
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts", 16, 1), 0);
+        // The overrides: none, the few-rows kernels, every integer-dot GEMV.
+        DOT_SG.with(|c| c.set(Some(0)));
+        assert_eq!(dot_sg_lanes(32, "gemv_dot_experts_rows", 16, 1), 0);
+        DOT_SG.with(|c| c.set(Some(1)));
+        assert_eq!(dot_sg_lanes(8, "gemv_dot_rows", 64, 12), 8);
+        assert_eq!(dot_sg_lanes(8, "gemv_dot", 64, 1), 0);
+        DOT_SG.with(|c| c.set(Some(2)));
+        assert_eq!(dot_sg_lanes(8, "gemv_dot", 4, 0), 4);
         DOT_SG.with(|c| c.set(None));
     }
 
