@@ -18,13 +18,36 @@ fn bytes(n: usize, seed: u64) -> Vec<u8> {
 }
 
 pub fn weight(gpu: &Gpu, fmt: &str, rows: usize, cols: usize) -> sparsa::Result<GpuWeight> {
+    weight_chunked(gpu, fmt, rows, cols, None)
+}
+
+/// [`weight`] in chunks of at most `chunk_rows` rows: stacked experts, which a
+/// chunk must not split.
+#[allow(dead_code)]
+pub fn weight_in_chunks(
+    gpu: &Gpu,
+    fmt: &str,
+    rows: usize,
+    cols: usize,
+    chunk_rows: usize,
+) -> sparsa::Result<GpuWeight> {
+    weight_chunked(gpu, fmt, rows, cols, Some(chunk_rows))
+}
+
+fn weight_chunked(
+    gpu: &Gpu,
+    fmt: &str,
+    rows: usize,
+    cols: usize,
+    chunk_rows: Option<usize>,
+) -> sparsa::Result<GpuWeight> {
     let q = |f: QFormat| {
         let w = bytes(rows * f.file_row_bytes(cols), 7);
         // bf16 scales of about 0.01 (0x3c24), never NaN.
         let s: Vec<u8> = (0..rows * cols.div_ceil(f.block()))
             .flat_map(|_| [0x24u8, 0x3c])
             .collect();
-        GpuWeight::upload_quant_raw(gpu, &w, &s, rows, cols, f, None, "w")
+        GpuWeight::upload_quant_raw(gpu, &w, &s, rows, cols, f, chunk_rows, "w")
     };
     match fmt {
         "q4" => q(QFormat::Q4 { block: 32 }),
@@ -37,7 +60,16 @@ pub fn weight(gpu: &Gpu, fmt: &str, rows: usize, cols: usize) -> sparsa::Result<
                     *v = 0x3c | (*v & 0x81);
                 }
             }
-            GpuWeight::upload_bytes(gpu, &[&b], rows, cols, DType::BF16, 1, None, ("w", false))
+            GpuWeight::upload_bytes(
+                gpu,
+                &[&b],
+                rows,
+                cols,
+                DType::BF16,
+                1,
+                chunk_rows,
+                ("w", false),
+            )
         }
     }
 }
