@@ -1687,6 +1687,8 @@ fn experts_as(
         let x4 = x_in_quads(x, x_row, w.cols as u32);
         pipeline(rec, "gemm_experts", w, Knobs { x4, ..KNOBS })
     };
+    let mut rows_left = (slots as u64 * rpe as u64).min(n_experts as u64 * rpe as u64);
+    let mut counted = false;
     for c in &w.chunks {
         if c.rows == 0 {
             continue;
@@ -1733,14 +1735,17 @@ fn experts_as(
         let grid = rec.gpu().grid(groups);
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
         // Rows read: each slot's expert once (distinct experts may be fewer; this is the
-        // bound for decode, where the slots of one token name distinct experts).
+        // bound for decode, where the slots of one token name distinct experts), over all
+        // the chunks together; x, y and the products are counted once, with the first.
         let (k, n, sl) = (w.cols as u64, rpe as u64, slots as u64);
-        let read_rows = (sl * n).min(c.rows as u64).min(n_experts as u64 * n);
-        rec.cost(
-            read_rows * w.row_bytes() + 4 * sl * (k + n),
-            2 * sl * n * k,
-            w.format.name(),
-        );
+        let read_rows = rows_left.min(c.rows as u64);
+        rows_left -= read_rows;
+        let (xy_bytes, flops) = match counted {
+            true => (0, 0),
+            false => (4 * sl * (k + n), 2 * sl * n * k),
+        };
+        counted = true;
+        rec.cost(read_rows * w.row_bytes() + xy_bytes, flops, w.format.name());
         let xb = xq.map_or(x.buf, |q| q.buf);
         rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale, experts], grid);
     }
