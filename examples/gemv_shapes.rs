@@ -136,7 +136,7 @@ fn main() -> sparsa::Result<()> {
             };
             let limit = gpu.limits.max_storage_buffer_binding_size as usize;
             let per_chunk = (limit / (rpe * row_bytes)).clamp(1, EXPERTS) * rpe;
-            let w = weight_in_chunks(&gpu, fmt, EXPERTS * rpe, cols, per_chunk)?;
+            let w = weight_in_chunks(&gpu, fmt, EXPERTS * rpe, cols, Some(per_chunk))?;
             // gate_up reads a row of x per token row, down one per slot.
             let per_slot = i > 0;
             let x_n = if per_slot {

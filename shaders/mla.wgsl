@@ -390,6 +390,18 @@ fn cpu_pos(t: u32, j: u32, j_end: u32) -> u32 {
     return ABSENT;
 }
 
+// Where split `split` of row t's selected positions ends (they start at split ·
+// split_len). The count goes through workgroup memory, so that the analysis sees it uniform:
+// the loops it bounds hold barriers (mla_cpu) or shuffles (mla_cpu_sg). Call in uniform
+// control flow.
+fn cpu_split_end(t: u32, split: u32, lid: u32) -> u32 {
+    if (lid == 0u) {
+        n_sh = min(cnt[t], P.topk);
+    }
+    let n = workgroupUniformLoad(&n_sh);
+    return min(n, (split + 1u) * P.split_len);
+}
+
 // The online softmax's state of one head: the running max, the sum of weights and the
 // weighted rows.
 struct Online {
@@ -467,11 +479,7 @@ fn mla_cpu(
     }
     var q = cpu_query(t, at.head);
     var o = online_new();
-    if (lid == 0u) {
-        n_sh = min(cnt[t], P.topk);
-    }
-    let n = workgroupUniformLoad(&n_sh);
-    let j_end = min(n, (split + 1u) * P.split_len);
+    let j_end = cpu_split_end(t, split, lid);
     for (var j0 = split * P.split_len; j0 < j_end; j0 += CPU_WG) {
         // Invocation lid stages position j0 + lid (ABSENT: past the split or the segment).
         let pos = cpu_pos(t, j0 + lid, j_end);

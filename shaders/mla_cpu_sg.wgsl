@@ -20,12 +20,7 @@ fn mla_cpu_sg(
     }
     var q = cpu_query(t, at.head);
     var o = online_new();
-    // Uniform for the analysis too: the shuffles below run in uniform control flow.
-    if (lid == 0u) {
-        n_sh = min(cnt[t], P.topk);
-    }
-    let n = workgroupUniformLoad(&n_sh);
-    let j_end = min(n, (split + 1u) * P.split_len);
+    let j_end = cpu_split_end(t, split, lid);
     for (var j0 = split * P.split_len; j0 < j_end; j0 += CPU_WG) {
         let pos = cpu_pos(t, j0 + lid, j_end);
         var mine: array<vec4<f32>, QD4>;

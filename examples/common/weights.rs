@@ -18,23 +18,12 @@ fn bytes(n: usize, seed: u64) -> Vec<u8> {
 }
 
 pub fn weight(gpu: &Gpu, fmt: &str, rows: usize, cols: usize) -> sparsa::Result<GpuWeight> {
-    weight_chunked(gpu, fmt, rows, cols, None)
+    weight_in_chunks(gpu, fmt, rows, cols, None)
 }
 
-/// [`weight`] in chunks of at most `chunk_rows` rows: stacked experts, which a
+/// [`weight`] in chunks of at most `chunk_rows` rows where given: stacked experts, which a
 /// chunk must not split.
-#[allow(dead_code)]
 pub fn weight_in_chunks(
-    gpu: &Gpu,
-    fmt: &str,
-    rows: usize,
-    cols: usize,
-    chunk_rows: usize,
-) -> sparsa::Result<GpuWeight> {
-    weight_chunked(gpu, fmt, rows, cols, Some(chunk_rows))
-}
-
-fn weight_chunked(
     gpu: &Gpu,
     fmt: &str,
     rows: usize,
