@@ -150,6 +150,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
     for s in &mut sessions {
         s.set_drafts(a.draft)?;
     }
+    // The slots share the device's pipelines: one warms them for all.
+    if let Some(s) = sessions.first_mut() {
+        pollster::block_on(s.warm_drafts())?;
+    }
     let need = Caches::bytes_per_token(&model.config, cache)
         .saturating_mul(ctx as u64)
         .saturating_mul(a.parallel as u64);

@@ -278,8 +278,16 @@ fn xq_lo() -> u32 {
 /// of the integer dot rate; on an H100 one conversion took the GLM-5 decode shapes at 8 x
 /// rows from 1,085 to 1,079 µs and left one row's at 351 (run4 of
 /// benches/results/2026-12-06c).
+///
+/// 3: the few-rows kernels (gemv_dot_rows, gemv_dot_experts_rows) take x's block factors
+/// once per x row and word, leaving one conversion and two multiply-adds per weight row and
+/// x row (the others as 1).
 fn dot_i2f() -> u32 {
-    knob!("SPARSA_DOT_I2F", |v| v == 1 || v == 2).unwrap_or(1)
+    #[cfg(test)]
+    if let Some(v) = tests::DOT_I2F.with(|c| c.get()) {
+        return v;
+    }
+    knob!("SPARSA_DOT_I2F", |v| (1..=3).contains(&v)).unwrap_or(1)
 }
 
 /// gemv_dot_rows reduces through subgroup shuffles by default where each lane takes at most
@@ -1767,6 +1775,8 @@ mod tests {
         /// What `SPARSA_DOT_SG` answers on this thread ([`dot_sg_lanes`]; tests run both
         /// reductions).
         pub(super) static DOT_SG: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+        /// What `SPARSA_DOT_I2F` answers on this thread ([`dot_i2f`]).
+        pub(super) static DOT_I2F: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     }
     use crate::kernels::with_cpu_kernels;
     use crate::weights::{quant, DType, QFormat, WFormat};
@@ -2552,7 +2562,7 @@ mod tests {
         // once for all of them, gemv_dot_experts_rows each expert once for the slots routed
         // to it. Every row count up to GEMV_MAX_ROWS somewhere; odd K and N; chunks.
         let f = WFormat::Quant(QFormat::Q4 { block: 32 });
-        for ((i, (rows, k, n, chunk)), (quads, wg, sg)) in [
+        for ((i, (rows, k, n, chunk)), (quads, wg, sg, i2f)) in [
             (2, 32, 5, None),
             (3, 96, 9, None),
             (4, 544, 37, Some(7)),
@@ -2565,17 +2575,19 @@ mod tests {
         .enumerate()
         .flat_map(|c| {
             [
-                (c, (1, 256, 0)),
-                (c, (2, 256, 2)),
-                (c, (1, 128, 2)),
-                (c, (2, 128, 0)),
+                (c, (1, 256, 0, 1)),
+                (c, (2, 256, 2, 3)),
+                (c, (1, 128, 2, 3)),
+                (c, (2, 128, 0, 1)),
             ]
         }) {
             // Each lane 4 weight rows, or 8 (two quads: the second partly or wholly past
             // N in some workgroups); workgroups of 256 invocations or 128; the lanes'
-            // reductions in workgroup memory (0) or through subgroup shuffles (2).
+            // reductions in workgroup memory (0) or through subgroup shuffles (2); x's block
+            // factors per weight row (1) or once per x row and word (3).
             ROWS_LAYOUT.with(|c| c.set(Some((quads, wg))));
             DOT_SG.with(|c| c.set(Some(sg)));
+            DOT_I2F.with(|c| c.set(Some(i2f)));
             run_matmul_xq(
                 1700 + i as u64 + 100 * quads as u64 + wg as u64,
                 rows,
@@ -2611,6 +2623,7 @@ mod tests {
                 check_experts_xq(seed + 50, (rows, 2, 23, n, k), f, per_slot, 1, None, true);
             }
         }
+        DOT_I2F.with(|c| c.set(None));
     }
 
     #[test]
