@@ -38,6 +38,11 @@ pub struct BenchArgs {
     /// Skip the per-kernel breakdown.
     #[arg(long)]
     no_profile: bool,
+    /// Afterwards, the driver's statistics of every kernel variant the run compiled
+    /// (registers, spills, ...: what VK_KHR_pipeline_executable_properties reports; Vulkan
+    /// adapters only), one line each.
+    #[arg(long)]
+    shader_stats: bool,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -130,6 +135,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let report = bench::run(&model, &opts, cal, &mut log)?;
     print!("{}", bench::format_report(&report));
+    if a.shader_stats {
+        shader_stats(&model.gpu)?;
+    }
     if let Some(path) = &a.json {
         let s = serde_json::to_string_pretty(&report)
             .map_err(|e| Error::msg(format!("--json: {e}")))?;
@@ -137,6 +145,31 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .map_err(|e| Error::msg(format!("--json {}: {e}", path.display())))?;
     }
     Ok(())
+}
+
+/// Prints the driver's statistics of every compiled kernel variant (`--shader-stats`).
+#[cfg(any(
+    windows,
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd"
+))]
+fn shader_stats(gpu: &sparsa::gpu::Gpu) -> Result<()> {
+    println!("\nshader statistics (the driver's, per compiled variant):");
+    for s in gpu.shader_stats()? {
+        println!("  {}", s.line());
+    }
+    Ok(())
+}
+
+#[cfg(not(any(
+    windows,
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd"
+)))]
+fn shader_stats(_: &sparsa::gpu::Gpu) -> Result<()> {
+    Err(Error::msg("--shader-stats: only on Vulkan adapters"))
 }
 
 /// A `--batch` width (sequences per batched step, 1 to 64), checked as the flag is parsed:

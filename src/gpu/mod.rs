@@ -13,7 +13,8 @@
 //! and interrupt flag; `pools` holds the pipeline cache, the param arena and bind-group
 //! cache, and buffer creation with the named scratch buffers; `readback` (with
 //! `oneshot`) reads buffers back; `stats` counts GPU objects; `profile` times kernels;
-//! `recorder` records and submits dispatches; `spirv` compiles the tensor-core shaders.
+//! `recorder` records and submits dispatches; `spirv` compiles the tensor-core shaders;
+//! `shader_stats` asks the driver what it compiled (registers and the like).
 
 mod adapter;
 mod device;
@@ -23,6 +24,13 @@ mod pools;
 mod profile;
 mod readback;
 mod recorder;
+#[cfg(any(
+    windows,
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd"
+))]
+mod shader_stats;
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) mod spirv;
 mod stats;
@@ -43,6 +51,13 @@ pub(crate) use pools::pipelines::shader_source;
 pub use profile::{Cost, KernelStat, ProfileClock};
 pub use readback::{StagedRead, SPIN_LIMIT};
 pub use recorder::{BufferCopy, Recorder};
+#[cfg(any(
+    windows,
+    target_os = "linux",
+    target_os = "android",
+    target_os = "freebsd"
+))]
+pub use shader_stats::ShaderStats;
 pub use stats::{GpuStats, HostTimes};
 
 use std::sync::Mutex;

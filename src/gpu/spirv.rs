@@ -50,6 +50,19 @@ pub struct Compiled {
 /// index bounds checks kept (clamped accesses), no loop bounding or division checks (as for
 /// sparsa's other shaders, see `Gpu::shader_module`).
 pub fn compile(source: &str, entry: &str) -> Result<Compiled> {
+    // `SPARSA_SPIRV_PUBLISH=0` leaves the words as naga wrote them: a measurement aid, to see
+    // what the memory model's ordering costs (results may be wrong without it).
+    compile_with(
+        source,
+        entry,
+        crate::knobs::knob_on!("SPARSA_SPIRV_PUBLISH"),
+    )
+}
+
+/// [`compile`], with the workgroup accesses published under the Vulkan memory model only
+/// where `publish` is set (a module with no cooperative matrices keeps naga's GLSL450 model,
+/// where that rewrite does not apply).
+pub fn compile_with(source: &str, entry: &str, publish: bool) -> Result<Compiled> {
     let fail = |what: &str, e: String| Error::msg(format!("shader entry {entry}: {what}: {e}"));
     let module =
         naga::front::wgsl::parse_str(source).map_err(|e| fail("WGSL", e.emit_to_string(source)))?;
@@ -123,9 +136,7 @@ pub fn compile(source: &str, entry: &str) -> Result<Compiled> {
     };
     let mut words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
         .map_err(|e| fail("SPIR-V", e.to_string()))?;
-    // `SPARSA_SPIRV_PUBLISH=0` leaves the words as naga wrote them: a measurement aid, to see
-    // what the memory model's ordering costs (results may be wrong without it).
-    if crate::knobs::knob_on!("SPARSA_SPIRV_PUBLISH") {
+    if publish {
         publish_workgroup_memory(&mut words)?;
     }
     Ok(Compiled {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 pub(in crate::gpu) struct PipelineCache {
     /// Lines put before every shader's source: the `enable` directives this device needs
     /// (see [`shader_prelude`]).
-    prelude: String,
+    pub(in crate::gpu) prelude: String,
     /// Each pipeline with the variant it was compiled from, filed by a hash of (name,
     /// entry, defines) computed without allocating ([`variant_hash`]): a decode step looks up
     /// every dispatch's pipeline (1,641 at 78 layers), and building the define text for a
