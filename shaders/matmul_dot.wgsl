@@ -153,12 +153,12 @@ fn x_words(q: u32) -> XWords {
 
 // The codes `c` of a weight word (scale `sw`) against x's words `x` for it:
 // sw · s_x · (Dhi + Dlo / 254 − offset).
-// With I2F = 1 (the default), q4's two sums become f32 in one conversion: |254 · Dhi + Dlo| ≤ 255 · 32 ·
+// With I2F = 1 or 3 (3 the default), q4's two sums become f32 in one conversion: |254 · Dhi + Dlo| ≤ 255 · 32 ·
 // 15 · 127 < 2^24, so the f32 holds it exactly.
 fn dot_x(c: Codes, x: XWords, sw: f32) -> f32 {
     if (W_DTYPE == 5u) {
         let d = idot8x(c.a, x.ha, x.la) + idot8x(c.b, x.hb, x.lb);
-        if (I2F == 1u) {
+        if (I2F != 2u) {
             return sw * x.sm.x * (f32(d.x * 254 + d.y) * (1.0 / 254.0) - x.sm.y);
         }
         return sw * x.sm.x * ((f32(d.x) + f32(d.y) * (1.0 / 254.0)) - x.sm.y);

@@ -273,21 +273,22 @@ fn xq_lo() -> u32 {
 }
 
 /// How the integer-dot GEMVs turn a q4 word's two integer sums (x's hi and lo words) into
-/// f32: 1 (default), one int-to-float conversion of `254 · hi + lo` (under 2^24 for q4, so
-/// exact); 2, two (`SPARSA_DOT_I2F=2`, a measurement knob). NVIDIA GPUs convert at a quarter
-/// of the integer dot rate; on an H100 one conversion took the GLM-5 decode shapes at 8 x
-/// rows from 1,085 to 1,079 µs and left one row's at 351 (run4 of
-/// benches/results/2026-12-06c).
-///
-/// 3: the few-rows kernels (gemv_dot_rows, gemv_dot_experts_rows) take x's block factors
-/// once per x row and word, leaving one conversion and two multiply-adds per weight row and
-/// x row (the others as 1).
+/// f32. 3 (the default): one int-to-float conversion of `254 · hi + lo` (under 2^24 for q4,
+/// so exact), and the few-rows kernels (gemv_dot_rows, gemv_dot_experts_rows) take x's
+/// block factors once per x row and word, leaving that conversion and two multiply-adds per
+/// weight row and x row. 1: the conversion, with the factors applied per weight row; 2: two
+/// conversions (measurement knobs, `SPARSA_DOT_I2F`). On an H100 (run2 of
+/// benches/results/2026-12-06d, alternated twice) 3 took the GLM-5 decode shapes at 4 x rows
+/// from 735–736 to 666–667 µs (lm_head 477 → 418, dense gate_up 81 → 72), left 1 and 8 rows
+/// within 0.6 %, and a full-depth 8-sequence step 65.0 → 63.9–64.2 ms; the goldens, matmul
+/// lib tests and batch tests pass with it there. One conversion instead of two (1 against 2)
+/// took the shapes at 8 rows from 1,085 to 1,079 µs (run4 of benches/results/2026-12-06c).
 fn dot_i2f() -> u32 {
     #[cfg(test)]
     if let Some(v) = tests::DOT_I2F.with(|c| c.get()) {
         return v;
     }
-    knob!("SPARSA_DOT_I2F", |v| (1..=3).contains(&v)).unwrap_or(1)
+    knob!("SPARSA_DOT_I2F", |v| (1..=3).contains(&v)).unwrap_or(3)
 }
 
 /// gemv_dot_rows reduces through subgroup shuffles by default where each lane takes at most
