@@ -29,6 +29,14 @@ impl Stopwatch {
             std::time::Instant::now(),
         )
     }
+
+    /// Milliseconds since the start (0 in the browser).
+    pub(super) fn ms(&self) -> f64 {
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.0.elapsed().as_secs_f64() * 1e3;
+        #[cfg(target_arch = "wasm32")]
+        0.0
+    }
 }
 
 /// The parts of [`HostTimes`], in its order.
