@@ -102,29 +102,26 @@ impl Session {
     /// the main model's chunk with its logits and the MTP layer, each at every row count a
     /// round takes (1 ..= drafts + 1: a verification's k + 1 rows, fewer near the end of a
     /// reply, and the MTP layer over the accepted rows), run once each at the current
-    /// position, which is then restored. Rows past it are rewritten before they are read, and
-    /// the next prompt sets the MTP layer's hidden row and first draft afresh. Without it,
-    /// rounds compile these variants as they first meet each row count: on an H100 that cost
-    /// the built-in model 0.5–1.1 ms a round over 1,000 tokens, more than the round's own
-    /// recording. No-op without drafts.
+    /// position, which is then restored with the draft statistics. Rows past it are
+    /// rewritten before they are read, and the next prompt sets the MTP layer's hidden row
+    /// and first draft afresh. Without it, rounds compiled these variants as they first met
+    /// each row count: on an H100 that cost the built-in model 0.5–1.1 ms a round averaged
+    /// over 1,000 tokens, about as much as a round's own recording (BENCHMARKS.md,
+    /// "2026-12-06 (fourth session)"). The pipeline cache logs each compile at debug level.
+    /// No-op without drafts.
     pub async fn warm_drafts(&mut self) -> Result<()> {
-        let pos = self.pos;
+        let (pos, stats) = (self.pos, self.draft_stats);
         let rows = (self.drafts + 1).min(self.max_ctx().saturating_sub(pos));
         if self.drafts == 0 || rows == 0 {
             return Ok(());
         }
-        let start = std::time::Instant::now();
         for t in 1..=rows {
             self.chunk_forward(Input::Host(&vec![0; t]), t, None, true)?;
             self.pos = pos;
             self.mtp_record(0, t, pos, 1)?;
         }
         self.model.gpu.read_f32_async(&self.s.ids, 1, 1).await?;
-        self.draft_stats.ms_recording = 0.0;
-        log::debug!(
-            "speculative rounds' pipelines compiled in {:.1} ms",
-            ms_since(start)
-        );
+        self.draft_stats = stats;
         Ok(())
     }
 
