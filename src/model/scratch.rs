@@ -16,8 +16,11 @@ use crate::kernels::topk::TopkScratch;
 /// more tiles to spread over the GPU: on an H200 (4-layer GLM-5 q4 synth), prefill of 2,048
 /// tokens ran at 4,371 tok/s in chunks of 128 rows, 5,069 in chunks of 512, 5,134 in chunks
 /// of 1,024 and 5,113 in chunks of 2,048 (BENCHMARKS.md, "Prefill on tensor cores: the tile
-/// restaged, chunks of 512 rows"). The scratch grows with it (about 1.2 MB a row for
-/// GLM-5's shapes, besides the scores). Smaller models keep [`SMALL_CHUNK_ROWS`]: their
+/// restaged, chunks of 512 rows"). At full depth chunks of 2,048 are faster still (H100,
+/// 78-layer GLM-5 q4 synth: 450 → 481 tok/s at 2,048 tokens, 364 → 388 at 8,192; each expert
+/// sees four times the rows: BENCHMARKS.md, "2026-12-06 (fourth session)"), but the scratch
+/// grows with the chunk (about 1.2 MB a row for GLM-5's shapes, besides the scores), per
+/// session: a server's slots each hold one. `--prefill-chunk 2048` takes them. Smaller models keep [`SMALL_CHUNK_ROWS`]: their
 /// GEMMs are small, and the scratch of 512 rows would outweigh the built-in model's weights.
 /// The browser, where memory is tight and GEMMs run on the f32 tile, keeps it too.
 /// `--prefill-chunk` ([`set_prefill_chunk`]) overrides, else `SPARSA_PREFILL_CHUNK` (a
