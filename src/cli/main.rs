@@ -165,11 +165,12 @@ pub(crate) struct ModelArgs {
     /// f32|bf16|i8 (e.g. fp8/i8, the smallest). docs/CACHE.md has their sizes and quality.
     #[arg(long, default_value = "auto", value_parser = parse_cache_type, value_name = "TYPE")]
     cache_type: CacheType,
-    /// Rows per prefill chunk (1 to 8192). Default: 512 for large models, 2048 where
+    /// Rows per prefill chunk (1 to 8192). Default for large models: 2048 where
     /// --gpu-memory streams routed experts and holds the larger scratch (a chunk uploads each
-    /// missed expert once per layer), 128 for small models. Larger chunks prefill faster and
-    /// take more GPU memory (about 1.2 MB a row for GLM-5), which --gpu-memory takes from
-    /// the resident experts.
+    /// missed expert once per layer), or without --gpu-memory where the memory left after
+    /// loading holds it beside the context's caches (not for the server's slots), else 512;
+    /// 128 for small models. Larger chunks prefill faster and take more GPU memory (about
+    /// 1.2 MB a row for GLM-5), which --gpu-memory takes from the resident experts.
     #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u32).range(1..=8192))]
     prefill_chunk: Option<u32>,
 }

@@ -283,7 +283,7 @@ impl Model {
         };
         let sessions = pool
             .into_iter()
-            .map(|caches| Session::with_caches(self, caches, false))
+            .map(|caches| Session::with_caches(self, caches, false, false))
             .collect::<Result<Vec<_>>>()?;
         Ok(Some(sessions))
     }

@@ -20,7 +20,9 @@ use crate::kernels::topk::TopkScratch;
 /// 78-layer GLM-5 q4 synth: 450 → 481 tok/s at 2,048 tokens, 364 → 388 at 8,192; each expert
 /// sees four times the rows: BENCHMARKS.md, "2026-12-06 (fourth session)"), but the scratch
 /// grows with the chunk (about 1.2 MB a row for GLM-5's shapes, besides the scores), per
-/// session: a server's slots each hold one. `--prefill-chunk 2048` takes them. Smaller models keep [`SMALL_CHUNK_ROWS`]: their
+/// session: a server's slots each hold one, so they keep these; a session of its own takes
+/// [`STREAMED_CHUNK_ROWS`] without a `--gpu-memory` plan where the memory left holds them
+/// beside the context's caches (`Session::open`). Smaller models keep [`SMALL_CHUNK_ROWS`]: their
 /// GEMMs are small, and the scratch of 512 rows would outweigh the built-in model's weights.
 /// The browser, where memory is tight and GEMMs run on the f32 tile, keeps it too.
 /// `--prefill-chunk` ([`set_prefill_chunk`]) overrides, else `SPARSA_PREFILL_CHUNK` (a
@@ -33,7 +35,9 @@ pub(super) const CHUNK_ROWS: usize = 512;
 /// of 1,024, 238.2 in chunks of 2,048 (the resident model's speed, 237.4), and decode
 /// after it 243.6 / 248.9 / 251.7 ms a token: the larger scratch leaves fewer expert slots
 /// (BENCHMARKS.md, "Per-head GEMMs and prefill chunks under a memory budget"). The planner
-/// takes them only where the budget still holds the same caches ([`super::plan::plan_sized`]).
+/// takes them only where the budget still holds the same caches ([`super::plan::plan_sized`]);
+/// a session of its own without a plan takes them where the memory left holds them beside its
+/// caches (`Session::open`).
 pub(super) const STREAMED_CHUNK_ROWS: usize = 2048;
 pub(super) const SMALL_CHUNK_ROWS: usize = 128;
 pub(super) const LARGE_HIDDEN: usize = 2048;

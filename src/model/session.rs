@@ -93,6 +93,14 @@ fn check_ctx(max_ctx: usize) -> Result<()> {
     Ok(())
 }
 
+/// Whether a session of its own prefills in the wide chunks: not under a `--gpu-memory` plan
+/// (`planned`; one that streams experts has them already), and only where the GPU memory
+/// left (`room`, after the narrower scratch) holds the full context's caches (`caches`
+/// bytes) and the wide scratch's `extra` bytes.
+fn wide_chunks(planned: bool, caches: u64, extra: u64, room: u64) -> bool {
+    !planned && caches.saturating_add(extra) <= room
+}
+
 impl Session {
     /// A session for up to `max_ctx` tokens with the model's default cache formats
     /// ([`Model::default_cache`]).
@@ -123,12 +131,27 @@ impl Session {
                 if cache == CacheFormat::SMALLEST { "" } else { " or --cache-type fp8/i8" }
             )));
         }
+        // A session of its own prefills a large resident model in the wider chunks where the
+        // memory left holds their larger scratch beside the full context's caches (about
+        // 1.8 GB more for GLM-5's shapes; +6.7-6.9 % prefill at full depth on an H100:
+        // BENCHMARKS.md, "2026-12-06 (fourth session)"). A server's pooled slots keep the
+        // narrower ones: each slot has a scratch of its own; so does a --gpu-memory plan
+        // that keeps every expert (its budget counted the narrower scratch).
+        let scratch = |wide| Self::scratch_bytes(cfg, max_ctx, gpu.max_binding(), wide);
+        let extra = scratch(true).saturating_sub(scratch(model.streams_chunks()));
+        let wide = wide_chunks(model.plan.is_some(), need, extra, room);
         let caches = Caches::new(gpu, cfg, max_ctx, cache)?;
-        Self::with_caches(model, caches, dense)
+        Self::with_caches(model, caches, dense, wide)
     }
 
-    /// A session over `caches` (its own, or a region of a pool).
-    pub(super) fn with_caches(model: &Model, caches: Caches, dense: bool) -> Result<Session> {
+    /// A session over `caches` (its own, or a region of a pool); `wide`: prefill chunks of
+    /// [`super::scratch::STREAMED_CHUNK_ROWS`] for a large model, as where experts stream.
+    pub(super) fn with_caches(
+        model: &Model,
+        caches: Caches,
+        dense: bool,
+        wide: bool,
+    ) -> Result<Session> {
         let (cfg, gpu) = (&model.config, &*model.gpu);
         let max_ctx = caches.max_ctx;
         check_ctx(max_ctx)?;
@@ -137,7 +160,7 @@ impl Session {
             max_ctx,
             dense,
             gpu.max_binding(),
-            model.streams_chunks(),
+            model.streams_chunks() || wide,
         );
         let s = Scratch::new(gpu, &shape)?;
         gpu.check()?;
@@ -361,5 +384,25 @@ impl Session {
             .read_mapped_async(&self.s.picked[slot], 4, Some(after))
             .await?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wide_chunks;
+
+    #[test]
+    fn wide_chunks_only_where_the_memory_left_holds_them_and_no_plan() {
+        let gib = 1u64 << 30;
+        // Room for the caches and the wider scratch, no plan: wide.
+        assert!(wide_chunks(false, 10 * gib, 2 * gib, 40 * gib));
+        // Exactly enough is enough.
+        assert!(wide_chunks(false, 10 * gib, 2 * gib, 12 * gib));
+        // A byte short: the narrower chunks.
+        assert!(!wide_chunks(false, 10 * gib, 2 * gib, 12 * gib - 1));
+        // A --gpu-memory plan keeps what its budget counted, however much is free.
+        assert!(!wide_chunks(true, 10 * gib, 2 * gib, 400 * gib));
+        // Sizes near the top of u64 do not wrap into room.
+        assert!(!wide_chunks(false, u64::MAX, 2 * gib, u64::MAX - 1));
     }
 }
