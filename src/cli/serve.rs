@@ -137,7 +137,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         Some(s) => s,
         None => (0..a.parallel)
             .map(|i| {
-                model.session_in(ctx, cache).map_err(|e| {
+                let slot = if a.parallel > 1 {
+                    model.slot_session(ctx, cache)
+                } else {
+                    model.session_in(ctx, cache)
+                };
+                slot.map_err(|e| {
                     e.context(format!(
                         "slot {} of --parallel {} (--ctx {ctx})",
                         i + 1,

@@ -268,6 +268,13 @@ impl Model {
         Session::open(self, max_ctx, false, cache)
     }
 
+    /// [`Model::session_in`] for one of several sessions that share the GPU (a server's
+    /// slots when their caches are not pooled): prefill chunks of the narrower default, as
+    /// the pooled slots have.
+    pub fn slot_session(&self, max_ctx: usize, cache: CacheFormat) -> Result<Session> {
+        Session::open_in(self, max_ctx, false, cache, false)
+    }
+
     /// `n` sessions of up to `max_ctx` positions whose caches are regions of one pool,
     /// allocated now, so their decode steps can run as one ([`Session::step_batch`]); `None`
     /// when a layer's pool would not fit one storage binding.

@@ -113,6 +113,18 @@ impl Session {
     /// top-k are skipped), else the indexer's top-k; caches in `cache`'s formats. The
     /// caches grow with the conversation (see [`crate::cache`]).
     pub fn open(model: &Model, max_ctx: usize, dense: bool, cache: CacheFormat) -> Result<Session> {
+        Self::open_in(model, max_ctx, dense, cache, true)
+    }
+
+    /// [`Session::open`]; `alone`: no other session shares the GPU memory left, so this one
+    /// may take the wide prefill chunks (a server's slots are not alone).
+    pub(super) fn open_in(
+        model: &Model,
+        max_ctx: usize,
+        dense: bool,
+        cache: CacheFormat,
+        alone: bool,
+    ) -> Result<Session> {
         let cfg = &model.config;
         let gpu = &*model.gpu;
         check_ctx(max_ctx)?;
@@ -135,11 +147,12 @@ impl Session {
         // memory left holds their larger scratch beside the full context's caches (about
         // 1.8 GB more for GLM-5's shapes; +6.7-6.9 % prefill at full depth on an H100:
         // BENCHMARKS.md, "2026-12-06 (fourth session)"). A server's pooled slots keep the
-        // narrower ones: each slot has a scratch of its own; so does a --gpu-memory plan
+        // narrower ones (each slot has a scratch of its own, pooled or not: `alone` is
+        // false for them); so does a --gpu-memory plan
         // that keeps every expert (its budget counted the narrower scratch).
         let scratch = |wide| Self::scratch_bytes(cfg, max_ctx, gpu.max_binding(), wide);
         let extra = scratch(true).saturating_sub(scratch(model.streams_chunks()));
-        let wide = wide_chunks(model.plan.is_some(), need, extra, room);
+        let wide = alone && wide_chunks(model.plan.is_some(), need, extra, room);
         let caches = Caches::new(gpu, cfg, max_ctx, cache)?;
         Self::with_caches(model, caches, dense, wide)
     }
