@@ -146,10 +146,9 @@ impl Session {
         // A session of its own prefills a large resident model in the wider chunks where the
         // memory left holds their larger scratch beside the full context's caches (about
         // 1.8 GB more for GLM-5's shapes; +6.7-6.9 % prefill at full depth on an H100:
-        // BENCHMARKS.md, "2026-12-06 (fourth session)"). A server's pooled slots keep the
-        // narrower ones (each slot has a scratch of its own, pooled or not: `alone` is
-        // false for them); so does a --gpu-memory plan
-        // that keeps every expert (its budget counted the narrower scratch).
+        // BENCHMARKS.md, "2026-12-06 (fourth session)"). A server's slots keep the narrower
+        // ones, pooled or not (each has a scratch of its own: `alone` is false for them), and
+        // so does a --gpu-memory plan that keeps every expert (its budget counted them).
         let scratch = |wide| Self::scratch_bytes(cfg, max_ctx, gpu.max_binding(), wide);
         let extra = scratch(true).saturating_sub(scratch(model.streams_chunks()));
         let wide = alone && wide_chunks(model.plan.is_some(), need, extra, room);
