@@ -327,7 +327,7 @@ pub fn placing_embeddings(
 
 /// [`plan_summary`] with a session's scratch for storage bindings of `max_binding` bytes:
 /// for the resident prefill chunks, or, where that plan streams routed experts, for the
-/// larger chunks of streamed experts (`STREAMED_CHUNK_ROWS` in scratch.rs: fewer uploads a
+/// larger chunks of streamed experts (`WIDE_CHUNK_ROWS` in scratch.rs: fewer uploads a
 /// prompt) if the budget still holds the same caches with them.
 pub fn plan_sized(
     cfg: &Config,

@@ -21,16 +21,16 @@ use crate::kernels::topk::TopkScratch;
 /// sees four times the rows: BENCHMARKS.md, "2026-12-06 (fourth session)"), but the scratch
 /// grows with the chunk (about 1.2 MB a row for GLM-5's shapes, besides the scores), per
 /// session: a server's slots each hold one, so they keep these; a session of its own takes
-/// [`STREAMED_CHUNK_ROWS`] without a `--gpu-memory` plan where the memory left holds them
+/// [`WIDE_CHUNK_ROWS`] without a `--gpu-memory` plan where the memory left holds them
 /// beside the context's caches (`Session::open`). Smaller models keep [`SMALL_CHUNK_ROWS`]: their
 /// GEMMs are small, and the scratch of 512 rows would outweigh the built-in model's weights.
 /// The browser, where memory is tight and GEMMs run on the f32 tile, keeps it too.
 /// `--prefill-chunk` ([`set_prefill_chunk`]) overrides, else `SPARSA_PREFILL_CHUNK` (a
 /// measurement knob).
 pub(super) const CHUNK_ROWS: usize = 512;
-/// Rows per prefill chunk of a large model whose routed experts stream from the files (a
-/// `--gpu-memory` plan that offloads them): a chunk uploads each missed expert once per
-/// layer, so larger chunks upload less. On an H200, full-depth GLM-5 q4 synth under
+/// Rows per prefill chunk of a large model in the wide chunks. Where its routed experts
+/// stream from the files (a `--gpu-memory` plan that offloads them), a chunk uploads each
+/// missed expert once per layer, so larger chunks upload less. On an H200, full-depth GLM-5 q4 synth under
 /// `--gpu-memory 24GiB`, 8,192 tokens: 185.7 tok/s in chunks of 512 rows, 224.2 in chunks
 /// of 1,024, 238.2 in chunks of 2,048 (the resident model's speed, 237.4), and decode
 /// after it 243.6 / 248.9 / 251.7 ms a token: the larger scratch leaves fewer expert slots
@@ -38,7 +38,7 @@ pub(super) const CHUNK_ROWS: usize = 512;
 /// takes them only where the budget still holds the same caches ([`super::plan::plan_sized`]);
 /// a session of its own without a plan takes them where the memory left holds them beside its
 /// caches (`Session::open`).
-pub(super) const STREAMED_CHUNK_ROWS: usize = 2048;
+pub(super) const WIDE_CHUNK_ROWS: usize = 2048;
 pub(super) const SMALL_CHUNK_ROWS: usize = 128;
 pub(super) const LARGE_HIDDEN: usize = 2048;
 
@@ -73,16 +73,16 @@ pub(super) struct Shape<'a> {
 }
 
 impl<'a> Shape<'a> {
-    /// `streamed`: the model's routed experts stream from the files
-    /// ([`STREAMED_CHUNK_ROWS`]).
+    /// `wide`: chunks of [`WIDE_CHUNK_ROWS`] for a large model (where its routed experts
+    /// stream, or a session of its own has the room).
     pub fn new(
         cfg: &'a Config,
         ctx: usize,
         dense: bool,
         max_binding: u64,
-        streamed: bool,
+        wide: bool,
     ) -> Shape<'a> {
-        let c = Self::chunk_rows(cfg, ctx, max_binding, streamed);
+        let c = Self::chunk_rows(cfg, ctx, max_binding, wide);
         Shape {
             cfg,
             c,
@@ -92,11 +92,11 @@ impl<'a> Shape<'a> {
         }
     }
 
-    /// Rows per prefill chunk: at most [`CHUNK_ROWS`] ([`STREAMED_CHUNK_ROWS`] where experts
-    /// stream) or [`SMALL_CHUNK_ROWS`], and the widest per-row scratch
+    /// Rows per prefill chunk: at most [`CHUNK_ROWS`] ([`WIDE_CHUNK_ROWS`] where `wide`) or
+    /// [`SMALL_CHUNK_ROWS`], and the widest per-row scratch
     /// (scores are `[chunk, ctx]`, the absorbed queries `[chunk, heads * kv_lora]`, …) fits
     /// one binding.
-    fn chunk_rows(cfg: &Config, ctx: usize, max_binding: u64, streamed: bool) -> usize {
+    fn chunk_rows(cfg: &Config, ctx: usize, max_binding: u64, wide: bool) -> usize {
         let lim = max_binding as usize / 4;
         let widest = [
             ctx,
@@ -112,8 +112,8 @@ impl<'a> Shape<'a> {
             n => Some(n as u32),
         };
         let large = cfg.hidden_size >= LARGE_HIDDEN && !cfg!(target_arch = "wasm32");
-        let default = match (large, streamed) {
-            (true, true) => STREAMED_CHUNK_ROWS,
+        let default = match (large, wide) {
+            (true, true) => WIDE_CHUNK_ROWS,
             (true, false) => CHUNK_ROWS,
             (false, _) => SMALL_CHUNK_ROWS,
         };
@@ -347,10 +347,10 @@ mod tests {
         assert_eq!((s.c, s.logits), (CHUNK_ROWS, LOGIT_ROWS));
         // Streamed experts: chunks of 2,048 rows, still 128 rows of logits.
         let s = Shape::new(&glm, 4096, false, 2047 << 20, true);
-        assert_eq!((s.c, s.logits), (STREAMED_CHUNK_ROWS, LOGIT_ROWS));
+        assert_eq!((s.c, s.logits), (WIDE_CHUNK_ROWS, LOGIT_ROWS));
         let bard = bard();
-        for streamed in [false, true] {
-            let s = Shape::new(&bard, 1024, false, 2047 << 20, streamed);
+        for wide in [false, true] {
+            let s = Shape::new(&bard, 1024, false, 2047 << 20, wide);
             assert_eq!((s.c, s.logits), (SMALL_CHUNK_ROWS, SMALL_CHUNK_ROWS));
         }
         // 128 MiB bindings: the absorbed queries (64 heads × 512 a row) allow 1,024 rows,

@@ -157,7 +157,7 @@ impl Session {
     }
 
     /// A session over `caches` (its own, or a region of a pool); `wide`: prefill chunks of
-    /// [`super::scratch::STREAMED_CHUNK_ROWS`] for a large model, as where experts stream.
+    /// [`super::scratch::WIDE_CHUNK_ROWS`] for a large model, as where experts stream.
     pub(super) fn with_caches(
         model: &Model,
         caches: Caches,
@@ -195,9 +195,10 @@ impl Session {
     }
 
     /// GPU bytes a session's scratch takes (the planner places them before the experts);
-    /// `streamed`: with the prefill chunks of a model whose experts stream.
-    pub fn scratch_bytes(cfg: &Config, max_ctx: usize, max_binding: u64, streamed: bool) -> u64 {
-        Scratch::bytes(&Shape::new(cfg, max_ctx, false, max_binding, streamed))
+    /// `wide`: with the wide prefill chunks (a model whose experts stream, or a session of its
+    /// own with the room).
+    pub fn scratch_bytes(cfg: &Config, max_ctx: usize, max_binding: u64, wide: bool) -> u64 {
+        Scratch::bytes(&Shape::new(cfg, max_ctx, false, max_binding, wide))
     }
 
     /// Rows whose logits one forward can leave: a verification's k + 1 rows, a batched
