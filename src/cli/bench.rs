@@ -148,28 +148,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
 }
 
 /// Prints the driver's statistics of every compiled kernel variant (`--shader-stats`).
-#[cfg(any(
-    windows,
-    target_os = "linux",
-    target_os = "android",
-    target_os = "freebsd"
-))]
 fn shader_stats(gpu: &sparsa::gpu::Gpu) -> Result<()> {
     println!("\nshader statistics (the driver's, per compiled variant):");
     for s in gpu.shader_stats()? {
         println!("  {}", s.line());
     }
     Ok(())
-}
-
-#[cfg(not(any(
-    windows,
-    target_os = "linux",
-    target_os = "android",
-    target_os = "freebsd"
-)))]
-fn shader_stats(_: &sparsa::gpu::Gpu) -> Result<()> {
-    Err(Error::msg("--shader-stats: only on Vulkan adapters"))
 }
 
 /// A `--batch` width (sequences per batched step, 1 to 64), checked as the flag is parsed:

@@ -24,12 +24,6 @@ mod pools;
 mod profile;
 mod readback;
 mod recorder;
-#[cfg(any(
-    windows,
-    target_os = "linux",
-    target_os = "android",
-    target_os = "freebsd"
-))]
 mod shader_stats;
 #[cfg(not(target_arch = "wasm32"))]
 pub(crate) mod spirv;
@@ -51,12 +45,6 @@ pub(crate) use pools::pipelines::shader_source;
 pub use profile::{Cost, KernelStat, ProfileClock};
 pub use readback::{StagedRead, SPIN_LIMIT};
 pub use recorder::{BufferCopy, Recorder};
-#[cfg(any(
-    windows,
-    target_os = "linux",
-    target_os = "android",
-    target_os = "freebsd"
-))]
 pub use shader_stats::ShaderStats;
 pub use stats::{GpuStats, HostTimes};
 
