@@ -357,20 +357,13 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<A
     store_step(lid, 0u, load_step(lid, 0u, q4), q4);
     workgroupBarrier();
     var cur = 0u;
-    // COOP_KK (a measurement knob): bit 0, the products' loop over a K-step runs to a bound
-    // the compiler cannot see (min(HK / 2, P.k): the same trip count, since a staged K-step
-    // past K holds zeros), so that it is not unrolled with every fragment live at once; bit
-    // 1, the next K-step is loaded after the products instead of before them (no values held
-    // in registers across them). Both to find what takes the tile's registers (about 210 a
-    // lane on an H100: one workgroup an SM).
-    let kk_end = select(HK / 2u, min(HK / 2u, P.k), (COOP_KK & 1u) == 1u);
     for (var k0 = 0u; k0 < kend; k0 += HK) {
         let more = k0 + HK < kend;
         var st: Staged;
-        if (more && (COOP_KK & 2u) == 0u) {
+        if (more) {
             st = load_step(lid, k0 + HK, q4);
         }
-        for (var kk = 0u; kk < kk_end; kk += 8u) {
+        for (var kk = 0u; kk < HK / 2u; kk += 8u) {
             let ia = cur * ASTAGE + mr * HP + kk;
             let ib = b_at(cur, kk, nc);
             let ah = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia], HP);
@@ -410,9 +403,6 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<A
             cur = 1u - cur;
         }
         if (more) {
-            if ((COOP_KK & 2u) != 0u) {
-                st = load_step(lid, k0 + HK, q4);
-            }
             store_step(lid, cur, st, q4);
         }
         workgroupBarrier();

@@ -380,9 +380,8 @@ fn coop_defines_with(f: WFormat, k: Knobs, gather: bool) -> Vec<(&'static str, S
 
 /// The defines only the tensor-core tile reads, for weights of `W_DTYPE` code `w_dtype`.
 /// `W_GATHER`: the weights are gathered rows read transposed (`mla_values`), staged K-major.
-fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 7] {
+fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 6] {
     [
-        ("COOP_KK", u(coop_kk())),
         ("Q4_MODE", u(coop_q4_mode())),
         ("X_F16", u(coop_x_f16())),
         ("TN", u(coop_tile_cols(w_dtype))),
@@ -390,13 +389,6 @@ fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 7] 
         ("RC", u(coop_rows_cols())),
         ("ROWS_DIAG", u(coop_rows_diag())),
     ]
-}
-
-/// How the tensor-core tile's K loop is written (`SPARSA_COOP_KK`, a measurement knob, 0 to
-/// 3; see COOP_KK in matmul_coop.wgsl): to find what takes its registers (about 210 a lane
-/// on an H100 by `bench --shader-stats`, so one workgroup an SM).
-fn coop_kk() -> u32 {
-    knob!("SPARSA_COOP_KK", |v| v <= 3).unwrap_or(0)
 }
 
 /// A measurement aid for the [`coop_rows`] kernels, which gives wrong results: which part of
