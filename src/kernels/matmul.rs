@@ -444,6 +444,117 @@ fn coop_x_f16() -> u32 {
     knob!("SPARSA_COOP_X_F16", |v| v <= 1).unwrap_or(0)
 }
 
+/// The tensor-core GEMM without staging (gemm_direct.wgsl): x split into f16 planes and the
+/// weights decoded into f16 rows beforehand, the tile's matrices loaded from them.
+const MATMUL_DIRECT: Shader<Params> = Shader::new(
+    "matmul_direct",
+    matmul_module!(["matmul_coop.wgsl", "coop_x4.wgsl"], ["gemm_direct.wgsl"]),
+);
+
+/// Whether dense q4 GEMMs on tensor cores take [`gemm_direct`] (`SPARSA_COOP_DIRECT=1`, a
+/// measurement knob).
+fn coop_direct() -> bool {
+    knob!("SPARSA_COOP_DIRECT", |v| v <= 1) == Some(1)
+}
+
+/// The defines of gemm_direct.wgsl's `entry`: the tile's, and `DPF` (`SPARSA_DIRECT_PF`,
+/// default 1): whether the next K-step's matrices are loaded before this one's products.
+fn direct_defines(entry: &str, f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
+    let mut d = coop_defines(entry, f, k);
+    d.push(("DPF", u(knob!("SPARSA_DIRECT_PF", |v| v <= 1).unwrap_or(1))));
+    d
+}
+
+/// `y = x · Wᵀ` for `rows` rows on tensor cores without staging through workgroup memory:
+/// x split into f16 hi and lo planes (`split_x`), each weight chunk decoded into f16 rows
+/// (`dequant_w`), then `gemm_direct` over them. q4 weights whose rows are a multiple of 16
+/// elements only; answers false (nothing recorded) otherwise.
+pub fn gemm_direct(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) -> bool {
+    let ws = w.stride as u32;
+    let q4 = matches!(w.format, WFormat::Quant(QFormat::Q4 { .. }));
+    if !q4 || !ws.is_multiple_of(16) || !rec.gpu().tensor_cores() || rows == 0 {
+        return false;
+    }
+    let gpu = rec.gpu();
+    let mp = rows.div_ceil(64) * 64;
+    let plane = mp * ws;
+    let max_n = w.chunks.iter().map(|c| c.rows).max().unwrap_or(0) as u64;
+    let (xs, wf) = match (
+        gpu.scratch("direct x planes", 4 * plane as u64),
+        gpu.scratch("direct weights", 2 * max_n * ws as u64),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            gpu.report_error(e.to_string());
+            return true;
+        }
+    };
+    let k = Knobs { x4: true, ..KNOBS };
+    let pipe = |entry: &'static str| {
+        gpu.pipeline(&MATMUL_DIRECT, entry, &direct_defines(entry, w.format, k))
+    };
+    let (split, deq, gemm) = (pipe("split_x"), pipe("dequant_w"), pipe("gemm_direct"));
+    let p = Params {
+        k: w.cols as u32,
+        rows,
+        x_off: x.offset,
+        x_stride: x.stride,
+        ws,
+        crow: mp,
+        row0: plane,
+        ..Params::zeroed()
+    };
+    rec.cost(4 * rows as u64 * w.cols as u64 + 4 * plane as u64, 0, "f32");
+    rec.dispatch(
+        &split,
+        &p,
+        &[x.buf, &w.chunks[0].buf, &xs],
+        gpu.grid((plane / 2).div_ceil(256)),
+    );
+    for c in &w.chunks {
+        if c.rows == 0 {
+            continue;
+        }
+        let n = c.rows as u32;
+        let scale = c.scale.as_ref().unwrap_or(gpu.dummy());
+        let pd = Params {
+            n,
+            ws,
+            ..Params::zeroed()
+        };
+        rec.cost(n as u64 * (w.row_bytes() + 2 * ws as u64), 0, "q4");
+        rec.dispatch(
+            &deq,
+            &pd,
+            &[x.buf, &c.buf, &wf, scale],
+            gpu.grid((n * ws / 8).div_ceil(256)),
+        );
+        let pg = Params {
+            k: w.cols as u32,
+            n,
+            rows,
+            ws,
+            row0: plane,
+            y_off: y.offset + c.row0 as u32,
+            y_stride: y.stride,
+            ..Params::zeroed()
+        };
+        let (kk, nn, r) = (w.cols as u64, n as u64, rows as u64);
+        rec.cost(
+            2 * nn * ws as u64 + 4 * r * (kk + nn),
+            2 * r * nn * kk,
+            "q4",
+        );
+        rec.dispatch(
+            &gemm,
+            &pg,
+            &[&xs, &wf, y.buf],
+            gpu.grid(mp / 64 * n.div_ceil(128)),
+        );
+    }
+    true
+}
+
 /// The entries that multiply a few rows of x on tensor cores (matmul_coop_rows.wgsl), and
 /// the sum of the dense one's K ranges.
 const COOP_ROWS_ENTRIES: [&str; 3] = [
@@ -1015,6 +1126,14 @@ fn matmul_as(
 ) {
     debug_assert!(x.buf != y.buf, "matmul: x and y must be different buffers");
     if rows == 0 || w.rows == 0 {
+        return;
+    }
+    if kind == Dense::Gemm(64)
+        && !accumulate
+        && xq.is_none()
+        && coop_direct()
+        && gemm_direct(rec, x, w, y, rows)
+    {
         return;
     }
     let pipe = match kind {
@@ -1766,6 +1885,32 @@ mod tests {
     use crate::kernels::testutil::{
         assert_close_plus, gpu, gpu_default_limits, x_split_bound, Rng,
     };
+
+    /// gemm_direct.wgsl runs only on adapters with tensor cores; this keeps its entries
+    /// compiling everywhere, through the path those devices use, each with the bindings the
+    /// recorder gives it in order.
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    fn direct_gemm_compiles() {
+        let f = WFormat::Quant(QFormat::Q4 { block: 32 });
+        for (entry, bindings) in [
+            ("split_x", vec![0, 1, 2, 3]),
+            ("dequant_w", vec![0, 1, 2, 3, 4]),
+            ("gemm_direct", vec![0, 1, 2, 3]),
+        ] {
+            let defines = direct_defines(entry, f, Knobs { x4: true, ..KNOBS });
+            let src = crate::gpu::shader_source(
+                "",
+                <Params as crate::gpu::KernelParams>::WGSL,
+                &crate::gpu::define_lines(&defines),
+                MATMUL_DIRECT.source,
+            );
+            let c =
+                crate::gpu::spirv::compile(&src, entry).unwrap_or_else(|e| panic!("{entry}: {e}"));
+            let b: Vec<u32> = c.layout.iter().map(|e| e.binding).collect();
+            assert_eq!(b, bindings, "{entry}");
+        }
+    }
 
     thread_local! {
         /// What [`rows_quads`] and [`rows_wg`] answer on this thread (tests run every

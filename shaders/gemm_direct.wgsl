@@ -1,0 +1,186 @@
+// A GEMM on tensor cores with no staging through workgroup memory (after matmul_coop.wgsl,
+// whose split_f16, q4_pairs and LO_SCALE it uses): x split beforehand into f16 hi and lo
+// planes (`split_x`), the weights decoded beforehand into f16 rows (`dequant_w`), and each
+// subgroup loading its matrices straight from those buffers.
+//
+// Layouts (elements of f16): x planes [Mp rows][P.ws], hi from 0, lo (times LO_SCALE) from
+// P.row0; weights [n][P.ws]. P.ws is a multiple of 16 and at least P.k; x's columns past
+// P.k and rows past P.rows are zeros, so every matrix load is whole.
+
+@group(0) @binding(1) var<storage, read> xa: array<f16>;
+@group(0) @binding(2) var<storage, read> wb: array<f16>;
+@group(0) @binding(3) var<storage, read_write> yh: array<vec2<f16>>;
+
+// split_x: pair p of the planes (P.crow rows of P.ws), from x rows P.rows of P.k at
+// P.x_off, P.x_stride apart. yh is the planes' buffer.
+@compute @workgroup_size(256)
+fn split_x(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let p = (wid.x + wid.y * nwg.x) * 256u + lid;
+    let half_ws = P.ws / 2u;
+    if (p >= P.crow * half_ws) {
+        return;
+    }
+    let r = p / half_ws;
+    let c = 2u * (p % half_ws);
+    var v = vec2<f32>(0.0);
+    if (r < P.rows) {
+        let at = P.x_off + r * P.x_stride + c;
+        if (c < P.k) {
+            v.x = x[at];
+        }
+        if (c + 1u < P.k) {
+            v.y = x[at + 1u];
+        }
+    }
+    // Binding 2 (the weights) is in this entry's layout: the recorder binds buffers in order.
+    if (P.accumulate == 0xb0b0u) {
+        v.x += f32(w[0]);
+    }
+    let s = split_f16(v);
+    yh[p] = s.hi;
+    yh[P.row0 / 2u + p] = s.lo;
+}
+
+// dequant_w: q4 word i of the chunk (rows of P.ws elements, P.n rows) as 4 f16 pairs.
+@compute @workgroup_size(256)
+fn dequant_w(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.x + wid.y * nwg.x) * 256u + lid;
+    if (i >= P.n * P.ws / 8u) {
+        return;
+    }
+    let e = 8u * i;
+    var scale = q_scale(e / QB);
+    // Binding 1 (x) is in this entry's layout: the recorder binds buffers in order.
+    if (P.accumulate == 0xb0b0u) {
+        scale += x[0];
+    }
+    let q = q4_pairs(w[i], scale);
+    for (var j = 0u; j < 4u; j++) {
+        yh[4u * i + j] = q[j];
+    }
+}
+
+var<workgroup> dzero: array<f32, 256>;
+var<workgroup> dedge: array<f32, 2048>;    // two 16 × 16 blocks per subgroup: hi and lo sums
+
+// y at (r0, n0) .. + 16 × 16 (inside P.rows × P.n) from subgroup sg's blocks of `dedge`:
+// the hi products plus the lo products / LO_SCALE. (naga 30 writes no SPIR-V for
+// arithmetic on cooperative matrices, so the sum is taken here.)
+fn edge_store(r0: u32, n0: u32, sg: u32, lane: u32) {
+    subgroupBarrier();
+    for (var i = lane; i < 256u; i += 32u) {
+        let r = r0 + i / 16u;
+        let n = n0 + i % 16u;
+        if (r < P.rows && n < P.n) {
+            y[P.y_off + r * P.y_stride + n] = dedge[512u * sg + i] + dedge[512u * sg + 256u + i] / LO_SCALE;
+        }
+    }
+    subgroupBarrier();
+}
+
+// gemm_direct: a workgroup of 4 subgroups computes 64 × 128 of y (2 × 2 subgroups of 32 × 64).
+@compute @workgroup_size(128)
+fn gemm_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x + wid.y * nwg.x;
+    let col_tiles = (P.n + 127u) / 128u;
+    let sg = lid / 32u;
+    let lane = lid % 32u;
+    let r0 = 64u * (g / col_tiles) + 32u * (sg % 2u);
+    let n0 = 128u * (g % col_tiles) + 64u * (sg / 2u);
+    dzero[lid] = 0.0;
+    dzero[lid + 128u] = 0.0;
+    workgroupBarrier();
+    var c00 = coopLoadT<coop_mat16x16<f32, C>>(&dzero[0], 16u);
+    var c01 = c00; var c02 = c00; var c03 = c00;
+    var c10 = c00; var c11 = c00; var c12 = c00; var c13 = c00;
+    var d00 = c00; var d01 = c00; var d02 = c00; var d03 = c00;
+    var d10 = c00; var d11 = c00; var d12 = c00; var d13 = c00;
+    // Weight rows past P.n read row P.n - 1 again (their columns are not stored).
+    let nl = P.n - 1u;
+    let b0 = min(n0, nl) * P.ws;
+    let b1 = min(n0 + 16u, nl) * P.ws;
+    let b2 = min(n0 + 32u, nl) * P.ws;
+    let b3 = min(n0 + 48u, nl) * P.ws;
+    let a0 = r0 * P.ws;
+    let a1 = a0 + 16u * P.ws;
+    let l0 = P.row0 + a0;
+    let l1 = P.row0 + a1;
+    // DPF = 1: the next K-step's matrices are loaded before this one's products.
+    var ah0 = coopLoadT<coop_mat16x16<f16, A>>(&xa[a0], P.ws);
+    var ah1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[a1], P.ws);
+    var al0 = coopLoadT<coop_mat16x16<f16, A>>(&xa[l0], P.ws);
+    var al1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[l1], P.ws);
+    var w0 = coopLoad<coop_mat16x16<f16, B>>(&wb[b0], P.ws);
+    var w1 = coopLoad<coop_mat16x16<f16, B>>(&wb[b1], P.ws);
+    var w2 = coopLoad<coop_mat16x16<f16, B>>(&wb[b2], P.ws);
+    var w3 = coopLoad<coop_mat16x16<f16, B>>(&wb[b3], P.ws);
+    for (var k = 0u; k < P.ws; k += 16u) {
+        if (DPF == 0u) {
+            ah0 = coopLoadT<coop_mat16x16<f16, A>>(&xa[a0 + k], P.ws);
+            ah1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[a1 + k], P.ws);
+            al0 = coopLoadT<coop_mat16x16<f16, A>>(&xa[l0 + k], P.ws);
+            al1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[l1 + k], P.ws);
+            w0 = coopLoad<coop_mat16x16<f16, B>>(&wb[b0 + k], P.ws);
+            w1 = coopLoad<coop_mat16x16<f16, B>>(&wb[b1 + k], P.ws);
+            w2 = coopLoad<coop_mat16x16<f16, B>>(&wb[b2 + k], P.ws);
+            w3 = coopLoad<coop_mat16x16<f16, B>>(&wb[b3 + k], P.ws);
+        }
+        // The next K-step (the last one again at the end: in bounds, unused).
+        let kn = min(k + 16u, P.ws - 16u);
+        let nah0 = coopLoadT<coop_mat16x16<f16, A>>(&xa[a0 + kn], P.ws);
+        let nah1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[a1 + kn], P.ws);
+        let nal0 = coopLoadT<coop_mat16x16<f16, A>>(&xa[l0 + kn], P.ws);
+        let nal1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[l1 + kn], P.ws);
+        let nw0 = coopLoad<coop_mat16x16<f16, B>>(&wb[b0 + kn], P.ws);
+        let nw1 = coopLoad<coop_mat16x16<f16, B>>(&wb[b1 + kn], P.ws);
+        let nw2 = coopLoad<coop_mat16x16<f16, B>>(&wb[b2 + kn], P.ws);
+        let nw3 = coopLoad<coop_mat16x16<f16, B>>(&wb[b3 + kn], P.ws);
+        c00 = coopMultiplyAdd(ah0, w0, c00);
+        c01 = coopMultiplyAdd(ah0, w1, c01);
+        c02 = coopMultiplyAdd(ah0, w2, c02);
+        c03 = coopMultiplyAdd(ah0, w3, c03);
+        c10 = coopMultiplyAdd(ah1, w0, c10);
+        c11 = coopMultiplyAdd(ah1, w1, c11);
+        c12 = coopMultiplyAdd(ah1, w2, c12);
+        c13 = coopMultiplyAdd(ah1, w3, c13);
+        d00 = coopMultiplyAdd(al0, w0, d00);
+        d01 = coopMultiplyAdd(al0, w1, d01);
+        d02 = coopMultiplyAdd(al0, w2, d02);
+        d03 = coopMultiplyAdd(al0, w3, d03);
+        d10 = coopMultiplyAdd(al1, w0, d10);
+        d11 = coopMultiplyAdd(al1, w1, d11);
+        d12 = coopMultiplyAdd(al1, w2, d12);
+        d13 = coopMultiplyAdd(al1, w3, d13);
+        if (DPF == 1u) {
+            ah0 = nah0; ah1 = nah1; al0 = nal0; al1 = nal1;
+            w0 = nw0; w1 = nw1; w2 = nw2; w3 = nw3;
+        }
+    }
+    coopStoreT(c00, &dedge[512u * sg], 16u);
+    coopStoreT(d00, &dedge[512u * sg + 256u], 16u);
+    edge_store(r0 + 0u, n0 + 0u, sg, lane);
+    coopStoreT(c01, &dedge[512u * sg], 16u);
+    coopStoreT(d01, &dedge[512u * sg + 256u], 16u);
+    edge_store(r0 + 0u, n0 + 16u, sg, lane);
+    coopStoreT(c02, &dedge[512u * sg], 16u);
+    coopStoreT(d02, &dedge[512u * sg + 256u], 16u);
+    edge_store(r0 + 0u, n0 + 32u, sg, lane);
+    coopStoreT(c03, &dedge[512u * sg], 16u);
+    coopStoreT(d03, &dedge[512u * sg + 256u], 16u);
+    edge_store(r0 + 0u, n0 + 48u, sg, lane);
+    coopStoreT(c10, &dedge[512u * sg], 16u);
+    coopStoreT(d10, &dedge[512u * sg + 256u], 16u);
+    edge_store(r0 + 16u, n0 + 0u, sg, lane);
+    coopStoreT(c11, &dedge[512u * sg], 16u);
+    coopStoreT(d11, &dedge[512u * sg + 256u], 16u);
+    edge_store(r0 + 16u, n0 + 16u, sg, lane);
+    coopStoreT(c12, &dedge[512u * sg], 16u);
+    coopStoreT(d12, &dedge[512u * sg + 256u], 16u);
+    edge_store(r0 + 16u, n0 + 32u, sg, lane);
+    coopStoreT(c13, &dedge[512u * sg], 16u);
+    coopStoreT(d13, &dedge[512u * sg + 256u], 16u);
+    edge_store(r0 + 16u, n0 + 48u, sg, lane);
+}
