@@ -454,6 +454,10 @@ const MATMUL_DIRECT: Shader<Params> = Shader::new(
 /// Whether dense q4 GEMMs on tensor cores take [`gemm_direct`] (`SPARSA_COOP_DIRECT=1`, a
 /// measurement knob).
 fn coop_direct() -> bool {
+    #[cfg(test)]
+    if let Some(on) = tests::COOP_DIRECT.with(|c| c.get()) {
+        return on;
+    }
     knob!("SPARSA_COOP_DIRECT", |v| v <= 1) == Some(1)
 }
 
@@ -1921,6 +1925,8 @@ mod tests {
         /// What `SPARSA_DOT_SG` answers on this thread ([`dot_sg_lanes`]; tests run both
         /// reductions).
         pub(super) static DOT_SG: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+        /// What `SPARSA_COOP_DIRECT` answers on this thread ([`coop_direct`]).
+        pub(super) static COOP_DIRECT: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
         /// What `SPARSA_DOT_I2F` answers on this thread ([`dot_i2f`]).
         pub(super) static DOT_I2F: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     }
@@ -2861,6 +2867,28 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Dense q4 GEMMs through `gemm_direct` on adapters with tensor cores (elsewhere it
+    /// declines and the tile runs): K not a multiple of 16 (its planes padded with zeros),
+    /// rows and columns not multiples of its 64 × 128 workgroup tile, several chunks.
+    #[test]
+    fn direct_gemm_against_cpu_decode() {
+        let f = WFormat::Quant(QFormat::Q4 { block: 32 });
+        COOP_DIRECT.with(|c| c.set(Some(true)));
+        check_matmul_as(700, 70, 200, 130, f, Some(64), Dense::Gemm(64));
+        check_matmul_as(701, 130, 256, 131, f, None, Dense::Gemm(64));
+        run_matmul(
+            702,
+            37,
+            577,
+            259,
+            f,
+            Some(130),
+            Some(Dense::Gemm(64)),
+            (4, 581),
+        );
+        COOP_DIRECT.with(|c| c.set(None));
     }
 
     /// x in 16-byte loads only where every row the tile reads starts on a 4-float boundary
