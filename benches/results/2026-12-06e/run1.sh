@@ -1,5 +1,5 @@
 #!/bin/bash
-# 2026-12-06 (fifth session), first call, bundle of b025c81 (+ examples/gemm_shapes): the
+# 2026-12-06 (fifth session), first call, bundle of the commit after b025c81 (+ examples/gemm_shapes; the lib tests with direct_gemm_against_cpu_decode): the
 # tensor-core GEMM without workgroup staging (gemm_direct, SPARSA_COOP_DIRECT=1) beside the
 # tile, issue 20.
 #   1. examples/gemm_shapes q4 at 512 and 2,048 rows, GEMM_DIRECT=1: each dense GLM-5 shape
@@ -16,6 +16,8 @@ OUT=${OUT:-benches/results/new}
 R=/tmp/run1; mkdir -p $R
 D4=/tmp/m4
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv > $R/gpu.txt 2>&1
+timeout 60 /tmp/libtest direct_gemm > $R/libtest.txt 2>&1
+echo "== libtest direct_gemm (rc $?): $(grep -E 'test result|panicked' $R/libtest.txt | head -3)"
 for pf in 1 0; do
   GEMM_DIRECT=1 SPARSA_DIRECT_PF=$pf timeout 150 /tmp/gemm_shapes q4 5 512,2048 > $R/shapes.pf$pf.txt 2>&1
   echo "== shapes PF=$pf (rc $?)"; grep -vE "^q4: experts" $R/shapes.pf$pf.txt | cut -c1-220
