@@ -154,6 +154,9 @@ fn dequant_w(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
 }
 
+// DRN: 16-column matrices a subgroup (4 or 2, `SPARSA_DIRECT_RN`); a workgroup's columns.
+const DCOLS: u32 = 32u * DRN;
+
 var<workgroup> dzero: array<f32, 256>;
 var<workgroup> dedge: array<f32, 2048>;    // two 16 × 16 blocks per subgroup: hi and lo sums
 
@@ -176,7 +179,7 @@ fn edge_store(r0: u32, n0: u32, sg: u32, lane: u32, sorted: bool) {
     subgroupBarrier();
 }
 
-// The 32 × 64 block of subgroup sg at plane row r0, column n0 (weight rows wrow + n of
+// The 32 × 16 DRN block of subgroup sg at plane row r0, column n0 (weight rows wrow + n of
 // `wb`), into y through `edge_store`. Called by whole workgroups (lid < 128).
 fn direct_block(r0: u32, n0: u32, wrow: u32, lid: u32, sorted: bool) {
     let sg = lid / 32u;
@@ -216,8 +219,10 @@ fn direct_block(r0: u32, n0: u32, wrow: u32, lid: u32, sorted: bool) {
             al1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[l1 + k], P.ws);
             w0 = coopLoad<coop_mat16x16<f16, B>>(&wb[b0 + k], P.ws);
             w1 = coopLoad<coop_mat16x16<f16, B>>(&wb[b1 + k], P.ws);
-            w2 = coopLoad<coop_mat16x16<f16, B>>(&wb[b2 + k], P.ws);
-            w3 = coopLoad<coop_mat16x16<f16, B>>(&wb[b3 + k], P.ws);
+            if (DRN == 4u) {
+                w2 = coopLoad<coop_mat16x16<f16, B>>(&wb[b2 + k], P.ws);
+                w3 = coopLoad<coop_mat16x16<f16, B>>(&wb[b3 + k], P.ws);
+            }
         }
         // The next K-step (the last one again at the end: in bounds, unused).
         let kn = min(k + 16u, P.ws - 16u);
@@ -227,27 +232,39 @@ fn direct_block(r0: u32, n0: u32, wrow: u32, lid: u32, sorted: bool) {
         let nal1 = coopLoadT<coop_mat16x16<f16, A>>(&xa[l1 + kn], P.ws);
         let nw0 = coopLoad<coop_mat16x16<f16, B>>(&wb[b0 + kn], P.ws);
         let nw1 = coopLoad<coop_mat16x16<f16, B>>(&wb[b1 + kn], P.ws);
+        // (DRN = 2: unused, so not loaded.)
         let nw2 = coopLoad<coop_mat16x16<f16, B>>(&wb[b2 + kn], P.ws);
         let nw3 = coopLoad<coop_mat16x16<f16, B>>(&wb[b3 + kn], P.ws);
         c00 = coopMultiplyAdd(ah0, w0, c00);
         c01 = coopMultiplyAdd(ah0, w1, c01);
-        c02 = coopMultiplyAdd(ah0, w2, c02);
-        c03 = coopMultiplyAdd(ah0, w3, c03);
+        if (DRN == 4u) {
+            c02 = coopMultiplyAdd(ah0, w2, c02);
+            c03 = coopMultiplyAdd(ah0, w3, c03);
+        }
         c10 = coopMultiplyAdd(ah1, w0, c10);
         c11 = coopMultiplyAdd(ah1, w1, c11);
-        c12 = coopMultiplyAdd(ah1, w2, c12);
-        c13 = coopMultiplyAdd(ah1, w3, c13);
+        if (DRN == 4u) {
+            c12 = coopMultiplyAdd(ah1, w2, c12);
+            c13 = coopMultiplyAdd(ah1, w3, c13);
+        }
         d00 = coopMultiplyAdd(al0, w0, d00);
         d01 = coopMultiplyAdd(al0, w1, d01);
-        d02 = coopMultiplyAdd(al0, w2, d02);
-        d03 = coopMultiplyAdd(al0, w3, d03);
+        if (DRN == 4u) {
+            d02 = coopMultiplyAdd(al0, w2, d02);
+            d03 = coopMultiplyAdd(al0, w3, d03);
+        }
         d10 = coopMultiplyAdd(al1, w0, d10);
         d11 = coopMultiplyAdd(al1, w1, d11);
-        d12 = coopMultiplyAdd(al1, w2, d12);
-        d13 = coopMultiplyAdd(al1, w3, d13);
+        if (DRN == 4u) {
+            d12 = coopMultiplyAdd(al1, w2, d12);
+            d13 = coopMultiplyAdd(al1, w3, d13);
+        }
         if (DPF == 1u) {
             ah0 = nah0; ah1 = nah1; al0 = nal0; al1 = nal1;
-            w0 = nw0; w1 = nw1; w2 = nw2; w3 = nw3;
+            w0 = nw0; w1 = nw1;
+            if (DRN == 4u) {
+                w2 = nw2; w3 = nw3;
+            }
         }
     }
     coopStoreT(c00, &dedge[512u * sg], 16u);
@@ -256,35 +273,43 @@ fn direct_block(r0: u32, n0: u32, wrow: u32, lid: u32, sorted: bool) {
     coopStoreT(c01, &dedge[512u * sg], 16u);
     coopStoreT(d01, &dedge[512u * sg + 256u], 16u);
     edge_store(r0 + 0u, n0 + 16u, sg, lane, sorted);
-    coopStoreT(c02, &dedge[512u * sg], 16u);
-    coopStoreT(d02, &dedge[512u * sg + 256u], 16u);
-    edge_store(r0 + 0u, n0 + 32u, sg, lane, sorted);
-    coopStoreT(c03, &dedge[512u * sg], 16u);
-    coopStoreT(d03, &dedge[512u * sg + 256u], 16u);
-    edge_store(r0 + 0u, n0 + 48u, sg, lane, sorted);
+    if (DRN == 4u) {
+        coopStoreT(c02, &dedge[512u * sg], 16u);
+        coopStoreT(d02, &dedge[512u * sg + 256u], 16u);
+        edge_store(r0 + 0u, n0 + 32u, sg, lane, sorted);
+}
+    if (DRN == 4u) {
+        coopStoreT(c03, &dedge[512u * sg], 16u);
+        coopStoreT(d03, &dedge[512u * sg + 256u], 16u);
+        edge_store(r0 + 0u, n0 + 48u, sg, lane, sorted);
+}
     coopStoreT(c10, &dedge[512u * sg], 16u);
     coopStoreT(d10, &dedge[512u * sg + 256u], 16u);
     edge_store(r0 + 16u, n0 + 0u, sg, lane, sorted);
     coopStoreT(c11, &dedge[512u * sg], 16u);
     coopStoreT(d11, &dedge[512u * sg + 256u], 16u);
     edge_store(r0 + 16u, n0 + 16u, sg, lane, sorted);
-    coopStoreT(c12, &dedge[512u * sg], 16u);
-    coopStoreT(d12, &dedge[512u * sg + 256u], 16u);
-    edge_store(r0 + 16u, n0 + 32u, sg, lane, sorted);
-    coopStoreT(c13, &dedge[512u * sg], 16u);
-    coopStoreT(d13, &dedge[512u * sg + 256u], 16u);
-    edge_store(r0 + 16u, n0 + 48u, sg, lane, sorted);
+    if (DRN == 4u) {
+        coopStoreT(c12, &dedge[512u * sg], 16u);
+        coopStoreT(d12, &dedge[512u * sg + 256u], 16u);
+        edge_store(r0 + 16u, n0 + 32u, sg, lane, sorted);
+}
+    if (DRN == 4u) {
+        coopStoreT(c13, &dedge[512u * sg], 16u);
+        coopStoreT(d13, &dedge[512u * sg + 256u], 16u);
+        edge_store(r0 + 16u, n0 + 48u, sg, lane, sorted);
+}
 }
 
-// gemm_direct: a workgroup of 4 subgroups computes 64 × 128 of y (2 × 2 subgroups of 32 × 64).
+// gemm_direct: a workgroup of 4 subgroups computes 64 × DCOLS of y (2 × 2 subgroups of 32 × 16 DRN).
 @compute @workgroup_size(128)
 fn gemm_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let col_tiles = (P.n + 127u) / 128u;
+    let col_tiles = (P.n + DCOLS - 1u) / DCOLS;
     let sg = lid / 32u;
     let r0 = 64u * (g / col_tiles) + 32u * (sg % 2u);
-    let n0 = 128u * (g % col_tiles) + 64u * (sg / 2u);
+    let n0 = DCOLS * (g % col_tiles) + DCOLS / 2u * (sg / 2u);
     direct_block(r0, n0, 0u, lid, false);
 }
 
@@ -295,7 +320,7 @@ fn gemm_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 fn gemm_direct_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let col_tiles = (P.n + 127u) / 128u;
+    let col_tiles = (P.n + DCOLS - 1u) / DCOLS;
     let t = g / col_tiles;
     if (64u * t >= ord[P.crow + P.crow / 64u]) {
         return;
@@ -306,6 +331,6 @@ fn gemm_direct_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
     }
     let sg = lid / 32u;
     let r0 = 64u * t + 32u * (sg % 2u);
-    let n0 = 128u * (g % col_tiles) + 64u * (sg / 2u);
+    let n0 = DCOLS * (g % col_tiles) + DCOLS / 2u * (sg / 2u);
     direct_block(r0, n0, (e - P.seg_lo) * P.e_rows, lid, true);
 }

@@ -466,7 +466,14 @@ fn coop_direct() -> bool {
 fn direct_defines(entry: &str, f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
     let mut d = coop_defines(entry, f, k);
     d.push(("DPF", u(knob!("SPARSA_DIRECT_PF", |v| v <= 1).unwrap_or(1))));
+    d.push(("DRN", u(direct_rn())));
     d
+}
+
+/// 16-column matrices a subgroup of gemm_direct.wgsl multiplies (`SPARSA_DIRECT_RN`, 4 or 2;
+/// its workgroups take 32 times as many columns).
+fn direct_rn() -> u32 {
+    knob!("SPARSA_DIRECT_RN", |v| v == 2 || v == 4).unwrap_or(4)
 }
 
 /// `y = x · Wᵀ` for `rows` rows on tensor cores without staging through workgroup memory:
@@ -553,7 +560,7 @@ pub fn gemm_direct(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u3
             &gemm,
             &pg,
             &[&xs, &wf, y.buf, gpu.dummy()],
-            gpu.grid(mp / 64 * n.div_ceil(128)),
+            gpu.grid(mp / 64 * n.div_ceil(32 * direct_rn())),
         );
     }
     true
@@ -702,7 +709,7 @@ fn experts_direct(
                 &gemm,
                 &pg,
                 &[&xs, &wf, y.buf, &ord],
-                gpu.grid(r / 64 * block.div_ceil(128)),
+                gpu.grid(r / 64 * block.div_ceil(32 * direct_rn())),
             );
             ga = gb;
         }
