@@ -56,10 +56,6 @@ fn main() -> sparsa::Result<()> {
     let x = gpu.buffer_from(&xv, "x")?;
     drop(xv);
     let y = gpu.buffer(4 * (max_rows * TOPK as usize * 6144) as u64, "y")?;
-    // GEMM_DIRECT=1: the dense q4 shapes also run `matmul::gemm_direct`, into y2, compared
-    // with the tile's y.
-    let direct = std::env::var("GEMM_DIRECT").is_ok_and(|v| v == "1") && gpu.tensor_cores();
-    let y2 = gpu.buffer(if direct { y.size() } else { 16 }, "y2")?;
     // Routing: each row's 8 distinct experts of 16, at random.
     let mut seed = 12345u64;
     let ids: Vec<u32> = (0..max_rows)
@@ -134,68 +130,8 @@ fn main() -> sparsa::Result<()> {
                     flop / secs / 1e12,
                     100.0 * flop / secs / peak
                 );
-                if routed.is_none() && m >= 64 && direct {
-                    direct_beside(&gpu, (&x, &y, &y2), &w, (rows, cols, m), reps, (flop, peak))?;
-                }
             }
         }
     }
-    Ok(())
-}
-
-/// Times `matmul::gemm_direct` over one dense shape (rows, cols, m) after the tile has run
-/// it into `y`, and compares its result (into `y2`) with the tile's.
-fn direct_beside(
-    gpu: &Gpu,
-    (x, y, y2): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
-    w: &sparsa::weights::GpuWeight,
-    (rows, cols, m): (usize, usize, u32),
-    reps: u32,
-    (flop, peak): (f64, f64),
-) -> sparsa::Result<()> {
-    let run = |n: u32| -> sparsa::Result<()> {
-        let mut rec = gpu.recorder();
-        for _ in 0..n {
-            let xv = View::rows(x, cols as u32);
-            if !matmul::gemm_direct(&mut rec, xv, w, View::rows(y2, rows as u32), m) {
-                println!("gemm_direct does not take this shape");
-            }
-        }
-        rec.finish()
-    };
-    run(1)?;
-    gpu.sync()?;
-    let n = m as usize * rows;
-    let a = gpu.read_f32(y, 0, n)?;
-    let b = gpu.read_f32(y2, 0, n)?;
-    let scale = a.iter().fold(0f32, |s, v| s.max(v.abs()));
-    let diff = a
-        .iter()
-        .zip(&b)
-        .fold(0f32, |s, (u, v)| s.max((u - v).abs()));
-    let t = std::time::Instant::now();
-    while t.elapsed().as_secs_f64() < 0.3 {
-        run(reps)?;
-        gpu.sync()?;
-    }
-    gpu.set_profiling(true);
-    run(reps)?;
-    let k = gpu.take_profile();
-    gpu.set_profiling(false);
-    let all: f64 = k.iter().map(|s| s.seconds).sum::<f64>() / reps as f64;
-    let gemm: f64 = k
-        .iter()
-        .filter(|s| s.name.contains("gemm_direct"))
-        .map(|s| s.seconds)
-        .sum::<f64>()
-        / reps as f64;
-    println!(
-        "   direct: gemm {:>9.1} us {:>6.1} TFLOP/s {:>5.1} %peak; with split and decode {:>9.1} us {:>6.1} TFLOP/s; max |diff| {diff:.3e} of max |y| {scale:.3e}",
-        gemm * 1e6,
-        flop / gemm / 1e12,
-        100.0 * flop / gemm / peak,
-        all * 1e6,
-        flop / all / 1e12,
-    );
     Ok(())
 }

@@ -444,279 +444,6 @@ fn coop_x_f16() -> u32 {
     knob!("SPARSA_COOP_X_F16", |v| v <= 1).unwrap_or(0)
 }
 
-/// The tensor-core GEMM without staging (gemm_direct.wgsl): x split into f16 planes and the
-/// weights decoded into f16 rows beforehand, the tile's matrices loaded from them.
-const MATMUL_DIRECT: Shader<Params> = Shader::new(
-    "matmul_direct",
-    matmul_module!(["matmul_coop.wgsl", "coop_x4.wgsl"], ["gemm_direct.wgsl"]),
-);
-
-/// Whether dense q4 GEMMs on tensor cores take [`gemm_direct`] (`SPARSA_COOP_DIRECT=1`, a
-/// measurement knob).
-fn coop_direct() -> bool {
-    #[cfg(test)]
-    if let Some(on) = tests::COOP_DIRECT.with(|c| c.get()) {
-        return on;
-    }
-    knob!("SPARSA_COOP_DIRECT", |v| v <= 1) == Some(1)
-}
-
-/// The defines of gemm_direct.wgsl's `entry`: the tile's, and `DPF` (`SPARSA_DIRECT_PF`,
-/// default 1): whether the next K-step's matrices are loaded before this one's products.
-fn direct_defines(entry: &str, f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
-    let mut d = coop_defines(entry, f, k);
-    d.push(("DPF", u(knob!("SPARSA_DIRECT_PF", |v| v <= 1).unwrap_or(1))));
-    d.push(("DRN", u(direct_rn())));
-    d
-}
-
-/// 16-column matrices a subgroup of gemm_direct.wgsl multiplies (`SPARSA_DIRECT_RN`, 4 or 2;
-/// its workgroups take 32 times as many columns).
-fn direct_rn() -> u32 {
-    knob!("SPARSA_DIRECT_RN", |v| v == 2 || v == 4).unwrap_or(4)
-}
-
-/// `y = x · Wᵀ` for `rows` rows on tensor cores without staging through workgroup memory:
-/// x split into f16 hi and lo planes (`split_x`), each weight chunk decoded into f16 rows
-/// (`dequant_w`), then `gemm_direct` over them. q4 weights whose rows are a multiple of 16
-/// elements only; answers false (nothing recorded) otherwise.
-pub fn gemm_direct(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) -> bool {
-    let ws = w.stride as u32;
-    let q4 = matches!(w.format, WFormat::Quant(QFormat::Q4 { .. }));
-    if !q4 || !ws.is_multiple_of(16) || !rec.gpu().tensor_cores() || rows == 0 {
-        return false;
-    }
-    let gpu = rec.gpu();
-    let mp = rows.div_ceil(64) * 64;
-    let plane = mp * ws;
-    let max_n = w.chunks.iter().map(|c| c.rows).max().unwrap_or(0) as u64;
-    let (xs, wf) = match (
-        gpu.scratch("direct x planes", 4 * plane as u64),
-        gpu.scratch("direct weights", 2 * max_n * ws as u64),
-    ) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
-            gpu.report_error(e.to_string());
-            return true;
-        }
-    };
-    let k = Knobs { x4: true, ..KNOBS };
-    let pipe = |entry: &'static str| {
-        gpu.pipeline(&MATMUL_DIRECT, entry, &direct_defines(entry, w.format, k))
-    };
-    let (split, deq, gemm) = (pipe("split_x"), pipe("dequant_w"), pipe("gemm_direct"));
-    let p = Params {
-        k: w.cols as u32,
-        rows,
-        x_off: x.offset,
-        x_stride: x.stride,
-        ws,
-        crow: mp,
-        row0: plane,
-        ..Params::zeroed()
-    };
-    rec.cost(4 * rows as u64 * w.cols as u64 + 4 * plane as u64, 0, "f32");
-    rec.dispatch(
-        &split,
-        &p,
-        &[x.buf, &w.chunks[0].buf, &xs],
-        gpu.grid((plane / 2).div_ceil(256)),
-    );
-    for c in &w.chunks {
-        if c.rows == 0 {
-            continue;
-        }
-        let n = c.rows as u32;
-        let scale = c.scale.as_ref().unwrap_or(gpu.dummy());
-        let pd = Params {
-            n,
-            ws,
-            ..Params::zeroed()
-        };
-        rec.cost(n as u64 * (w.row_bytes() + 2 * ws as u64), 0, "q4");
-        rec.dispatch(
-            &deq,
-            &pd,
-            &[x.buf, &c.buf, &wf, scale],
-            gpu.grid((n * ws / 8).div_ceil(256)),
-        );
-        let pg = Params {
-            k: w.cols as u32,
-            n,
-            rows,
-            ws,
-            row0: plane,
-            y_off: y.offset + c.row0 as u32,
-            y_stride: y.stride,
-            ..Params::zeroed()
-        };
-        let (kk, nn, r) = (w.cols as u64, n as u64, rows as u64);
-        rec.cost(
-            2 * nn * ws as u64 + 4 * r * (kk + nn),
-            2 * r * nn * kk,
-            "q4",
-        );
-        rec.dispatch(
-            &gemm,
-            &pg,
-            &[&xs, &wf, y.buf, gpu.dummy()],
-            gpu.grid(mp / 64 * n.div_ceil(32 * direct_rn())),
-        );
-    }
-    true
-}
-
-/// Most experts [`experts_direct`] sorts slots among (`sort_slots`' counters).
-const DIRECT_MAX_EXPERTS: u32 = 256;
-/// Bytes of f16 weights [`experts_direct`] decodes at a time (whole experts, at least one).
-const DIRECT_WEIGHT_BYTES: u64 = 1 << 30;
-
-/// [`matmul_experts`] for a prefill chunk on tensor cores without staging, as
-/// [`gemm_direct`]: the slots sorted by expert (`sort_slots`), their x rows split into f16
-/// planes in that order (`split_x_sorted`), the experts decoded into f16 rows a group at a
-/// time (`dequant_w`), then `gemm_direct_experts`. q4 MoE experts (`block` rows each, all of
-/// them multiplied) in chunks of whole experts only; answers false (nothing recorded)
-/// otherwise.
-#[allow(clippy::too_many_arguments)]
-fn experts_direct(
-    rec: &mut Recorder,
-    x: View,
-    x_per_slot: bool,
-    w: &GpuWeight,
-    routed: &Routed,
-    y: View,
-    rows: u32,
-    x_row: u32,
-    block: u32,
-) -> bool {
-    let ws = w.stride as u32;
-    let Routed {
-        ids,
-        n_experts,
-        topk,
-    } = *routed;
-    let q4 = matches!(w.format, WFormat::Quant(QFormat::Q4 { .. }));
-    let whole = w
-        .chunks
-        .iter()
-        .all(|c| (c.row0 as u32).is_multiple_of(block) && (c.rows as u32).is_multiple_of(block));
-    let slots = rows as u64 * topk as u64;
-    let r = slots.div_ceil(64) * 64 + 64 * n_experts as u64;
-    if !q4
-        || !whole
-        || !ws.is_multiple_of(16)
-        || !rec.gpu().tensor_cores()
-        || n_experts > DIRECT_MAX_EXPERTS
-        || 2 * r * ws as u64 > u32::MAX as u64
-    {
-        return false;
-    }
-    let gpu = rec.gpu();
-    let (slots, r) = (slots as u32, r as u32);
-    let plane = r * ws;
-    let per_expert = 2 * block as u64 * ws as u64;
-    let group = (DIRECT_WEIGHT_BYTES / per_expert).max(1) as u32;
-    let scratch = (
-        gpu.scratch("direct slot order", 4 * (r + r / 64 + 1) as u64),
-        gpu.scratch("direct x planes", 4 * plane as u64),
-        gpu.scratch("direct weights", per_expert * group.min(n_experts) as u64),
-    );
-    let (ord, xs, wf) = match scratch {
-        (Ok(a), Ok(b), Ok(c)) => (a, b, c),
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-            gpu.report_error(e.to_string());
-            return true;
-        }
-    };
-    let k = Knobs { x4: true, ..KNOBS };
-    let pipe = |entry: &'static str| {
-        gpu.pipeline(&MATMUL_DIRECT, entry, &direct_defines(entry, w.format, k))
-    };
-    let p = Params {
-        k: w.cols as u32,
-        n: block,
-        rows: slots,
-        topk,
-        x_off: x.offset,
-        x_stride: x.stride,
-        y_off: y.offset,
-        y_stride: y.stride,
-        crow: r,
-        row0: plane,
-        x_per_slot: x_per_slot as u32,
-        n_experts,
-        ws,
-        e_rows: block,
-        x_row,
-        ..Params::zeroed()
-    };
-    let c0 = &w.chunks[0];
-    let s0 = c0.scale.as_ref().unwrap_or(gpu.dummy());
-    rec.cost(4 * slots as u64, 0, "u32");
-    rec.dispatch(
-        &pipe("sort_slots"),
-        &p,
-        &[x.buf, &c0.buf, &ord, s0, ids],
-        [1, 1, 1],
-    );
-    rec.cost(
-        4 * slots as u64 * w.cols as u64 + 4 * plane as u64,
-        0,
-        "f32",
-    );
-    rec.dispatch(
-        &pipe("split_x_sorted"),
-        &p,
-        &[x.buf, &c0.buf, &xs, &ord],
-        gpu.grid((plane / 2).div_ceil(256)),
-    );
-    let (deq, gemm) = (pipe("dequant_w"), pipe("gemm_direct_experts"));
-    let mut counted = false;
-    for c in &w.chunks {
-        if c.rows == 0 {
-            continue;
-        }
-        let scale = c.scale.as_ref().unwrap_or(gpu.dummy());
-        let e0 = c.row0 as u32 / block;
-        let e1 = (c.row0 + c.rows) as u32 / block;
-        let mut ga = e0;
-        while ga < e1 {
-            let gb = (ga + group).min(e1);
-            let n = (gb - ga) * block;
-            let pd = Params {
-                n,
-                ws,
-                x_off: (ga * block - c.row0 as u32) * ws,
-                ..Params::zeroed()
-            };
-            rec.cost(n as u64 * (w.row_bytes() + 2 * ws as u64), 0, "q4");
-            rec.dispatch(
-                &deq,
-                &pd,
-                &[x.buf, &c.buf, &wf, scale],
-                gpu.grid((n * ws / 8).div_ceil(256)),
-            );
-            let pg = Params {
-                seg_lo: ga,
-                seg_n: gb - ga,
-                ..p
-            };
-            let (kk, nn, sl) = (w.cols as u64, block as u64, slots as u64);
-            let flops = if counted { 0 } else { 2 * sl * nn * kk };
-            counted = true;
-            rec.cost(2 * n as u64 * ws as u64, flops, "q4");
-            rec.dispatch(
-                &gemm,
-                &pg,
-                &[&xs, &wf, y.buf, &ord],
-                gpu.grid(r / 64 * block.div_ceil(32 * direct_rn())),
-            );
-            ga = gb;
-        }
-    }
-    true
-}
-
 /// The entries that multiply a few rows of x on tensor cores (matmul_coop_rows.wgsl), and
 /// the sum of the dense one's K ranges.
 const COOP_ROWS_ENTRIES: [&str; 3] = [
@@ -1288,14 +1015,6 @@ fn matmul_as(
 ) {
     debug_assert!(x.buf != y.buf, "matmul: x and y must be different buffers");
     if rows == 0 || w.rows == 0 {
-        return;
-    }
-    if kind == Dense::Gemm(64)
-        && !accumulate
-        && xq.is_none()
-        && coop_direct()
-        && gemm_direct(rec, x, w, y, rows)
-    {
         return;
     }
     let pipe = match kind {
@@ -1892,15 +1611,6 @@ fn experts_as(
         return;
     }
     let block = block_rows("matmul_experts", w, n_experts, win);
-    if win.is_none()
-        && xq.is_none()
-        && rows > GEMV_MAX_ROWS
-        && !super::cpu_kernels(rec.gpu())
-        && coop_direct()
-        && experts_direct(rec, x, x_per_slot, w, routed, y, rows, x_row, block)
-    {
-        return;
-    }
     let direct = win.is_some();
     let win = win.unwrap_or(Window { first: 0, n: block });
     // Rows multiplied per slot.
@@ -2057,35 +1767,6 @@ mod tests {
         assert_close_plus, gpu, gpu_default_limits, x_split_bound, Rng,
     };
 
-    /// gemm_direct.wgsl runs only on adapters with tensor cores; this keeps its entries
-    /// compiling everywhere, through the path those devices use, each with the bindings the
-    /// recorder gives it in order.
-    #[cfg(not(target_arch = "wasm32"))]
-    #[test]
-    fn direct_gemm_compiles() {
-        let f = WFormat::Quant(QFormat::Q4 { block: 32 });
-        for (entry, bindings) in [
-            ("split_x", vec![0, 1, 2, 3]),
-            ("dequant_w", vec![0, 1, 2, 3, 4]),
-            ("gemm_direct", vec![0, 1, 2, 3, 4]),
-            ("sort_slots", vec![0, 1, 2, 3, 4, 5]),
-            ("split_x_sorted", vec![0, 1, 2, 3, 4]),
-            ("gemm_direct_experts", vec![0, 1, 2, 3, 4]),
-        ] {
-            let defines = direct_defines(entry, f, Knobs { x4: true, ..KNOBS });
-            let src = crate::gpu::shader_source(
-                "",
-                <Params as crate::gpu::KernelParams>::WGSL,
-                &crate::gpu::define_lines(&defines),
-                MATMUL_DIRECT.source,
-            );
-            let c =
-                crate::gpu::spirv::compile(&src, entry).unwrap_or_else(|e| panic!("{entry}: {e}"));
-            let b: Vec<u32> = c.layout.iter().map(|e| e.binding).collect();
-            assert_eq!(b, bindings, "{entry}");
-        }
-    }
-
     thread_local! {
         /// What [`rows_quads`] and [`rows_wg`] answer on this thread (tests run every
         /// layout of the few-rows kernels).
@@ -2095,8 +1776,6 @@ mod tests {
         /// What `SPARSA_DOT_SG` answers on this thread ([`dot_sg_lanes`]; tests run both
         /// reductions).
         pub(super) static DOT_SG: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
-        /// What `SPARSA_COOP_DIRECT` answers on this thread ([`coop_direct`]).
-        pub(super) static COOP_DIRECT: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
         /// What `SPARSA_DOT_I2F` answers on this thread ([`dot_i2f`]).
         pub(super) static DOT_I2F: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
     }
@@ -3037,34 +2716,6 @@ mod tests {
                 );
             }
         }
-    }
-
-    /// Dense q4 GEMMs through `gemm_direct`, routed experts through `experts_direct`, on
-    /// adapters with tensor cores (elsewhere they decline and the tiles run): K not a
-    /// multiple of 16 (the planes padded with zeros), rows and columns not multiples of the
-    /// 64 × 128 workgroup tile, several chunks.
-    #[test]
-    fn direct_gemm_against_cpu_decode() {
-        let f = WFormat::Quant(QFormat::Q4 { block: 32 });
-        COOP_DIRECT.with(|c| c.set(Some(true)));
-        check_matmul_as(700, 70, 200, 130, f, Some(64), Dense::Gemm(64));
-        check_matmul_as(701, 130, 256, 131, f, None, Dense::Gemm(64));
-        run_matmul(
-            702,
-            37,
-            577,
-            259,
-            f,
-            Some(130),
-            Some(Dense::Gemm(64)),
-            (4, 581),
-        );
-        // Routed experts: several row tiles of one expert, chunks of two experts, x per
-        // token row and per slot, K not a multiple of 16, rows per expert not of 128.
-        check_experts(703, 40, 2, 6, 70, 96, f, false, 70, Some(140));
-        check_experts(704, 40, 2, 6, 70, 96, f, true, 70, Some(140));
-        check_experts(705, 150, 4, 3, 130, 200, f, false, 130, None);
-        COOP_DIRECT.with(|c| c.set(None));
     }
 
     /// x in 16-byte loads only where every row the tile reads starts on a 4-float boundary

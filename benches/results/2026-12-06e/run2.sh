@@ -8,6 +8,9 @@
 #      direct RN=2 (every dispatch of a product timed: sort, split and decode included).
 #   3. Register counts of the direct kernels at RN 2 (bench --shader-stats, 4 layers).
 #   4. 4-layer GLM-5 q4 prefill of 2,048 tokens: 0, 1 (RN 4), 1 (RN 2), twice.
+#   5. Issue 20's 4-layer target side by side: transformers (bf16, sdpa) prefill of 4,096 tokens
+#      on a bf16 synth of the same shape (benches/transformers_decode.py), and sparsa q4 at
+#      4,096 (default kernels), in this call.
 set -u
 OUT=${OUT:-benches/results/new}
 . benches/h200_setup.sh
@@ -35,6 +38,15 @@ for r in 1 2; do
     echo "== 4 layers $r DIRECT=$1 RN=$2 (rc $?): $(grep -hE '^bench: prefill|rror' $f | cut -c1-120)"
   done
 done
+timeout 90 $S bench --model $D4 --context 4160 --decode 2 --prompt-len 4096 --no-profile > $R/pf4.4096.txt 2>&1
+echo "== sparsa q4 4 layers 4096 (rc $?): $(grep -hE '^bench: prefill|rror' $R/pf4.4096.txt | cut -c1-120)"
 rm -rf $D4
+left() { echo $((${LIMIT:-560} - SECONDS)); }
+if [ $(left) -gt 200 ]; then
+  timeout 90 $S synth --like glm-5 --layers 4 --experts 16 --format bf16 --out /tmp/mb > $R/synth-bf16.txt 2>&1
+  timeout $(( $(left) - 30 )) python3 benches/transformers_decode.py --model /tmp/mb --contexts 4096,4096 --decode 2 --json $R/tf.json > $R/tf.txt 2>&1
+  echo "== transformers bf16 4 layers (rc $?)"; tail -5 $R/tf.txt | cut -c1-200
+  rm -rf /tmp/mb
+fi
 tar czf $OUT/run2.tgz -C $R .
 echo "[$SECONDS s]"
