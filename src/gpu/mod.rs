@@ -46,6 +46,7 @@ pub use profile::{Cost, KernelStat, ProfileClock};
 pub use readback::{StagedRead, SPIN_LIMIT};
 pub use recorder::{BufferCopy, Recorder};
 pub use shader_stats::ShaderStats;
+pub(crate) use stats::Stopwatch;
 pub use stats::{GpuStats, HostTimes};
 
 use std::sync::Mutex;

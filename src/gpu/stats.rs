@@ -18,12 +18,13 @@ pub(super) struct Counters {
     pub(super) host: [AtomicU64; HOST_PARTS],
 }
 
-/// A start time for [`Counters::add`] (nothing in the browser, which has no clock here).
+/// A start time for [`Counters::add`] and the host's own timings (nothing in the browser,
+/// which has no clock here: `std::time::Instant` panics there).
 #[derive(Clone, Copy)]
-pub(super) struct Stopwatch(#[cfg(not(target_arch = "wasm32"))] std::time::Instant);
+pub(crate) struct Stopwatch(#[cfg(not(target_arch = "wasm32"))] std::time::Instant);
 
 impl Stopwatch {
-    pub(super) fn start() -> Stopwatch {
+    pub(crate) fn start() -> Stopwatch {
         Stopwatch(
             #[cfg(not(target_arch = "wasm32"))]
             std::time::Instant::now(),
@@ -31,7 +32,7 @@ impl Stopwatch {
     }
 
     /// Milliseconds since the start (0 in the browser).
-    pub(super) fn ms(&self) -> f64 {
+    pub(crate) fn ms(&self) -> f64 {
         #[cfg(not(target_arch = "wasm32"))]
         return self.0.elapsed().as_secs_f64() * 1e3;
         #[cfg(target_arch = "wasm32")]

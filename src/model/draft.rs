@@ -25,6 +25,7 @@ use super::forward::{caches_bind_groups, gemv};
 use super::load::Mtp;
 use super::session::{Input, Session};
 use crate::error::{Error, Result};
+use crate::gpu::Stopwatch;
 use crate::kernels::sample::{self, TokenSlot};
 use crate::kernels::{embed, norm, View};
 
@@ -158,7 +159,7 @@ impl Session {
     /// Submitted without waiting: a round's draft steps and its verification queue back to
     /// back, and the host reads the drafts once, with the verification's logits.
     pub(crate) fn mtp_record(&mut self, at: u32, t: usize, pos0: usize, dst: u32) -> Result<()> {
-        let start = std::time::Instant::now();
+        let start = Stopwatch::start();
         let model = self.model.clone();
         let (cfg, gpu) = (&model.config, &*model.gpu);
         self.caches.reserve(gpu, pos0 + t)?;
@@ -194,7 +195,7 @@ impl Session {
         };
         sample::argmax(&mut rec, logits, vocab, slot, &s.sample);
         drop(rec);
-        self.draft_stats.ms_recording += ms_since(start);
+        self.draft_stats.ms_recording += start.ms();
         gpu.check()
     }
 
@@ -229,7 +230,7 @@ impl Session {
                 self.max_ctx()
             )));
         }
-        let start = std::time::Instant::now();
+        let start = Stopwatch::start();
         self.chunk_forward(Input::OnGpu(k + 1), k + 1, None, true)?;
         // Logits and drafts into one mappable buffer: one wait, one map.
         let logit_bytes = ((k + 1) * vocab * 4) as u64;
@@ -247,10 +248,10 @@ impl Session {
         rec.copy(&self.s.logits, 0, out, 0, logit_bytes);
         rec.copy(&self.s.ids, 4, out, logit_bytes, 4 * k as u64);
         drop(rec);
-        let waited = std::time::Instant::now();
+        self.draft_stats.ms_recording += start.ms();
+        let waited = Stopwatch::start();
         let b = gpu.read_mapped_async(out, bytes, None).await?;
-        self.draft_stats.ms_recording += (waited - start).as_secs_f64() * 1e3;
-        self.draft_stats.ms_waiting += ms_since(waited);
+        self.draft_stats.ms_waiting += waited.ms();
         let (logits, drafts) = b.split_at(logit_bytes as usize);
         Ok((
             bytemuck::pod_collect_to_vec(drafts),
@@ -289,9 +290,4 @@ impl Session {
             cfg.rms_norm_eps,
         );
     }
-}
-
-/// Milliseconds since `t`.
-fn ms_since(t: std::time::Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
 }

@@ -129,7 +129,7 @@ impl Gpu {
     /// Compiles `variant` into a pipeline and files its label.
     fn compile(&self, variant: &ShaderVariant) -> Arc<wgpu::ComputePipeline> {
         let (name, source, entry) = (variant.shader.name, variant.shader.source, variant.entry);
-        let start = crate::gpu::stats::Stopwatch::start();
+        let start = crate::gpu::Stopwatch::start();
         let src = variant.source(&self.pipelines.prelude);
         let (module, layout) = if split_enables(source).0.contains("wgpu_cooperative_matrix") {
             let (module, layout) = self.coop_module(name, &src, entry);
