@@ -1,6 +1,7 @@
 //! Token sampling, the generation loop and stop strings.
 
 use crate::error::Result;
+use crate::knobs::{knob, knob_on};
 use crate::model::{Pick, Session};
 pub use crate::sampling::{
     apply_count_penalties, apply_repeat_penalty, argmax, sample_logits, Sampler, SamplingParams,
@@ -217,6 +218,18 @@ async fn speculative(
     if let Some(stop) = stop_after(&out, &mut on_event, eos, max_tokens, pos, max_ctx) {
         return Ok((out, stop));
     }
+    let p = &sampler.params;
+    if p.is_greedy() && !p.penalizes() && session.gpu_rounds_fit() && knob_on!("SPARSA_GPU_ROUNDS")
+    {
+        let (ends, before) = ((max_tokens, eos), out.len());
+        if let Some(stop) = gpu_rounds(session, next, &mut out, ends, &mut on_event).await? {
+            return Ok((out, stop));
+        }
+        // Near the end of the context or of the reply: the host's rounds finish it.
+        next = out[out.len() - 1];
+        recent.extend_from_slice(&out[before..]);
+        keep_last(&mut recent, window);
+    }
     loop {
         let p = session.pos;
         let k = round_drafts(session, max_tokens - out.len());
@@ -247,6 +260,64 @@ async fn speculative(
             return Ok((out, stop));
         }
     }
+}
+
+/// Greedy rounds without penalties, queued on the GPU up to [`round_depth`] ahead of the
+/// host ([`Session::gpu_round`]): the GPU accepts the drafts, keeps the position and drafts
+/// the next round's d_1 itself, so the next round is queued before this one's tokens come
+/// back, as pipelined decode steps are. The host reads each round's tokens (a few bytes)
+/// and stops as the host's rounds do. Returns the stop, or None where the context or the
+/// token budget leaves no room to queue another round at the host's bound on the position
+/// (the session then holds what was emitted, as after a host round). Rounds still queued
+/// after a stop only write rows past the session's position, which nothing reads.
+async fn gpu_rounds(
+    session: &mut Session,
+    next: u32,
+    out: &mut Vec<u32>,
+    (max_tokens, eos): (usize, &[u32]),
+    on_event: &mut impl FnMut(Event) -> bool,
+) -> Result<Option<Stop>> {
+    use crate::model::ROUND_SLOTS;
+    let k = session.drafts();
+    let max_ctx = session.max_ctx();
+    session.begin_gpu_rounds(next)?;
+    // The first position of the oldest round queued and not yet read.
+    let mut known = session.pos;
+    let mut queued = std::collections::VecDeque::new();
+    let mut slot = 0;
+    loop {
+        // Each queued round emits 1 ..= k + 1 tokens: bound the next one's position by the
+        // most, and stop queueing once the fewest would reach the budget.
+        while queued.len() < round_depth() {
+            let most = known + queued.len() * (k + 1);
+            if most + k + 1 > max_ctx || out.len() + queued.len() >= max_tokens {
+                break;
+            }
+            session.gpu_round(slot, most)?;
+            queued.push_back(slot);
+            slot = (slot + 1) % ROUND_SLOTS;
+        }
+        let Some(s) = queued.pop_front() else {
+            session.pos = known;
+            return Ok(None);
+        };
+        let emitted = session.read_gpu_round(s).await?;
+        for (m, &g) in emitted.iter().enumerate() {
+            out.push(g);
+            let pos = known + m + 1;
+            if let Some(stop) = stop_after(out, on_event, eos, max_tokens, pos, max_ctx) {
+                session.pos = pos;
+                return Ok(Some(stop));
+            }
+        }
+        known += emitted.len();
+    }
+}
+
+/// Rounds [`gpu_rounds`] keeps queued: 2, so the GPU runs one while the host records the
+/// next; `SPARSA_ROUND_DEPTH=1` waits for each (a measurement aid).
+fn round_depth() -> usize {
+    knob!("SPARSA_ROUND_DEPTH", |v| (1..=2).contains(&v)).unwrap_or(2) as usize
 }
 
 /// One prompt chunk of a speculative decode: the main model over `part` (at `session.pos`)

@@ -464,3 +464,48 @@ fn created_nothing(before: &GpuStats, after: &GpuStats, when: &str) {
         "bind groups created {when}"
     );
 }
+
+/// Greedy speculative rounds run on the GPU ahead of the host (`gpu_rounds` in
+/// src/generate.rs): a stop in the middle of a round (an eos token the plain output reaches
+/// after some rounds) leaves the session where plain decoding leaves it, with rounds still
+/// queued behind it, and the next turn, its rounds and a context that fills up (the host's
+/// rounds take over near its end) give the plain tokens.
+#[test]
+fn gpu_rounds_stop_where_plain_decoding_stops() {
+    let (tok, _, model) = builtin_chat_model();
+    let ctx = 160;
+    let prompt = tok.encode("Ham.\nTo be, or not to be").unwrap();
+    let more = tok.encode("\nOph. My lord,").unwrap();
+    let greedy = || {
+        Sampler::new(SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        })
+    };
+    let mut plain = model.session(ctx).unwrap();
+    let (free, _) = generate(&mut plain, &prompt, 60, &mut greedy(), &[], |_| true).unwrap();
+    // An eos token whose first use is well into the reply, past a few rounds.
+    let at = (12..free.len())
+        .find(|&i| !free[..i].contains(&free[i]))
+        .expect("a token first used after 12");
+    let eos = [free[at]];
+    let turns = |drafts: usize| {
+        let mut s = model.session(ctx).unwrap();
+        s.set_drafts(drafts).unwrap();
+        let (a, stop_a) = generate(&mut s, &prompt, 60, &mut greedy(), &eos, |_| true).unwrap();
+        let pos_a = s.pos;
+        // The next turn runs until the context is full.
+        let (b, stop_b) = generate(&mut s, &more, 1000, &mut greedy(), &[], |_| true).unwrap();
+        (a, stop_a, pos_a, b, stop_b, s.pos, s.draft_stats())
+    };
+    let want = turns(0);
+    assert_eq!(want.0.len(), at + 1, "the plain reply stops at its eos");
+    for k in [1, 3] {
+        let got = turns(k);
+        assert_eq!(got.0, want.0, "--draft {k}: first turn");
+        assert_eq!((got.1, got.2), (want.1, want.2), "--draft {k}: first stop");
+        assert_eq!(got.3, want.3, "--draft {k}: second turn");
+        assert_eq!((got.4, got.5), (want.4, want.5), "--draft {k}: second stop");
+        assert!(got.6.rounds > 10, "--draft {k}: {}", got.6.line());
+    }
+}

@@ -97,7 +97,20 @@ fn greedy(dir: &PathBuf, prompt: &str, draft: usize, max: usize) -> (String, Str
 
 /// Ids of `generate` at `temperature` (seed 3), and its drafts line (if any).
 fn ids(dir: &PathBuf, prompt: &str, draft: usize, max: usize, temp: &str) -> (String, String) {
+    ids_with(dir, prompt, draft, max, temp, &[])
+}
+
+/// [`ids`] with environment variables set (knobs).
+fn ids_with(
+    dir: &PathBuf,
+    prompt: &str,
+    draft: usize,
+    max: usize,
+    temp: &str,
+    env: &[(&str, &str)],
+) -> (String, String) {
     let mut c = bin();
+    c.envs(env.iter().copied());
     c.args(["generate", "--model"])
         .arg(dir)
         .args(["--tokens", prompt, "--temperature", temp, "--seed", "3"])
@@ -154,6 +167,18 @@ fn drafts_keep_greedy_output() {
                 ids, plain,
                 "{name}: --draft {k} changed the greedy output ({line})"
             );
+            // The same rounds run by the host (each waited for), and on the GPU one at a
+            // time, instead of queued two deep on the GPU.
+            for env in [("SPARSA_GPU_ROUNDS", "0"), ("SPARSA_ROUND_DEPTH", "1")] {
+                let (other, l) = ids_with(&dir, prompt, k, 48, "0", &[env]);
+                assert_eq!(other, plain, "{name}: --draft {k} with {env:?} ({l})");
+                // The same drafts accepted (the last round may draft fewer on the host).
+                assert_eq!(
+                    counts(&l).0,
+                    counts(&line).0,
+                    "{name}: --draft {k} with {env:?}"
+                );
+            }
             let (accepted, drafted) = counts(&line);
             assert!(
                 drafted > 0 && accepted <= drafted,

@@ -20,6 +20,7 @@ pub mod norm;
 pub mod rope;
 pub mod router;
 pub mod sample;
+pub mod spec;
 pub mod topk;
 
 #[cfg(test)]
@@ -42,6 +43,7 @@ pub fn shaders() -> Vec<ShaderCode> {
         rope::SHADERS,
         router::SHADERS,
         sample::SHADERS,
+        spec::SHADERS,
         topk::SHADERS,
     ]
     .concat()

@@ -23,11 +23,11 @@
 
 use super::forward::{caches_bind_groups, gemv};
 use super::load::Mtp;
-use super::session::{Input, Session};
+use super::session::{At, Input, Session};
 use crate::error::{Error, Result};
 use crate::gpu::Stopwatch;
 use crate::kernels::sample::{self, TokenSlot};
-use crate::kernels::{embed, norm, View};
+use crate::kernels::{embed, norm, spec, View};
 
 /// Drafts proposed and accepted so far in a session.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -75,6 +75,55 @@ impl DraftStats {
             per_round(self.ms_recording),
             per_round(self.ms_waiting),
         )
+    }
+}
+
+/// Read-back slots of [`GpuRounds`]: rounds queued and not yet read, at most.
+pub(crate) const ROUND_SLOTS: usize = 3;
+
+/// Greedy rounds queued without waiting for the host ([`Session::gpu_round`]): the state
+/// the GPU keeps (`spec.wgsl`: the next round's position, the last round's, its accepted
+/// drafts, and a log slot per queued round), every position's RoPE cos/sin rows (so the GPU
+/// places a chunk's rows with the host's own values), and a mappable buffer per log slot.
+pub(crate) struct GpuRounds {
+    pub(crate) state: wgpu::Buffer,
+    pub(crate) table: wgpu::Buffer,
+    /// Floats of a cos/sin row, and the table's last position.
+    pub(crate) dim: u32,
+    pub(crate) last: u32,
+    pub(crate) ring: Vec<wgpu::Buffer>,
+    /// The submission that fills each log slot's read-back buffer, until it is read.
+    queued: Vec<Option<wgpu::SubmissionIndex>>,
+    /// Drafts a round.
+    k: u32,
+}
+
+impl GpuRounds {
+    /// Where the main model's picks after the verified rows go in `ids`: after `[next,
+    /// d_1 .. d_k]`.
+    pub(crate) fn picks(&self) -> u32 {
+        self.k + 1
+    }
+
+    /// Where `spec::accept` writes the MTP pass's tokens in `ids`.
+    pub(crate) fn mtp(&self) -> u32 {
+        2 * self.k + 2
+    }
+
+    /// `ids` as `spec::accept` reads it.
+    pub(crate) fn ids<'a>(&self, ids: &'a wgpu::Buffer) -> spec::RoundIds<'a> {
+        spec::RoundIds {
+            ids,
+            k: self.k,
+            picks: self.picks(),
+            mtp: self.mtp(),
+        }
+    }
+
+    /// Byte offset and length of log slot `slot` in the state.
+    pub(crate) fn log_bytes(&self, slot: usize) -> (u64, u64) {
+        let words = self.k as u64 + 2;
+        (4 * (spec::LOG as u64 + slot as u64 * words), 4 * words)
     }
 }
 
@@ -159,17 +208,37 @@ impl Session {
     /// Submitted without waiting: a round's draft steps and its verification queue back to
     /// back, and the host reads the drafts once, with the verification's logits.
     pub(crate) fn mtp_record(&mut self, at: u32, t: usize, pos0: usize, dst: u32) -> Result<()> {
+        self.mtp_at(at, t, At::Host(pos0), dst, None)
+    }
+
+    /// [`Session::mtp_record`] at `pos`; with `round` (a log slot), the MTP pass of a greedy
+    /// round queued on the GPU ([`Session::gpu_round`]): it first picks the main model's
+    /// token after each verified row and accepts the drafts that agree (`spec::accept`, which
+    /// writes the pass's tokens at `at` and the round's tokens to the log slot), its last
+    /// row is the last accepted one, and the log slot is copied out to be read back.
+    fn mtp_at(&mut self, at: u32, t: usize, pos: At, dst: u32, round: Option<usize>) -> Result<()> {
         let start = Stopwatch::start();
         let model = self.model.clone();
         let (cfg, gpu) = (&model.config, &*model.gpu);
-        self.caches.reserve(gpu, pos0 + t)?;
+        self.caches.reserve(gpu, pos.most() + t)?;
         let s = &self.s;
-        // Queue order: this write lands after the submissions before it have run.
-        let span = self.place(pos0, t);
         let (hd, t) = (cfg.hidden_size as u32, t as u32);
-        let mtp = self.mtp();
+        let vocab = cfg.vocab_size as u32;
         let mut rec = gpu.recorder();
         rec.cache_bind_groups(caches_bind_groups(t));
+        let rounds = round.map(|slot| {
+            let r = self.rounds.as_ref().expect("a GPU round has its state");
+            let picks = TokenSlot {
+                ids: &s.ids,
+                index: r.picks(),
+            };
+            let logits = View::rows(&s.logits, vocab);
+            sample::argmax_rows(&mut rec, logits, t, vocab, picks, &s.sample);
+            spec::accept(&mut rec, &r.state, r.ids(&s.ids), slot as u32);
+            (r, slot)
+        });
+        let span = self.place(&mut rec, pos, t as usize);
+        let mtp = self.mtp();
         let h = View::rows(&s.h, hd);
         let hidden = View::rows(&s.mtp_h, hd);
         let cat = View::rows(&s.mtp_cat, 2 * hd);
@@ -182,11 +251,23 @@ impl Session {
         self.attention(&mut rec, i, &mtp.layer, span);
         self.mlp(&mut rec, i, &mtp.layer, t)?;
         // The last row after shared_head.norm: the next draft's hidden, and the LM head's
-        // input.
-        let last = h.row(t - 1);
+        // input. A GPU round's last accepted row is copied out first.
+        let last = match rounds {
+            Some((r, _)) => {
+                let out = View::rows(&s.tmp_h, hd);
+                spec::accepted_row(
+                    &mut rec,
+                    &r.state,
+                    (h.buf, h.offset),
+                    (out.buf, out.offset),
+                    hd,
+                );
+                out.row(0)
+            }
+            None => h.row(t - 1),
+        };
         norm::rms_norm(&mut rec, last, &mtp.head_norm, hidden, 1, hd, eps);
         let head = model.weights.head();
-        let vocab = cfg.vocab_size as u32;
         let logits = View::rows(&s.logits, vocab);
         gemv(&mut rec, None, hidden, head, logits, 1);
         let slot = TokenSlot {
@@ -194,6 +275,10 @@ impl Session {
             index: dst,
         };
         sample::argmax(&mut rec, logits, vocab, slot, &s.sample);
+        if let Some((r, slot)) = rounds {
+            let (off, bytes) = r.log_bytes(slot);
+            rec.copy(&r.state, off, &r.ring[slot], 0, bytes);
+        }
         drop(rec);
         self.draft_stats.ms_recording += start.ms();
         gpu.check()
@@ -257,6 +342,110 @@ impl Session {
             bytemuck::pod_collect_to_vec(drafts),
             bytemuck::pod_collect_to_vec(logits),
         ))
+    }
+
+    /// Whether greedy rounds can be queued on the GPU here: `ids` holds a round's drafts,
+    /// picks and MTP tokens.
+    pub(crate) fn gpu_rounds_fit(&self) -> bool {
+        let k = self.drafts;
+        k > 0 && 3 * k + 3 <= self.chunk && k < self.logit_room()
+    }
+
+    /// Starts greedy rounds on the GPU at `self.pos`, with `next` (chosen, not yet run) and
+    /// d_1 in `ids[1]`, as a host round (`generate::speculative_round`) starts: the state, the table
+    /// and the read-back slots are made on first use (again when the drafts change).
+    pub(crate) fn begin_gpu_rounds(&mut self, next: u32) -> Result<()> {
+        let gpu = self.model.gpu.clone();
+        let k = self.drafts as u32;
+        if self.rounds.as_ref().is_none_or(|r| r.k != k) {
+            self.rounds = None;
+            let words = spec::state_words(k, ROUND_SLOTS as u32);
+            let state = gpu.buffer_from(&vec![0u32; words as usize], "speculative state")?;
+            let table = self.rope.cos_sin(0..self.max_ctx());
+            let dim = (table.len() / self.max_ctx()) as u32;
+            let table = gpu.buffer_from(&table, "RoPE cos/sin of every position")?;
+            let ring = (0..ROUND_SLOTS)
+                .map(|_| {
+                    gpu.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some("speculative round read-back"),
+                        size: 4 * (k as u64 + 2),
+                        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                        mapped_at_creation: false,
+                    })
+                })
+                .collect();
+            self.rounds = Some(GpuRounds {
+                state,
+                table,
+                dim,
+                last: self.max_ctx() as u32 - 1,
+                ring,
+                queued: vec![None; ROUND_SLOTS],
+                k,
+            });
+        }
+        let r = self.rounds.as_ref().expect("made above");
+        gpu.write(&r.state, 0, bytemuck::cast_slice(&[self.pos as u32]));
+        self.put_tokens(&[next]);
+        gpu.check()
+    }
+
+    /// Queues one greedy round on the GPU, whose first position the state holds (at most
+    /// `most`): draft steps 2 ..= k, the verification of `[next, d_1 .. d_k]`, then the MTP
+    /// pass that picks the main model's tokens, accepts the drafts that agree, advances the
+    /// state and drafts the next round's d_1 ([`Session::mtp_at`]). Its tokens go to log
+    /// `slot`, read with [`Session::read_gpu_round`]. Needs [`Session::begin_gpu_rounds`];
+    /// the caller keeps `most + k + 1` within the context.
+    pub(crate) fn gpu_round(&mut self, slot: usize, most: usize) -> Result<()> {
+        let k = self.drafts;
+
+        let on = |offset: usize| At::Gpu {
+            field: spec::POS,
+            offset: offset as u32,
+            most: most + offset,
+        };
+        for j in 1..k {
+            self.mtp_at(j as u32, 1, on(j - 1), j as u32 + 1, None)?;
+        }
+        let start = Stopwatch::start();
+        self.chunk_at(on(0), Input::OnGpu(k + 1), k + 1, None, true)?;
+        self.draft_stats.ms_recording += start.ms();
+        let verified = At::Gpu {
+            field: spec::PREV,
+            offset: 0,
+            most,
+        };
+        let mtp = self.rounds.as_ref().expect("begun").mtp();
+        self.mtp_at(mtp, k + 1, verified, 1, Some(slot))?;
+        let last = self.model.gpu.last_submission();
+        self.rounds.as_mut().expect("begun").queued[slot] = last;
+        Ok(())
+    }
+
+    /// The tokens the round queued with log `slot` emitted (its accepted drafts and the
+    /// main model's token after them), once it has run; counts the round.
+    pub(crate) async fn read_gpu_round(&mut self, slot: usize) -> Result<Vec<u32>> {
+        let gpu = self.model.gpu.clone();
+        let r = self.rounds.as_mut().expect("begun");
+        let after = r.queued[slot]
+            .take()
+            .ok_or_else(|| Error::msg("no speculative round is queued in that slot"))?;
+        let (_, bytes) = r.log_bytes(slot);
+        let waited = Stopwatch::start();
+        let b = gpu
+            .read_mapped_async(&r.ring[slot], bytes, Some(after))
+            .await?;
+        self.draft_stats.ms_waiting += waited.ms();
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&b);
+        let n = words[0] as usize;
+        if n == 0 || n > self.drafts + 1 {
+            return Err(Error::msg(format!(
+                "a speculative round's log says it emitted {n} tokens (1 ..= {})",
+                self.drafts + 1
+            )));
+        }
+        self.count_round(self.drafts, n - 1);
+        Ok(words[1..=n].to_vec())
     }
 
     /// The main model's chunk of `tokens` at `self.pos` with every row's logits read back

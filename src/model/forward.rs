@@ -18,7 +18,7 @@
 
 use super::load::{Layer, Mlp, Proj, SwiGlu};
 use super::pick::Pick;
-use super::session::{Input, Session};
+use super::session::{At, Input, Session};
 use crate::error::Result;
 use crate::gpu::Recorder;
 use crate::kernels::matmul::XQuant;
@@ -37,6 +37,20 @@ impl Session {
         pick: Option<(usize, &Pick)>,
         keep_hidden: bool,
     ) -> Result<()> {
+        let t = self.chunk_at(At::Host(self.pos), input, want_logits, pick, keep_hidden)?;
+        self.pos += t;
+        Ok(())
+    }
+
+    /// [`Session::chunk_forward`] at `at`, leaving the position alone; returns the rows.
+    pub(super) fn chunk_at(
+        &mut self,
+        at: At,
+        input: Input,
+        want_logits: usize,
+        pick: Option<(usize, &Pick)>,
+        keep_hidden: bool,
+    ) -> Result<usize> {
         let model = self.model.clone();
         let gpu = &*model.gpu;
         let t = match input {
@@ -50,14 +64,13 @@ impl Session {
                 "a chunk of {t} rows cannot leave the logits of {want_logits} (at most {room})"
             )));
         }
-        self.caches.reserve(gpu, self.pos + t)?;
+        self.caches.reserve(gpu, at.most() + t)?;
         if let Input::Host(tokens) = input {
             self.put_tokens(tokens);
         }
-        let span = self.place(self.pos, t);
+        let mut rec = gpu.recorder();
         let t = t as u32;
 
-        let mut rec = gpu.recorder();
         // Decode steps (one token) repeat the same dispatches with the same parameter slots,
         // so their bind groups are kept and reused, and so do a speculative round's
         // verifications (k + 1 rows every round). A prefill's depend on its length (GEMV
@@ -65,6 +78,7 @@ impl Session {
         // stayed (host memory grew by steps in long chats), so they are made per chunk and
         // dropped with it (a few hundred).
         rec.cache_bind_groups(caches_bind_groups(t));
+        let span = self.place(&mut rec, at, t as usize);
         // A chunk of several rows is waited for once recorded (a verification, a prompt):
         // its first layers run while the host records the rest. A decode step is recorded
         // while the GPU runs the one before.
@@ -88,8 +102,7 @@ impl Session {
         if let Some(off) = &model.offload {
             off.check_files()?;
         }
-        self.pos += t as usize;
-        Ok(())
+        Ok(t as usize)
     }
 
     /// The embedding of the tokens in `s.ids` and every layer over the chunk's rows

@@ -15,8 +15,9 @@ use super::Model;
 use crate::cache::{CacheFormat, Caches};
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::gpu::Recorder;
 use crate::kernels::cache::{self, Source};
-use crate::kernels::Causal;
+use crate::kernels::{spec, Causal};
 
 /// Logits of the rows asked for, row-major `[rows, vocab]`.
 pub struct Logits {
@@ -45,6 +46,31 @@ pub(super) enum Input<'a> {
     OnGpu(usize),
 }
 
+/// Where a chunk's first row sits.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum At {
+    /// At this position, known to the host.
+    Host(usize),
+    /// At the position word `field` of the GPU rounds' state holds, plus `offset`
+    /// (draft.rs): the host knows only `most`, a bound on it, and sizes the chunk's work
+    /// for that.
+    Gpu {
+        field: u32,
+        offset: u32,
+        most: usize,
+    },
+}
+
+impl At {
+    /// The first row's position, or the host's bound on it.
+    pub(super) fn most(self) -> usize {
+        match self {
+            At::Host(p) => p,
+            At::Gpu { most, .. } => most,
+        }
+    }
+}
+
 /// One conversation: its caches, scratch and position.
 pub struct Session {
     pub model: Model,
@@ -70,6 +96,8 @@ pub struct Session {
     pub(super) draft_stats: super::draft::DraftStats,
     /// Where a verification's logits and drafts are copied to be read back (draft.rs).
     pub(super) verify_out: Option<wgpu::Buffer>,
+    /// The state of greedy rounds queued without waiting (draft.rs), made on first use.
+    pub(super) rounds: Option<super::draft::GpuRounds>,
 }
 
 impl Drop for Session {
@@ -191,6 +219,7 @@ impl Session {
             drafts: 0,
             draft_stats: Default::default(),
             verify_out: None,
+            rounds: None,
         })
     }
 
@@ -358,12 +387,41 @@ impl Session {
         Ok(())
     }
 
-    /// The chunk of `t` rows from position `pos0` of this session, placed for the next
-    /// recorded forward ([`Session::place_rows`]).
-    pub(super) fn place(&self, pos0: usize, t: usize) -> Causal<'_> {
+    /// The chunk of `t` rows from `at` in this session, placed for the forward `rec`
+    /// records: by the host ([`Session::place_rows`]), or on the GPU from the rounds' state
+    /// (draft.rs), over as many keys as the host's bound on the position allows.
+    pub(super) fn place(&self, rec: &mut Recorder, at: At, t: usize) -> Causal<'_> {
         let lo = self.caches.lo();
-        let rows: Vec<(usize, usize)> = (pos0..pos0 + t).map(|p| (lo, p)).collect();
-        self.place_rows(&rows)
+        match at {
+            At::Host(pos0) => {
+                let rows: Vec<(usize, usize)> = (pos0..pos0 + t).map(|p| (lo, p)).collect();
+                self.place_rows(&rows)
+            }
+            At::Gpu {
+                field,
+                offset,
+                most,
+            } => {
+                let r = self
+                    .rounds
+                    .as_ref()
+                    .expect("positions on the GPU need the rounds' state");
+                let pos = spec::RoundPos {
+                    state: &r.state,
+                    field,
+                    offset,
+                };
+                let (s, t) = (&self.s, t as u32);
+                let table = (&r.table, r.dim, r.last);
+                spec::round_places(rec, pos, t, lo as u32, &s.places, &s.cos_sin, table);
+                Causal {
+                    rows: t,
+                    n_keys: (most + t as usize) as u32,
+                    pos0: most as u32,
+                    places: Some(&s.places),
+                }
+            }
+        }
     }
 
     /// Writes RoPE's cos/sin rows and the places of a chunk's rows (`rows`: each one's cache

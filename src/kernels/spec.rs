@@ -1,0 +1,265 @@
+//! Greedy speculative rounds that stay on the GPU (`shaders/spec.wgsl`): a round's first
+//! position and its accepted drafts live in a state buffer, so the host queues the next
+//! round before reading what this one accepted (src/model/draft.rs).
+use super::Recorder;
+use crate::gpu::{kernel_params, Shader, ShaderCode};
+
+kernel_params! {
+    struct Params {
+        rows: u32,
+        offset: u32,
+        lo: u32,
+        dim: u32,
+        field: u32,
+        last: u32,
+        k: u32,
+        picks: u32,
+        mtp: u32,
+        log: u32,
+        slot: u32,
+        src: u32,
+        dst: u32,
+        _pad0: u32,
+        _pad1: u32,
+        _pad2: u32,
+    }
+}
+
+const SPEC: Shader<Params> = Shader::new("spec", include_str!("../../shaders/spec.wgsl"));
+
+/// This module's shaders (for [`super::shaders`]).
+pub(super) const SHADERS: &[ShaderCode] = &[SPEC.code()];
+
+/// The state's words: the next round's first position.
+pub const POS: u32 = 0;
+/// The last verified round's first position.
+pub const PREV: u32 = 1;
+/// Where the log slots start (after the accepted-draft count, word 2).
+pub const LOG: u32 = 4;
+
+/// Words of a state buffer with `slots` log slots for rounds of `k` drafts.
+pub fn state_words(k: u32, slots: u32) -> u32 {
+    LOG + slots * (k + 2)
+}
+
+/// Where a chunk's rows read their positions: `state[field] + offset + r` for row r.
+#[derive(Clone, Copy, Debug)]
+pub struct RoundPos<'a> {
+    pub state: &'a wgpu::Buffer,
+    pub field: u32,
+    pub offset: u32,
+}
+
+/// Writes the places (`[lo, pos]` a row) and RoPE's cos/sin rows (`dim` floats a row, from
+/// `table`, every position's rows up to `last`) of `rows` rows at the positions `at` reads.
+#[allow(clippy::too_many_arguments)]
+pub fn round_places(
+    rec: &mut Recorder,
+    at: RoundPos,
+    rows: u32,
+    lo: u32,
+    places: &wgpu::Buffer,
+    cos_sin: &wgpu::Buffer,
+    (table, dim, last): (&wgpu::Buffer, u32, u32),
+) {
+    let p = Params {
+        rows,
+        offset: at.offset,
+        lo,
+        dim,
+        field: at.field,
+        last,
+        ..Params::default()
+    };
+    let gpu = rec.gpu();
+    let pipe = gpu.pipeline(&SPEC, "round_places", &[]);
+    let n = rows * dim.max(1);
+    let grid = gpu.grid(n.div_ceil(64));
+    rec.dispatch(&pipe, &p, &[at.state, places, cos_sin, table], grid);
+}
+
+/// Where [`accept`] finds a round's tokens in `ids`: the first token at 0, the `k` drafts
+/// at `1 ..= k`, the main model's picks at `picks ..= picks + k`; it writes the MTP layer's
+/// tokens at `mtp ..`.
+#[derive(Clone, Copy, Debug)]
+pub struct RoundIds<'a> {
+    pub ids: &'a wgpu::Buffer,
+    pub k: u32,
+    pub picks: u32,
+    pub mtp: u32,
+}
+
+/// Accepts a greedy round's leading drafts that equal the main model's picks (see
+/// `shaders/spec.wgsl`), advances `state` and writes the round's tokens to log `slot`.
+pub fn accept(rec: &mut Recorder, state: &wgpu::Buffer, r: RoundIds, slot: u32) {
+    let p = Params {
+        k: r.k,
+        picks: r.picks,
+        mtp: r.mtp,
+        log: LOG,
+        slot,
+        ..Params::default()
+    };
+    let pipe = rec.gpu().pipeline(&SPEC, "accept", &[]);
+    rec.dispatch(&pipe, &p, &[state, r.ids], [1, 1, 1]);
+}
+
+/// Copies the last accepted row (row `state[2]`) of the `dim`-wide rows at `src` (word
+/// offset `src_off`) to `dst` at word `dst_off`.
+pub fn accepted_row(
+    rec: &mut Recorder,
+    state: &wgpu::Buffer,
+    (src, src_off): (&wgpu::Buffer, u32),
+    (dst, dst_off): (&wgpu::Buffer, u32),
+    dim: u32,
+) {
+    let p = Params {
+        dim,
+        src: src_off,
+        dst: dst_off,
+        ..Params::default()
+    };
+    let gpu = rec.gpu();
+    let pipe = gpu.pipeline(&SPEC, "accepted_row", &[]);
+    rec.dispatch(&pipe, &p, &[state, src, dst], gpu.grid(dim.div_ceil(64)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::{gpu, Rng};
+
+    /// The host's rule: the drafts accepted, the tokens emitted.
+    fn accept_ref(drafts: &[u32], picks: &[u32]) -> (usize, Vec<u32>) {
+        let n = drafts.iter().zip(picks).take_while(|(d, p)| d == p).count();
+        let mut out = drafts[..n].to_vec();
+        out.push(picks[n]);
+        (n, out)
+    }
+
+    #[test]
+    fn accept_takes_the_agreeing_prefix_and_logs_it() {
+        let g = gpu();
+        let mut rng = Rng::new(11);
+        for k in [1u32, 3, 5] {
+            for case in 0..12 {
+                let drafts: Vec<u32> = (0..k).map(|_| rng.below(5) as u32).collect();
+                // Picks agreeing with the drafts for a random prefix (all of them sometimes).
+                let agree = rng.below(k as u64 + 1) as usize;
+                let mut picks: Vec<u32> = (0..=k).map(|_| rng.below(5) as u32).collect();
+                picks[..agree].copy_from_slice(&drafts[..agree]);
+                let (n, want) = accept_ref(&drafts, &picks);
+                let (pk, mt) = (k + 3, 2 * k + 7);
+                let mut ids = vec![99u32; (mt + k + 2) as usize];
+                ids[0] = 42;
+                ids[1..=k as usize].copy_from_slice(&drafts);
+                ids[pk as usize..=(pk + k) as usize].copy_from_slice(&picks);
+                let slots = 3;
+                let slot = case % slots;
+                let mut st = vec![0u32; state_words(k, slots) as usize];
+                st[POS as usize] = 1000 + case;
+                let ib = g.buffer_from(&ids, "ids").unwrap();
+                let sb = g.buffer_from(&st, "state").unwrap();
+                let mut rec = g.recorder();
+                let r = RoundIds {
+                    ids: &ib,
+                    k,
+                    picks: pk,
+                    mtp: mt,
+                };
+                accept(&mut rec, &sb, r, slot);
+                rec.finish().unwrap();
+                let ids2 = g.read_u32(&ib, 0, ids.len()).unwrap();
+                let st2 = g.read_u32(&sb, 0, st.len()).unwrap();
+                let what = format!("k {k}, drafts {drafts:?}, picks {picks:?}");
+                assert_eq!(ids2[0], *want.last().unwrap(), "next token: {what}");
+                let m = mt as usize;
+                assert_eq!(&ids2[m..m + n + 1], &want[..], "MTP tokens: {what}");
+                assert_eq!(&ids2[1..=k as usize], &drafts[..], "drafts kept: {what}");
+                assert_eq!(st2[PREV as usize], 1000 + case, "{what}");
+                assert_eq!(st2[POS as usize], 1000 + case + n as u32 + 1, "{what}");
+                assert_eq!(st2[2], n as u32, "{what}");
+                let s = (LOG + slot * (k + 2)) as usize;
+                assert_eq!(st2[s] as usize, n + 1, "{what}");
+                assert_eq!(&st2[s + 1..s + 2 + n], &want[..], "{what}");
+                // Other slots untouched.
+                for o in 0..slots {
+                    if o != slot {
+                        let s = (LOG + o * (k + 2)) as usize;
+                        assert!(st2[s..s + (k + 2) as usize].iter().all(|&w| w == 0));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn round_places_reads_the_state() {
+        let g = gpu();
+        let (dim, last, lo) = (6u32, 40u32, 7u32);
+        let table: Vec<f32> = (0..(last + 1) * dim)
+            .map(|i| i as f32 * 0.5 - 3.0)
+            .collect();
+        let tb = g.buffer_from(&table, "table").unwrap();
+        let st = g.buffer_from(&[17u32, 30, 0, 0], "state").unwrap();
+        for (field, offset, rows) in [(POS, 0u32, 1u32), (POS, 2, 5), (PREV, 0, 4), (PREV, 8, 5)] {
+            let places = g
+                .buffer_from(&vec![5u32; 2 * rows as usize + 3], "places")
+                .unwrap();
+            let cs = g
+                .buffer_from(&vec![-1.0f32; (rows * dim) as usize + 2], "cs")
+                .unwrap();
+            let mut rec = g.recorder();
+            let at = RoundPos {
+                state: &st,
+                field,
+                offset,
+            };
+            round_places(&mut rec, at, rows, lo, &places, &cs, (&tb, dim, last));
+            rec.finish().unwrap();
+            let base = [17u32, 30][field as usize] + offset;
+            let got = g.read_u32(&places, 0, 2 * rows as usize + 3).unwrap();
+            let cos = g.read_f32(&cs, 0, (rows * dim) as usize + 2).unwrap();
+            for r in 0..rows {
+                // Position 38 + 4 passes the table's last row (40): clamped.
+                let pos = (base + r).min(last);
+                assert_eq!(got[2 * r as usize], lo);
+                assert_eq!(
+                    got[2 * r as usize + 1],
+                    pos,
+                    "field {field} offset {offset}"
+                );
+                let want = &table[(pos * dim) as usize..((pos + 1) * dim) as usize];
+                let at = (r * dim) as usize;
+                assert_eq!(&cos[at..at + dim as usize], want);
+            }
+            assert_eq!(&got[2 * rows as usize..], &[5, 5, 5], "past the rows");
+            assert_eq!(&cos[(rows * dim) as usize..], &[-1.0, -1.0]);
+        }
+    }
+
+    #[test]
+    fn accepted_row_copies_the_row_the_state_names() {
+        let g = gpu();
+        let mut rng = Rng::new(3);
+        let dim = 70u32;
+        let rows: Vec<f32> = rng.vec(5 * dim as usize + 9, 1.0);
+        let src = g.buffer_from(&rows, "src").unwrap();
+        for n in [0u32, 2, 4] {
+            let st = g.buffer_from(&[0u32, 0, n, 0], "state").unwrap();
+            let dst = g
+                .buffer_from(&vec![0.25f32; dim as usize + 10], "dst")
+                .unwrap();
+            let mut rec = g.recorder();
+            accepted_row(&mut rec, &st, (&src, 9), (&dst, 3), dim);
+            rec.finish().unwrap();
+            let got = g.read_f32(&dst, 0, dim as usize + 10).unwrap();
+            let at = 9 + (n * dim) as usize;
+            assert_eq!(&got[3..3 + dim as usize], &rows[at..at + dim as usize]);
+            assert!(got[..3]
+                .iter()
+                .chain(&got[3 + dim as usize..])
+                .all(|&v| v == 0.25));
+        }
+    }
+}
