@@ -157,7 +157,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
     // The slots share the device's pipelines: one warms them for all.
     if let Some(s) = sessions.first_mut() {
-        pollster::block_on(s.warm_drafts())?;
+        // The server's slots run the host's rounds (src/serve/engine.rs).
+        pollster::block_on(s.warm_drafts(false))?;
     }
     let need = Caches::bytes_per_token(&model.config, cache)
         .saturating_mul(ctx as u64)
