@@ -152,9 +152,9 @@ impl Session {
     /// the main model's chunk with its logits and the MTP layer, each at every row count a
     /// round takes (1 ..= drafts + 1: a verification's k + 1 rows, fewer near the end of a
     /// reply, and the MTP layer over the accepted rows) and, with `gpu_rounds`, a greedy
-    /// round on the GPU, run once each at the current position, which is then restored with the draft statistics. Rows past it are
-    /// rewritten before they are read, and the next prompt sets the MTP layer's hidden row
-    /// and first draft afresh. Without it, rounds compiled these variants as they first met
+    /// round on the GPU, run once each at the current position, which is then restored with
+    /// the draft statistics. Rows past it are rewritten before they are read, and the next
+    /// prompt sets the MTP layer's hidden row and first draft afresh. Without it, rounds compiled these variants as they first met
     /// each row count: on an H100 that cost the built-in model 0.5–1.1 ms a round averaged
     /// over 1,000 tokens, about as much as a round's own recording (BENCHMARKS.md,
     /// "2026-12-06 (fourth session)"). The pipeline cache logs each compile at debug level.
