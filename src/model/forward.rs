@@ -81,8 +81,10 @@ impl Session {
         let span = self.place(&mut rec, at, t as usize);
         // A chunk of several rows is waited for once recorded (a verification, a prompt):
         // its first layers run while the host records the rest. A decode step is recorded
-        // while the GPU runs the one before.
-        if t > 1 {
+        // while the GPU runs the one before, and so is a round queued on the GPU (one
+        // submission: 1,991 → 2,046 / 2,052 tok/s for the built-in model's --draft 3 on an
+        // H100, BENCHMARKS.md, "2026-12-06 (sixth session)").
+        if t > 1 && matches!(at, At::Host(_)) {
             rec.submit_every(submit_every());
         }
         self.layers(&mut rec, span)?;
