@@ -277,14 +277,13 @@ async fn gpu_rounds(
     (max_tokens, eos): (usize, &[u32]),
     on_event: &mut impl FnMut(Event) -> bool,
 ) -> Result<Option<Stop>> {
-    use crate::model::ROUND_SLOTS;
     let k = session.drafts();
     let max_ctx = session.max_ctx();
     session.begin_gpu_rounds(next)?;
     // The first position of the oldest round queued and not yet read.
     let mut known = session.pos;
+    // The read-back slots of the rounds queued, oldest first.
     let mut queued = std::collections::VecDeque::new();
-    let mut slot = 0;
     loop {
         // Each queued round emits 1 ..= k + 1 tokens: bound the next one's position by the
         // most, and stop queueing once the fewest would reach the budget.
@@ -293,9 +292,7 @@ async fn gpu_rounds(
             if most + k + 1 > max_ctx || out.len() + queued.len() >= max_tokens {
                 break;
             }
-            session.gpu_round(slot, most)?;
-            queued.push_back(slot);
-            slot = (slot + 1) % ROUND_SLOTS;
+            queued.push_back(session.gpu_round(most)?);
         }
         let Some(s) = queued.pop_front() else {
             session.pos = known;

@@ -79,7 +79,7 @@ impl DraftStats {
 }
 
 /// Read-back slots of [`GpuRounds`]: rounds queued and not yet read, at most.
-pub(crate) const ROUND_SLOTS: usize = 3;
+const ROUND_SLOTS: usize = 3;
 
 /// Greedy rounds queued without waiting for the host ([`Session::gpu_round`]): the state
 /// the GPU keeps (`spec.wgsl`: the next round's position, the last round's, its accepted
@@ -174,11 +174,10 @@ impl Session {
         // GPU), one such round: its own kernels (places, picks, acceptance).
         if gpu_rounds && self.gpu_rounds_fit() && rows == self.drafts + 1 {
             self.begin_gpu_rounds(0)?;
-            self.gpu_round(0, pos)?;
-            self.read_gpu_round(0).await?;
+            let slot = self.gpu_round(pos)?;
+            self.read_gpu_round(slot).await?;
         }
         self.model.gpu.read_f32_async(&self.s.ids, 1, 1).await?;
-        self.pos = pos;
         self.draft_stats = stats;
         Ok(())
     }
@@ -361,7 +360,8 @@ impl Session {
 
     /// Starts greedy rounds on the GPU at `self.pos`, with `next` (chosen, not yet run) and
     /// d_1 in `ids[1]`, as a host round (`generate::speculative_round`) starts: the state, the table
-    /// and the read-back slots are made on first use (again when the drafts change).
+    /// and the read-back slots are made on first use (again when the drafts change); rounds
+    /// an earlier reply left queued and unread give up their slots.
     pub(crate) fn begin_gpu_rounds(&mut self, next: u32) -> Result<()> {
         let gpu = self.model.gpu.clone();
         let k = self.drafts as u32;
@@ -392,7 +392,8 @@ impl Session {
                 k,
             });
         }
-        let r = self.rounds.as_ref().expect("made above");
+        let r = self.rounds.as_mut().expect("made above");
+        r.queued.fill(None);
         gpu.write(&r.state, 0, bytemuck::cast_slice(&[self.pos as u32]));
         self.put_tokens(&[next]);
         gpu.check()
@@ -401,12 +402,17 @@ impl Session {
     /// Queues one greedy round on the GPU, whose first position the state holds (at most
     /// `most`): draft steps 2 ..= k, the verification of `[next, d_1 .. d_k]`, then the MTP
     /// pass that picks the main model's tokens, accepts the drafts that agree, advances the
-    /// state and drafts the next round's d_1 ([`Session::mtp_at`]). Its tokens go to log
-    /// `slot`, read with [`Session::read_gpu_round`]. Needs [`Session::begin_gpu_rounds`];
-    /// the caller keeps `most + k + 1` within the context.
-    pub(crate) fn gpu_round(&mut self, slot: usize, most: usize) -> Result<()> {
+    /// state and drafts the next round's d_1 ([`Session::mtp_at`]). Its tokens go to a free
+    /// log slot, which it returns for [`Session::read_gpu_round`]. Needs
+    /// [`Session::begin_gpu_rounds`]; the caller keeps `most + k + 1` within the context.
+    pub(crate) fn gpu_round(&mut self, most: usize) -> Result<usize> {
         let k = self.drafts;
-
+        let r = self.rounds.as_ref().expect("begun");
+        let slot = r.queued.iter().position(Option::is_none).ok_or_else(|| {
+            Error::msg(format!(
+                "all {ROUND_SLOTS} speculative read-back slots hold rounds not yet read"
+            ))
+        })?;
         let on = |offset: usize| At::Gpu {
             field: spec::POS,
             offset: offset as u32,
@@ -427,7 +433,7 @@ impl Session {
         self.mtp_at(mtp, k + 1, verified, 1, Some(slot))?;
         let last = self.model.gpu.last_submission();
         self.rounds.as_mut().expect("begun").queued[slot] = last;
-        Ok(())
+        Ok(slot)
     }
 
     /// The tokens the round queued with log `slot` emitted (its accepted drafts and the

@@ -23,7 +23,6 @@ pub mod source;
 
 pub use batch::BatchRow;
 pub use draft::DraftStats;
-pub(crate) use draft::ROUND_SLOTS;
 pub use pick::Pick;
 pub use plan::{
     free_memory, longest_ctx, plan, plan_sized, plan_summary, session_room, GpuMemory, Placement,
