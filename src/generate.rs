@@ -312,9 +312,10 @@ async fn gpu_rounds(
 }
 
 /// Rounds [`gpu_rounds`] keeps queued: 2, so the GPU runs one while the host records the
-/// next; `SPARSA_ROUND_DEPTH=1` waits for each (a measurement aid).
+/// next; `SPARSA_ROUND_DEPTH` sets 1 (each waited for, a measurement aid) to 3 (the
+/// read-back slots [`Session::gpu_round`] has).
 fn round_depth() -> usize {
-    knob!("SPARSA_ROUND_DEPTH", |v| (1..=2).contains(&v)).unwrap_or(2) as usize
+    knob!("SPARSA_ROUND_DEPTH", |v| (1..=3).contains(&v)).unwrap_or(2) as usize
 }
 
 /// One prompt chunk of a speculative decode: the main model over `part` (at `session.pos`)

@@ -168,8 +168,12 @@ fn drafts_keep_greedy_output() {
                 "{name}: --draft {k} changed the greedy output ({line})"
             );
             // The same rounds run by the host (each waited for), and on the GPU one at a
-            // time, instead of queued two deep on the GPU.
-            for env in [("SPARSA_GPU_ROUNDS", "0"), ("SPARSA_ROUND_DEPTH", "1")] {
+            // time and three deep, instead of queued two deep on the GPU.
+            for env in [
+                ("SPARSA_GPU_ROUNDS", "0"),
+                ("SPARSA_ROUND_DEPTH", "1"),
+                ("SPARSA_ROUND_DEPTH", "3"),
+            ] {
                 let (other, l) = ids_with(&dir, prompt, k, 48, "0", &[env]);
                 assert_eq!(other, plain, "{name}: --draft {k} with {env:?} ({l})");
                 // The same drafts accepted (the last round may draft fewer on the host).

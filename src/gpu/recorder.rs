@@ -149,6 +149,9 @@ impl<'g> Recorder<'g> {
             .counters
             .dispatches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if log::log_enabled!(log::Level::Trace) {
+            log::trace!("dispatch {} {wg:?}", self.gpu.label_of(pipeline));
+        }
         let bytes = bytemuck::bytes_of(params);
         assert!(
             bytes.len() as u64 <= PARAM_STRIDE,

@@ -357,38 +357,54 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
             shader = &MATMUL_DOT_SG;
         }
     }
+    let gpu = rec.gpu();
     if [MATMUL_COOP.name, MATMUL_COOP_X1.name].contains(&shader.name) {
-        rec.gpu()
-            .pipeline(shader, entry, &coop_defines(entry, f, k))
+        const N: usize = DEFINE_NAMES.len() + COOP_ONLY_NAMES.len();
+        let (mut names, mut values) = ([""; N], [0; N]);
+        names[..DEFINE_NAMES.len()].copy_from_slice(&DEFINE_NAMES);
+        names[DEFINE_NAMES.len()..].copy_from_slice(&COOP_ONLY_NAMES);
+        values[..DEFINE_NAMES.len()].copy_from_slice(&define_values(f, k));
+        values[DEFINE_NAMES.len()..]
+            .copy_from_slice(&coop_only_values(f.code(), coop_gather(entry)));
+        gpu.pipeline_n(shader, entry, &names, &values)
     } else {
-        rec.gpu().pipeline(shader, entry, &defines(f, k))
+        gpu.pipeline_n(shader, entry, &DEFINE_NAMES, &define_values(f, k))
     }
 }
 
-/// [`defines`] and those only the tensor-core tile reads, for `entry`.
-fn coop_defines(entry: &str, f: WFormat, k: Knobs) -> Vec<(&'static str, String)> {
-    coop_defines_with(f, k, coop_gather(entry))
-}
-
-/// [`coop_defines`] with the weights staged K-major or not (`gather`, [`coop_gather`]).
+/// Every define of the tensor-core tile (the GEMVs' and its own), with the weights staged
+/// K-major or not (`gather`, [`coop_gather`]).
+#[cfg(test)]
 fn coop_defines_with(f: WFormat, k: Knobs, gather: bool) -> Vec<(&'static str, String)> {
-    defines(f, k)
-        .into_iter()
-        .chain(coop_only_defines(f.code(), gather))
-        .collect()
+    let mut d = named(&DEFINE_NAMES, &define_values(f, k));
+    d.extend(coop_only_defines(f.code(), gather));
+    d
 }
 
 /// The defines only the tensor-core tile reads, for weights of `W_DTYPE` code `w_dtype`.
 /// `W_GATHER`: the weights are gathered rows read transposed (`mla_values`), staged K-major.
-fn coop_only_defines(w_dtype: u32, gather: bool) -> [(&'static str, String); 6] {
+fn coop_only_defines(w_dtype: u32, gather: bool) -> Vec<(&'static str, String)> {
+    named(&COOP_ONLY_NAMES, &coop_only_values(w_dtype, gather))
+}
+
+/// The names of [`coop_only_defines`], in the order of [`coop_only_values`].
+const COOP_ONLY_NAMES: [&str; 6] = ["Q4_MODE", "X_F16", "TN", "W_GATHER", "RC", "ROWS_DIAG"];
+
+/// The values of [`coop_only_defines`].
+fn coop_only_values(w_dtype: u32, gather: bool) -> [u32; 6] {
     [
-        ("Q4_MODE", u(coop_q4_mode())),
-        ("X_F16", u(coop_x_f16())),
-        ("TN", u(coop_tile_cols(w_dtype))),
-        ("W_GATHER", u(gather as u32)),
-        ("RC", u(coop_rows_cols())),
-        ("ROWS_DIAG", u(coop_rows_diag())),
+        coop_q4_mode(),
+        coop_x_f16(),
+        coop_tile_cols(w_dtype),
+        gather as u32,
+        coop_rows_cols(),
+        coop_rows_diag(),
     ]
+}
+
+/// `names` with their u32 `values` as define text.
+fn named(names: &[&'static str], values: &[u32]) -> Vec<(&'static str, String)> {
+    names.iter().zip(values).map(|(n, v)| (*n, u(*v))).collect()
 }
 
 /// A measurement aid for the [`coop_rows`] kernels, which gives wrong results: which part of
@@ -575,23 +591,30 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         .collect()
 }
 
-fn defines(f: WFormat, k: Knobs) -> [(&'static str, String); 15] {
+/// The names of the GEMV and GEMM defines, in the order of [`define_values`].
+const DEFINE_NAMES: [&str; 15] = [
+    "W_DTYPE", "QB", "S_BF16", "T", "TPR4", "RR", "EPV", "MAXB", "XQ", "UNROLL", "WGC", "XLO",
+    "ROWS_WG", "SGR", "I2F",
+];
+
+/// The values of the GEMV and GEMM defines ([`DEFINE_NAMES`]) for weights in format `f`.
+fn define_values(f: WFormat, k: Knobs) -> [u32; 15] {
     [
-        ("W_DTYPE", u(f.code())),
-        ("QB", u(f.block().max(1) as u32)),
-        ("S_BF16", u(f.scale_bf16() as u32)),
-        ("T", u(k.t)),
-        ("TPR4", u(k.tpr4)),
-        ("RR", u(k.rr)),
-        ("EPV", u(f.per_word() as u32)),
-        ("MAXB", u(k.maxb)),
-        ("XQ", u(k.xq)),
-        ("UNROLL", u(k.unroll)),
-        ("WGC", u(cpu_wg())),
-        ("XLO", u(xq_lo())),
-        ("ROWS_WG", u(rows_wg())),
-        ("SGR", u(k.sgr)),
-        ("I2F", u(dot_i2f())),
+        f.code(),
+        f.block().max(1) as u32,
+        f.scale_bf16() as u32,
+        k.t,
+        k.tpr4,
+        k.rr,
+        f.per_word() as u32,
+        k.maxb,
+        k.xq,
+        k.unroll,
+        cpu_wg(),
+        xq_lo(),
+        rows_wg(),
+        k.sgr,
+        dot_i2f(),
     ]
 }
 
@@ -944,10 +967,11 @@ pub fn quantize_x<'a>(
     debug_assert!(k.is_multiple_of(32) && out.size() >= xq_bytes(k, rows));
     let fmt = WFormat::Quant(order);
     let shader = shader_of("quantize_x_rows", false, false);
-    let pipe = rec.gpu().pipeline(
+    let pipe = rec.gpu().pipeline_n(
         shader,
         "quantize_x_rows",
-        &defines(fmt, dot_knobs(KNOBS.tpr4, 1, true)),
+        &DEFINE_NAMES,
+        &define_values(fmt, dot_knobs(KNOBS.tpr4, 1, true)),
     );
     let p = Params {
         k,
