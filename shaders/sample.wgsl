@@ -7,9 +7,13 @@
 // part[2(r · parts + g)] and the word after. `argmax_final` (one workgroup per row) reduces
 // row r's P.parts pairs and writes the winning index to io[P.out_off + r], where the next
 // step's embedding reads its token.
+// Rows of up to 8,192 (src/kernels/sample.rs, ONE_PASS_MAX) take one pass instead:
+// `argmax_one`, one workgroup per row, reads the row from binding 1 and writes the index to
+// io[P.out_off + r].
 // order_key and wins come from sample_key.wgsl.
-// Bindings: 1 = part (u32 pairs), 2 = io: the row as f32 bits (argmax_part) or the output
-// ids (argmax_final). One binding for both keeps each pass's bind group to two buffers.
+// Bindings: 1 = part (u32 pairs; the rows as f32 bits in argmax_one), 2 = io: the row as f32
+// bits (argmax_part) or the output ids (argmax_final, argmax_one). One binding for both
+// keeps each pass's bind group to two buffers.
 
 // Params (binding 0): declared once, in src/kernels/sample.rs (`Params`), and put before this source.
 
@@ -74,6 +78,26 @@ fn argmax_final(@builtin(workgroup_id) wid: vec3<u32>,
         let at = 2u * (r * P.parts + g);
         let k = part[at];
         let i = part[at + 1u];
+        if (wins(k, i, bk, bi)) {
+            bk = k;
+            bi = i;
+        }
+    }
+    reduce(lid, bk, bi);
+    if (lid == 0u) {
+        io[P.out_off + r] = widx[0];
+    }
+}
+
+@compute @workgroup_size(SWG)
+fn argmax_one(@builtin(workgroup_id) wid: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let r = wid.x;
+    let x0 = P.x_off + r * P.x_stride;
+    var bk = 0u;
+    var bi = 0xffffffffu;
+    for (var i = lid; i < P.n; i = i + WG) {
+        let k = order_key(part[x0 + i]);
         if (wins(k, i, bk, bi)) {
             bk = k;
             bi = i;

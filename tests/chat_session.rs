@@ -509,3 +509,50 @@ fn gpu_rounds_stop_where_plain_decoding_stops() {
         assert!(got.6.rounds > 10, "--draft {k}: {}", got.6.line());
     }
 }
+
+/// `warm_decode` compiles what decoding records, the indexer's scores and top-k included,
+/// which only run past `index_topk` positions (64 in the built-in model): a greedy reply
+/// that passes it, with and without drafts, compiles nothing more.
+#[test]
+fn warm_decode_leaves_decoding_nothing_to_compile() {
+    let (tok, _, model) = builtin_chat_model();
+    let prompt = tok.encode("Ham.\nTo be, or not to be").unwrap();
+    let greedy = || {
+        Sampler::new(SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        })
+    };
+    for drafts in [0, 3] {
+        let mut s = model.session(200).unwrap();
+        s.set_drafts(drafts).unwrap();
+        pollster::block_on(s.warm_decode(true)).unwrap();
+        // The prompt's chunk compiles the variants of its own length.
+        let (first, _) = generate(&mut s, &prompt, 1, &mut greedy(), &[], |_| true).unwrap();
+        let before = model.gpu.shader_variants();
+        let (reply, _) = generate(&mut s, &first, 120, &mut greedy(), &[], |_| true).unwrap();
+        assert_eq!(reply.len(), 120);
+        assert!(
+            s.pos > 64 + 32,
+            "--draft {drafts}: the reply ends at {}",
+            s.pos
+        );
+        let after = model.gpu.shader_variants();
+        let new: Vec<String> = after
+            .iter()
+            .filter(|v| !before.contains(v))
+            .map(|v| {
+                format!(
+                    "{}::{} [{}]",
+                    v.shader.name,
+                    v.entry,
+                    v.defines.replace('\n', " ")
+                )
+            })
+            .collect();
+        assert!(
+            new.is_empty(),
+            "--draft {drafts}: compiled while decoding: {new:?}"
+        );
+    }
+}

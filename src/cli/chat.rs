@@ -422,7 +422,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
     }
     let mut session = super::open_session(&a.m, &model, ctx)?;
     session.set_drafts(a.s.draft)?;
-    pollster::block_on(session.warm_drafts(params.is_greedy() && !params.penalizes()))?;
+    pollster::block_on(session.warm_decode(params.is_greedy() && !params.penalizes()))?;
 
     let ad = &model.gpu.adapter;
     let weights = src.weights.total_bytes();

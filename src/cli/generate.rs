@@ -149,7 +149,7 @@ pub fn run(a: GenerateArgs) -> Result<()> {
     let model = open_model(&a.m, &a.x, &src, ctx)?;
     let mut session = open_session(&a.m, &model, ctx)?;
     session.set_drafts(a.s.draft)?;
-    pollster::block_on(session.warm_drafts(params.is_greedy() && !params.penalizes()))?;
+    pollster::block_on(session.warm_decode(params.is_greedy() && !params.penalizes()))?;
     if a.s.verbose {
         eprintln!("seed {} (repeat with --seed {})", params.seed, params.seed);
     }

@@ -158,7 +158,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // The slots share the device's pipelines: one warms them for all.
     if let Some(s) = sessions.first_mut() {
         // The server's slots run the host's rounds (src/serve/engine.rs).
-        pollster::block_on(s.warm_drafts(false))?;
+        pollster::block_on(s.warm_decode(false))?;
     }
     let need = Caches::bytes_per_token(&model.config, cache)
         .saturating_mul(ctx as u64)

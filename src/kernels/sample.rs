@@ -52,8 +52,8 @@ pub fn argmax(rec: &mut Recorder, x: View, n: u32, out: TokenSlot, scratch: &Sam
 }
 
 /// [`argmax`] of each of the `rows` rows of `x` (`x.stride` apart), row r's index written to
-/// `out.ids[out.index + r]`: a batched step's greedy rows picked in two dispatches, not two
-/// per row (on lavapipe each dispatch costs about 0.1 ms whatever it does).
+/// `out.ids[out.index + r]`: a batched step's greedy rows picked in one or two dispatches,
+/// not two per row (on lavapipe each dispatch costs about 0.1 ms whatever it does).
 pub fn argmax_rows(
     rec: &mut Recorder,
     x: View,
@@ -86,12 +86,22 @@ pub fn argmax_rows(
     };
     let gpu = rec.gpu();
     let wg = super::reduce_workgroup(gpu, 256);
-    let pipe = |e| gpu.pipeline(&SAMPLE, e, &[("SWG", wg.to_string())]);
+    let pipe = |e| gpu.pipeline_n(&SAMPLE, e, &["SWG"], &[wg]);
     let part = &scratch.part;
     rec.cost(4 * (n * rows) as u64, 0, "");
+    if n <= ONE_PASS_MAX {
+        rec.dispatch(&pipe("argmax_one"), &p, &[x.buf, out.ids], [rows, 1, 1]);
+        return;
+    }
     rec.dispatch(&pipe("argmax_part"), &p, &[part, x.buf], [parts, rows, 1]);
     rec.dispatch(&pipe("argmax_final"), &p, &[part, out.ids], [rows, 1, 1]);
 }
+
+/// Longest rows [`argmax_rows`] reduces in one pass, a workgroup per row (`argmax_one`):
+/// the built-in model's 6,144 logits, where a second dispatch cost more than the first
+/// pass's spread over workgroups saves (each dispatch of a speculative round's ~235 is a few
+/// µs on an H100). Longer rows (real models' 129,280–154,880) take two passes.
+const ONE_PASS_MAX: u32 = 8192;
 
 /// The largest top-k [`sample`] takes (the host samples wider ones).
 pub const MAX_TOP_K: u32 = 256;

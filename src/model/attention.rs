@@ -144,7 +144,7 @@ impl Session {
             cos_sin: &s.cos_sin,
         };
         cache::store_keys(rec, Source::Prepared(key_rows), &keys, span, id);
-        if n_keys <= sel.k {
+        if n_keys <= sel.k && !self.warm_indexer {
             topk::select_all(rec, span, sel);
         } else {
             let iw = View::rows(&s.iw, ih);

@@ -148,37 +148,51 @@ impl Session {
         Ok(())
     }
 
-    /// Compiles the pipelines a speculative round records, before the first round needs them:
-    /// the main model's chunk with its logits and the MTP layer, each at every row count a
-    /// round takes (1 ..= drafts + 1: a verification's k + 1 rows, fewer near the end of a
-    /// reply, and the MTP layer over the accepted rows) and, with `gpu_rounds`, a greedy
-    /// round on the GPU, run once each at the current position, which is then restored with
-    /// the draft statistics. Rows past it are rewritten before they are read, and the next
-    /// prompt sets the MTP layer's hidden row and first draft afresh. Without it, rounds compiled these variants as they first met
-    /// each row count: on an H100 that cost the built-in model 0.5–1.1 ms a round averaged
-    /// over 1,000 tokens, about as much as a round's own recording (BENCHMARKS.md,
-    /// "2026-12-06 (fourth session)"). The pipeline cache logs each compile at debug level.
-    /// No-op without drafts.
-    pub async fn warm_drafts(&mut self, gpu_rounds: bool) -> Result<()> {
+    /// Compiles the pipelines decoding records, before the first token needs them: a decode
+    /// step's chunk of one row; with drafts, the main model's chunk with its logits and the
+    /// MTP layer, each at every row count a round takes (1 ..= drafts + 1: a verification's
+    /// k + 1 rows, fewer near the end of a reply, and the MTP layer over the accepted rows)
+    /// and, with `gpu_rounds`, a greedy round on the GPU. Each runs once at the current
+    /// position, which is then restored with the draft statistics; rows past it are
+    /// rewritten before they are read, and the next prompt sets the MTP layer's hidden row
+    /// and first draft afresh. The indexer's scores and top-k run in these chunks though the
+    /// context is short (`warm_indexer`): else they compiled when a reply first passed
+    /// `index_topk` positions, in the middle of it.
+    ///
+    /// Without it, rounds compiled their variants as they first met each row count: on an
+    /// H100 that cost the built-in model 0.5–1.1 ms a round averaged over 1,000 tokens, about
+    /// as much as a round's own recording (BENCHMARKS.md, "2026-12-06 (fourth session)").
+    /// The pipeline cache logs each compile at debug level.
+    pub async fn warm_decode(&mut self, gpu_rounds: bool) -> Result<()> {
         let (pos, stats) = (self.pos, self.draft_stats);
+        self.warm_indexer = true;
+        let r = self.warm_chunks(gpu_rounds).await;
+        self.warm_indexer = false;
+        self.pos = pos;
+        self.draft_stats = stats;
+        r
+    }
+
+    /// [`Session::warm_decode`]'s chunks, at the current position.
+    async fn warm_chunks(&mut self, gpu_rounds: bool) -> Result<()> {
+        let pos = self.pos;
         let rows = (self.drafts + 1).min(self.max_ctx().saturating_sub(pos));
-        if self.drafts == 0 || rows == 0 {
-            return Ok(());
-        }
+        let drafts = self.drafts > 0;
         for t in 1..=rows {
-            self.chunk_forward(Input::Host(&vec![0; t]), t, None, true)?;
+            self.chunk_forward(Input::Host(&vec![0; t]), t, None, drafts)?;
             self.pos = pos;
-            self.mtp_record(0, t, pos, 1)?;
+            if drafts {
+                self.mtp_record(0, t, pos, 1)?;
+            }
         }
         // With `gpu_rounds` (greedy sampling without penalties will queue rounds on the
         // GPU), one such round: its own kernels (places, picks, acceptance).
-        if gpu_rounds && self.gpu_rounds_fit() && rows == self.drafts + 1 {
+        if drafts && gpu_rounds && self.gpu_rounds_fit() && rows == self.drafts + 1 {
             self.begin_gpu_rounds(0)?;
             let slot = self.gpu_round(pos)?;
             self.read_gpu_round(slot).await?;
         }
         self.model.gpu.read_f32_async(&self.s.ids, 1, 1).await?;
-        self.draft_stats = stats;
         Ok(())
     }
 

@@ -98,6 +98,9 @@ pub struct Session {
     pub(super) verify_out: Option<wgpu::Buffer>,
     /// The state of greedy rounds queued without waiting (draft.rs), made on first use.
     pub(super) rounds: Option<super::draft::GpuRounds>,
+    /// The indexer scores and selects even where every position fits the selection
+    /// ([`Session::warm_decode`] compiles its kernels with a short context).
+    pub(super) warm_indexer: bool,
 }
 
 impl Drop for Session {
@@ -220,6 +223,7 @@ impl Session {
             draft_stats: Default::default(),
             verify_out: None,
             rounds: None,
+            warm_indexer: false,
         })
     }
 
