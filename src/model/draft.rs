@@ -438,11 +438,9 @@ impl Session {
         let start = Stopwatch::start();
         self.chunk_at(on(0), Input::OnGpu(k + 1), k + 1, None, true)?;
         self.draft_stats.ms_recording += start.ms();
-        let verified = At::Gpu {
-            field: spec::PREV,
-            offset: 0,
-            most,
-        };
+        // The MTP pass runs over the rows the verification placed (P .. P + k; the state's
+        // PREV after acceptance), so it reuses their places.
+        let verified = At::Placed { most };
         let mtp = self.rounds.as_ref().expect("begun").mtp();
         self.mtp_at(mtp, k + 1, verified, 1, Some(slot))?;
         let last = self.model.gpu.last_submission();

@@ -59,6 +59,10 @@ pub(super) enum At {
         offset: u32,
         most: usize,
     },
+    /// At the positions the chunk recorded before it placed, which had as many rows from
+    /// the same first position (its places and RoPE rows are still in the scratch): a GPU
+    /// round's MTP pass over the rows its verification placed. No dispatch of its own.
+    Placed { most: usize },
 }
 
 impl At {
@@ -66,7 +70,7 @@ impl At {
     pub(super) fn most(self) -> usize {
         match self {
             At::Host(p) => p,
-            At::Gpu { most, .. } => most,
+            At::Gpu { most, .. } | At::Placed { most } => most,
         }
     }
 }
@@ -418,13 +422,19 @@ impl Session {
                 let (s, t) = (&self.s, t as u32);
                 let table = (&r.table, r.dim, r.last);
                 spec::round_places(rec, pos, t, lo as u32, &s.places, &s.cos_sin, table);
-                Causal {
-                    rows: t,
-                    n_keys: (most + t as usize) as u32,
-                    pos0: most as u32,
-                    places: Some(&s.places),
-                }
+                self.placed(most, t)
             }
+            At::Placed { most } => self.placed(most, t as u32),
+        }
+    }
+
+    /// A chunk of `t` rows placed on the GPU in the scratch, its first at most at `most`.
+    fn placed(&self, most: usize, t: u32) -> Causal<'_> {
+        Causal {
+            rows: t,
+            n_keys: (most + t as usize) as u32,
+            pos0: most as u32,
+            places: Some(&self.s.places),
         }
     }
 
