@@ -1,6 +1,6 @@
 //! Embedding gather (`shaders/embed.wgsl`).
 use super::{Recorder, View};
-use crate::gpu::{kernel_params, u, Shader, ShaderCode};
+use crate::gpu::{kernel_params, Shader, ShaderCode};
 use crate::weights::GpuWeight;
 
 kernel_params! {
@@ -14,9 +14,10 @@ kernel_params! {
         out_off: u32,
         out_stride: u32,
         last: u32,
-        _pad0: u32,
-        _pad1: u32,
-        _pad2: u32,
+        /// embed_mtp: the norms' eps, and where the hidden rows start and how far apart.
+        eps: f32,
+        hid_off: u32,
+        hid_stride: u32,
     }
 }
 
@@ -24,6 +25,7 @@ const EMBED: Shader<Params> = Shader::new(
     "embed",
     concat!(
         include_str!("../../shaders/weights.wgsl"),
+        include_str!("../../shaders/reduce.wgsl"),
         include_str!("../../shaders/embed.wgsl")
     ),
 );
@@ -42,6 +44,40 @@ pub fn embed(
     n: u32,
     out: View,
 ) {
+    gather(rec, "embed", table, (ids, ids_off, n), out, None);
+}
+
+/// The norms of the MTP layer's input ([`embed_mtp`]): enorm's and hnorm's weights, their
+/// eps, and the hidden rows hnorm takes.
+pub struct MtpNorms<'a> {
+    pub enorm: &'a wgpu::Buffer,
+    pub hnorm: &'a wgpu::Buffer,
+    pub eps: f32,
+    pub hidden: View<'a>,
+}
+
+/// The MTP layer's input rows `[enorm(table[ids[ids_off + t]]) ; hnorm(hidden[t])]` into
+/// `out` (row t: columns `0 .. 2 dim`), for `t < n`: [`embed`] and two RMSNorms in one
+/// dispatch per table chunk. Ids ≥ vocab give zeros in the first half.
+pub fn embed_mtp(
+    rec: &mut Recorder,
+    table: &GpuWeight,
+    (ids, ids_off, n): (&wgpu::Buffer, u32, u32),
+    norms: &MtpNorms,
+    out: View,
+) {
+    gather(rec, "embed_mtp", table, (ids, ids_off, n), out, Some(norms));
+}
+
+/// [`embed`] or [`embed_mtp`] (`entry`, with `norms`).
+fn gather(
+    rec: &mut Recorder,
+    entry: &'static str,
+    table: &GpuWeight,
+    (ids, ids_off, n): (&wgpu::Buffer, u32, u32),
+    out: View,
+    norms: Option<&MtpNorms>,
+) {
     debug_assert!(
         ids != out.buf,
         "embed: ids and out must be different buffers"
@@ -50,7 +86,7 @@ pub fn embed(
         return;
     }
     let gpu = rec.gpu();
-    let pipe = gpu.pipeline(&EMBED, "embed", &[("W_DTYPE", u(table.format.code()))]);
+    let pipe = gpu.pipeline_n(&EMBED, entry, &["W_DTYPE"], &[table.format.code()]);
     let grid = gpu.grid(n);
     let last = table.chunks.len().saturating_sub(1);
     for (i, c) in table.chunks.iter().enumerate() {
@@ -64,18 +100,24 @@ pub fn embed(
             out_off: out.offset,
             out_stride: out.stride,
             last: (i == last) as u32,
-            _pad0: 0,
-            _pad1: 0,
-            _pad2: 0,
+            eps: norms.map_or(0.0, |m| m.eps),
+            hid_off: norms.map_or(0, |m| m.hidden.offset),
+            hid_stride: norms.map_or(0, |m| m.hidden.stride),
         };
-        rec.dispatch(&pipe, &p, &[&c.buf, ids, out.buf], grid);
+        match norms {
+            None => rec.dispatch(&pipe, &p, &[&c.buf, ids, out.buf], grid),
+            Some(m) => {
+                let b = [&c.buf, ids, out.buf, m.enorm, m.hidden.buf, m.hnorm];
+                rec.dispatch(&pipe, &p, &b, grid)
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::kernels::testutil::{assert_close, gpu, rms_norm_ref, Rng};
     use crate::weights::DType;
 
     const SENTINEL: f32 = 4321.0;
@@ -127,13 +169,60 @@ mod tests {
                 dst.fill(0.0);
             }
         }
-        assert_close(
-            &got,
-            &want,
-            0.0,
-            0.0,
-            &format!("embed vocab={vocab} dim={dim} n={n} {dtype:?} chunk={chunk:?}"),
+        let what = format!("vocab={vocab} dim={dim} n={n} {dtype:?} chunk={chunk:?}");
+        assert_close(&got, &want, 0.0, 0.0, &format!("embed {what}"));
+
+        // The MTP layer's input: the same rows normalized beside normalized hidden rows
+        // (odd offsets and strides; rows of an all-zero out-of-vocabulary embedding).
+        let (h_off, h_stride) = (5usize, dim + 7);
+        let hidden = rng.vec(h_off + n * h_stride, 3.0);
+        let (ew, hw) = (rng.vec(dim, 1.0), rng.vec(dim, 1.0));
+        let eps = 1e-5;
+        let (c_off, c_stride) = (3usize, 2 * dim + 5);
+        let clen = c_off + n * c_stride + 2;
+        let cb = g.buffer_from(&vec![SENTINEL; clen], "cat").unwrap();
+        let (hb, eb, hnb) = (
+            g.buffer_from(&hidden, "hidden").unwrap(),
+            g.buffer_from(&ew, "enorm").unwrap(),
+            g.buffer_from(&hw, "hnorm").unwrap(),
         );
+        let norms = MtpNorms {
+            enorm: &eb,
+            hnorm: &hnb,
+            eps,
+            hidden: View::new(&hb, h_off as u32, h_stride as u32),
+        };
+        let mut rec = g.recorder();
+        let cat = View::new(&cb, c_off as u32, c_stride as u32);
+        embed_mtp(&mut rec, &wgt, (&ib, ids_off as u32, n as u32), &norms, cat);
+        rec.finish().unwrap();
+        let got = g.read_f32(&cb, 0, clen).unwrap();
+        let mut want = vec![SENTINEL; clen];
+        for t in 0..n {
+            let row = &mut want[c_off + t * c_stride..][..2 * dim];
+            let e = &want_rows(&tr, &ids, ids_off, vocab, dim)[t];
+            row[..dim].copy_from_slice(&rms_norm_ref(e, &ew, eps));
+            let h = &hidden[h_off + t * h_stride..][..dim];
+            row[dim..].copy_from_slice(&rms_norm_ref(h, &hw, eps));
+        }
+        assert_close(&got, &want, 1e-5, 1e-4, &format!("embed_mtp {what}"));
+    }
+
+    /// Each row's embedding as the host reads the table (zeros for ids past it).
+    fn want_rows(
+        table: &[f32],
+        ids: &[u32],
+        off: usize,
+        vocab: usize,
+        dim: usize,
+    ) -> Vec<Vec<f32>> {
+        ids[off..]
+            .iter()
+            .map(|&id| match (id as usize) < vocab {
+                true => table[id as usize * dim..][..dim].to_vec(),
+                false => vec![0.0; dim],
+            })
+            .collect()
     }
 
     #[test]

@@ -148,19 +148,10 @@ pub fn rms_norm_q<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::kernels::testutil::{assert_close, gpu, rms_norm_ref, Rng};
     use crate::kernels::with_cpu_kernels;
 
     const SENTINEL: f32 = -777.25;
-
-    fn rms_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-        let ms = x.iter().map(|v| *v as f64 * *v as f64).sum::<f64>() / x.len() as f64;
-        let s = 1.0 / (ms + eps as f64).sqrt();
-        x.iter()
-            .zip(w)
-            .map(|(v, w)| (*v as f64 * s * *w as f64) as f32)
-            .collect()
-    }
 
     /// x rows scaled by `scale` and shifted by `shift`; x at offset 3 / stride dim+5,
     /// y at offset 9 / stride dim+2. Checks all of y's buffer (sentinel outside the rows).
@@ -189,7 +180,7 @@ mod tests {
         let mut want = vec![SENTINEL; ylen];
         for r in 0..rows {
             let xr = &xs[x_off + r * x_stride..][..dim];
-            want[y_off + r * y_stride..][..dim].copy_from_slice(&rms_ref(xr, &w, eps));
+            want[y_off + r * y_stride..][..dim].copy_from_slice(&rms_norm_ref(xr, &w, eps));
         }
         let what = format!("rms_norm rows={rows} dim={dim} eps={eps}");
         assert_close(&got, &want, 1e-5, 1e-4, &what);

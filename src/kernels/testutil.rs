@@ -121,3 +121,13 @@ pub fn cache_segments(
         })
         .collect()
 }
+
+/// RMSNorm of `x` with weight `w` (`x · rsqrt(mean(x²) + eps) · w`), in f64.
+pub fn rms_norm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let ms = x.iter().map(|v| *v as f64 * *v as f64).sum::<f64>() / x.len() as f64;
+    let s = 1.0 / (ms + eps as f64).sqrt();
+    x.iter()
+        .zip(w)
+        .map(|(v, w)| (*v as f64 * s * *w as f64) as f32)
+        .collect()
+}

@@ -264,9 +264,13 @@ impl Session {
         let hidden = View::rows(&s.mtp_h, hd);
         let cat = View::rows(&s.mtp_cat, 2 * hd);
         let eps = cfg.rms_norm_eps;
-        embed::embed(&mut rec, &model.weights.embed, &s.ids, at, t, h);
-        norm::rms_norm(&mut rec, h, &mtp.enorm, cat, t, hd, eps);
-        norm::rms_norm(&mut rec, hidden, &mtp.hnorm, cat.col(hd), t, hd, eps);
+        let norms = embed::MtpNorms {
+            enorm: &mtp.enorm,
+            hnorm: &mtp.hnorm,
+            eps,
+            hidden,
+        };
+        embed::embed_mtp(&mut rec, &model.weights.embed, (&s.ids, at, t), &norms, cat);
         gemv(&mut rec, None, cat, &mtp.eh_proj, h, t);
         let i = cfg.num_hidden_layers;
         self.attention(&mut rec, i, &mtp.layer, span);
