@@ -75,7 +75,7 @@ impl Session {
             rec.copy(&r.session.s.ids, 0, &lead.s.ids, 4 * b as u64, 4);
         }
         lead.layers(&mut rec, span)?;
-        lead.head(&mut rec, t, t, None)?;
+        lead.head(&mut rec, (t, false), t, None)?;
         let vocab = model.config.vocab_size as u32;
         let logits = View::rows(&lead.s.logits, vocab);
         // Greedy rows all: picked in one pass into the lead's ids (row b's at b; the step

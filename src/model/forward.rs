@@ -92,7 +92,7 @@ impl Session {
             self.keep_hidden_rows(&mut rec, t);
         }
         if want_logits > 0 {
-            self.head(&mut rec, t, want_logits as u32, pick)?;
+            self.head(&mut rec, (t, keep_hidden), want_logits as u32, pick)?;
         }
         // Submitted without waiting: the logits readback (or the next chunk) is ordered
         // after it and waits; validation errors surface here or at that wait.
@@ -260,10 +260,13 @@ impl Session {
 
     /// The final RMSNorm and the LM head over the last `rows` of the chunk's `t` rows, into
     /// `s.logits`; with `pick`, the token the last row picks goes to `ids[0]` and its slot.
+    /// `kept`: `s.mtp_h` already holds every row after the final norm
+    /// ([`Session::keep_hidden_rows`]), which the head reads where its GEMV takes x as it
+    /// is (the same kernel's values: one dispatch fewer a verification).
     pub(super) fn head(
         &self,
         rec: &mut Recorder,
-        t: u32,
+        (t, kept): (u32, bool),
         rows: u32,
         pick: Option<(usize, &Pick)>,
     ) -> Result<()> {
@@ -272,13 +275,18 @@ impl Session {
         let s = &self.s;
         let (hd, vocab) = (cfg.hidden_size as u32, cfg.vocab_size as u32);
         let first = View::rows(&s.h, hd).row(t - rows);
-        let x = View::rows(&s.x, hd);
         let head = w.head();
         let logits = View::rows(&s.logits, vocab);
-        // One row: the norm also quantizes it for the LM head's GEMV.
-        let norm = (&w.norm, cfg.rms_norm_eps);
-        let xq = self.norm_for(rec, first, norm, x, rows, head, &s.xq_x);
-        gemv(rec, xq.as_ref(), x, head, logits, rows);
+        let normed = View::rows(&s.mtp_h, hd).row(t - rows);
+        if kept && self.xq_order(rows, normed, head).is_none() {
+            gemv(rec, None, normed, head, logits, rows);
+        } else {
+            // One row: the norm also quantizes it for the LM head's GEMV.
+            let x = View::rows(&s.x, hd);
+            let norm = (&w.norm, cfg.rms_norm_eps);
+            let xq = self.norm_for(rec, first, norm, x, rows, head, &s.xq_x);
+            gemv(rec, xq.as_ref(), x, head, logits, rows);
+        }
         if let Some((slot, pick)) = pick {
             self.record_pick(rec, logits.row(rows - 1), pick, s.next_token())?;
             rec.copy(&s.ids, 0, &s.picked[slot], 0, 4);

@@ -1,5 +1,5 @@
 #!/bin/bash
-# 2026-12-06 (seventh session), first call, bundle of 7c24767 (or f5f997d) with 3c2e5dd's binary beside it
+# 2026-12-06 (seventh session), first call, bundle of the commit in .h200/BUILT_FROM, with 3c2e5dd's binary beside it
 # (sparsa-3c2e5dd; run with SPARSA_SUBMIT_EVERY=0 it records GPU rounds as e10549d does):
 # issue 25's built-in target, where a round's time goes.
 #   1. The pipelines-by-numbers lib test on the real driver.
