@@ -8,6 +8,8 @@
 //   embed_mtp the MTP layer's input row [enorm(table[ids[t]]) ; hnorm(hidden[t])]: out[t,
 //             0 .. dim] and, written by the last chunk's dispatch, out[t, dim .. 2 dim]
 //             (RMSNorms with eps P.eps, in one dispatch instead of three)
+//   embed_mtp_cpu  embed_mtp for CPU adapters: one invocation per row (no workgroup sums,
+//             whose barriers lavapipe runs as switches through every SIMD slice)
 
 // Params (binding 0): declared once, in src/kernels/embed.rs (`Params`), and put before this source.
 
@@ -90,6 +92,47 @@ fn embed_mtp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
     let sc = inverseSqrt(wg_sum(sh, lid) / f32(P.dim) + P.eps);
     for (var c = lid; c < P.dim; c += WG) {
+        out[ob + P.dim + c] = hid[hb + c] * sc * hnorm[c];
+    }
+}
+
+@compute @workgroup_size(CPU_WG)
+fn embed_mtp_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let t = cpu_item(wid, nwg, lid);
+    if (t >= P.n) {
+        return;
+    }
+    let id = ids[P.ids_off + t];
+    let ob = P.out_off + t * P.out_stride;
+    if (id >= P.row0 && id < P.row0 + P.crow) {
+        let base = (id - P.row0) * P.dim;
+        var ss = 0.0;
+        for (var c = 0u; c < P.dim; c++) {
+            let v = wload(base + c);
+            out[ob + c] = v;
+            ss += v * v;
+        }
+        let se = inverseSqrt(ss / f32(P.dim) + P.eps);
+        for (var c = 0u; c < P.dim; c++) {
+            out[ob + c] = out[ob + c] * se * enorm[c];
+        }
+    } else if (id >= P.vocab && P.last != 0u) {
+        for (var c = 0u; c < P.dim; c++) {
+            out[ob + c] = 0.0;
+        }
+    }
+    if (P.last == 0u) {
+        return;
+    }
+    let hb = P.hid_off + t * P.hid_stride;
+    var sh = 0.0;
+    for (var c = 0u; c < P.dim; c++) {
+        let v = hid[hb + c];
+        sh += v * v;
+    }
+    let sc = inverseSqrt(sh / f32(P.dim) + P.eps);
+    for (var c = 0u; c < P.dim; c++) {
         out[ob + P.dim + c] = hid[hb + c] * sc * hnorm[c];
     }
 }

@@ -26,6 +26,7 @@ const EMBED: Shader<Params> = Shader::new(
     concat!(
         include_str!("../../shaders/weights.wgsl"),
         include_str!("../../shaders/reduce.wgsl"),
+        include_str!("../../shaders/cpu.wgsl"),
         include_str!("../../shaders/embed.wgsl")
     ),
 );
@@ -86,8 +87,11 @@ fn gather(
         return;
     }
     let gpu = rec.gpu();
+    // CPU adapters: embed_mtp_cpu, one invocation per row, CPU_WG rows a workgroup.
+    let cpu = norms.is_some() && super::cpu_kernels(gpu);
+    let entry = if cpu { "embed_mtp_cpu" } else { entry };
     let pipe = gpu.pipeline_n(&EMBED, entry, &["W_DTYPE"], &[table.format.code()]);
-    let grid = gpu.grid(n);
+    let grid = gpu.grid(if cpu { n.div_ceil(super::CPU_WG) } else { n });
     let last = table.chunks.len().saturating_sub(1);
     for (i, c) in table.chunks.iter().enumerate() {
         let p = Params {
@@ -227,6 +231,14 @@ mod tests {
 
     #[test]
     fn embed_all_dtypes() {
+        // embed_mtp both ways: the GPUs' kernel (a workgroup a row) and the CPU adapters'
+        // (an invocation a row).
+        for cpu in [false, true] {
+            crate::kernels::with_cpu_kernels(cpu, embed_all_dtypes_on);
+        }
+    }
+
+    fn embed_all_dtypes_on() {
         for (i, dtype) in [DType::F32, DType::BF16, DType::F16]
             .into_iter()
             .enumerate()
