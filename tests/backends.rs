@@ -157,6 +157,35 @@ fn greedy(model: &Model, prompt_len: usize) {
     run(&mut s, &prompt, 3, SamplingParams::default());
 }
 
+/// Sampling with a temperature, top-k, top-p and a penalty.
+fn sampled_params() -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.9,
+        seed: 7,
+        repeat_penalty: 1.1,
+        ..Default::default()
+    }
+}
+
+/// The argmax of a row longer than one pass takes (real models' vocabularies; the test
+/// models' are short).
+fn exercise_argmax(gpu: &Gpu) {
+    use sparsa::kernels::sample::{argmax, SampleScratch, TokenSlot};
+    let n = 150_000u32;
+    let x = gpu.buffer_from(&vec![0.5f32; n as usize], "row").unwrap();
+    let ids = gpu.buffer_from(&[0u32; 2], "ids").unwrap();
+    let scratch = SampleScratch::new(gpu, n).unwrap();
+    let mut rec = gpu.recorder();
+    let slot = TokenSlot {
+        ids: &ids,
+        index: 1,
+    };
+    argmax(&mut rec, View::new(&x, 0, n), n, slot, &scratch);
+    rec.finish().unwrap();
+}
+
 /// Prefill and decode `model` every other way the engine can: with the repetition penalty,
 /// sampled on the GPU (top-k) and on the host (top-k 0), every row's logits, dense
 /// attention (decode steps over more positions than one tile of sparse MLA: split and
@@ -172,14 +201,7 @@ fn every_way(model: &Model, prompt_len: usize) {
         ..Default::default()
     };
     run(&mut s, &prompt, 3, penalized);
-    let sampled = SamplingParams {
-        temperature: 0.8,
-        top_k: 20,
-        top_p: 0.9,
-        seed: 7,
-        repeat_penalty: 1.1,
-        ..Default::default()
-    };
+    let sampled = sampled_params();
     run(&mut s, &prompt, 3, sampled.clone());
     let host = SamplingParams {
         top_k: 0,
@@ -197,6 +219,15 @@ fn every_way(model: &Model, prompt_len: usize) {
     )
     .expect("a session");
     run(&mut dense, &prompt, 3, SamplingParams::default());
+
+    // Speculative rounds with the model's MTP layer (the built-in model has one; the MTP
+    // layer's input takes its own embedding kernel): greedy rounds queued on the GPU and
+    // sampled ones on the host.
+    let mut spec = model.session(prompt_len + 16).expect("a session");
+    if spec.set_drafts(2).is_ok() {
+        run(&mut spec, &prompt, 8, SamplingParams::default());
+        run(&mut spec, &prompt, 8, sampled_params());
+    }
 
     // Past the first cache segment, in every latent and key format (the int8 keys rotate
     // the indexer's queries).
@@ -369,6 +400,7 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
     with_cpu_kernels(false, || {
         exercise_matmul(&gpu, true);
         exercise_mla_gemms(&gpu);
+        exercise_argmax(&gpu);
         lap("matmul");
         {
             let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {}).expect("loads");
@@ -394,6 +426,7 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
     // The CPU adapters' variants (DX12's WARP is one: they translate for HLSL too).
     with_cpu_kernels(true, || {
         exercise_matmul(&gpu, true);
+        exercise_argmax(&gpu);
         let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {}).expect("loads");
         every_way(&bard, 100);
         for family in ["glm52-fp8", "glm52-q4", "dsv32"] {

