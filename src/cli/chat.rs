@@ -422,7 +422,6 @@ pub fn run(a: ChatArgs) -> Result<()> {
     }
     let mut session = super::open_session(&a.m, &model, ctx)?;
     session.set_drafts(a.s.draft)?;
-    pollster::block_on(session.warm_decode(params.is_greedy() && !params.penalizes()))?;
 
     let ad = &model.gpu.adapter;
     let weights = src.weights.total_bytes();
@@ -443,6 +442,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
         mb(per_token.saturating_mul(ctx as u64)),
         format.template().origin(),
     ));
+    // After the status line, whose "now" is the caches before the first prompt: the warm
+    // chunks reserve the first rows, which the first prompt would.
+    pollster::block_on(session.warm_decode(params.is_greedy() && !params.penalizes()))?;
     if let Some(off) = &model.offload {
         let p = &off.slots;
         note(&format!(
