@@ -432,7 +432,6 @@ impl Session {
             ))
         })?;
         let on = |offset: usize| At::Gpu {
-            field: spec::POS,
             offset: offset as u32,
             most: most + offset,
         };

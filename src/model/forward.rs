@@ -274,7 +274,6 @@ impl Session {
         let w = &self.model.weights;
         let s = &self.s;
         let (hd, vocab) = (cfg.hidden_size as u32, cfg.vocab_size as u32);
-        let first = View::rows(&s.h, hd).row(t - rows);
         let head = w.head();
         let logits = View::rows(&s.logits, vocab);
         let normed = View::rows(&s.mtp_h, hd).row(t - rows);
@@ -282,6 +281,7 @@ impl Session {
             gemv(rec, None, normed, head, logits, rows);
         } else {
             // One row: the norm also quantizes it for the LM head's GEMV.
+            let first = View::rows(&s.h, hd).row(t - rows);
             let x = View::rows(&s.x, hd);
             let norm = (&w.norm, cfg.rms_norm_eps);
             let xq = self.norm_for(rec, first, norm, x, rows, head, &s.xq_x);

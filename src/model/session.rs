@@ -51,14 +51,10 @@ pub(super) enum Input<'a> {
 pub(super) enum At {
     /// At this position, known to the host.
     Host(usize),
-    /// At the position word `field` of the GPU rounds' state holds, plus `offset`
-    /// (draft.rs): the host knows only `most`, a bound on it, and sizes the chunk's work
-    /// for that.
-    Gpu {
-        field: u32,
-        offset: u32,
-        most: usize,
-    },
+    /// At the next round's first position, which the GPU rounds' state holds
+    /// ([`spec::POS`]), plus `offset` (draft.rs): the host knows only `most`, a bound on
+    /// it, and sizes the chunk's work for that.
+    Gpu { offset: u32, most: usize },
     /// At the positions the chunk recorded before it placed, which had as many rows from
     /// the same first position (its places and RoPE rows are still in the scratch): a GPU
     /// round's MTP pass over the rows its verification placed. No dispatch of its own.
@@ -405,18 +401,14 @@ impl Session {
                 let rows: Vec<(usize, usize)> = (pos0..pos0 + t).map(|p| (lo, p)).collect();
                 self.place_rows(&rows)
             }
-            At::Gpu {
-                field,
-                offset,
-                most,
-            } => {
+            At::Gpu { offset, most } => {
                 let r = self
                     .rounds
                     .as_ref()
                     .expect("positions on the GPU need the rounds' state");
                 let pos = spec::RoundPos {
                     state: &r.state,
-                    field,
+                    field: spec::POS,
                     offset,
                 };
                 let (s, t) = (&self.s, t as u32);
