@@ -29,6 +29,62 @@ fn wload(i: u32) -> f32 {
     return w_elem(w[w_word(i)], i);
 }
 
+// Whether the table row of `id` lies in this dispatch's chunk.
+fn in_chunk(id: u32) -> bool {
+    return id >= P.row0 && id < P.row0 + P.crow;
+}
+
+// Row t's embedding into out at ob, columns first, first + step, ..: the table row where
+// its id lies in this chunk, zeros where the id is past the table (the last chunk's
+// dispatch), else nothing. Returns the sum of squares of what this invocation wrote.
+fn gather(id: u32, ob: u32, first: u32, step: u32) -> f32 {
+    var ss = 0.0;
+    if (in_chunk(id)) {
+        let base = (id - P.row0) * P.dim;
+        for (var c = first; c < P.dim; c += step) {
+            let v = wload(base + c);
+            out[ob + c] = v;
+            ss += v * v;
+        }
+    } else if (id >= P.vocab && P.last != 0u) {
+        for (var c = first; c < P.dim; c += step) {
+            out[ob + c] = 0.0;
+        }
+    }
+    return ss;
+}
+
+// rsqrt(mean + eps) of a row whose squares sum to `total`.
+fn rms(total: f32) -> f32 {
+    return inverseSqrt(total / f32(P.dim) + P.eps);
+}
+
+// The MTP input's second half for row t: hnorm(hidden[t]) into out[ob + dim ..], with the
+// scale `sc` of the hidden row at hb (columns first, first + step, ..).
+fn hidden_half(hb: u32, ob: u32, sc: f32, first: u32, step: u32) {
+    for (var c = first; c < P.dim; c += step) {
+        out[ob + P.dim + c] = hid[hb + c] * sc * hnorm[c];
+    }
+}
+
+// This invocation's sum of squares of the hidden row at hb (columns first, first + step, ..).
+fn hidden_ss(hb: u32, first: u32, step: u32) -> f32 {
+    var sh = 0.0;
+    for (var c = first; c < P.dim; c += step) {
+        let v = hid[hb + c];
+        sh += v * v;
+    }
+    return sh;
+}
+
+// enorm's scale `se` applied to the embedding row gather wrote (each element by the
+// invocation that wrote it).
+fn enorm_half(ob: u32, se: f32, first: u32, step: u32) {
+    for (var c = first; c < P.dim; c += step) {
+        out[ob + c] = out[ob + c] * se * enorm[c];
+    }
+}
+
 @compute @workgroup_size(256)
 fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
@@ -36,20 +92,10 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     if (t >= P.n) {
         return;
     }
-    let id = ids[P.ids_off + t];
-    let ob = P.out_off + t * P.out_stride;
-    if (id >= P.row0 && id < P.row0 + P.crow) {
-        let base = (id - P.row0) * P.dim;
-        for (var c = lid; c < P.dim; c += WG) {
-            out[ob + c] = wload(base + c);
-        }
-    } else if (id >= P.vocab && P.last != 0u) {
-        for (var c = lid; c < P.dim; c += WG) {
-            out[ob + c] = 0.0;
-        }
-    }
+    _ = gather(ids[P.ids_off + t], P.out_off + t * P.out_stride, lid, WG);
 }
 
+// The sums run in uniform control flow: every workgroup takes them.
 @compute @workgroup_size(256)
 fn embed_mtp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
@@ -59,41 +105,15 @@ fn embed_mtp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
     let id = ids[P.ids_off + t];
     let ob = P.out_off + t * P.out_stride;
-    let mine = id >= P.row0 && id < P.row0 + P.crow;
-    // The embedding row, written as it is read, then scaled by the invocation that wrote
-    // each element. The sums run in uniform control flow (every workgroup takes them).
-    var ss = 0.0;
-    if (mine) {
-        let base = (id - P.row0) * P.dim;
-        for (var c = lid; c < P.dim; c += WG) {
-            let v = wload(base + c);
-            out[ob + c] = v;
-            ss += v * v;
-        }
-    }
-    let se = inverseSqrt(wg_sum(ss, lid) / f32(P.dim) + P.eps);
-    if (mine) {
-        for (var c = lid; c < P.dim; c += WG) {
-            out[ob + c] = out[ob + c] * se * enorm[c];
-        }
-    } else if (id >= P.vocab && P.last != 0u) {
-        for (var c = lid; c < P.dim; c += WG) {
-            out[ob + c] = 0.0;
-        }
+    let se = rms(wg_sum(gather(id, ob, lid, WG), lid));
+    if (in_chunk(id)) {
+        enorm_half(ob, se, lid, WG);
     }
     if (P.last == 0u) {
         return;
     }
     let hb = P.hid_off + t * P.hid_stride;
-    var sh = 0.0;
-    for (var c = lid; c < P.dim; c += WG) {
-        let v = hid[hb + c];
-        sh += v * v;
-    }
-    let sc = inverseSqrt(wg_sum(sh, lid) / f32(P.dim) + P.eps);
-    for (var c = lid; c < P.dim; c += WG) {
-        out[ob + P.dim + c] = hid[hb + c] * sc * hnorm[c];
-    }
+    hidden_half(hb, ob, rms(wg_sum(hidden_ss(hb, lid, WG), lid)), lid, WG);
 }
 
 @compute @workgroup_size(CPU_WG)
@@ -105,34 +125,13 @@ fn embed_mtp_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     }
     let id = ids[P.ids_off + t];
     let ob = P.out_off + t * P.out_stride;
-    if (id >= P.row0 && id < P.row0 + P.crow) {
-        let base = (id - P.row0) * P.dim;
-        var ss = 0.0;
-        for (var c = 0u; c < P.dim; c++) {
-            let v = wload(base + c);
-            out[ob + c] = v;
-            ss += v * v;
-        }
-        let se = inverseSqrt(ss / f32(P.dim) + P.eps);
-        for (var c = 0u; c < P.dim; c++) {
-            out[ob + c] = out[ob + c] * se * enorm[c];
-        }
-    } else if (id >= P.vocab && P.last != 0u) {
-        for (var c = 0u; c < P.dim; c++) {
-            out[ob + c] = 0.0;
-        }
+    let se = rms(gather(id, ob, 0u, 1u));
+    if (in_chunk(id)) {
+        enorm_half(ob, se, 0u, 1u);
     }
     if (P.last == 0u) {
         return;
     }
     let hb = P.hid_off + t * P.hid_stride;
-    var sh = 0.0;
-    for (var c = 0u; c < P.dim; c++) {
-        let v = hid[hb + c];
-        sh += v * v;
-    }
-    let sc = inverseSqrt(sh / f32(P.dim) + P.eps);
-    for (var c = 0u; c < P.dim; c++) {
-        out[ob + P.dim + c] = hid[hb + c] * sc * hnorm[c];
-    }
+    hidden_half(hb, ob, rms(hidden_ss(hb, 0u, 1u)), 0u, 1u);
 }
