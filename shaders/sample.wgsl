@@ -8,12 +8,12 @@
 // row r's P.parts pairs and writes the winning index to io[P.out_off + r], where the next
 // step's embedding reads its token.
 // Rows of up to 8,192 (src/kernels/sample.rs, ONE_PASS_MAX) take one pass instead:
-// `argmax_one`, one workgroup per row, reads the row from binding 1 and writes the index to
-// io[P.out_off + r].
+// `argmax_one`, one workgroup per row, reads the row from io and writes the index to
+// part[P.out_off + r].
 // order_key and wins come from sample_key.wgsl.
-// Bindings: 1 = part (u32 pairs; the rows as f32 bits in argmax_one), 2 = io: the row as f32
-// bits (argmax_part) or the output ids (argmax_final, argmax_one). One binding for both
-// keeps each pass's bind group to two buffers.
+// Bindings: 1 = part (u32 pairs; the output ids in argmax_one), 2 = io: the row as f32 bits
+// (argmax_part, argmax_one) or the output ids (argmax_final). One binding for both keeps
+// each pass's bind group to two buffers.
 
 // Params (binding 0): declared once, in src/kernels/sample.rs (`Params`), and put before this source.
 
@@ -42,15 +42,10 @@ fn reduce(lid: u32, k: u32, i: u32) {
     }
 }
 
-@compute @workgroup_size(SWG)
-fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let g = wid.x;
-    let r = wid.y;
-    let start = g * P.per_part;
-    let end = min(start + P.per_part, P.n);
-    let x0 = P.x_off + r * P.x_stride;
-    // An empty slice keeps (0, 0xffffffff), which loses to every real element.
+// The winner of elements start .. end of the row at io[x0 ..] into wkey[0], widx[0] (an
+// empty slice keeps (0, 0xffffffff), which loses to every real element). Uniform control
+// flow only.
+fn reduce_slice(x0: u32, start: u32, end: u32, lid: u32) {
     var bk = 0u;
     var bi = 0xffffffffu;
     for (var i = start + lid; i < end; i = i + WG) {
@@ -61,6 +56,15 @@ fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>,
         }
     }
     reduce(lid, bk, bi);
+}
+
+@compute @workgroup_size(SWG)
+fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let g = wid.x;
+    let r = wid.y;
+    let start = g * P.per_part;
+    reduce_slice(P.x_off + r * P.x_stride, start, min(start + P.per_part, P.n), lid);
     if (lid == 0u) {
         let at = 2u * (r * P.parts + g);
         part[at] = wkey[0];
@@ -93,18 +97,8 @@ fn argmax_final(@builtin(workgroup_id) wid: vec3<u32>,
 fn argmax_one(@builtin(workgroup_id) wid: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
     let r = wid.x;
-    let x0 = P.x_off + r * P.x_stride;
-    var bk = 0u;
-    var bi = 0xffffffffu;
-    for (var i = lid; i < P.n; i = i + WG) {
-        let k = order_key(part[x0 + i]);
-        if (wins(k, i, bk, bi)) {
-            bk = k;
-            bi = i;
-        }
-    }
-    reduce(lid, bk, bi);
+    reduce_slice(P.x_off + r * P.x_stride, 0u, P.n, lid);
     if (lid == 0u) {
-        io[P.out_off + r] = widx[0];
+        part[P.out_off + r] = widx[0];
     }
 }

@@ -90,7 +90,7 @@ pub fn argmax_rows(
     let part = &scratch.part;
     rec.cost(4 * (n * rows) as u64, 0, "");
     if n <= ONE_PASS_MAX {
-        rec.dispatch(&pipe("argmax_one"), &p, &[x.buf, out.ids], [rows, 1, 1]);
+        rec.dispatch(&pipe("argmax_one"), &p, &[out.ids, x.buf], [rows, 1, 1]);
         return;
     }
     rec.dispatch(&pipe("argmax_part"), &p, &[part, x.buf], [parts, rows, 1]);
