@@ -391,7 +391,12 @@ pub(crate) fn open_source(m: &ModelArgs) -> Result<ModelSource> {
                 Error::msg(format!("--model {}: {e}", dir.display()))
             }
         }),
+        #[cfg(feature = "embedded-model")]
         None => ModelSource::builtin(),
+        #[cfg(not(feature = "embedded-model"))]
+        None => Err(Error::msg(
+            "--model: this build has no embedded model (built without the `embedded-model` feature); name a model directory",
+        )),
     }
 }
 
