@@ -1,13 +1,16 @@
-// The router's GEMV and the routing of its one row in the same dispatch (decode).
-// Workgroup e computes expert e's logit x · W[e] (W f32, bf16 or f16 by W_DTYPE,
-// weights.wgsl; row e at word e · ws) and publishes it in `tally`; the last workgroup to
-// finish reads every logit and routes the row (router_pick.wgsl, prepended), pairs from 0.
+// The router's GEMV and the routing of a few rows in the same dispatch (a decode step, a
+// speculative verification, a small batch). Workgroup (e, r) computes expert e's logit of
+// row r, x_r · W[e] (W f32, bf16 or f16 by W_DTYPE, weights.wgsl; row e at word e · ws; x_r
+// at x_off + r · x_stride) and publishes it in row r's block of `tally`; the last workgroup
+// of row r to finish reads the row's logits and routes it (router_pick.wgsl, prepended),
+// pairs from r · stride.
 //
-// "Last" is counted in tally[0]: a workgroup stores its logit atomically, passes a
-// storageBarrier() (a release at device scope: naga gives storage barriers Device memory
-// scope), then adds itself to the count; the workgroup that brings it to n_experts passes
-// another storageBarrier() (the acquire) before it loads the logits, and sets the count back
-// to zero for the next dispatch (dispatches that share `tally` run one after another).
+// "Last" is counted per row in the first word of its block: a workgroup stores its logit
+// atomically, passes a storageBarrier() (a release at device scope: naga gives storage
+// barriers Device memory scope), then adds itself to the count; the workgroup that brings it
+// to n_experts passes another storageBarrier() (the acquire) before it loads the logits, and
+// sets the count back to zero for the next dispatch (dispatches that share `tally` run one
+// after another).
 
 // Params (binding 0): declared once, in src/kernels/router.rs (`Params`), and put before this source.
 
@@ -17,15 +20,14 @@
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> idx: array<u32>;
 @group(0) @binding(5) var<storage, read_write> weights: array<f32>;
-// [count, logit of expert 0 (f32 bits), logit of expert 1, …]
+// Per row r, at r · (1 + n_experts): [count, logit of expert 0 (f32 bits), of expert 1, …]
 @group(0) @binding(6) var<storage, read_write> tally: array<atomic<u32>>;
 
 var<workgroup> red: array<f32, WG>;
 var<workgroup> last: u32;
 
-// This invocation's part of x · W[e], the row at word wb.
-fn row_part(wb: u32, lid: u32) -> f32 {
-    let xo = P.x_off;
+// This invocation's part of x · W[e]: x from word xo, W[e] from word wb.
+fn row_part(xo: u32, wb: u32, lid: u32) -> f32 {
     var acc = vec4<f32>(0.0);
     if (W_DTYPE == 0u) {
         for (var c = lid; c < P.k; c += WG) {
@@ -65,13 +67,15 @@ fn route_gemv(
     if (e >= P.n_experts) {
         return;
     }
-    let logit = wg_sum(row_part(e * P.ws, lid), lid);
+    let r = wid.z;
+    let base = r * (1u + P.n_experts);
+    let logit = wg_sum(row_part(P.x_off + r * P.x_stride, e * P.ws, lid), lid);
     if (lid == 0u) {
-        atomicStore(&tally[1u + e], bitcast<u32>(logit));
+        atomicStore(&tally[base + 1u + e], bitcast<u32>(logit));
     }
     storageBarrier();
     if (lid == 0u) {
-        last = select(0u, 1u, atomicAdd(&tally[0], 1u) == P.n_experts - 1u);
+        last = select(0u, 1u, atomicAdd(&tally[base], 1u) == P.n_experts - 1u);
     }
     if (workgroupUniformLoad(&last) == 0u) {
         return;
@@ -80,13 +84,13 @@ fn route_gemv(
     for (var i = lid; i < N2; i += WG) {
         var l = 0.0;
         if (i < P.n_experts) {
-            l = bitcast<f32>(atomicLoad(&tally[1u + i]));
+            l = bitcast<f32>(atomicLoad(&tally[base + 1u + i]));
         }
         set_expert(i, l);
     }
     workgroupBarrier();
-    pick_row(lid, 0u);
+    pick_row(lid, r * P.stride);
     if (lid == 0u) {
-        atomicStore(&tally[0], 0u);
+        atomicStore(&tally[base], 0u);
     }
 }

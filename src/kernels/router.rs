@@ -20,10 +20,12 @@ kernel_params! {
         /// 1: expert `extra_id` follows each row's picks with weight 1.
         extra: u32,
         extra_id: u32,
-        /// route_gemv: x's offset, its columns, words per row of the router's weight.
+        /// route_gemv: x's offset, its columns, words per row of the router's weight, words
+        /// from one row of x to the next.
         x_off: u32,
         k: u32,
         ws: u32,
+        x_stride: u32,
     }
 }
 
@@ -178,25 +180,33 @@ fn route_params(r: &Routing, extra: Option<u32>) -> (u32, Params) {
         x_off: 0,
         k: 0,
         ws: 0,
+        x_stride: 0,
     };
     (n_experts.next_power_of_two().max(2), params)
 }
 
-/// Words of [`route_gemv`]'s `tally` buffer for `n_experts` experts.
+/// The most rows [`route_gemv`] routes in one dispatch (a verification of up to 7 drafts, a
+/// batched step of up to 8 sequences); more take the matmul and [`route`].
+pub const ROUTE_GEMV_ROWS: usize = 8;
+
+/// Words of [`route_gemv`]'s `tally` buffer for `n_experts` experts: a block of 1 +
+/// `n_experts` for each of [`ROUTE_GEMV_ROWS`] rows.
 pub fn tally_words(n_experts: usize) -> usize {
-    1 + n_experts
+    ROUTE_GEMV_ROWS * (1 + n_experts)
 }
 
-/// The router's GEMV on one row `x` (`w`: `[n_experts, k]`) and [`route`] of its logits in
-/// one dispatch: workgroup e computes expert e's logit, the last one to finish routes the
-/// row (`shaders/router_gemv.wgsl`). `tally`: [`tally_words`] u32 words, zero before the
-/// first use (a buffer as created); each dispatch leaves it zero again. Returns false, with
-/// nothing recorded, where it does not apply (a quantized or split router weight, an odd
-/// number of 16-bit columns): then the caller runs the matmul and [`route`].
+/// The router's GEMV on `t` rows of `x` (`w`: `[n_experts, k]`) and [`route`] of their
+/// logits in one dispatch: workgroup (e, r) computes row r's logit of expert e, the last one
+/// of a row to finish routes it (`shaders/router_gemv.wgsl`). `tally`: [`tally_words`] u32
+/// words, zero before the first use (a buffer as created); each dispatch leaves it zero
+/// again. Returns false, with nothing recorded, where it does not apply (more than
+/// [`ROUTE_GEMV_ROWS`] rows, a quantized or split router weight, an odd number of 16-bit
+/// columns): then the caller runs the matmul and [`route`].
 #[allow(clippy::too_many_arguments)]
 pub fn route_gemv(
     rec: &mut Recorder,
     x: View,
+    t: u32,
     w: &GpuWeight,
     bias: &wgpu::Buffer,
     r: &Routing,
@@ -208,7 +218,9 @@ pub fn route_gemv(
         return false;
     };
     let per_word = 4 / d.size();
-    if w.chunks.len() != 1
+    if t == 0
+        || t as usize > ROUTE_GEMV_ROWS
+        || w.chunks.len() != 1
         || w.rows != r.n_experts as usize
         || !w.cols.is_multiple_of(per_word)
         || tally.size() < 4 * tally_words(w.rows) as u64
@@ -217,6 +229,7 @@ pub fn route_gemv(
     }
     let (n2, mut params) = route_params(r, extra);
     params.x_off = x.offset;
+    params.x_stride = x.stride;
     params.k = w.cols as u32;
     params.ws = (w.stride / per_word) as u32;
     let gpu = rec.gpu();
@@ -225,11 +238,12 @@ pub fn route_gemv(
         "route_gemv",
         &[("N2", u(n2)), ("W_DTYPE", u(w.format.code()))],
     );
+    let [gx, gy, _] = gpu.grid(r.n_experts);
     rec.dispatch(
         &p,
         &params,
         &[x.buf, &w.chunks[0].buf, bias, idx, weights, tally],
-        gpu.grid(r.n_experts),
+        [gx, gy, t],
     );
     true
 }
@@ -422,8 +436,9 @@ mod tests {
 
     /// route_gemv against the CPU reference on logits x · Wᵀ computed in f64 from the
     /// weights as stored: f32, bf16 and f16 routers, GLM-5-like (no groups) and
-    /// DeepSeek-like (groups) rules, awkward sizes; two dispatches in one submission, so the
-    /// second also checks that the first left its tally at zero.
+    /// DeepSeek-like (groups) rules, awkward sizes; dispatches of 1, 3 (rows further apart
+    /// than their width) and the most rows in one submission, so each later one also checks
+    /// that the earlier ones left every row's tally at zero.
     #[test]
     fn route_gemv_is_router_matmul_then_route() {
         use crate::weights::DType;
@@ -436,6 +451,7 @@ mod tests {
             (33, 77, (1, 1), (3, true, 1.0), DType::F32),
             (300, 1030, (1, 1), (8, true, 1.5), DType::F32),
         ];
+        let most = ROUTE_GEMV_ROWS;
         for (n, k, (n_group, topk_group), (topk, norm, scaling), dtype) in cases {
             let r = Routing {
                 n_experts: n as u32,
@@ -450,53 +466,76 @@ mod tests {
             let bias = rng.vec(n, 0.05);
             let bbuf = g.buffer_from(&bias, "bias").unwrap();
             let tally = g.buffer(4 * tally_words(n) as u64, "tally").unwrap();
-            // Two rows of x at an offset; each dispatch routes one.
-            let xs = rng.vec(5 + 2 * k, 1.0);
+            // Each dispatch's rows of x at an offset, `stride` words apart.
+            let shapes = [(1, k), (3, k + 3), (most, k)];
+            let total: usize = shapes.iter().map(|&(rows, stride)| rows * stride).sum();
+            let xs = rng.vec(5 + total, 1.0);
             let xb = g.buffer_from(&xs, "x").unwrap();
             let extra = Some(n as u32);
-            let stride = topk + 1;
-            let outs: Vec<_> = (0..2)
-                .map(|i| {
-                    let ib = g.buffer((stride * 4) as u64, "idx").unwrap();
-                    let wb = g.buffer((stride * 4) as u64, "weights").unwrap();
-                    (ib, wb, i)
+            let pairs = topk + 1;
+            let mut at = 5;
+            let outs: Vec<_> = shapes
+                .iter()
+                .map(|&(rows, stride)| {
+                    let ib = g.buffer((rows * pairs * 4) as u64, "idx").unwrap();
+                    let wb = g.buffer((rows * pairs * 4) as u64, "weights").unwrap();
+                    at += rows * stride;
+                    (ib, wb, rows, stride, at - rows * stride)
                 })
                 .collect();
             let mut rec = g.recorder();
-            for (ib, wb, i) in &outs {
-                let x = View::new(&xb, (5 + i * k) as u32, k as u32);
-                let ok = route_gemv(&mut rec, x, &w, &bbuf, &r, (ib, wb), extra, &tally);
-                assert!(ok, "route_gemv applies to a {dtype:?} router");
-            }
-            rec.finish().unwrap();
-            for (ib, wb, i) in &outs {
-                let x = &xs[5 + i * k..][..k];
-                let logits: Vec<f32> = (0..n)
-                    .map(|e| {
-                        let row = &wv[e * k..][..k];
-                        row.iter()
-                            .zip(x)
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum::<f64>() as f32
-                    })
-                    .collect();
-                let (mut want_i, mut want_w) = route_ref(&logits, &bias, &r);
-                want_i.push(n as u32);
-                want_w.push(1.0);
-                let what = format!("route_gemv n {n} k {k} {dtype:?} row {i}");
-                assert_eq!(
-                    g.read_u32(ib, 0, stride).unwrap(),
-                    want_i,
-                    "{what}: experts"
+            for (ib, wb, rows, stride, off) in &outs {
+                let x = View::new(&xb, *off as u32, *stride as u32);
+                let t = *rows as u32;
+                let ok = route_gemv(&mut rec, x, t, &w, &bbuf, &r, (ib, wb), extra, &tally);
+                assert!(
+                    ok,
+                    "route_gemv applies to {rows} rows of a {dtype:?} router"
                 );
-                let got_w = g.read_f32(wb, 0, stride).unwrap();
-                assert_close(&got_w, &want_w, 1e-5, 1e-4, &format!("{what}: weights"));
             }
-            assert_eq!(
-                g.read_u32(&tally, 0, 1).unwrap(),
-                vec![0],
-                "tally left at zero"
+            let x = View::new(&xb, 0, k as u32);
+            let (ib, wb, ..) = &outs[0];
+            let more = route_gemv(
+                &mut rec,
+                x,
+                most as u32 + 1,
+                &w,
+                &bbuf,
+                &r,
+                (ib, wb),
+                extra,
+                &tally,
             );
+            assert!(!more, "route_gemv leaves {} rows to the matmul", most + 1);
+            rec.finish().unwrap();
+            for (ib, wb, rows, stride, off) in &outs {
+                let got_i = g.read_u32(ib, 0, rows * pairs).unwrap();
+                let got_w = g.read_f32(wb, 0, rows * pairs).unwrap();
+                for i in 0..*rows {
+                    let x = &xs[off + i * stride..][..k];
+                    let logits: Vec<f32> = (0..n)
+                        .map(|e| {
+                            let row = &wv[e * k..][..k];
+                            row.iter()
+                                .zip(x)
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum::<f64>() as f32
+                        })
+                        .collect();
+                    let (mut want_i, mut want_w) = route_ref(&logits, &bias, &r);
+                    want_i.push(n as u32);
+                    want_w.push(1.0);
+                    let what = format!("route_gemv n {n} k {k} {dtype:?} row {i} of {rows}");
+                    let o = i * pairs;
+                    assert_eq!(&got_i[o..o + pairs], &want_i[..], "{what}: experts");
+                    let w = &got_w[o..o + pairs];
+                    assert_close(w, &want_w, 1e-5, 1e-4, &format!("{what}: weights"));
+                }
+            }
+            let left = g.read_u32(&tally, 0, tally_words(n)).unwrap();
+            // Each row's count returns to zero (its logits stay).
+            let counts: Vec<u32> = (0..most).map(|r| left[r * (1 + n)]).collect();
+            assert_eq!(counts, vec![0; most], "tally counts left at zero");
         }
     }
 

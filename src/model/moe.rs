@@ -75,17 +75,18 @@ impl Session {
         let r = &self.dims.routing;
         let hd = self.model.config.hidden_size as u32;
         let x = View::rows(&s.x, hd);
-        // A decode row: the router's GEMV and the routing in one dispatch where it applies
-        // (`SPARSA_ROUTER_FUSED=0`: two, a measurement aid). Not on CPU adapters: there its
-        // workgroup per expert and last-workgroup hand-off cost more than the two dispatches
-        // (built-in model on lavapipe: 2.07 ms a step against 0.77 + ~0.5; BENCHMARKS.md,
-        // "lavapipe: kernels for CPU adapters").
-        if t == 1
-            && crate::knobs::knob_on!("SPARSA_ROUTER_FUSED")
+        // A decode row, or the few rows of a verification or a small batch: the router's
+        // GEMV and the routing in one dispatch where it applies (`SPARSA_ROUTER_FUSED=0`:
+        // two, a measurement aid). Not on CPU adapters: there its workgroup per expert and
+        // last-workgroup hand-off cost more than the two dispatches (built-in model on
+        // lavapipe: 2.07 ms a step against 0.77 + ~0.5; BENCHMARKS.md, "lavapipe: kernels
+        // for CPU adapters").
+        if crate::knobs::knob_on!("SPARSA_ROUTER_FUSED")
             && !crate::kernels::cpu_kernels(rec.gpu())
             && router::route_gemv(
                 rec,
                 x,
+                t,
                 &m.router,
                 &m.bias,
                 r,
