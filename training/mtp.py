@@ -132,15 +132,8 @@ def q8_quantized(name):
 def q8_round(w, block=32):
     """dequant(quant(w)) exactly as sparsa's q8 (src/weights/quant.rs quantize_rows): per row and block of 32
     columns, scale = bf16(amax / 127), q = round-half-away(w / scale) clamped to +-127, value q * scale."""
-    w = w.float()
-    N, K = w.shape
-    pad = (-K) % block
-    b = F.pad(w, (0, pad)).view(N, -1, block)
-    scale = (b.abs().amax(-1, keepdim=True) / 127.0).to(torch.bfloat16).float()
-    r = b / torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = (torch.sign(r) * torch.floor(r.abs() + 0.5)).clamp(-127, 127)
-    q = torch.where(scale > 0, q, torch.zeros_like(q))
-    return (q * scale).view(N, -1)[:, :K].contiguous()
+    q, scale = q8_quantize(w, block)
+    return (q.float() * scale.float().repeat_interleave(block, 1)[:, :q.shape[1]]).contiguous()
 
 
 def read_dequantized(path):
@@ -198,7 +191,8 @@ def load_main(teacher, base, dev):
         cfg._attn_implementation = "eager"
         cfg._experts_implementation = "eager"
         m = GlmMoeDsaForCausalLM(cfg)
-        m.load_state_dict(to_module_names(read_dequantized(SHIPPED)), strict=True)
+        main_t = {k: v for k, v in read_dequantized(SHIPPED).items() if not k.startswith(f"model.layers.{MTP_INDEX}.")}
+        m.load_state_dict(to_module_names(main_t), strict=True)  # the shipped MTP layer is not the main model's
         m.generation_config.eos_token_id = [EOT, USER, OBSERVATION]
         m.generation_config.pad_token_id = EOT
     m.float()
@@ -420,7 +414,9 @@ def validate(mtp, main, cache, K, amp):
 
 # ---------------------------------------------------------------- training
 def train_phase(name, args, mtp, main, stream, taps, dev, amp, budget, max_steps, opt, sched, sparse, val_cache,
-                deadline, seed):
+                deadline, seed, own=None, start=None):
+    """own: the main model's own windows (on_policy); args.own_frac of each batch's windows are drawn from them.
+    start: (val_tpv, state) to beat, where the layer did not start new (--init shipped): a phase never ends worse."""
     gen = torch.Generator().manual_seed(seed)
     set_mtp_topk(mtp, args.topk if sparse else DENSE)
     t0 = time.time()
@@ -428,12 +424,16 @@ def train_phase(name, args, mtp, main, stream, taps, dev, amp, budget, max_steps
     fixed = getattr(args, f"steps_{name}")
     sched.total = fixed or max_steps
     K, w = args.steps, args.step_weights
-    best, best_state, step, tokens, recs, tcal, val_every = -1.0, None, 0, 0, [], None, None
+    best, best_state = start if start is not None else (-1.0, None)
+    step, tokens, recs, tcal, val_every = 0, 0, [], None, None
     other, ind = mtp.other_params(), mtp.indexer_params()
     while True:
         if step >= sched.total or (not fixed and time.time() - t0 > budget):
             break
         x, _ = stream.batch(gen, args.batch, args.seq)
+        m = int(round(args.batch * args.own_frac)) if own is not None else 0
+        if m:
+            x = torch.cat([x[:args.batch - m], own[torch.randint(0, own.shape[0], (m,), generator=gen)]])
         x = x.to(dev, non_blocking=True)
         lrf = sched.set(step)
         with amp():
@@ -557,6 +557,37 @@ def greedy(main, prompts, n_new, eos):
                 break
         outs.append(new)
     return outs
+
+
+@torch.no_grad()
+def on_policy(main, tokens, n, seq, bs, seed, sampled, temperature):
+    """n windows of seq tokens in the training framing ([gMASK] <sop> body), whose body is a random prefix of
+    `tokens` (16 .. seq/2 tokens, one length per batch) and then the frozen main model's own continuation (DSA, KV
+    cache, eos not stopping it, as `--ignore-eos`): greedy in the first n - round(n * sampled) windows, sampled at
+    `temperature` in the rest. The drafts are judged against the main model's choices on its own text, so this is
+    the text a draft layer meets at inference; the corpus alone is not (a frozen model's greedy text repeats)."""
+    dev = main.device
+    g = torch.Generator().manual_seed(seed)
+    gc = copy.deepcopy(main.generation_config)
+    gc.eos_token_id, gc.pad_token_id = None, EOT
+    n_sampled = int(round(n * sampled))
+    out = []
+    while sum(x.shape[0] for x in out) < n:
+        done = sum(x.shape[0] for x in out)
+        b = min(bs, n - done)
+        do_sample = done >= n - n_sampled
+        if not do_sample:
+            b = min(b, n - n_sampled - done)
+        P = int(torch.randint(16, seq // 2 + 1, (1,), generator=g))
+        off = torch.randint(0, tokens.numel() - P, (b,), generator=g).tolist()
+        x = torch.stack([torch.cat([torch.tensor([GMASK, SOP]), tokens[o:o + P]]) for o in off]).to(dev)
+        kw = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if do_sample else dict(do_sample=False)
+        if do_sample:
+            torch.manual_seed(seed + done)
+        y = main.generate(x, attention_mask=torch.ones_like(x), generation_config=gc, max_new_tokens=seq - 2 - P, **kw)
+        assert y.shape[1] == seq, (y.shape, seq)
+        out.append(y.cpu())
+    return torch.cat(out)
 
 
 @torch.no_grad()
@@ -797,6 +828,42 @@ def assemble(layer_file, base, model_out):
     return model_out
 
 
+def q8_quantize(w, block=32):
+    """sparsa's q8 bytes of a weight (src/weights/quant.rs quantize_rows): I8 [N, K] and bf16 scales [N, K/32
+    rounded up]; q8_round(w) == q * scale."""
+    w = w.float()
+    N, K = w.shape
+    b = F.pad(w, (0, (-K) % block)).view(N, -1, block)
+    scale = (b.abs().amax(-1, keepdim=True) / 127.0).to(torch.bfloat16).float()
+    r = b / torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (torch.sign(r) * torch.floor(r.abs() + 0.5)).clamp(-127, 127)
+    q = torch.where(scale > 0, q, torch.zeros_like(q))
+    return q.view(N, -1)[:, :K].to(torch.int8).contiguous(), scale.view(N, -1).to(torch.bfloat16).contiguous()
+
+
+def splice_q8(layer_file, model_out):
+    """The shipped q8 model directory with its MTP layer replaced by `layer_file`'s, quantized as `sparsa quantize
+    --format q8` quantizes it: what sparsa runs, written without the a5586a3 bf16 base (on the GPU machine)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    src = os.path.join(SHIPPED, "model.safetensors")
+    with safe_open(src, "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys() if not k.startswith(f"model.layers.{MTP_INDEX}.")}
+    for k, v in load_file(layer_file).items():
+        assert k.startswith(f"model.layers.{MTP_INDEX}."), k
+        if q8_quantized(k) and v.dim() == 2:
+            tensors[k], tensors[k + "_scale"] = q8_quantize(v)
+        else:
+            tensors[k] = v
+    os.makedirs(model_out, exist_ok=True)
+    for name in os.listdir(SHIPPED):
+        if name != "model.safetensors":
+            shutil.copyfile(os.path.join(SHIPPED, name), os.path.join(model_out, name))
+    save_file(dict(sorted(tensors.items())), os.path.join(model_out, "model.safetensors"), metadata=meta)
+    return model_out
+
+
 # ---------------------------------------------------------------- main
 def main():
     global LOG
@@ -805,9 +872,13 @@ def main():
     ap.add_argument("--model-out", help="complete bf16 model directory (default OUT/mtp_model; written where the "
                                         "a5586a3 base is available)")
     ap.add_argument("--assemble", metavar="LAYER", help="only write --model-out from this mtp_layer.safetensors")
+    ap.add_argument("--splice-q8", metavar="LAYER", help="only write --model-out: the shipped q8 model with this "
+                                                          "mtp_layer.safetensors quantized in place of its MTP layer")
     ap.add_argument("--base", default=os.path.join(WORK, "base"), help="a5586a3 bf16 model (extracted if missing)")
     ap.add_argument("--teacher", choices=["q8", "bf16"], default="q8",
                     help="main model: the shipped q8 file dequantized (what runs after quantizing) or a5586a3 bf16")
+    ap.add_argument("--init", choices=["layer7", "shipped"], default="layer7",
+                    help="start from the main model's last layer (a new layer) or the shipped MTP layer")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=20251203)
     ap.add_argument("--seq", type=int, default=512, help="window length (tokens incl. [gMASK]<sop>)")
@@ -839,6 +910,13 @@ def main():
     ap.add_argument("--eval-windows", type=int, default=0, help="held-out corpus windows (0: all)")
     ap.add_argument("--eval-bs", type=int, default=16)
     ap.add_argument("--recall-windows", type=int, default=32)
+    ap.add_argument("--own-windows", type=int, default=0,
+                    help="windows of the main model's own text (on_policy) generated before training (0: corpus only)")
+    ap.add_argument("--own-val", type=int, default=32, help="such windows from the validation slice, for validation")
+    ap.add_argument("--own-frac", type=float, default=0.5, help="share of each batch drawn from the own windows")
+    ap.add_argument("--own-sampled", type=float, default=0.25, help="share of own windows sampled (the rest greedy)")
+    ap.add_argument("--own-temp", type=float, default=0.8, help="temperature of the sampled own windows")
+    ap.add_argument("--own-bs", type=int, default=256, help="generation batch")
     ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--cpu-autocast", action="store_true", help="bf16 autocast on CPU too (checks the GPU path)")
     args = ap.parse_args()
@@ -848,6 +926,11 @@ def main():
         if not args.model_out:
             sys.exit("--assemble needs --model-out")
         print(assemble(args.assemble, base_dir(args.base), args.model_out))
+        return
+    if args.splice_q8:
+        if not args.model_out:
+            sys.exit("--splice-q8 needs --model-out")
+        print(splice_q8(args.splice_q8, args.model_out))
         return
     if not args.out:
         sys.exit("--out is required")
@@ -871,8 +954,12 @@ def main():
     main_m = load_main(args.teacher, args.base, dev)
     log_print(f"main model: {args.teacher}; names check: file -> module -> file gives back the "
               f"{check_names(main_m, args.teacher, args.base)} layer-7 tensors")
-    mtp = MtpLayer(main_m.config)
-    mtp.init_from(main_m)
+    if args.init == "shipped":  # go on from the layer models/sparsa-bard-12m ships (its q8 values)
+        mtp = mtp_from_tensors(main_m.config, {k: v for k, v in read_dequantized(SHIPPED).items()
+                                               if k.startswith(f"model.layers.{MTP_INDEX}.")})
+    else:
+        mtp = MtpLayer(main_m.config)
+        mtp.init_from(main_m)
     mtp.to(dev).train()
     info = dict(params=sum(p.numel() for p in mtp.parameters()),
                 params_indexer=sum(p.numel() for p in mtp.indexer_params()),
@@ -886,24 +973,44 @@ def main():
             ids = vx[i:i + args.eval_bs].to(dev)
             h, z = main_forward(main_m, ids)
             val_cache.append((ids, h, z))
+    own, own_s = None, 0.0
+    if args.own_windows:
+        t_own = time.time()
+        vo = on_policy(main_m, stream.val, args.own_val, args.seq, args.own_bs, args.seed + 3, args.own_sampled,
+                       args.own_temp)
+        with amp():
+            for i in range(0, vo.shape[0], args.eval_bs):
+                ids = vo[i:i + args.eval_bs].to(dev)
+                h, z = main_forward(main_m, ids)
+                val_cache.append((ids, h, z))
+        own = on_policy(main_m, stream.train, args.own_windows, args.seq, args.own_bs, args.seed + 4,
+                        args.own_sampled, args.own_temp)
+        own_s = time.time() - t_own  # the training budgets start after the generation
+        log_print(json.dumps(dict(own_windows=own.shape[0], own_val=vo.shape[0], own_frac=args.own_frac,
+                                  own_sampled=args.own_sampled, own_temp=args.own_temp,
+                                  seconds=round(own_s, 1))))
     taps = Taps(Shim(mtp.layer))
     epoch = stream.train.numel()
     max_steps = lambda ep: max(20, int(ep * epoch / (args.batch * args.seq)))  # noqa: E731
-    deadline = T0 + args.deadline
+    deadline = T0 + own_s + args.deadline
     v0 = validate(mtp, main_m, val_cache, args.steps, amp)
     log_print("initial:", json.dumps(v0))
     logs, summaries = [dict(phase="init", step=0, **v0)], []
 
+    # a layer that did not start new keeps its state unless a phase beats it
+    start = lambda s: (s["best_val_tpv"], {k: v.detach().clone() for k, v in mtp.state_dict().items()}) \
+        if args.init == "shipped" else None  # noqa: E731
+    s0 = dict(best_val_tpv=v0["val_tpv"])
     opt = adamw([mtp.other_params(), mtp.indexer_params()], [args.lr_a, args.lr_indexer_a])
     sched = Sched(opt, [args.lr_a, args.lr_a, args.lr_indexer_a, args.lr_indexer_a], warmup=20)
     r, s = train_phase("a", args, mtp, main_m, stream, taps, dev, amp, args.budget_a, max_steps(args.max_epochs_a),
-                       opt, sched, False, val_cache, deadline - args.budget_b, args.seed + 1)
+                       opt, sched, False, val_cache, deadline - args.budget_b, args.seed + 1, own, start(s0))
     logs += r
     summaries.append(s)
     opt = adamw([mtp.other_params(), mtp.indexer_params()], [args.lr_b, args.lr_indexer_b])
     sched = Sched(opt, [args.lr_b, args.lr_b, args.lr_indexer_b, args.lr_indexer_b], warmup=10)
     r, s = train_phase("b", args, mtp, main_m, stream, taps, dev, amp, args.budget_b, max_steps(args.max_epochs_b),
-                       opt, sched, True, val_cache, deadline, args.seed + 2)
+                       opt, sched, True, val_cache, deadline, args.seed + 2, own, start(s))
     logs += r
     summaries.append(s)
     taps.remove()
