@@ -35,6 +35,10 @@ Training:
     indexer, inputs detached): train.py's stages a and b at once, the main model being frozen anyway.
   * Phase b (DSA, index_topk 64): the same loss through transformers' sparse path, the indexer the KL restricted
     to the keys it selected (train.py's stage c).
+  * --own-windows N (on_policy): N windows of the main model's own continuations of corpus prefixes, greedy and
+    sampled, make --own-frac of each batch, and --own-val of them (from the validation slice) join validation:
+    the text the drafts meet at inference. --init shipped goes on from the shipped layer, keeping its state
+    unless a phase validates better.
   * Expert balance: train.update_router_bias. Init: the decoder layer = a copy of the main model's last layer (7,
     a full-indexer MoE layer), shared_head.norm = model.norm, enorm / hnorm ones, eh_proj normal(0.02).
     Validation on the last 40960 train tokens (never trained on), DSA; the state with the most expected tokens per
