@@ -205,7 +205,8 @@ scratch! {
         sel_idx: z.c * z.sel,
         sel_cnt: z.c,
         router_logits: z.c * z.cfg.n_routed_experts.max(1),
-        /// The decode router's count and logits (`router::route_gemv`; zero between uses).
+        /// The fused router's counts and logits, a block per row of up to 8 (`router::route_gemv`;
+        /// counts zero between uses).
         router_tally: crate::kernels::router::tally_words(z.cfg.n_routed_experts.max(1)),
         /// The routed experts of each row (u32) and their weights.
         router_idx: z.c * pairs(z.cfg),
