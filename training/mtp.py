@@ -94,6 +94,7 @@ BASE_COMMIT = "a5586a3"
 SHIPPED = os.path.join(REPO, "models", "sparsa-bard-12m")
 DENSE = 10 ** 9
 MTP_INDEX = 8  # num_hidden_layers of the base model: the MTP layer is model.layers.8
+MTP_PREFIX = f"model.layers.{MTP_INDEX}."  # its tensors' names
 LOG = None
 
 
@@ -161,6 +162,13 @@ def read_dequantized(path):
     return out
 
 
+def shipped_split():
+    """The shipped q8 model dequantized, as (main model's tensors, its MTP layer's tensors)."""
+    t = read_dequantized(SHIPPED)
+    return ({k: v for k, v in t.items() if not k.startswith(MTP_PREFIX)},
+            {k: v for k, v in t.items() if k.startswith(MTP_PREFIX)})
+
+
 def to_module_names(tensors):
     """File names (per-expert `experts.{e}.{gate,up,down}_proj.weight`) -> transformers' module names (stacked
     `experts.gate_up_proj` [E, 2I, H] = gate rows then up rows, `experts.down_proj` [E, H, I])."""
@@ -195,8 +203,7 @@ def load_main(teacher, base, dev):
         cfg._attn_implementation = "eager"
         cfg._experts_implementation = "eager"
         m = GlmMoeDsaForCausalLM(cfg)
-        main_t = {k: v for k, v in read_dequantized(SHIPPED).items() if not k.startswith(f"model.layers.{MTP_INDEX}.")}
-        m.load_state_dict(to_module_names(main_t), strict=True)  # the shipped MTP layer is not the main model's
+        m.load_state_dict(to_module_names(shipped_split()[0]), strict=True)
         m.generation_config.eos_token_id = [EOT, USER, OBSERVATION]
         m.generation_config.pad_token_id = EOT
     m.float()
@@ -758,7 +765,7 @@ def evaluate(args, mtp_variants, main, stream, dev, out_json):
 def layer_tensors(mtp, cast=True):
     """The MTP layer's tensors under sparsa / the releases' names (model.layers.8.*), per-expert MoE names as
     save_pretrained writes them; bf16 with e_score_correction_bias f32 (cast), else float32 as trained."""
-    p = f"model.layers.{MTP_INDEX}."
+    p = MTP_PREFIX
     out = {}
     for k, v in mtp.state_dict().items():
         v = v.detach().to("cpu")
@@ -784,7 +791,7 @@ def layer_tensors(mtp, cast=True):
 
 def mtp_from_tensors(main_cfg, tensors, q8=False):
     """An MtpLayer (float32) from model.layers.8.* file tensors; q8: rounded as `sparsa quantize --format q8`."""
-    p = f"model.layers.{MTP_INDEX}."
+    p = MTP_PREFIX
     m = MtpLayer(main_cfg)
     t = {k: (q8_round(v) if q8 and q8_quantized(k) else v.float()) for k, v in tensors.items()}
     sd = {}
@@ -800,7 +807,7 @@ def check_names(main, teacher, base):
     (layer_tensors) gives back the file's layer-7 tensor names and values (float32) exactly."""
     shim = MtpLayer(main.config)
     shim.layer.load_state_dict(main.model.layers[MTP_INDEX - 1].state_dict())
-    mine = {k.replace(f"model.layers.{MTP_INDEX}.", f"model.layers.{MTP_INDEX - 1}."): v
+    mine = {k.replace(MTP_PREFIX, f"model.layers.{MTP_INDEX - 1}."): v
             for k, v in layer_tensors(shim, cast=False).items()
             if k.split(".")[3] not in ("enorm", "hnorm", "eh_proj", "shared_head")}
     src = SHIPPED if teacher == "q8" else base_dir(base)
@@ -817,7 +824,7 @@ def assemble(layer_file, base, model_out):
     tensors = load_file(os.path.join(base, "model.safetensors"))
     layer = load_file(layer_file)
     assert not any(k in tensors for k in layer)
-    assert all(k.startswith(f"model.layers.{MTP_INDEX}.") for k in layer)
+    assert all(k.startswith(MTP_PREFIX) for k in layer)
     tensors.update(layer)
     os.makedirs(model_out, exist_ok=True)
     save_file(dict(sorted(tensors.items())), os.path.join(model_out, "model.safetensors"), metadata={"format": "pt"})
@@ -853,9 +860,9 @@ def splice_q8(layer_file, model_out):
     src = os.path.join(SHIPPED, "model.safetensors")
     with safe_open(src, "pt") as f:
         meta = f.metadata()
-        tensors = {k: f.get_tensor(k) for k in f.keys() if not k.startswith(f"model.layers.{MTP_INDEX}.")}
+        tensors = {k: f.get_tensor(k) for k in f.keys() if not k.startswith(MTP_PREFIX)}
     for k, v in load_file(layer_file).items():
-        assert k.startswith(f"model.layers.{MTP_INDEX}."), k
+        assert k.startswith(MTP_PREFIX), k
         if q8_quantized(k) and v.dim() == 2:
             tensors[k], tensors[k + "_scale"] = q8_quantize(v)
         else:
@@ -959,8 +966,7 @@ def main():
     log_print(f"main model: {args.teacher}; names check: file -> module -> file gives back the "
               f"{check_names(main_m, args.teacher, args.base)} layer-7 tensors")
     if args.init == "shipped":  # go on from the layer models/sparsa-bard-12m ships (its q8 values)
-        mtp = mtp_from_tensors(main_m.config, {k: v for k, v in read_dequantized(SHIPPED).items()
-                                               if k.startswith(f"model.layers.{MTP_INDEX}.")})
+        mtp = mtp_from_tensors(main_m.config, shipped_split()[1])
     else:
         mtp = MtpLayer(main_m.config)
         mtp.init_from(main_m)
