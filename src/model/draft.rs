@@ -25,7 +25,7 @@ use super::forward::{caches_bind_groups, gemv};
 use super::load::Mtp;
 use super::session::{At, Input, Session};
 use crate::error::{Error, Result};
-use crate::gpu::Stopwatch;
+use crate::gpu::{Recorder, Stopwatch};
 use crate::kernels::sample::{self, TokenSlot};
 use crate::kernels::{embed, norm, spec, View};
 
@@ -240,13 +240,31 @@ impl Session {
     fn mtp_at(&mut self, at: u32, t: usize, pos: At, dst: u32, round: Option<usize>) -> Result<()> {
         let start = Stopwatch::start();
         let model = self.model.clone();
-        let (cfg, gpu) = (&model.config, &*model.gpu);
+        let gpu = &*model.gpu;
         self.caches.reserve(gpu, pos.most() + t)?;
+        let mut rec = gpu.recorder();
+        rec.cache_bind_groups(caches_bind_groups(t as u32));
+        self.mtp_record_into(&mut rec, at, t, pos, dst, round)?;
+        drop(rec);
+        self.draft_stats.ms_recording += start.ms();
+        gpu.check()
+    }
+
+    /// Records [`Session::mtp_at`]'s pass into `rec`; the caches must already hold its rows.
+    fn mtp_record_into(
+        &self,
+        rec: &mut Recorder,
+        at: u32,
+        t: usize,
+        pos: At,
+        dst: u32,
+        round: Option<usize>,
+    ) -> Result<()> {
+        let model = &self.model;
+        let cfg = &model.config;
         let s = &self.s;
         let (hd, t) = (cfg.hidden_size as u32, t as u32);
         let vocab = cfg.vocab_size as u32;
-        let mut rec = gpu.recorder();
-        rec.cache_bind_groups(caches_bind_groups(t));
         let rounds = round.map(|slot| {
             let r = self.rounds.as_ref().expect("a GPU round has its state");
             let picks = TokenSlot {
@@ -254,11 +272,11 @@ impl Session {
                 index: r.picks(),
             };
             let logits = View::rows(&s.logits, vocab);
-            sample::argmax_rows(&mut rec, logits, t, vocab, picks, &s.sample);
-            spec::accept(&mut rec, &r.state, r.ids(&s.ids), slot as u32);
+            sample::argmax_rows(rec, logits, t, vocab, picks, &s.sample);
+            spec::accept(rec, &r.state, r.ids(&s.ids), slot as u32);
             (r, slot)
         });
-        let span = self.place(&mut rec, pos, t as usize);
+        let span = self.place(rec, pos, t as usize);
         let mtp = self.mtp();
         let h = View::rows(&s.h, hd);
         let hidden = View::rows(&s.mtp_h, hd);
@@ -270,43 +288,35 @@ impl Session {
             eps,
             hidden,
         };
-        embed::embed_mtp(&mut rec, &model.weights.embed, (&s.ids, at, t), &norms, cat);
-        gemv(&mut rec, None, cat, &mtp.eh_proj, h, t);
+        embed::embed_mtp(rec, &model.weights.embed, (&s.ids, at, t), &norms, cat);
+        gemv(rec, None, cat, &mtp.eh_proj, h, t);
         let i = cfg.num_hidden_layers;
-        self.attention(&mut rec, i, &mtp.layer, span);
-        self.mlp(&mut rec, i, &mtp.layer, t)?;
+        self.attention(rec, i, &mtp.layer, span);
+        self.mlp(rec, i, &mtp.layer, t)?;
         // The last row after shared_head.norm: the next draft's hidden, and the LM head's
         // input. A GPU round's last accepted row is copied out first.
         let last = match rounds {
             Some((r, _)) => {
                 let out = View::rows(&s.tmp_h, hd);
-                spec::accepted_row(
-                    &mut rec,
-                    &r.state,
-                    (h.buf, h.offset),
-                    (out.buf, out.offset),
-                    hd,
-                );
+                spec::accepted_row(rec, &r.state, (h.buf, h.offset), (out.buf, out.offset), hd);
                 out.row(0)
             }
             None => h.row(t - 1),
         };
-        norm::rms_norm(&mut rec, last, &mtp.head_norm, hidden, 1, hd, eps);
+        norm::rms_norm(rec, last, &mtp.head_norm, hidden, 1, hd, eps);
         let head = model.weights.head();
         let logits = View::rows(&s.logits, vocab);
-        gemv(&mut rec, None, hidden, head, logits, 1);
+        gemv(rec, None, hidden, head, logits, 1);
         let slot = TokenSlot {
             ids: &s.ids,
             index: dst,
         };
-        sample::argmax(&mut rec, logits, vocab, slot, &s.sample);
+        sample::argmax(rec, logits, vocab, slot, &s.sample);
         if let Some((r, slot)) = rounds {
             let (off, bytes) = r.log_bytes(slot);
             rec.copy(&r.state, off, &r.ring[slot], 0, bytes);
         }
-        drop(rec);
-        self.draft_stats.ms_recording += start.ms();
-        gpu.check()
+        Ok(())
     }
 
     /// The MTP layer over `tokens` (from the host) at positions `pos0 ..` after the hidden
@@ -435,18 +445,31 @@ impl Session {
             offset: offset as u32,
             most: most + offset,
         };
-        for j in 1..k {
-            self.mtp_at(j as u32, 1, on(j - 1), j as u32 + 1, None)?;
-        }
         let start = Stopwatch::start();
-        self.chunk_at(on(0), Input::OnGpu(k + 1), k + 1, None, true)?;
-        self.draft_stats.ms_recording += start.ms();
+        let model = self.model.clone();
+        let gpu = &*model.gpu;
+        self.check_logit_room(k + 1, k + 1)?;
+        // Every chunk of the round within the caches before any is recorded (the
+        // verification reaches furthest), and the whole round in one submission: the GPU
+        // runs the round before it meanwhile, so an early submission buys nothing (the
+        // verification alone in one: 1,991 → 2,046 / 2,052 tok/s for the built-in model's
+        // --draft 3 on an H100, BENCHMARKS.md, "2026-12-06 (sixth session)").
+        self.caches.reserve(gpu, most + k + 1)?;
+        let mut rec = gpu.recorder();
+        rec.cache_bind_groups(caches_bind_groups(k as u32 + 1));
+        for j in 1..k {
+            self.mtp_record_into(&mut rec, j as u32, 1, on(j - 1), j as u32 + 1, None)?;
+        }
+        self.chunk_record(&mut rec, on(0), k + 1, k + 1, None, true)?;
         // The MTP pass runs over the rows the verification placed (P .. P + k; the state's
         // PREV after acceptance), so it reuses their places.
         let verified = At::Placed { most };
         let mtp = self.rounds.as_ref().expect("begun").mtp();
-        self.mtp_at(mtp, k + 1, verified, 1, Some(slot))?;
-        let last = self.model.gpu.last_submission();
+        self.mtp_record_into(&mut rec, mtp, k + 1, verified, 1, Some(slot))?;
+        drop(rec);
+        self.draft_stats.ms_recording += start.ms();
+        self.check_after_submit()?;
+        let last = gpu.last_submission();
         self.rounds.as_mut().expect("begun").queued[slot] = last;
         Ok(slot)
     }

@@ -53,58 +53,82 @@ impl Session {
     ) -> Result<usize> {
         let model = self.model.clone();
         let gpu = &*model.gpu;
-        let t = match input {
-            Input::Host(tokens) => tokens.len(),
-            Input::Previous => 1,
-            Input::OnGpu(t) => t,
-        };
-        let room = t.min(self.logit_room());
-        if want_logits > room {
-            return Err(crate::Error::msg(format!(
-                "a chunk of {t} rows cannot leave the logits of {want_logits} (at most {room})"
-            )));
-        }
+        let t = input.rows();
+        self.check_logit_room(t, want_logits)?;
         self.caches.reserve(gpu, at.most() + t)?;
         if let Input::Host(tokens) = input {
             self.put_tokens(tokens);
         }
         let mut rec = gpu.recorder();
-        let t = t as u32;
-
         // Decode steps (one token) repeat the same dispatches with the same parameter slots,
         // so their bind groups are kept and reused, and so do a speculative round's
         // verifications (k + 1 rows every round). A prefill's depend on its length (GEMV
         // passes, tile counts): cached, every new length added a few hundred entries that
         // stayed (host memory grew by steps in long chats), so they are made per chunk and
         // dropped with it (a few hundred).
-        rec.cache_bind_groups(caches_bind_groups(t));
-        let span = self.place(&mut rec, at, t as usize);
+        rec.cache_bind_groups(caches_bind_groups(t as u32));
         // A chunk of several rows is waited for once recorded (a verification, a prompt):
         // its first layers run while the host records the rest. A decode step is recorded
-        // while the GPU runs the one before, and so is a round queued on the GPU (one
-        // submission: 1,991 → 2,046 / 2,052 tok/s for the built-in model's --draft 3 on an
-        // H100, BENCHMARKS.md, "2026-12-06 (sixth session)").
+        // while the GPU runs the one before.
         if t > 1 && matches!(at, At::Host(_)) {
             rec.submit_every(submit_every());
         }
-        self.layers(&mut rec, span)?;
-        if keep_hidden {
-            self.keep_hidden_rows(&mut rec, t);
-        }
-        if want_logits > 0 {
-            self.head(&mut rec, (t, keep_hidden), want_logits as u32, pick)?;
-        }
+        self.chunk_record(&mut rec, at, t, want_logits, pick, keep_hidden)?;
         // Submitted without waiting: the logits readback (or the next chunk) is ordered
         // after it and waits; validation errors surface here or at that wait.
         drop(rec);
         if let Some((slot, _)) = pick {
             self.pending[slot] = gpu.last_submission();
         }
-        gpu.check()?;
-        if let Some(off) = &model.offload {
+        self.check_after_submit()?;
+        Ok(t)
+    }
+
+    /// Records the chunk of `t` rows at `at` (its tokens already in `s.ids`) into `rec`:
+    /// places, layers, and the head as [`Session::chunk_at`] asks. The caches must already
+    /// hold its positions (`Caches::reserve`: growing them here would copy them before what
+    /// `rec` holds reached them), and `want_logits` fit ([`Session::check_logit_room`]).
+    pub(super) fn chunk_record(
+        &self,
+        rec: &mut Recorder,
+        at: At,
+        t: usize,
+        want_logits: usize,
+        pick: Option<(usize, &Pick)>,
+        keep_hidden: bool,
+    ) -> Result<()> {
+        let t = t as u32;
+        let span = self.place(rec, at, t as usize);
+        self.layers(rec, span)?;
+        if keep_hidden {
+            self.keep_hidden_rows(rec, t);
+        }
+        if want_logits > 0 {
+            self.head(rec, (t, keep_hidden), want_logits as u32, pick)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a chunk of `t` rows that should leave more rows' logits than it has or the
+    /// scratch holds.
+    pub(super) fn check_logit_room(&self, t: usize, want_logits: usize) -> Result<()> {
+        let room = t.min(self.logit_room());
+        if want_logits > room {
+            return Err(crate::Error::msg(format!(
+                "a chunk of {t} rows cannot leave the logits of {want_logits} (at most {room})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// What a submission may have left to report: a validation error, a streamed expert
+    /// file that changed on disk.
+    pub(super) fn check_after_submit(&self) -> Result<()> {
+        self.model.gpu.check()?;
+        if let Some(off) = &self.model.offload {
             off.check_files()?;
         }
-        Ok(t as usize)
+        Ok(())
     }
 
     /// The embedding of the tokens in `s.ids` and every layer over the chunk's rows

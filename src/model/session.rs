@@ -46,6 +46,17 @@ pub(super) enum Input<'a> {
     OnGpu(usize),
 }
 
+impl Input<'_> {
+    /// The chunk's rows.
+    pub(super) fn rows(&self) -> usize {
+        match self {
+            Input::Host(tokens) => tokens.len(),
+            Input::Previous => 1,
+            Input::OnGpu(t) => *t,
+        }
+    }
+}
+
 /// Where a chunk's first row sits.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum At {
