@@ -6,6 +6,9 @@
 //               barriers lavapipe runs as switches through every SIMD slice)
 //   rms_norm_q  rms_norm, and y quantized for the integer-dot GEMVs (xquant.wgsl) into
 //               binding 4, row r at r · xq_stride(dim); P.q4: q4's element order
+//   rms_norm_sel  (and _cpu) rms_norm of the one row of x that word P.sel of binding 4
+//               names, into y's first row: a speculative round's last accepted row, its
+//               index in the round's state (spec.wgsl) bound at 4
 
 // Params (binding 0): declared once, in src/kernels/norm.rs (`Params`), and put before this source.
 
@@ -37,15 +40,8 @@ fn rms_scale(xb: u32, lid: u32) -> f32 {
     return inverseSqrt(total / f32(P.dim) + P.eps);
 }
 
-@compute @workgroup_size(256)
-fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x + wid.y * nwg.x;
-    if (row >= P.rows) {
-        return;
-    }
-    let xb = P.x_off + row * P.x_stride;
-    let yb = P.y_off + row * P.y_stride;
+// y = x * scale * w over the row at xb into yb (the workgroup's share of it).
+fn norm_row(xb: u32, yb: u32, lid: u32) {
     let scale = rms_scale(xb, lid);
     var c = lid;
     for (; c + 3u * WG < P.dim; c += 4u * WG) {
@@ -62,15 +58,8 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 }
 
-@compute @workgroup_size(CPU_WG)
-fn rms_norm_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32) {
-    let row = cpu_item(wid, nwg, lid);
-    if (row >= P.rows) {
-        return;
-    }
-    let xb = P.x_off + row * P.x_stride;
-    let yb = P.y_off + row * P.y_stride;
+// rms_norm_cpu's row: one invocation.
+fn norm_row_cpu(xb: u32, yb: u32) {
     var s4 = vec4<f32>(0.0);
     var c = 0u;
     for (; c + 3u < P.dim; c += 4u) {
@@ -84,6 +73,46 @@ fn rms_norm_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let scale = inverseSqrt(((s4.x + s4.y) + (s4.z + s4.w)) / f32(P.dim) + P.eps);
     for (var i = 0u; i < P.dim; i++) {
         y[yb + i] = x[xb + i] * scale * w[i];
+    }
+}
+
+@compute @workgroup_size(256)
+fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= P.rows) {
+        return;
+    }
+    norm_row(P.x_off + row * P.x_stride, P.y_off + row * P.y_stride, lid);
+}
+
+@compute @workgroup_size(CPU_WG)
+fn rms_norm_cpu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let row = cpu_item(wid, nwg, lid);
+    if (row >= P.rows) {
+        return;
+    }
+    norm_row_cpu(P.x_off + row * P.x_stride, P.y_off + row * P.y_stride);
+}
+
+// The row binding 4's word P.sel names (of P.rows rows; a larger value is clamped to the
+// last): a speculative round's last accepted row (its state, spec.wgsl, bound here).
+fn selected_row() -> u32 {
+    return min(xq_out[P.sel / 4u][P.sel % 4u], P.rows - 1u);
+}
+
+// rms_norm of one row of x, the one `selected_row` names, into y's first row (one
+// workgroup): the same values as rms_norm gives that row.
+@compute @workgroup_size(256)
+fn rms_norm_sel(@builtin(local_invocation_index) lid: u32) {
+    norm_row(P.x_off + selected_row() * P.x_stride, P.y_off, lid);
+}
+
+@compute @workgroup_size(CPU_WG)
+fn rms_norm_sel_cpu(@builtin(local_invocation_index) lid: u32) {
+    if (lid == 0u) {
+        norm_row_cpu(P.x_off + selected_row() * P.x_stride, P.y_off);
     }
 }
 

@@ -3,7 +3,8 @@
 // return to the host before the next round is queued: the round's state lives in `state`
 // (u32 words: [0] the next round's first position P, [1] the last verified round's P, [2]
 // how many drafts it accepted, then the log slots), and these kernels place a chunk's rows
-// from it, accept the drafts, and pick the accepted round's last hidden row.
+// from it and accept the drafts (norm.wgsl's rms_norm_sel picks the accepted round's last
+// hidden row by word 2).
 //
 // Bindings are positional (1 ..) and each entry uses a prefix of them: 1 = state, 2 = a
 // u32 buffer, 3 = a second one, 4 = a read-only table. Floats are copied as their bits.
@@ -70,15 +71,5 @@ fn accept() {
     state[s] = n + 1u;
     for (var j = 0u; j <= n; j++) {
         state[s + 1u + j] = a[P.mtp + j];
-    }
-}
-
-// Copies row `state[2]` (the accepted drafts, so the last accepted row) of the rows at
-// a[P.src ..] (P.dim words apart) to b[P.dst ..].
-@compute @workgroup_size(64)
-fn accepted_row(@builtin(global_invocation_id) g: vec3<u32>) {
-    let e = g.x;
-    if (e < P.dim) {
-        b[P.dst + e] = a[P.src + state[2] * P.dim + e];
     }
 }

@@ -15,6 +15,8 @@ kernel_params! {
         eps: f32,
         /// rms_norm_q: quantize in q4's element order.
         q4: u32,
+        /// rms_norm_sel: the word of binding 4 that names the row.
+        sel: u32,
     }
 }
 
@@ -41,16 +43,18 @@ struct Rows<'a> {
     eps: f32,
 }
 
-/// One workgroup per row (CPU adapters' rms_norm: one invocation); the weight `w` and
-/// (rms_norm_q) the quantized output `b` and its element order.
-fn launch(
-    rec: &mut Recorder,
-    entry: &'static str,
-    r: Rows,
-    w: &wgpu::Buffer,
-    b: Option<&wgpu::Buffer>,
-    q4: bool,
-) {
+/// What a norm's binding 4 holds, if anything.
+enum Fourth<'a> {
+    None,
+    /// rms_norm_q's quantized output, in q4's element order or not.
+    Quantized(&'a wgpu::Buffer, bool),
+    /// rms_norm_sel's row index: this word of the buffer.
+    Selector(&'a wgpu::Buffer, u32),
+}
+
+/// One workgroup per row (CPU adapters' rms_norm: one invocation; rms_norm_sel: one
+/// workgroup); the weight `w` and what binding 4 holds.
+fn launch(rec: &mut Recorder, entry: &'static str, r: Rows, w: &wgpu::Buffer, b: Fourth) {
     let Rows {
         x,
         y,
@@ -63,19 +67,22 @@ fn launch(
         return;
     }
     // CPU adapters: rms_norm_cpu, one invocation per row, CPU_WG rows a workgroup.
-    let cpu = entry == "rms_norm" && super::cpu_kernels(rec.gpu());
-    let entry = if cpu { "rms_norm_cpu" } else { entry };
+    let cpu = super::cpu_kernels(rec.gpu());
+    let entry = match entry {
+        "rms_norm" if cpu => "rms_norm_cpu",
+        "rms_norm_sel" if cpu => "rms_norm_sel_cpu",
+        e => e,
+    };
     let pipe = rec.gpu().pipeline(&NORM, entry, &[]);
     // rms_norm_q: a workgroup per 32 blocks of 32 columns of each row; else one per row.
-    let groups = if entry == "rms_norm_q" {
-        rows * (dim / 32).div_ceil(32)
-    } else if cpu {
-        rows.div_ceil(super::CPU_WG)
-    } else {
-        rows
+    let groups = match entry {
+        "rms_norm_q" => rows * (dim / 32).div_ceil(32),
+        "rms_norm_cpu" => rows.div_ceil(super::CPU_WG),
+        "rms_norm_sel" | "rms_norm_sel_cpu" => 1,
+        _ => rows,
     };
     let grid = rec.gpu().grid(groups);
-    let p = Params {
+    let mut p = Params {
         x_off: x.offset,
         x_stride: x.stride,
         y_off: y.offset,
@@ -83,11 +90,18 @@ fn launch(
         rows,
         dim,
         eps,
-        q4: q4 as u32,
+        ..Params::default()
     };
     match b {
-        None => rec.dispatch(&pipe, &p, &[x.buf, w, y.buf], grid),
-        Some(b) => rec.dispatch(&pipe, &p, &[x.buf, w, y.buf, b], grid),
+        Fourth::None => rec.dispatch(&pipe, &p, &[x.buf, w, y.buf], grid),
+        Fourth::Quantized(b, q4) => {
+            p.q4 = q4 as u32;
+            rec.dispatch(&pipe, &p, &[x.buf, w, y.buf, b], grid)
+        }
+        Fourth::Selector(b, word) => {
+            p.sel = word;
+            rec.dispatch(&pipe, &p, &[x.buf, w, y.buf, b], grid)
+        }
     }
 }
 
@@ -109,7 +123,34 @@ pub fn rms_norm(
         dim,
         eps,
     };
-    launch(rec, "rms_norm", r, w, None, false);
+    launch(rec, "rms_norm", r, w, Fourth::None);
+}
+
+/// [`rms_norm`] of the one row of `x`'s `rows` that word `word` of `sel` names (clamped to
+/// the last), into `y`'s first row, in one dispatch: a speculative round's last accepted row
+/// (its index in the round's state, `kernels::spec`), the same values [`rms_norm`] gives
+/// that row. `sel` is at least 16 bytes and a multiple of 16.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_selected(
+    rec: &mut Recorder,
+    (x, rows): (View, u32),
+    (sel, word): (&wgpu::Buffer, u32),
+    w: &wgpu::Buffer,
+    y: View,
+    dim: u32,
+    eps: f32,
+) {
+    debug_assert!(
+        sel.size() >= 16 && sel.size().is_multiple_of(16) && 4 * (word as u64) < sel.size()
+    );
+    let r = Rows {
+        x,
+        y,
+        rows,
+        dim,
+        eps,
+    };
+    launch(rec, "rms_norm_sel", r, w, Fourth::Selector(sel, word));
 }
 
 /// [`rms_norm`] of `rows` rows (a decode step's one, a verification's few) that also writes
@@ -136,7 +177,7 @@ pub fn rms_norm_q<'a>(
         eps,
     };
     let q4 = matches!(order, QFormat::Q4 { .. });
-    launch(rec, "rms_norm_q", r, w, Some(out), q4);
+    launch(rec, "rms_norm_q", r, w, Fourth::Quantized(out, q4));
     XQuant {
         buf: out,
         k: dim,
@@ -196,6 +237,56 @@ mod tests {
                     .enumerate()
                 {
                     check(i as u64, rows, dim, 1e-6, 1.0, 0.0);
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn rms_norm_selected_is_rms_norm_of_the_named_row() {
+        // Bit for bit against rms_norm of all rows, for each kernel set: the row a word of
+        // the selector names (not its first word), a past-the-end index clamped to the last
+        // row, and y's other rows untouched.
+        for cpu in [false, true] {
+            with_cpu_kernels(cpu, || {
+                let g = gpu();
+                for (i, (rows, dim)) in [(4u32, 577u32), (5, 256), (2, 1030)]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let mut rng = Rng::new(700 + i as u64);
+                    let stride = dim + 3;
+                    let xs = rng.vec((stride * rows) as usize + 5, 2.0);
+                    let ws = rng.vec(dim as usize, 1.0);
+                    let xb = g.buffer_from(&xs, "x").unwrap();
+                    let wb = g.buffer_from(&ws, "w").unwrap();
+                    let x = View::new(&xb, 5, stride);
+                    let all = g.buffer(4 * (dim * rows) as u64, "all").unwrap();
+                    let mut rec = g.recorder();
+                    rms_norm(&mut rec, x, &wb, View::rows(&all, dim), rows, dim, 1e-6);
+                    rec.finish().unwrap();
+                    let want = g.read_f32(&all, 0, (dim * rows) as usize).unwrap();
+                    for pick in [1, rows - 1, rows + 7] {
+                        let sel = g
+                            .buffer_from(&[9u32, 9, 9, 9, 9, 9, pick, 9], "sel")
+                            .unwrap();
+                        let yb = g
+                            .buffer_from(&vec![SENTINEL; 2 * dim as usize + 2], "y")
+                            .unwrap();
+                        let mut rec = g.recorder();
+                        let y = View::new(&yb, 2, dim);
+                        rms_norm_selected(&mut rec, (x, rows), (&sel, 6), &wb, y, dim, 1e-6);
+                        rec.finish().unwrap();
+                        let got = g.read_f32(&yb, 0, 2 * dim as usize + 2).unwrap();
+                        let r = pick.min(rows - 1) as usize;
+                        let d = dim as usize;
+                        let what = format!("cpu {cpu} rows {rows} dim {dim} pick {pick}");
+                        assert_eq!(&got[2..2 + d], &want[r * d..(r + 1) * d], "{what}");
+                        assert!(
+                            got[..2].iter().chain(&got[2 + d..]).all(|v| *v == SENTINEL),
+                            "{what}"
+                        );
+                    }
                 }
             });
         }

@@ -17,8 +17,6 @@ kernel_params! {
         mtp: u32,
         log: u32,
         slot: u32,
-        src: u32,
-        dst: u32,
         _pad0: u32,
         _pad1: u32,
         _pad2: u32,
@@ -34,12 +32,15 @@ pub(super) const SHADERS: &[ShaderCode] = &[SPEC.code()];
 pub const POS: u32 = 0;
 /// The last verified round's first position.
 pub const PREV: u32 = 1;
-/// Where the log slots start (after the accepted-draft count, word 2).
+/// How many drafts the last verified round accepted: the index of its last accepted row.
+pub const ACCEPTED: u32 = 2;
+/// Where the log slots start (after the accepted-draft count).
 pub const LOG: u32 = 4;
 
-/// Words of a state buffer with `slots` log slots for rounds of `k` drafts.
+/// Words of a state buffer with `slots` log slots for rounds of `k` drafts, a multiple of
+/// four (16 bytes: `norm::rms_norm_selected` reads the accepted count from it).
 pub fn state_words(k: u32, slots: u32) -> u32 {
-    LOG + slots * (k + 2)
+    (LOG + slots * (k + 2)).next_multiple_of(4)
 }
 
 /// Where a chunk's rows read their positions: `state[field] + offset + r` for row r.
@@ -102,26 +103,6 @@ pub fn accept(rec: &mut Recorder, state: &wgpu::Buffer, r: RoundIds, slot: u32) 
     };
     let pipe = rec.gpu().pipeline(&SPEC, "accept", &[]);
     rec.dispatch(&pipe, &p, &[state, r.ids], [1, 1, 1]);
-}
-
-/// Copies the last accepted row (row `state[2]`) of the `dim`-wide rows at `src` (word
-/// offset `src_off`) to `dst` at word `dst_off`.
-pub fn accepted_row(
-    rec: &mut Recorder,
-    state: &wgpu::Buffer,
-    (src, src_off): (&wgpu::Buffer, u32),
-    (dst, dst_off): (&wgpu::Buffer, u32),
-    dim: u32,
-) {
-    let p = Params {
-        dim,
-        src: src_off,
-        dst: dst_off,
-        ..Params::default()
-    };
-    let gpu = rec.gpu();
-    let pipe = gpu.pipeline(&SPEC, "accepted_row", &[]);
-    rec.dispatch(&pipe, &p, &[state, src, dst], gpu.grid(dim.div_ceil(64)));
 }
 
 #[cfg(test)]
@@ -235,31 +216,6 @@ mod tests {
             }
             assert_eq!(&got[2 * rows as usize..], &[5, 5, 5], "past the rows");
             assert_eq!(&cos[(rows * dim) as usize..], &[-1.0, -1.0]);
-        }
-    }
-
-    #[test]
-    fn accepted_row_copies_the_row_the_state_names() {
-        let g = gpu();
-        let mut rng = Rng::new(3);
-        let dim = 70u32;
-        let rows: Vec<f32> = rng.vec(5 * dim as usize + 9, 1.0);
-        let src = g.buffer_from(&rows, "src").unwrap();
-        for n in [0u32, 2, 4] {
-            let st = g.buffer_from(&[0u32, 0, n, 0], "state").unwrap();
-            let dst = g
-                .buffer_from(&vec![0.25f32; dim as usize + 10], "dst")
-                .unwrap();
-            let mut rec = g.recorder();
-            accepted_row(&mut rec, &st, (&src, 9), (&dst, 3), dim);
-            rec.finish().unwrap();
-            let got = g.read_f32(&dst, 0, dim as usize + 10).unwrap();
-            let at = 9 + (n * dim) as usize;
-            assert_eq!(&got[3..3 + dim as usize], &rows[at..at + dim as usize]);
-            assert!(got[..3]
-                .iter()
-                .chain(&got[3 + dim as usize..])
-                .all(|&v| v == 0.25));
         }
     }
 }

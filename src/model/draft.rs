@@ -294,16 +294,15 @@ impl Session {
         self.attention(rec, i, &mtp.layer, span);
         self.mlp(rec, i, &mtp.layer, t)?;
         // The last row after shared_head.norm: the next draft's hidden, and the LM head's
-        // input. A GPU round's last accepted row is copied out first.
-        let last = match rounds {
+        // input. A GPU round's is its last accepted row, which the state names.
+        match rounds {
             Some((r, _)) => {
-                let out = View::rows(&s.tmp_h, hd);
-                spec::accepted_row(rec, &r.state, (h.buf, h.offset), (out.buf, out.offset), hd);
-                out.row(0)
+                let x = (h, t);
+                let sel = (&r.state, spec::ACCEPTED);
+                norm::rms_norm_selected(rec, x, sel, &mtp.head_norm, hidden, hd, eps);
             }
-            None => h.row(t - 1),
-        };
-        norm::rms_norm(rec, last, &mtp.head_norm, hidden, 1, hd, eps);
+            None => norm::rms_norm(rec, h.row(t - 1), &mtp.head_norm, hidden, 1, hd, eps),
+        }
         let head = model.weights.head();
         let logits = View::rows(&s.logits, vocab);
         gemv(rec, None, hidden, head, logits, 1);
