@@ -10,7 +10,8 @@
 // Rows of up to 8,192 (src/kernels/sample.rs, ONE_PASS_MAX) take one pass instead:
 // `argmax_one`, one workgroup per row, reads the row from io and writes the index to
 // part[P.out_off + r].
-// order_key and wins come from sample_key.wgsl.
+// order_key and wins come from sample_key.wgsl, reduce and reduce_slice from
+// argmax_reduce.wgsl.
 // Bindings: 1 = part (u32 pairs; the output ids in argmax_one), 2 = io: the row as f32 bits
 // (argmax_part, argmax_one) or the output ids (argmax_final). One binding for both keeps
 // each pass's bind group to two buffers.
@@ -25,37 +26,9 @@
 // barriers switches through every SIMD slice of 8 (3 levels of one slice instead of 8 of 32).
 const WG: u32 = SWG;
 
-var<workgroup> wkey: array<u32, WG>;
-var<workgroup> widx: array<u32, WG>;
-
-// Tree reduction of this invocation's (k, i) over the workgroup; lane 0 gets the winner.
-fn reduce(lid: u32, k: u32, i: u32) {
-    wkey[lid] = k;
-    widx[lid] = i;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lid < s && wins(wkey[lid + s], widx[lid + s], wkey[lid], widx[lid])) {
-            wkey[lid] = wkey[lid + s];
-            widx[lid] = widx[lid + s];
-        }
-        workgroupBarrier();
-    }
-}
-
-// The winner of elements start .. end of the row at io[x0 ..] into wkey[0], widx[0] (an
-// empty slice keeps (0, 0xffffffff), which loses to every real element). Uniform control
-// flow only.
-fn reduce_slice(x0: u32, start: u32, end: u32, lid: u32) {
-    var bk = 0u;
-    var bi = 0xffffffffu;
-    for (var i = start + lid; i < end; i = i + WG) {
-        let k = order_key(io[x0 + i]);
-        if (wins(k, i, bk, bi)) {
-            bk = k;
-            bi = i;
-        }
-    }
-    reduce(lid, bk, bi);
+// argmax_reduce.wgsl reads the rows from io.
+fn row_bits(i: u32) -> u32 {
+    return io[i];
 }
 
 @compute @workgroup_size(SWG)

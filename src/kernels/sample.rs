@@ -101,7 +101,7 @@ pub fn argmax_rows(
 /// the built-in model's 6,144 logits, where a second dispatch cost more than the first
 /// pass's spread over workgroups saves (each dispatch of a speculative round's ~235 is a few
 /// µs on an H100). Longer rows (real models' 129,280–154,880) take two passes.
-const ONE_PASS_MAX: u32 = 8192;
+pub const ONE_PASS_MAX: u32 = 8192;
 
 /// The largest top-k [`sample`] takes (the host samples wider ones).
 pub const MAX_TOP_K: u32 = 256;
@@ -142,6 +142,7 @@ const SAMPLE: Shader<Params> = Shader::new(
     "sample",
     concat!(
         include_str!("../../shaders/sample_key.wgsl"),
+        include_str!("../../shaders/argmax_reduce.wgsl"),
         include_str!("../../shaders/sample.wgsl")
     ),
 );

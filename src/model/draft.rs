@@ -123,7 +123,10 @@ impl GpuRounds {
     /// Byte offset and length of log slot `slot` in the state.
     pub(crate) fn log_bytes(&self, slot: usize) -> (u64, u64) {
         let words = self.k as u64 + 2;
-        (4 * (spec::LOG as u64 + slot as u64 * words), 4 * words)
+        (
+            4 * (spec::log_word(self.k) as u64 + slot as u64 * words),
+            4 * words,
+        )
     }
 }
 
@@ -267,13 +270,9 @@ impl Session {
         let vocab = cfg.vocab_size as u32;
         let rounds = round.map(|slot| {
             let r = self.rounds.as_ref().expect("a GPU round has its state");
-            let picks = TokenSlot {
-                ids: &s.ids,
-                index: r.picks(),
-            };
-            let logits = View::rows(&s.logits, vocab);
-            sample::argmax_rows(rec, logits, t, vocab, picks, &s.sample);
-            spec::accept(rec, &r.state, r.ids(&s.ids), slot as u32);
+            let logits = (View::rows(&s.logits, vocab), vocab);
+            let ids = r.ids(&s.ids);
+            spec::pick_and_accept(rec, &r.state, logits, ids, slot as u32, &s.sample);
             (r, slot)
         });
         let span = self.place(rec, pos, t as usize);
