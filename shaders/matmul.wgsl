@@ -185,7 +185,7 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     gemv_reduce(gemv_partial(wbase, P.x_off, lane), lid);
     if (lane < T && n < P.n) {
         let v = red[(lane / 4u) * WG + sub * TPR];
-        y[P.y_off + lane * P.y_stride + n] = v[lane % 4u];
+        store_one(P.y_off + lane * P.y_stride + n, v[lane % 4u]);
     }
 }
 
@@ -382,10 +382,10 @@ fn gemv4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         let ya = select(lo.lo, hi.lo, t >= 4u)[t % 4u];
         let yb = select(lo.hi, hi.hi, t >= 4u)[t % 4u];
         if (na < P.n) {
-            y[P.y_off + t * P.y_stride + na] = ya;
+            store_one(P.y_off + t * P.y_stride + na, ya);
         }
         if (RR > 1u && nb < P.n) {
-            y[P.y_off + t * P.y_stride + nb] = yb;
+            store_one(P.y_off + t * P.y_stride + nb, yb);
         }
     }
 }
@@ -479,16 +479,21 @@ fn expert_quad(e: u32, n0: u32) -> vec4<u32> {
     return vec4<u32>(expert_word_row(e, n0), expert_word_row(e, n0 + 1u), expert_word_row(e, n0 + 2u), expert_word_row(e, n0 + 3u));
 }
 
+// Writes y[at] = v, or with P.accumulate adds v to it (the residual add folded in).
+fn store_one(at: u32, v: f32) {
+    var s = v;
+    if (P.accumulate == 1u) {
+        s += y[at];
+    }
+    y[at] = s;
+}
+
 // Writes (or, with P.accumulate, adds to: the residual add folded in) the rows that exist
 // of a lane group's 4 sums: y[at + j] for wo[j] != NONE.
 fn store_quad(v: vec4<f32>, wo: vec4<u32>, at: u32) {
     for (var j = 0u; j < 4u; j++) {
         if (wo[j] != NONE) {
-            var s = v[j];
-            if (P.accumulate == 1u) {
-                s += y[at + j];
-            }
-            y[at + j] = s;
+            store_one(at + j, v[j]);
         }
     }
 }

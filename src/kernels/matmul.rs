@@ -877,6 +877,24 @@ impl Dense {
 /// One dispatch per weight chunk; picks GEMV or GEMM by `rows`. `x` and `y` must be
 /// different buffers.
 pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
+    matmul_into(rec, x, w, y, rows, false);
+}
+
+/// `y[t, n] += Σ_k x[t, k] · W[n, k]`: [`matmul`] with the sum added in the GEMVs' store
+/// (a residual add folded in: one dispatch fewer) for up to [`GEMV_MAX_ROWS`] rows; more
+/// rows (a GEMM) record nothing and return false.
+pub fn matmul_add(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) -> bool {
+    if rows > GEMV_MAX_ROWS {
+        return false;
+    }
+    matmul_into(rec, x, w, y, rows, true);
+    true
+}
+
+/// [`matmul`], or with `accumulate` [`matmul_add`] (up to [`GEMV_MAX_ROWS`] rows: every
+/// GEMV kernel adds in its store, the GEMM tiles do not).
+fn matmul_into(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32, accumulate: bool) {
+    debug_assert!(!accumulate || rows <= GEMV_MAX_ROWS);
     let gpu = rec.gpu();
     let dev = Dev::of(gpu);
     let pick = |r: u32, xv: View| Dense::pick(r, xv, w, dev, dot_blocks(gpu, xv, w));
@@ -886,7 +904,7 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
         // float GEMV's instructions per byte, which is what bounds that one at few rows.
         for t in 0..rows {
             let xv = x.row(t);
-            matmul_as(rec, xv, w, y.row(t), 1, pick(1, xv), None, false);
+            matmul_as(rec, xv, w, y.row(t), 1, pick(1, xv), None, accumulate);
         }
         return;
     }
@@ -900,12 +918,12 @@ pub fn matmul(rec: &mut Recorder, x: View, w: &GpuWeight, y: View, rows: u32) {
         while t < rows {
             let r = (rows - t).min(GEMV_MAX_ROWS);
             let xv = x.row(t);
-            matmul_as(rec, xv, w, y.row(t), r, pick(r, xv), None, false);
+            matmul_as(rec, xv, w, y.row(t), r, pick(r, xv), None, accumulate);
             t += r;
         }
         return;
     }
-    matmul_as(rec, x, w, y, rows, pick(rows, x), None, false);
+    matmul_as(rec, x, w, y, rows, pick(rows, x), None, accumulate);
 }
 
 /// Rows of x quantized for the integer-dot GEMV by [`quantize_x`]: `rows` rows of `k`
@@ -2649,6 +2667,78 @@ mod tests {
             }
         }
         DOT_I2F.with(|c| c.set(None));
+    }
+
+    #[test]
+    fn gemv_add_is_gemv_then_add() {
+        // y += x · Wᵀ in the float GEMVs' store: bit for bit each kernel's rows plus y's old
+        // values (x at an odd offset and stride, weights in two chunks), on both kernel sets
+        // through `matmul_add`; a GEMM's rows record nothing.
+        let g = gpu();
+        let (n, k) = (70usize, 200usize);
+        let mut rng = Rng::new(1600);
+        let q8 = WFormat::Quant(QFormat::Q8 { block: 32 });
+        let formats = [DType::F32.into(), DType::BF16.into(), q8];
+        let kinds = |rows: u32| {
+            let mut v = vec![Dense::Gemv, Dense::Gemv4(64, 1), Dense::Gemv4(32, 2)];
+            if rows == 1 {
+                v.push(Dense::Gemv4Q(32));
+            }
+            v
+        };
+        let cases = formats.iter().flat_map(|f| {
+            [1u32, 3, 8]
+                .into_iter()
+                .flat_map(move |r| kinds(r).into_iter().map(move |d| (*f, r, Some(d))))
+        });
+        let run = |(f, rows, kind): (WFormat, u32, Option<Dense>), rng: &mut Rng| {
+            let (wgt, _) = make_weight(&rng.vec(n * k, 1.0), n, k, f, 1, Some(33));
+            let (xo, xs) = (3u32, k as u32 + 5);
+            let xb = g
+                .buffer_from(&rng.vec((xo + xs * rows) as usize, 1.0), "x")
+                .unwrap();
+            let len = n * rows as usize;
+            let y0 = rng.vec(len, 5.0);
+            let ya = g.buffer(4 * len as u64, "y").unwrap();
+            let yb = g.buffer_from(&y0, "y + old").unwrap();
+            let xv = View::new(&xb, xo, xs);
+            let (va, vb) = (View::rows(&ya, n as u32), View::rows(&yb, n as u32));
+            let mut rec = g.recorder();
+            match kind {
+                Some(d) => {
+                    matmul_as(&mut rec, xv, &wgt, va, rows, d, None, false);
+                    matmul_as(&mut rec, xv, &wgt, vb, rows, d, None, true);
+                }
+                None => {
+                    matmul(&mut rec, xv, &wgt, va, rows);
+                    assert!(matmul_add(&mut rec, xv, &wgt, vb, rows));
+                }
+            }
+            rec.finish().unwrap();
+            let plain = g.read_f32(&ya, 0, len).unwrap();
+            let want: Vec<f32> = plain.iter().zip(&y0).map(|(a, b)| a + b).collect();
+            let what = format!("{f:?}, {rows} rows, {kind:?}");
+            assert_eq!(g.read_f32(&yb, 0, len).unwrap(), want, "{what}");
+        };
+        for c in cases {
+            run(c, &mut rng);
+        }
+        for cpu in [false, true] {
+            crate::kernels::with_cpu_kernels(cpu, || {
+                for f in formats {
+                    for rows in [1, 3, GEMV_MAX_ROWS] {
+                        run((f, rows, None), &mut rng);
+                    }
+                }
+            });
+        }
+        let xb = g.buffer_from(&rng.vec(k * 9, 1.0), "x").unwrap();
+        let yb = g.buffer(4 * 9 * n as u64, "y").unwrap();
+        let (wgt, _) = make_weight(&rng.vec(n * k, 1.0), n, k, q8, 1, None);
+        let mut rec = g.recorder();
+        let rows = GEMV_MAX_ROWS + 1;
+        let (xv, yv) = (View::rows(&xb, k as u32), View::rows(&yb, n as u32));
+        assert!(!matmul_add(&mut rec, xv, &wgt, yv, rows));
     }
 
     #[test]

@@ -352,8 +352,9 @@ pub(super) fn gemv(
     }
 }
 
-/// `h += x · Wᵀ` for the chunk's `t` rows: in the GEMV's store where x is quantized and the
-/// integer-dot GEMV applies, else the product into `tmp` and an add.
+/// `h += x · Wᵀ` for the chunk's `t` rows: in the GEMV's store (x quantized for the
+/// integer-dot GEMV where it applies, else the float GEMVs up to `GEMV_MAX_ROWS` rows),
+/// else (a GEMM) the product into `tmp` and an add.
 pub(super) fn gemv_add(
     rec: &mut Recorder,
     xq: Option<&XQuant>,
@@ -363,10 +364,12 @@ pub(super) fn gemv_add(
     h: View,
     t: u32,
 ) {
-    if let Some(q) = xq {
-        if matmul::matmul_xq_add(rec, q, x, w, h) {
-            return;
-        }
+    let added = match xq {
+        Some(q) => matmul::matmul_xq_add(rec, q, x, w, h),
+        None => matmul::matmul_add(rec, x, w, h, t),
+    };
+    if added {
+        return;
     }
     gemv(rec, xq, x, w, tmp, t);
     elementwise::add(rec, tmp, h, t, w.rows as u32);
