@@ -170,12 +170,15 @@ fn sampled_params() -> SamplingParams {
 }
 
 /// The argmax of a row longer than one pass takes (real models' vocabularies; the test
-/// models' are short).
+/// models' are short), alone and as a speculative round's picks before its acceptance.
 fn exercise_argmax(gpu: &Gpu) {
     use sparsa::kernels::sample::{argmax, SampleScratch, TokenSlot};
+    use sparsa::kernels::spec;
     let n = 150_000u32;
-    let x = gpu.buffer_from(&vec![0.5f32; n as usize], "row").unwrap();
-    let ids = gpu.buffer_from(&[0u32; 2], "ids").unwrap();
+    let x = gpu
+        .buffer_from(&vec![0.5f32; 2 * n as usize], "rows")
+        .unwrap();
+    let ids = gpu.buffer_from(&[0u32; 8], "ids").unwrap();
     let scratch = SampleScratch::new(gpu, n).unwrap();
     let mut rec = gpu.recorder();
     let slot = TokenSlot {
@@ -183,6 +186,23 @@ fn exercise_argmax(gpu: &Gpu) {
         index: 1,
     };
     argmax(&mut rec, View::new(&x, 0, n), n, slot, &scratch);
+    let state = gpu
+        .buffer_from(&vec![0u32; spec::state_words(1, 1) as usize], "state")
+        .unwrap();
+    let round = spec::RoundIds {
+        ids: &ids,
+        k: 1,
+        picks: 2,
+        mtp: 4,
+    };
+    spec::pick_and_accept(
+        &mut rec,
+        &state,
+        (View::new(&x, 0, n), n),
+        round,
+        0,
+        &scratch,
+    );
     rec.finish().unwrap();
 }
 
