@@ -240,8 +240,8 @@ fn per_verification(line: &str) -> f64 {
 fn built_in_model_drafts_with_its_trained_mtp_layer() {
     // The built-in model ships an MTP layer trained for it (training/mtp.py, base frozen).
     // Greedy output is unchanged, and on a held-out-style prompt its drafts give more than
-    // 2 tokens per verification at k = 3 (3.02 measured here and in the training's own
-    // replay of this prompt; 2.37 over the 64 held-out prompts).
+    // 2 tokens per verification at k = 3 (3.28 measured here with the layer of
+    // training/logs/mtp-run2; 2.69 over the training's 64 held-out prompts).
     let prompt = "Ham.\nTo be, or not to be, that is the question:\n";
     let run = |draft: usize| {
         let mut c = bin();
