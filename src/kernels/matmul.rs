@@ -2672,7 +2672,7 @@ mod tests {
     #[test]
     fn gemv_add_is_gemv_then_add() {
         // y += x · Wᵀ in the float GEMVs' store: bit for bit each kernel's rows plus y's old
-        // values (x at an odd offset and stride, weights in two chunks), on both kernel sets
+        // values (x at an odd offset and stride, weights in chunks of 33 rows), on both kernel sets
         // through `matmul_add`; a GEMM's rows record nothing.
         let g = gpu();
         let (n, k) = (70usize, 200usize);

@@ -130,7 +130,6 @@ pub fn rms_norm(
 /// the last), into `y`'s first row, in one dispatch: a speculative round's last accepted row
 /// (its index in the round's state, `kernels::spec`), the same values [`rms_norm`] gives
 /// that row. `sel` is at least 16 bytes and a multiple of 16.
-#[allow(clippy::too_many_arguments)]
 pub fn rms_norm_selected(
     rec: &mut Recorder,
     (x, rows): (View, u32),

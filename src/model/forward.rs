@@ -97,8 +97,8 @@ impl Session {
         pick: Option<(usize, &Pick)>,
         keep_hidden: bool,
     ) -> Result<()> {
+        let span = self.place(rec, at, t);
         let t = t as u32;
-        let span = self.place(rec, at, t as usize);
         self.layers(rec, span)?;
         if keep_hidden {
             self.keep_hidden_rows(rec, t);
