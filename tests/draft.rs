@@ -140,6 +140,13 @@ fn ids_with(
     (ids, drafts)
 }
 
+/// Rounds replayed, from a drafts line ("… over N rounds (R replayed); …").
+fn replayed(line: &str) -> u64 {
+    let at = line.find(" replayed)").expect(line);
+    let from = line[..at].rfind('(').expect(line) + 1;
+    line[from..at].parse().expect(line)
+}
+
 /// `(accepted, drafted)` from a drafts line.
 fn counts(line: &str) -> (u64, u64) {
     let w: Vec<&str> = line.split_whitespace().collect();
@@ -167,12 +174,20 @@ fn drafts_keep_greedy_output() {
                 ids, plain,
                 "{name}: --draft {k} changed the greedy output ({line})"
             );
-            // The same rounds run by the host (each waited for), and on the GPU one at a
-            // time and three deep, instead of queued two deep on the GPU.
+            // Most GPU rounds replay a recording of their log slot's last round (the
+            // first of each slot is recorded).
+            assert!(
+                replayed(&line) > 0,
+                "{name}: --draft {k} replayed no round: {line}"
+            );
+            // The same rounds run by the host (each waited for), on the GPU one at a
+            // time and three deep, instead of queued two deep on the GPU, and recorded
+            // anew every round.
             for env in [
                 ("SPARSA_GPU_ROUNDS", "0"),
                 ("SPARSA_ROUND_DEPTH", "1"),
                 ("SPARSA_ROUND_DEPTH", "3"),
+                ("SPARSA_ROUND_REPLAY", "0"),
             ] {
                 let (other, l) = ids_with(&dir, prompt, k, 48, "0", &[env]);
                 assert_eq!(other, plain, "{name}: --draft {k} with {env:?} ({l})");

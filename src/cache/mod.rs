@@ -212,6 +212,16 @@ pub struct Caches {
     lo: usize,
     pool: u64,
     sharers: usize,
+    /// Different for every `Caches` made and after every growth: what a recording of
+    /// dispatches that bind these buffers checks before it is replayed
+    /// ([`Caches::generation`]).
+    generation: u64,
+}
+
+/// A number no `Caches` had before ([`Caches::generation`]).
+fn fresh_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Caches {
@@ -242,6 +252,7 @@ impl Caches {
             lo: 0,
             pool: 0,
             sharers: 1,
+            generation: fresh_generation(),
         })
     }
 
@@ -276,6 +287,7 @@ impl Caches {
             lo: i * region,
             pool,
             sharers: n,
+            generation: fresh_generation(),
             ..all
         };
         Ok(Some((0..n).map(region_of).collect()))
@@ -284,6 +296,12 @@ impl Caches {
     /// The cache row of position 0 (0 but in a pool).
     pub fn lo(&self) -> usize {
         self.lo
+    }
+
+    /// Changes whenever the buffers these caches bind may have: a recording that binds them
+    /// (`gpu::Recording`) is replayed only while this is what it was recorded under.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Whether `self` and `other` are regions of one pool (their rows can share a dispatch).
@@ -310,6 +328,7 @@ impl Caches {
         // Cached bind groups hold the buffers they name: drop them first, or every old
         // segment would stay alive until all layers have grown (1.5x the caches at once).
         gpu.clear_bind_groups();
+        self.generation = fresh_generation();
         for (i, c) in self.latent.iter_mut().enumerate() {
             let what = format!("latent cache {i}");
             grow(gpu, c, &latent_lens, self.latent_words, &what)?;
@@ -488,7 +507,13 @@ mod tests {
         };
         let before = read(&c);
         let held = c.bytes();
+        // A reserve within what is held keeps the buffers, and so the generation that
+        // recordings binding them are replayed under; a growth changes it.
+        let generation = c.generation();
+        c.reserve(g, 4000).unwrap();
+        assert_eq!(c.generation(), generation);
         c.reserve(g, 9000).unwrap();
+        assert_ne!(c.generation(), generation);
         // 16384 positions would pass --ctx: cut at 10000, rounded up to a key block.
         assert_eq!(c.latent(0, 9000).segs[0].len, 10112);
         assert_eq!(c.bytes() * 4096, held * 10112);

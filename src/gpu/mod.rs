@@ -44,7 +44,7 @@ pub use pools::pipelines::shader_prelude;
 pub(crate) use pools::pipelines::shader_source;
 pub use profile::{Cost, KernelStat, ProfileClock};
 pub use readback::{StagedRead, SPIN_LIMIT};
-pub use recorder::{BufferCopy, Recorder};
+pub use recorder::{BufferCopy, Recorder, Recording};
 pub use shader_stats::ShaderStats;
 pub(crate) use stats::Stopwatch;
 pub use stats::{GpuStats, HostTimes};

@@ -3,6 +3,11 @@
 //! Each dispatch's `Params` are packed into the GPU's uniform arena at 256-byte strides;
 //! the arena is written once right before the submit. When it fills up the recorder
 //! submits what it has and goes on (queue order keeps the earlier reads first).
+//!
+//! What a recorder holds can be kept ([`Recorder::keep`]) and submitted again later as it
+//! is ([`Recorder::replay`]): the same pipelines, bind groups and parameter bytes, without
+//! the host walking the model again. Work whose every dispatch is the same each time (a
+//! speculative round whose positions the GPU keeps) is recorded once and replayed.
 
 use super::pools::{BindGroupCache, PARAM_ARENA};
 use super::profile::{Cost, ProfileClock};
@@ -15,6 +20,7 @@ const PARAM_STRIDE: u64 = 256;
 /// Dispatches per submission while profiling with timestamps (two queries each).
 const PROFILE_BATCH: usize = 1024;
 
+#[derive(Clone)]
 enum Op {
     Dispatch {
         pipeline: Arc<wgpu::ComputePipeline>,
@@ -49,7 +55,31 @@ pub struct Recorder<'g> {
     every: usize,
     /// What must be done before the next submission ([`Recorder::before_submit`]).
     pending: Option<Box<dyn FnOnce() -> Result<()> + 'g>>,
+    /// Whether anything was submitted yet, and the device's host writes when recording
+    /// began: what [`Recorder::keep`] checks.
+    flushed: bool,
+    writes0: u64,
     _arena: MutexGuard<'g, ()>,
+}
+
+/// Dispatches and copies with their parameter bytes, kept by [`Recorder::keep`] to be
+/// submitted again by [`Recorder::replay`]. Its bind groups hold the buffers they name: a
+/// recording whose buffers were since replaced (a cache that grew) must not be replayed,
+/// which its keeper tracks.
+#[derive(Clone)]
+pub struct Recording {
+    ops: Vec<Op>,
+    params: Vec<u8>,
+}
+
+impl Recording {
+    /// The dispatches it holds.
+    pub fn dispatches(&self) -> usize {
+        self.ops
+            .iter()
+            .filter(|o| matches!(o, Op::Dispatch { .. }))
+            .count()
+    }
 }
 
 impl Gpu {
@@ -63,6 +93,11 @@ impl Gpu {
             cache: false,
             every: 0,
             pending: None,
+            flushed: false,
+            writes0: self
+                .counters
+                .writes
+                .load(std::sync::atomic::Ordering::Relaxed),
             _arena: super::lock(&self.params.lock),
         }
     }
@@ -206,6 +241,46 @@ impl<'g> Recorder<'g> {
         cost
     }
 
+    /// Everything recorded so far, kept to be submitted again by [`Recorder::replay`]; None
+    /// where submitting it again as it is would not repeat this recording: part of it was
+    /// submitted already, the host wrote to a buffer meanwhile (written again by the
+    /// caller, not by the replay), a job waits for the submission, or the profiler is on.
+    /// Replaying is for recordings whose dispatches read only what the GPU itself keeps
+    /// (positions in a state buffer), so that the same commands do the next step's work.
+    pub fn keep(&self) -> Option<Recording> {
+        let writes = self
+            .gpu
+            .counters
+            .writes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let profiling = super::lock(&self.gpu.profile.profiler).is_some();
+        let clean = !self.flushed
+            && self.pending.is_none()
+            && writes == self.writes0
+            && !profiling
+            && !self.ops.is_empty();
+        clean.then(|| Recording {
+            ops: self.ops.clone(),
+            params: self.params.clone(),
+        })
+    }
+
+    /// Records `r` again, as it was kept: into a recorder that has recorded nothing yet,
+    /// so that its parameters land in the arena slots its bind groups name.
+    pub fn replay(&mut self, r: &Recording) {
+        assert!(
+            self.ops.is_empty() && self.params.is_empty() && !self.flushed,
+            "a recording is replayed only into a fresh recorder"
+        );
+        let n = r.dispatches() as u64;
+        self.gpu
+            .counters
+            .dispatches
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        self.ops.extend(r.ops.iter().cloned());
+        self.params.extend_from_slice(&r.params);
+    }
+
     /// Copy `size` bytes (multiple of 4) between buffers, in order with the dispatches.
     pub fn copy(
         &mut self,
@@ -259,6 +334,7 @@ impl<'g> Recorder<'g> {
             return;
         }
         let watch = Stopwatch::start();
+        self.flushed = true;
         let ops = std::mem::take(&mut self.ops);
         let timed = super::lock(&self.gpu.profile.profiler)
             .as_ref()

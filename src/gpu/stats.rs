@@ -14,6 +14,9 @@ pub(super) struct Counters {
     pub(super) bind_groups_created: AtomicU64,
     /// Dispatches recorded ([`Gpu::dispatches_recorded`]).
     pub(super) dispatches: AtomicU64,
+    /// Writes from the host ([`Gpu::write`], [`Gpu::write_batch`]): a recording is kept for
+    /// replay only where none came while it was made ([`Recorder::keep`](super::Recorder::keep)).
+    pub(super) writes: AtomicU64,
     /// Where the host's time goes ([`Gpu::host_times`]).
     pub(super) host: [AtomicU64; HOST_PARTS],
 }
@@ -140,6 +143,7 @@ impl Counters {
             buffer_bytes_created: AtomicU64::new(bytes),
             bind_groups_created: AtomicU64::new(0),
             dispatches: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
             host: Default::default(),
         }
     }

@@ -169,6 +169,71 @@ mod tests {
         (off, dim + extra)
     }
 
+    /// A kept recording replays its own dispatches with its own parameters, though other
+    /// recordings filled the same parameter slots with theirs in between: y = y0 + 3x after
+    /// the recording and two replays, while a second buffer got the other recording's adds.
+    #[test]
+    fn replayed_recording_repeats_its_dispatches() {
+        let g = gpu();
+        let (rows, dim) = (3usize, 37usize);
+        let mut rng = Rng::new(11);
+        let x = rng.vec(rows * dim, 1.0);
+        let (y0, z0) = (rng.vec(rows * dim, 1.0), rng.vec(2 * rows * dim, 1.0));
+        let (xb, yb, zb) = (
+            g.buffer_from(&x, "x").unwrap(),
+            g.buffer_from(&y0, "y").unwrap(),
+            g.buffer_from(&z0, "z").unwrap(),
+        );
+        let v = |b| View::new(b, 0, dim as u32);
+        let mut rec = g.recorder();
+        add(&mut rec, v(&xb), v(&yb), rows as u32, dim as u32);
+        let kept = rec.keep().expect("nothing submitted or written: kept");
+        assert_eq!(kept.dispatches(), 1);
+        drop(rec);
+        for _ in 0..2 {
+            // Another recording in the same slots (other rows, other buffers) first.
+            let mut rec = g.recorder();
+            add(
+                &mut rec,
+                v(&xb),
+                View::new(&zb, (rows * dim) as u32, dim as u32),
+                rows as u32,
+                dim as u32,
+            );
+            drop(rec);
+            let mut rec = g.recorder();
+            rec.replay(&kept);
+            drop(rec);
+        }
+        let y = g.read_f32(&yb, 0, rows * dim).unwrap();
+        let want: Vec<f32> = y0.iter().zip(&x).map(|(y, x)| y + 3.0 * x).collect();
+        assert_close(
+            &y,
+            &want,
+            1e-5,
+            1e-6,
+            "y after the recording and two replays",
+        );
+        let z = g.read_f32(&zb, 0, 2 * rows * dim).unwrap();
+        let n = rows * dim;
+        let want: Vec<f32> = (0..2 * n)
+            .map(|i| if i < n { z0[i] } else { z0[i] + 2.0 * x[i - n] })
+            .collect();
+        assert_close(&z, &want, 1e-5, 1e-6, "z: the other recording's adds only");
+        // Not kept: a host write while recording (the replay would not repeat it), or part
+        // of the recording submitted already.
+        let mut rec = g.recorder();
+        add(&mut rec, v(&xb), v(&yb), rows as u32, dim as u32);
+        g.write(&xb, 0, bytemuck::cast_slice(&x));
+        assert!(rec.keep().is_none(), "kept across a host write");
+        drop(rec);
+        let mut rec = g.recorder();
+        add(&mut rec, v(&xb), v(&yb), rows as u32, dim as u32);
+        rec.flush();
+        add(&mut rec, v(&xb), v(&yb), rows as u32, dim as u32);
+        assert!(rec.keep().is_none(), "kept after a submission");
+    }
+
     #[test]
     fn add_offsets_and_sizes() {
         let g = gpu();

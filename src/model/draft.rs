@@ -25,7 +25,7 @@ use super::forward::{caches_bind_groups, gemv};
 use super::load::Mtp;
 use super::session::{At, Input, Session};
 use crate::error::{Error, Result};
-use crate::gpu::{Recorder, Stopwatch};
+use crate::gpu::{Recorder, Recording, Stopwatch};
 use crate::kernels::sample::{self, TokenSlot};
 use crate::kernels::{embed, norm, spec, View};
 
@@ -41,6 +41,9 @@ pub struct DraftStats {
     /// verifications, and waiting for a verification's results, in ms.
     pub ms_recording: f64,
     pub ms_waiting: f64,
+    /// Rounds queued on the GPU by replaying an earlier round's recording
+    /// ([`Session::gpu_round`]).
+    pub replayed: u64,
 }
 
 impl DraftStats {
@@ -60,18 +63,20 @@ impl DraftStats {
         self.accepted += o.accepted;
         self.ms_recording += o.ms_recording;
         self.ms_waiting += o.ms_waiting;
+        self.replayed += o.replayed;
     }
 
     /// One line for logs.
     pub fn line(&self) -> String {
         let per_round = |ms: f64| ms / self.rounds.max(1) as f64;
         format!(
-            "drafts: {} of {} accepted ({:.0} %), {:.2} tokens per verification over {} rounds; per round {:.3} ms recording, {:.3} ms waiting for the GPU",
+            "drafts: {} of {} accepted ({:.0} %), {:.2} tokens per verification over {} rounds ({} replayed); per round {:.3} ms recording, {:.3} ms waiting for the GPU",
             self.accepted,
             self.drafted,
             100.0 * self.accepted as f64 / self.drafted.max(1) as f64,
             self.mean_accepted_length(),
             self.rounds,
+            self.replayed,
             per_round(self.ms_recording),
             per_round(self.ms_waiting),
         )
@@ -96,6 +101,38 @@ pub(crate) struct GpuRounds {
     queued: Vec<Option<wgpu::SubmissionIndex>>,
     /// Drafts a round.
     k: u32,
+    /// Each log slot's last round as recorded, kept for replay ([`Session::gpu_round`]).
+    kept: Vec<Option<KeptRound>>,
+}
+
+/// A GPU round's recording, and what it was recorded for: the bound on its first position
+/// ([`round_bound`]) and the caches' generation (`Caches::generation`: the buffers its bind
+/// groups name).
+struct KeptRound {
+    most: usize,
+    generation: u64,
+    recording: Recording,
+}
+
+/// Positions a GPU round's bound on its first position is rounded up to ([`round_bound`]).
+const ROUND_BOUND_STEP: usize = 64;
+
+/// The bound a GPU round is recorded for when its first position is at most `most`: `most`
+/// rounded up to a multiple of [`ROUND_BOUND_STEP`] where the context (`max_ctx`, `k`
+/// drafts) leaves room, else `most`. The kernels read the positions themselves from the
+/// rounds' state and use the bound only to size their work, so any bound at or above the
+/// position gives the same results; a shared one makes the rounds between two multiples
+/// record the same dispatches, so each log slot records one of them and replays it for
+/// the others.
+fn round_bound(most: usize, k: usize, max_ctx: usize) -> usize {
+    let up = most.next_multiple_of(ROUND_BOUND_STEP);
+    up.min(max_ctx.saturating_sub(k + 1)).max(most)
+}
+
+/// Whether GPU rounds are replayed where they can be (`SPARSA_ROUND_REPLAY=0`: every round
+/// recorded anew, a measurement aid).
+fn replay_rounds() -> bool {
+    crate::knobs::knob_on!("SPARSA_ROUND_REPLAY")
 }
 
 impl GpuRounds {
@@ -416,10 +453,13 @@ impl Session {
                 ring,
                 queued: vec![None; ROUND_SLOTS],
                 k,
+                kept: (0..ROUND_SLOTS).map(|_| None).collect(),
             });
         }
         let r = self.rounds.as_mut().expect("made above");
         r.queued.fill(None);
+        // The scratch and the caches may have been replaced since the last rounds.
+        r.kept.iter_mut().for_each(|k| *k = None);
         gpu.write(&r.state, 0, bytemuck::cast_slice(&[self.pos as u32]));
         self.put_tokens(&[next]);
         gpu.check()
@@ -431,6 +471,12 @@ impl Session {
     /// state and drafts the next round's d_1 ([`Session::mtp_at`]). Its tokens go to a free
     /// log slot, which it returns for [`Session::read_gpu_round`]. Needs
     /// [`Session::begin_gpu_rounds`]; the caller keeps `most + k + 1` within the context.
+    ///
+    /// A round's dispatches depend only on its log slot and the bound on its position
+    /// ([`round_bound`]), so the slot's last recording is replayed while both (and the
+    /// caches' buffers) are the same: the host then submits the kept commands instead of
+    /// walking the model again. Not with streamed or CPU experts, whose rounds depend on
+    /// what the host uploads.
     pub(crate) fn gpu_round(&mut self, most: usize) -> Result<usize> {
         let k = self.drafts;
         let r = self.rounds.as_ref().expect("begun");
@@ -439,6 +485,12 @@ impl Session {
                 "all {ROUND_SLOTS} speculative read-back slots hold rounds not yet read"
             ))
         })?;
+        let replay = replay_rounds() && self.model.offload.is_none();
+        let most = if replay {
+            round_bound(most, k, self.max_ctx())
+        } else {
+            most
+        };
         let on = |offset: usize| At::Gpu {
             offset: offset as u32,
             most: most + offset,
@@ -453,17 +505,33 @@ impl Session {
         // verification alone in one: 1,991 → 2,046 / 2,052 tok/s for the built-in model's
         // --draft 3 on an H100, BENCHMARKS.md, "2026-12-06 (sixth session)").
         self.caches.reserve(gpu, most + k + 1)?;
+        let generation = self.caches.generation();
         let mut rec = gpu.recorder();
-        rec.cache_bind_groups(caches_bind_groups(k as u32 + 1));
-        for j in 1..k {
-            self.mtp_record_into(&mut rec, j as u32, 1, on(j - 1), j as u32 + 1, None)?;
+        let kept = self.rounds.as_ref().expect("begun").kept[slot]
+            .as_ref()
+            .filter(|p| replay && p.most == most && p.generation == generation);
+        if let Some(p) = kept {
+            rec.replay(&p.recording);
+            self.draft_stats.replayed += 1;
+        } else {
+            rec.cache_bind_groups(caches_bind_groups(k as u32 + 1));
+            for j in 1..k {
+                self.mtp_record_into(&mut rec, j as u32, 1, on(j - 1), j as u32 + 1, None)?;
+            }
+            self.chunk_record(&mut rec, on(0), k + 1, k + 1, None, true)?;
+            // The MTP pass runs over the rows the verification placed (P .. P + k; the
+            // state's PREV after acceptance), so it reuses their places.
+            let verified = At::Placed { most };
+            let mtp = self.rounds.as_ref().expect("begun").mtp();
+            self.mtp_record_into(&mut rec, mtp, k + 1, verified, 1, Some(slot))?;
+            let recording = rec.keep().filter(|_| replay);
+            self.rounds.as_mut().expect("begun").kept[slot] =
+                recording.map(|recording| KeptRound {
+                    most,
+                    generation,
+                    recording,
+                });
         }
-        self.chunk_record(&mut rec, on(0), k + 1, k + 1, None, true)?;
-        // The MTP pass runs over the rows the verification placed (P .. P + k; the state's
-        // PREV after acceptance), so it reuses their places.
-        let verified = At::Placed { most };
-        let mtp = self.rounds.as_ref().expect("begun").mtp();
-        self.mtp_record_into(&mut rec, mtp, k + 1, verified, 1, Some(slot))?;
         drop(rec);
         self.draft_stats.ms_recording += start.ms();
         self.check_after_submit()?;
@@ -528,5 +596,27 @@ impl Session {
             hd,
             cfg.rms_norm_eps,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{round_bound, ROUND_BOUND_STEP};
+
+    #[test]
+    fn round_bounds_are_shared_and_never_below_the_position() {
+        let (k, ctx) = (3, 1000);
+        for most in 0..=ctx - k - 1 {
+            let b = round_bound(most, k, ctx);
+            assert!(b >= most && b + k < ctx, "{most}: {b}");
+            // A multiple of the step where the context has room for it.
+            let up = most.next_multiple_of(ROUND_BOUND_STEP);
+            if up + k < ctx {
+                assert_eq!(b, up, "{most}");
+            }
+        }
+        // Consecutive positions share a bound: rounds between them replay one recording.
+        assert_eq!(round_bound(65, k, ctx), round_bound(127, k, ctx));
+        assert_ne!(round_bound(64, k, ctx), round_bound(65, k, ctx));
     }
 }

@@ -189,6 +189,7 @@ impl Gpu {
 
     /// Write bytes at `offset` (a multiple of 4); a ragged tail is zero-padded to 4 bytes.
     pub fn write(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
         self.counters.time(HostPart::Writes, || {
             let whole = bytes.len() / 4 * 4;
             if whole > 0 {
@@ -208,6 +209,7 @@ impl Gpu {
     /// far slower than the PCIe link). Large writes need offsets and lengths that are
     /// multiples of 4; small ones go through [`Gpu::write`].
     pub fn write_batch(&self, writes: &[Write]) {
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
         #[cfg(not(target_arch = "wasm32"))]
         {
             const LARGE: usize = 256 << 10;
