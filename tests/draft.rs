@@ -256,7 +256,7 @@ fn built_in_model_drafts_with_its_trained_mtp_layer() {
     // The built-in model ships an MTP layer trained for it (training/mtp.py, base frozen).
     // Greedy output is unchanged, and on a held-out-style prompt its drafts give more than
     // 2 tokens per verification at k = 3 (3.28 measured here with the layer of
-    // training/logs/mtp-run2; 2.69 over the training's 64 held-out prompts).
+    // training/logs/mtp-run3; 2.73 over the training's 64 held-out prompts).
     let prompt = "Ham.\nTo be, or not to be, that is the question:\n";
     let run = |draft: usize| {
         let mut c = bin();
