@@ -222,7 +222,10 @@ async fn speculative(
     if p.is_greedy() && !p.penalizes() && session.gpu_rounds_fit() && knob_on!("SPARSA_GPU_ROUNDS")
     {
         let (ends, before) = ((max_tokens, eos), out.len());
-        if let Some(stop) = gpu_rounds(session, next, &mut out, ends, &mut on_event).await? {
+        let stopped = gpu_rounds(session, next, &mut out, ends, &mut on_event).await;
+        // The rounds' recordings hold the buffers they bind: none outlives the rounds.
+        session.drop_round_recordings();
+        if let Some(stop) = stopped? {
             return Ok((out, stop));
         }
         // Near the end of the context or of the reply: the host's rounds finish it.

@@ -448,6 +448,17 @@ fn speculative_rounds_create_no_bind_groups_when_repeated() {
         session.draft_stats().line()
     );
     created_nothing(&before, &after, "by the repeated speculative rounds");
+    // The rounds replayed their recordings, which the session dropped with the reply.
+    assert!(
+        session.draft_stats().replayed > 0,
+        "{}",
+        session.draft_stats().line()
+    );
+    assert_eq!(
+        session.round_recordings(),
+        0,
+        "recordings kept after the reply"
+    );
     assert!(host.submits > 0 && host.encode_ms > 0.0, "{}", host.line());
 }
 

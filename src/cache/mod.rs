@@ -298,6 +298,12 @@ impl Caches {
         self.lo
     }
 
+    /// Whether positions `0 .. len` are already held (a [`Caches::reserve`] of `len` would
+    /// not grow them).
+    pub fn holds(&self, len: usize) -> bool {
+        len <= self.allocated
+    }
+
     /// Changes whenever the buffers these caches bind may have: a recording that binds them
     /// (`gpu::Recording`) is replayed only while this is what it was recorded under.
     pub fn generation(&self) -> u64 {
@@ -510,6 +516,7 @@ mod tests {
         // A reserve within what is held keeps the buffers, and so the generation that
         // recordings binding them are replayed under; a growth changes it.
         let generation = c.generation();
+        assert!(c.holds(4000) && !c.holds(9000));
         c.reserve(g, 4000).unwrap();
         assert_eq!(c.generation(), generation);
         c.reserve(g, 9000).unwrap();

@@ -456,10 +456,10 @@ impl Session {
                 kept: (0..ROUND_SLOTS).map(|_| None).collect(),
             });
         }
+        // The scratch and the caches may have been replaced since the last rounds.
+        self.drop_round_recordings();
         let r = self.rounds.as_mut().expect("made above");
         r.queued.fill(None);
-        // The scratch and the caches may have been replaced since the last rounds.
-        r.kept.iter_mut().for_each(|k| *k = None);
         gpu.write(&r.state, 0, bytemuck::cast_slice(&[self.pos as u32]));
         self.put_tokens(&[next]);
         gpu.check()
@@ -504,6 +504,11 @@ impl Session {
         // runs the round before it meanwhile, so an early submission buys nothing (the
         // verification alone in one: 1,991 → 2,046 / 2,052 tok/s for the built-in model's
         // --draft 3 on an H100, BENCHMARKS.md, "2026-12-06 (sixth session)").
+        if !self.caches.holds(most + k + 1) {
+            // The caches grow into new buffers: the recordings that bind the old ones go
+            // first, so that each layer's old buffer is freed as it grows.
+            self.drop_round_recordings();
+        }
         self.caches.reserve(gpu, most + k + 1)?;
         let generation = self.caches.generation();
         let mut rec = gpu.recorder();
@@ -538,6 +543,22 @@ impl Session {
         let last = gpu.last_submission();
         self.rounds.as_mut().expect("begun").queued[slot] = last;
         Ok(slot)
+    }
+
+    /// How many GPU rounds' recordings the session keeps for replay now (none once a reply's
+    /// rounds are over: they hold the buffers they bind).
+    pub fn round_recordings(&self) -> usize {
+        self.rounds
+            .as_ref()
+            .map_or(0, |r| r.kept.iter().filter(|k| k.is_some()).count())
+    }
+
+    /// Drops the GPU rounds' kept recordings ([`Session::gpu_round`]), and with them their
+    /// hold on the buffers they bind.
+    pub(crate) fn drop_round_recordings(&mut self) {
+        if let Some(r) = self.rounds.as_mut() {
+            r.kept.iter_mut().for_each(|k| *k = None);
+        }
     }
 
     /// The tokens the round queued with log `slot` emitted (its accepted drafts and the
