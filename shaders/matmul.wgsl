@@ -1062,15 +1062,21 @@ fn store4(base: u32, n: u32, nmax: u32, v: vec4<f32>) {
     if (n + 3u < nmax) { y[base + n + 3u] = v.w; }
 }
 
-// Stores an invocation's part of a 64 × TN tile (what `tile` returned): its rows t0 .. t0 + 3
-// below `tmax`, `ys` apart from `base`, columns n0 + 64 h + 4 (lid % 16) .. + 3 below P.n.
-fn store_tile(acc: array<Acc16, TN / 64u>, base: u32, ys: u32, t0: u32, tmax: u32, n0: u32, lid: u32) {
-    for (var h = 0u; h < TN / 64u; h++) {
-        let nc = n0 + 64u * h + 4u * (lid % 16u);
-        if (t0 < tmax) { store4(base, nc, P.n, acc[h].r0); }
-        if (t0 + 1u < tmax) { store4(base + ys, nc, P.n, acc[h].r1); }
-        if (t0 + 2u < tmax) { store4(base + 2u * ys, nc, P.n, acc[h].r2); }
-        if (t0 + 3u < tmax) { store4(base + 3u * ys, nc, P.n, acc[h].r3); }
+// Stores an invocation's part of a TM × TN tile (what `tile` returned): its rows
+// t0 + 64 rh .. + 3 below `tmax`, `ys` apart from `base`, columns n0 + 64 h + 4 (lid % 16) .. + 3
+// below P.n, for each block TN / 64 · rh + h.
+fn store_tile(acc: array<Acc16, TM / 64u * (TN / 64u)>, base: u32, ys: u32, t0: u32, tmax: u32, n0: u32, lid: u32) {
+    for (var rh = 0u; rh < TM / 64u; rh++) {
+        let t = t0 + 64u * rh;
+        let at = base + 64u * rh * ys;
+        for (var h = 0u; h < TN / 64u; h++) {
+            let a = acc[(TN / 64u) * rh + h];
+            let nc = n0 + 64u * h + 4u * (lid % 16u);
+            if (t < tmax) { store4(at, nc, P.n, a.r0); }
+            if (t + 1u < tmax) { store4(at + ys, nc, P.n, a.r1); }
+            if (t + 2u < tmax) { store4(at + 2u * ys, nc, P.n, a.r2); }
+            if (t + 3u < tmax) { store4(at + 3u * ys, nc, P.n, a.r3); }
+        }
     }
 }
 
@@ -1078,20 +1084,18 @@ fn store_tile(acc: array<Acc16, TN / 64u>, base: u32, ys: u32, t0: u32, tmax: u3
 fn gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
-    let mt = (P.rows + BM - 1u) / BM;
+    let mt = (P.rows + TM - 1u) / TM;
     let nt = (P.n + TN - 1u) / TN;
     if (g >= mt * nt) {
         return;
     }
     // Consecutive workgroups share a weight tile (the larger operand).
-    let m0 = (g % mt) * BM;
+    let m0 = (g % mt) * TM;
     let n0 = (g / mt) * TN;
-    var xr = vec4<u32>(NONE);
-    for (var p = 0u; p < 4u; p++) {
-        let t = m0 + lid / BK + 16u * p;
-        if (t < P.rows) {
-            xr[p] = P.x_off + t * P.x_stride;
-        }
+    var xr: array<u32, TM / 16u>;
+    for (var p = 0u; p < TM / 16u; p++) {
+        let t = m0 + lid / 16u + 16u * p;
+        xr[p] = select(NONE, P.x_off + t * P.x_stride, t < P.rows);
     }
     var wr: array<u32, TN / 32u>;
     for (var q = 0u; q < TN / 32u; q++) {
@@ -1205,7 +1209,7 @@ fn gemm128(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
 
 // ---- grouped GEMM for routed experts ------------------------------------------------------
 
-const LCAP: u32 = BM + WG;              // a partial tile plus one scan block
+const LCAP: u32 = TM + WG;              // a partial tile plus one scan block
 var<workgroup> slot_list: array<u32, LCAP>;
 // The counts are 16 bytes each, not 4: the tensor-core tile's cooperative loads and stores
 // need 16-byte aligned workgroup memory, and on the H200 a 4-byte scalar here moved the tile
@@ -1250,14 +1254,14 @@ fn gemm_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
               @builtin(local_invocation_index) lid: u32) {
     let g = wid.x + wid.y * nwg.x;
     let tokens = P.rows / P.topk;
-    let mt = (tokens + BM - 1u) / BM;
+    let mt = (tokens + TM - 1u) / TM;
     let nt = (P.n + TN - 1u) / TN;
     let e = g / (mt * nt);
     if (e >= P.n_experts) {
         return;
     }
     // Consecutive workgroups share a weight tile.
-    let m0 = (g % mt) * BM;
+    let m0 = (g % mt) * TM;
     let n0 = ((g / mt) % nt) * TN;
     var wr: array<u32, TN / 32u>;
     for (var q = 0u; q < TN / 32u; q++) {
@@ -1271,9 +1275,10 @@ fn gemm_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             }
         }
     }
-    var xr = vec4<u32>(NONE);
-    for (var p = 0u; p < 4u; p++) {
-        let t = m0 + lid / BK + 16u * p;
+    var xr: array<u32, TM / 16u>;
+    for (var p = 0u; p < TM / 16u; p++) {
+        let t = m0 + lid / 16u + 16u * p;
+        xr[p] = NONE;
         if (t < tokens) {
             xr[p] = slot_x(t * P.topk + e);
         }
@@ -1318,7 +1323,7 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 slot_cnt_u[0] = atomicLoad(&slot_cnt[0]);
             }
             let c = workgroupUniformLoad(&slot_cnt_u[0]);
-            if (c >= BM || s0 >= P.rows) {
+            if (c >= TM || s0 >= P.rows) {
                 break;
             }
             let s = s0 + lid;
@@ -1334,22 +1339,26 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         if (c == 0u) {
             break;
         }
-        let m = min(c, BM);
-        var xr = vec4<u32>(NONE);
-        for (var p = 0u; p < 4u; p++) {
-            let i = lid / BK + 16u * p;
+        let m = min(c, TM);
+        var xr: array<u32, TM / 16u>;
+        for (var p = 0u; p < TM / 16u; p++) {
+            let i = lid / 16u + 16u * p;
+            xr[p] = NONE;
             if (i < m) {
                 xr[p] = slot_x(slot_list[i]);
             }
         }
         let acc = tile(xr, wr, lid, P.k);
-        let l0 = 4u * (lid / 16u);
-        for (var h = 0u; h < TN / 64u; h++) {
-            let nc = n0 + 64u * h + 4u * (lid % 16u);
-            store_slot(l0, m, e, nc, acc[h].r0);
-            store_slot(l0 + 1u, m, e, nc, acc[h].r1);
-            store_slot(l0 + 2u, m, e, nc, acc[h].r2);
-            store_slot(l0 + 3u, m, e, nc, acc[h].r3);
+        for (var rh = 0u; rh < TM / 64u; rh++) {
+            let l0 = 64u * rh + 4u * (lid / 16u);
+            for (var h = 0u; h < TN / 64u; h++) {
+                let a = acc[(TN / 64u) * rh + h];
+                let nc = n0 + 64u * h + 4u * (lid % 16u);
+                store_slot(l0, m, e, nc, a.r0);
+                store_slot(l0 + 1u, m, e, nc, a.r1);
+                store_slot(l0 + 2u, m, e, nc, a.r2);
+                store_slot(l0 + 3u, m, e, nc, a.r3);
+            }
         }
         // Move the slots beyond this tile to the front.
         let rest = c - m;
@@ -1386,7 +1395,7 @@ struct MlaTile {
 // Workgroup g's part; invocation 0 puts the row's count in mla_n. Workgroups past the
 // last split (a grid rounded up) get s ≥ P.splits.
 fn mla_tile(g: u32, lid: u32) -> MlaTile {
-    let ht = (P.heads + BM - 1u) / BM;
+    let ht = (P.heads + TM - 1u) / TM;
     let nt = (P.n + TN - 1u) / TN;
     let per = max(P.rows * ht * nt, 1u);
     let r = g % per;
@@ -1394,7 +1403,7 @@ fn mla_tile(g: u32, lid: u32) -> MlaTile {
     if (lid == 0u) {
         mla_n[0] = min(sel_count(P.q_row0 + t), P.topk);
     }
-    return MlaTile(g / per, t, ((r / nt) % ht) * BM, (r % nt) * TN);
+    return MlaTile(g / per, t, ((r / nt) % ht) * TM, (r % nt) * TN);
 }
 
 // Row r (0..3) of an invocation's 4 × 4 block.
@@ -1403,13 +1412,11 @@ fn acc_row(a: Acc16, r: u32) -> vec4<f32> {
 }
 
 // x offsets of the tile rows (heads h0 + lid / 16 + 16 p of block row t), from column col.
-fn mla_xr(t: u32, h0: u32, lid: u32, col: u32) -> vec4<u32> {
-    var xr = vec4<u32>(NONE);
-    for (var p = 0u; p < 4u; p++) {
-        let h = h0 + lid / BK + 16u * p;
-        if (h < P.heads) {
-            xr[p] = P.x_off + (t * P.heads + h) * P.x_stride + col;
-        }
+fn mla_xr(t: u32, h0: u32, lid: u32, col: u32) -> array<u32, TM / 16u> {
+    var xr: array<u32, TM / 16u>;
+    for (var p = 0u; p < TM / 16u; p++) {
+        let h = h0 + lid / 16u + 16u * p;
+        xr[p] = select(NONE, P.x_off + (t * P.heads + h) * P.x_stride + col, h < P.heads);
     }
     return xr;
 }
@@ -1441,7 +1448,8 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         }
     }
     let acc = tile(mla_xr(t, at.h0, lid, 0u), wr, lid, P.k);
-    for (var b = 0u; b < TN / 64u; b++) {
+    for (var rb = 0u; rb < TM / 64u * (TN / 64u); rb++) {
+        let b = rb % (TN / 64u);
         let jc = j0 + 64u * b + 4u * (lid % 16u);
         var keep = vec4<bool>(false);
         var absent = vec4<bool>(false);
@@ -1452,11 +1460,11 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             }
         }
         for (var r = 0u; r < 4u; r++) {
-            let h = at.h0 + 4u * (lid / 16u) + r;
+            let h = at.h0 + 64u * (rb / (TN / 64u)) + 4u * (lid / 16u) + r;
             if (h >= P.heads) {
                 break;
             }
-            let row = acc_row(acc[b], r);
+            let row = acc_row(acc[rb], r);
             let base = P.y_off + (t * P.heads + h) * P.y_stride + jc;
             for (var i = 0u; i < 4u; i++) {
                 if (keep[i]) {
@@ -1494,14 +1502,14 @@ fn mla_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         wr[q] = select(NONE, c, c < P.n);
     }
     let acc = tile(mla_xr(t, at.h0, lid, j0), wr, lid, count);
-    for (var b = 0u; b < TN / 64u; b++) {
-        let c = at.c0 + 64u * b + 4u * (lid % 16u);
+    for (var rb = 0u; rb < TM / 64u * (TN / 64u); rb++) {
+        let c = at.c0 + 64u * (rb % (TN / 64u)) + 4u * (lid % 16u);
         for (var r = 0u; r < 4u; r++) {
-            let h = at.h0 + 4u * (lid / 16u) + r;
+            let h = at.h0 + 64u * (rb / (TN / 64u)) + 4u * (lid / 16u) + r;
             if (h >= P.heads) {
                 break;
             }
-            let row = acc_row(acc[b], r);
+            let row = acc_row(acc[rb], r);
             let base = P.y_off + at.s * P.y_split + t * P.y_stride + h * P.n + c;
             for (var i = 0u; i < 4u; i++) {
                 if (c + i < P.n) {

@@ -5,27 +5,33 @@ enable wgpu_cooperative_matrix;
 // accumulation. Put before matmul.wgsl (whose `gemm`, `gemm_experts` and `gemm_heads` call `tile`) on
 // adapters that offer that configuration with subgroups of 32 (kernels/matmul.rs checks).
 //
-// Same contract as `tile` in matmul_tile.wgsl (K to `kend`), over TN columns (the TN define, from
-// kernels/matmul.rs: 128 where the weights need no lo half, else 64): one 64 × TN output tile
-// over the whole K, `xr[p]` the x offset of tile row `lid / 16 + 16 p`, `wr[q]` the weight
-// offset of tile column `lid / 8 + 32 q` (NONE = zero row), the result as TN / 64 blocks of
-// tile64's layout (block h: columns 64 h ..; invocation (lid % 16, lid / 16) holds rows
-// 4 ty .. 4 ty + 3, columns 4 tx .. 4 tx + 3). Call in uniform control flow.
+// Same contract as `tile` in matmul_tile.wgsl (K to `kend`), over TM rows and TN columns (the
+// TM and TN defines, from kernels/matmul.rs: TN 128 where the weights need no lo half, else
+// 64; TM 128 where x is one f16 value and TN is 128, else 64): one TM × TN output tile over
+// the whole K, `xr[p]` the x offset of tile row `lid / 16 + 16 p`, `wr[q]` the weight offset
+// of tile column `lid / 8 + 32 q` (NONE = zero row), the result as TM / 64 × TN / 64 blocks of
+// tile64's layout (block TN / 64 · rh + h: rows 64 rh .., columns 64 h ..; invocation
+// (lid % 16, lid / 16) holds rows 4 ty .. 4 ty + 3, columns 4 tx .. 4 tx + 3 of each). Call in
+// uniform control flow.
 //
 // Precision: every f32 value v is split into f16 halves hi + lo (`hi_part`), and the product
 // is hi·hi + lo·hi + hi·lo (lo·lo, about 2^-21 relative, is dropped), so results match the
 // f32 kernels to about f32 rounding. The lo halves are staged times LO_SCALE and their
 // products summed in accumulators of their own, so that they stay in f16's normal range.
 // bf16, f16 and q4 weights are exact in f16 (q4 in f16's normal range) and skip their lo
-// part; X_F16 = 1 drops x's lo part too (a measurement aid: it misses the goldens, see
-// kernels/matmul.rs). Values beyond f16's range (|v| > 65504) are not representable: the
-// CPU-side loaders keep weights finite, and activations of that size do not occur in the
-// supported models (documented in BENCHMARKS.md).
+// part; X_F16 = 1 drops x's lo part too (`SPARSA_COOP_X_F16=1`, a measurement aid: on the
+// f32 golden models it misses the goldens; kernels/matmul.rs, `coop_x_f16`). Values beyond
+// f16's range (|v| > 65504) are not representable: the CPU-side loaders keep weights finite,
+// and activations of that size do not occur in the supported models (documented in
+// BENCHMARKS.md).
 //
-// Subgroup s = lid / 32 (8 subgroups of 32) owns output rows 16 (s % 4) .. + 15 and
-// columns TN / 2 · (s / 4) .. + TN / 2 - 1: NB = TN / 32 accumulators (twice that with the lo
-// products). 128 columns stage x once for twice the products of 64: q4 GEMMs ran 51–63
-// TFLOP/s against 41–50 with 64 (BENCHMARKS.md, "The tensor-core tile, 64 × 128").
+// Subgroup s = lid / 32 (8 subgroups of 32) owns output rows TM / 4 · (s % 4) .. + TM / 4 - 1
+// and columns TN / 2 · (s / 4) .. + TN / 2 - 1: NB = TN / 32 accumulators for its first 16
+// rows, and NB more for the lo products or, where TM is 128, for its next 16 rows. 128
+// columns stage x once for twice the products of 64: q4 GEMMs ran 51–63 TFLOP/s against 41–50
+// with 64 (BENCHMARKS.md, "The tensor-core tile, 64 × 128"). 128 rows with x as one f16
+// value run the loop of the hi and lo products (two A fragments, eight products a K-part)
+// for twice the outputs: each staged weight feeds twice the rows.
 //
 // Staging: x and the weights go through workgroup memory as f16 pairs, K-steps of 64. Where
 // two stages fit (only with X_F16 and 64 columns: x's lo half, or 128 columns, fill the
@@ -43,7 +49,7 @@ const HK: u32 = 64u;                    // K per staged tile
 const HP: u32 = HK / 2u + 4u;           // row stride of the staged tiles in f16 pairs (144 bytes)
 const NB: u32 = TN / 32u;               // B fragments (and accumulators) a subgroup
 const TH: u32 = TN / 64u;               // 64-column blocks of the tile
-const ASTAGE: u32 = 64u * HP;           // pairs per stage of an x matrix: 64 rows × HP
+const ASTAGE: u32 = TM * HP;            // pairs per stage of an x matrix: TM rows × HP
 const BSTAGE: u32 = TN * HP;            // pairs per stage of a weight matrix: TN rows × HP
 const NPR: u32 = HK / 32u;              // weight words (q4) or groups of 4 pairs an invocation stages per 64 rows
 // Weights that are not exact in f16: f32, FP8 and q8 (an FP8 or int8 code times an f32 or
@@ -52,6 +58,9 @@ const NPR: u32 = HK / 32u;              // weight words (q4) or groups of 4 pair
 const W_LO: bool = W_DTYPE == 0u || W_DTYPE == 3u || W_DTYPE == 4u || (W_DTYPE == 5u && Q4_MODE == 1u);
 // x as hi and lo halves, unless X_F16 asks for one f16 value.
 const X_LO: bool = X_F16 == 0u;
+// 128 rows: each subgroup's second 16 rows in the accumulators of the lo products.
+const TR: bool = TM == 128u;
+const_assert TM == 64u || (TM == 128u && X_F16 == 1u && !W_LO && TN == 128u && W_GATHER == 0u);
 // mla_values (W_GATHER = 1): the weights are a query row's selected cache rows read
 // transposed, staged K-major ([k][n], rows of KP pairs) as the rows lie in memory
 // (load_b_gathered); the others are staged [n][k] (rows of HP pairs).
@@ -68,7 +77,7 @@ var<workgroup> Alo: array<vec2<f16>, select(4u, STAGES * ASTAGE, X_LO)>;
 var<workgroup> Bhi: array<vec2<f16>, STAGES * BSTAGE>;   // [stage][TN weight rows][HP]: B = Wᵀ column-major
 var<workgroup> Blo: array<vec2<f16>, select(4u, STAGES * BSTAGE, W_LO)>;
 var<workgroup> Cs: array<f32, 1024>;          // a 16 × 64 part of the output tile, row-major
-var<workgroup> x_rows: array<u32, 64>;        // the x offset of each tile row
+var<workgroup> x_rows: array<u32, TM>;        // the x offset of each tile row
 var<workgroup> w_rows: array<u32, TN>;        // the weight offset of each tile column
 
 // v = hi + lo with hi = v truncated to f16's 11 significant bits (exact in f32 and, in f16's
@@ -133,7 +142,7 @@ fn put_b(at: u32, v: vec2<f32>) {
 // with its own bounds checks, word and scale loads.
 const Q4_TILE: bool = W_DTYPE == 5u && Q4_MODE == 0u && QB % 32u == 0u;
 
-// What one invocation stages a K-step: 4 quads of x (tile rows `arow(i)`, columns
+// What one invocation stages a K-step: TM / 16 quads of x (tile rows `arow(i)`, columns
 // 4 (lid % 16) .. + 3) and, for each 64-column block of the tile (b0, and b1 where TN is
 // 128), 4 NPR pairs of weights (q4: NPR words of 8 weights; else 4 NPR pairs of tile column
 // lid / 4 + 64 h, pair columns 4 (lid % 4) + 16 j .. + 3). The blocks are fields, not an
@@ -144,7 +153,7 @@ struct StagedB {
     scale: array<f32, NPR>,
 }
 struct Staged {
-    a: array<vec4<f32>, 4>,
+    a: array<vec4<f32>, TM / 16u>,
     b0: StagedB,
     b1: StagedB,
 }
@@ -211,7 +220,7 @@ fn load_b_gathered(lid: u32, h: u32, k0: u32) -> StagedB {
 fn load_step(lid: u32, k0: u32, q4: bool) -> Staged {
     var st: Staged;
     let c = 4u * (lid % 16u);
-    for (var i = 0u; i < 4u; i++) {
+    for (var i = 0u; i < TM / 16u; i++) {
         st.a[i] = xquad(x_rows[arow(lid, i)], k0 + c);
     }
     if (GATHER) {
@@ -260,7 +269,7 @@ fn store_step(lid: u32, stage: u32, st: Staged, q4: bool) {
     let odd = (lid / 16u) % 2u == 1u;
     let c = 2u * (lid % 16u) + select(0u, 1u, odd);
     let c2 = 2u * (lid % 16u) + select(1u, 0u, odd);
-    for (var i = 0u; i < 4u; i++) {
+    for (var i = 0u; i < TM / 16u; i++) {
         let r = base + arow(lid, i) * HP;
         put_a(r + c, select(st.a[i].xy, st.a[i].zw, odd));
         put_a(r + c2, select(st.a[i].zw, st.a[i].xy, odd));
@@ -323,9 +332,17 @@ fn add_lo(a: Acc16, v: Acc16) -> Acc16 {
     return Acc16(a.r0 + f * v.r0, a.r1 + f * v.r1, a.r2 + f * v.r2, a.r3 + f * v.r3);
 }
 
-fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<Acc16, TN / 64u> {
+// a, or v where it is the first part of an output (part 0), else a + v / LO_SCALE.
+fn merge(a: Acc16, v: Acc16, part: u32) -> Acc16 {
+    if (part == 0u) {
+        return v;
+    }
+    return add_lo(a, v);
+}
+
+fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<Acc16, TM / 64u * (TN / 64u)> {
     let sg = lid / 32u;
-    let mr = 16u * (sg % 4u);
+    let mr = (TM / 4u) * (sg % 4u);
     let nc = (TN / 2u) * (sg / 4u);
     // The accumulators start from zeros in memory: a zero-valued cooperative matrix
     // (OpConstantNull) left garbage in them on NVIDIA's driver.
@@ -333,7 +350,7 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<A
         Cs[lid] = 0.0;
     }
     if (lid % 16u == 0u) {
-        for (var p = 0u; p < 4u; p++) {
+        for (var p = 0u; p < TM / 16u; p++) {
             x_rows[lid / 16u + 16u * p] = xr[p];
         }
     }
@@ -347,7 +364,7 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<A
     var c1 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     var c2 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     var c3 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
-    // The lo halves' products, times LO_SCALE.
+    // The lo halves' products, times LO_SCALE; where TM is 128, rows mr + 16 .. + 31.
     var d0 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     var d1 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     var d2 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
@@ -382,6 +399,12 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<A
                     d1 = coopMultiplyAdd(al, b1, d1);
                     d2 = coopMultiplyAdd(al, b2, d2);
                     d3 = coopMultiplyAdd(al, b3, d3);
+                } else if (TR) {
+                    let a2 = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia + 16u * HP], HP);
+                    d0 = coopMultiplyAdd(a2, b0, d0);
+                    d1 = coopMultiplyAdd(a2, b1, d1);
+                    d2 = coopMultiplyAdd(a2, b2, d2);
+                    d3 = coopMultiplyAdd(a2, b3, d3);
                 }
             } else if (X_LO) {
                 let al = coopLoadT<coop_mat16x16<f16, A>>(&Alo[ia], HP);
@@ -407,22 +430,26 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<A
         }
         workgroupBarrier();
     }
-    // The result goes through Cs 16 rows × 64 columns at a time: the subgroups of rows
-    // 0..15, 16..31, ... of each 64-column block (acc0, acc1); the lo products (where there
-    // are any) a second time.
+    // The result goes through Cs 16 rows × 64 columns at a time: for row group g (rows
+    // 16 g ..) and each 64-column block, the subgroup holding it stores its accumulators, then
+    // the invocations of those rows read their 4 × 4 blocks; the lo products (where there are
+    // any) a second time. Where TM is 128 a subgroup's second 16 rows are its d accumulators.
     var acc0: Acc16;
     var acc1: Acc16;
+    var acc2: Acc16;
+    var acc3: Acc16;
     let ty = lid / 16u;
     let r = 4u * (ty % 4u) * 64u + 4u * (lid % 16u);
     let parts = select(1u, 2u, X_LO || W_LO);
     let block = nc / 64u;
     let col = nc % 64u;
-    for (var quarter = 0u; quarter < 4u; quarter++) {
+    for (var g = 0u; g < TM / 16u; g++) {
         for (var hp = 0u; hp < TH * parts; hp++) {
             let h = hp / parts;
             let part = hp % parts;
-            if (mr / 16u == quarter && block == h) {
-                if (part == 0u) {
+            let second = TR && mr / 16u + 1u == g;
+            if (block == h && (mr / 16u == g || second)) {
+                if (part == 0u && !second) {
                     coopStoreT(c0, &Cs[col], 64u);
                     coopStoreT(c1, &Cs[col + 16u], 64u);
                     if (NB == 4u) {
@@ -439,27 +466,33 @@ fn tile(xr: vec4<u32>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<A
                 }
             }
             workgroupBarrier();
-            if (ty / 4u == quarter) {
+            if (ty / 4u == g % 4u) {
                 let v = cs_block(r);
-                if (h == 0u) {
-                    if (part == 0u) {
-                        acc0 = v;
-                    } else {
-                        acc0 = add_lo(acc0, v);
-                    }
-                } else if (part == 0u) {
-                    acc1 = v;
+                // Block TH · (g / 4) + h, in variables: arrays indexed in loops went to
+                // local memory (see Staged).
+                let b = TH * (g / 4u) + h;
+                if (b == 0u) {
+                    acc0 = merge(acc0, v, part);
+                } else if (b == 1u) {
+                    acc1 = merge(acc1, v, part);
+                } else if (b == 2u) {
+                    acc2 = merge(acc2, v, part);
                 } else {
-                    acc1 = add_lo(acc1, v);
+                    acc3 = merge(acc3, v, part);
                 }
             }
             workgroupBarrier();
         }
     }
-    var acc: array<Acc16, TN / 64u>;
+    const NA: u32 = TM / 64u * TH;
+    var acc: array<Acc16, NA>;
     acc[0] = acc0;
-    if (TH == 2u) {
-        acc[TH - 1u] = acc1;
+    if (NA > 1u) {
+        acc[min(1u, NA - 1u)] = acc1;
+    }
+    if (NA > 2u) {
+        acc[min(2u, NA - 1u)] = acc2;
+        acc[min(3u, NA - 1u)] = acc3;
     }
     return acc;
 }

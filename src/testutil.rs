@@ -87,3 +87,10 @@ pub fn x_split_bound(x: &[f32], w: &[f32]) -> f32 {
     });
     per_block.sum::<f32>() * 1.01
 }
+
+/// The most x rounded to f16 (the tensor-core GEMMs' for q4 weights, kernels/matmul.rs
+/// `coop_x_f16`) may add to |x · w|, given `abs_dot` = Σ|x|·|w|: each x value is held to
+/// within 2^-11 of itself in f16's normal range (and 2^-25 below it, under the tolerances).
+pub fn x_f16_bound(abs_dot: f32) -> f32 {
+    abs_dot / 2048.0 * 1.01
+}

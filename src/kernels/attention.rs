@@ -800,12 +800,18 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
 mod tests {
     use super::*;
     use crate::kernels::cache::{decode_latent, encode_latent, Segment};
+    use crate::kernels::matmul::gemm_x_f16;
     use crate::kernels::rope::{rope_ref, RopeSlice};
     use crate::kernels::testutil::{
-        assert_close, assert_close_plus, cache_segments, gpu, x_split_bound, Placed, Rng,
+        assert_close, assert_close_plus, cache_segments, gpu, x_f16_bound, x_split_bound, Placed,
+        Rng,
     };
     use crate::kernels::{with_cpu_kernels, with_mla_cpu_sg};
     use crate::weights::{DType, WFormat};
+
+    fn abs(v: &[f32]) -> Vec<f32> {
+        v.iter().map(|x| x.abs()).collect()
+    }
 
     /// The weight as the GPU sees it (rounded to `dtype`).
     fn rounded(w: &[f32], dtype: DType) -> Vec<f32> {
@@ -996,11 +1002,20 @@ mod tests {
                     );
                     rec.finish().unwrap();
                     let got = ob.read(g, "absorb_q");
-                    assert_close(
+                    // Tensor-core GEMMs with q4 weights round x (q) to f16.
+                    let extra: Vec<f32> = match gemm_x_f16(g) && rows > 8 {
+                        true => absorb_ref(&abs(&q), &abs(&wr), rows, &d)
+                            .into_iter()
+                            .map(x_f16_bound)
+                            .collect(),
+                        false => vec![0.0; got.len()],
+                    };
+                    assert_close_plus(
                         &got,
                         &absorb_ref(&q, &wr, rows, &d),
                         1e-4,
                         1e-4,
+                        &extra,
                         &format!("absorb_q {dtype:?} kv {kv} rows {rows} pad {pad}"),
                     );
                 }
@@ -1050,15 +1065,24 @@ mod tests {
                     rec.finish().unwrap();
                     let got = ob.read(g, "up_v");
                     // q4: the per-head GEMV may take the integer-dot path, which holds
-                    // o_lat to within its split's bound.
+                    // o_lat to within its split's bound, and tensor-core GEMMs round it
+                    // to f16.
                     let q4 = matches!(dtype, WFormat::Quant(crate::weights::QFormat::Q4 { .. }));
+                    let f16_x = gemm_x_f16(g);
                     let extra: Vec<f32> = (0..rows * hv)
                         .map(|i| {
                             let (t, h, v) = (i / hv, i % hv / d.dv, i % d.dv);
                             let x = &ol[(t * d.heads + h) * d.kv..][..d.kv];
                             let r = h * (d.dn + d.dv) + d.dn + v;
+                            let w = &wr[r * d.kv..][..d.kv];
+                            let rounded = match f16_x {
+                                true => {
+                                    x_f16_bound(x.iter().zip(w).map(|(a, b)| (a * b).abs()).sum())
+                                }
+                                false => 0.0,
+                            };
                             match q4 {
-                                true => x_split_bound(x, &wr[r * d.kv..][..d.kv]),
+                                true => x_split_bound(x, w).max(rounded),
                                 false => 0.0,
                             }
                         })

@@ -364,8 +364,11 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
         names[..DEFINE_NAMES.len()].copy_from_slice(&DEFINE_NAMES);
         names[DEFINE_NAMES.len()..].copy_from_slice(&COOP_ONLY_NAMES);
         values[..DEFINE_NAMES.len()].copy_from_slice(&define_values(f, k));
-        values[DEFINE_NAMES.len()..]
-            .copy_from_slice(&coop_only_values(f.code(), coop_gather(entry)));
+        values[DEFINE_NAMES.len()..].copy_from_slice(&coop_only_values(
+            f.code(),
+            entry,
+            coop_gather(entry),
+        ));
         gpu.pipeline_n(shader, entry, &names, &values)
     } else {
         gpu.pipeline_n(shader, entry, &DEFINE_NAMES, &define_values(f, k))
@@ -375,27 +378,42 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
 /// Every define of the tensor-core tile (the GEMVs' and its own), with the weights staged
 /// K-major or not (`gather`, [`coop_gather`]).
 #[cfg(test)]
-fn coop_defines_with(f: WFormat, k: Knobs, gather: bool) -> Vec<(&'static str, String)> {
+fn coop_defines_with(
+    f: WFormat,
+    k: Knobs,
+    entry: &str,
+    gather: bool,
+) -> Vec<(&'static str, String)> {
     let mut d = named(&DEFINE_NAMES, &define_values(f, k));
-    d.extend(coop_only_defines(f.code(), gather));
+    d.extend(coop_only_defines(f.code(), entry, gather));
     d
 }
 
-/// The defines only the tensor-core tile reads, for weights of `W_DTYPE` code `w_dtype`.
-/// `W_GATHER`: the weights are gathered rows read transposed (`mla_values`), staged K-major.
-fn coop_only_defines(w_dtype: u32, gather: bool) -> Vec<(&'static str, String)> {
-    named(&COOP_ONLY_NAMES, &coop_only_values(w_dtype, gather))
+/// The defines only the tensor-core tile reads, for `entry` with weights of `W_DTYPE` code
+/// `w_dtype`. `W_GATHER`: the weights are gathered rows read transposed (`mla_values`),
+/// staged K-major.
+fn coop_only_defines(w_dtype: u32, entry: &str, gather: bool) -> Vec<(&'static str, String)> {
+    named(&COOP_ONLY_NAMES, &coop_only_values(w_dtype, entry, gather))
 }
 
 /// The names of [`coop_only_defines`], in the order of [`coop_only_values`].
-const COOP_ONLY_NAMES: [&str; 6] = ["Q4_MODE", "X_F16", "TN", "W_GATHER", "RC", "ROWS_DIAG"];
+const COOP_ONLY_NAMES: [&str; 7] = [
+    "Q4_MODE",
+    "X_F16",
+    "TN",
+    "TM",
+    "W_GATHER",
+    "RC",
+    "ROWS_DIAG",
+];
 
 /// The values of [`coop_only_defines`].
-fn coop_only_values(w_dtype: u32, gather: bool) -> [u32; 6] {
+fn coop_only_values(w_dtype: u32, entry: &str, gather: bool) -> [u32; 7] {
     [
         coop_q4_mode(),
         coop_x_f16(),
         coop_tile_cols(w_dtype),
+        coop_tile_rows(w_dtype, entry),
         gather as u32,
         coop_rows_cols(),
         coop_rows_diag(),
@@ -438,8 +456,32 @@ fn coop_tile_cols(w_dtype: u32) -> u32 {
     }
 }
 
+/// Rows of the tensor-core tile for `entry` with weights of `W_DTYPE` code `w_dtype` (the `TM`
+/// define): 128 for the GEMMs whose x is one f16 value ([`coop_x_f16`]) on 128 columns, whose
+/// subgroups then spend the registers and products of x's lo halves on 16 more rows each, so
+/// that each staged weight feeds twice the rows; else 64. The attention's entries
+/// (`mla_logits`, `mla_values`: 64 heads a tile) keep 64.
+fn coop_tile_rows(w_dtype: u32, entry: &str) -> u32 {
+    let gemm = ["gemm", "gemm_experts", "gemm_heads"].contains(&entry);
+    if gemm && coop_x_f16() == 1 && coop_tile_cols(w_dtype) == 128 {
+        128
+    } else {
+        64
+    }
+}
+
 /// Columns of the f32 GEMM tile (`TN` in matmul_tile.wgsl).
 const PORTABLE_TILE_COLS: u32 = 64;
+
+/// Rows of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f` (`TM`
+/// in the shaders; 64 in matmul_tile.wgsl).
+fn tile_rows(rec: &Recorder, f: WFormat, entry: &str) -> u32 {
+    if rec.gpu().tensor_cores() {
+        coop_tile_rows(f.code(), entry)
+    } else {
+        GEMM_TILE_ROWS
+    }
+}
 
 /// Columns of the GEMM tile `gemm`, `gemm_experts` and `gemm_heads` run with on `rec`'s
 /// device for weights in format `f` (`TN` in the shaders).
@@ -451,13 +493,25 @@ fn tile_cols(rec: &Recorder, f: WFormat) -> u32 {
     }
 }
 
-/// Whether the tensor-core tile takes x as one f16 value instead of hi and lo halves: 0
-/// (default) or 1 with `SPARSA_COOP_X_F16=1`, a measurement aid. One product instead of two
-/// made the tile 15–25 % faster on an H200, but it moved logits of the golden models by up
-/// to 6.8 (their MoE routing and top-k selections flip at near ties) and changed argmaxes:
-/// it does not keep the transformers goldens, so it is not a default (BENCHMARKS.md).
+/// Whether the tensor-core tile takes x as one f16 value (f32 accumulation, as transformers
+/// runs bf16 models on a GPU) instead of hi and lo halves: 0 (default) or 1 with
+/// `SPARSA_COOP_X_F16=1`, a measurement aid, which also puts the GEMMs of weights staged as
+/// one f16 value (bf16, f16, q4) on 128-row tiles ([`coop_tile_rows`]). One product instead
+/// of two made the 64-row tile 15–25 % faster on an H200, but it moved logits of the golden
+/// models by up to 6.8 (their MoE routing and top-k selections flip at near ties) and
+/// changed argmaxes: it does not keep the transformers goldens, so it is not a default for
+/// their formats (BENCHMARKS.md). The 128-row tile is meant to become q4's default once it
+/// has run on tensor cores: it compiles here (`tensor_core_gemms_compile_for_every_format`),
+/// but no device with them was lent while it was written (BENCHMARKS.md, 2026-12-07).
 fn coop_x_f16() -> u32 {
     knob!("SPARSA_COOP_X_F16", |v| v <= 1).unwrap_or(0)
+}
+
+/// Whether `gpu`'s GEMM tile takes x as one f16 value (`SPARSA_COOP_X_F16=1`): tests then
+/// allow x's rounding ([`crate::testutil::x_f16_bound`]) where a GEMM may run.
+#[cfg(test)]
+pub(crate) fn gemm_x_f16(gpu: &crate::gpu::Gpu) -> bool {
+    gpu.tensor_cores() && coop_x_f16() == 1
 }
 
 /// The entries that multiply a few rows of x on tensor cores (matmul_coop_rows.wgsl), and
@@ -585,7 +639,11 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
                 shader: shader_of(entry, true, x4).code(),
                 entry,
                 defines: v.defines.clone()
-                    + &crate::gpu::define_lines(&coop_only_defines(w_dtype, coop_gather(entry))),
+                    + &crate::gpu::define_lines(&coop_only_defines(
+                        w_dtype,
+                        entry,
+                        coop_gather(entry),
+                    )),
             })
         })
         .collect()
@@ -1143,7 +1201,10 @@ fn matmul_as(
             Dense::GemvCpu(tpr4, rr) => n.div_ceil(cpu_wg() / tpr4 * rr),
             Dense::GemvDot(tpr4, _) if rows > 1 => n.div_ceil(rows_per_workgroup(tpr4)),
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
-            Dense::Gemm(64) => rows.div_ceil(GEMM_TILE_ROWS) * n.div_ceil(tile_cols(rec, w.format)),
+            Dense::Gemm(64) => {
+                rows.div_ceil(tile_rows(rec, w.format, "gemm"))
+                    * n.div_ceil(tile_cols(rec, w.format))
+            }
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
             Dense::CoopRows => n.div_ceil(coop_rows_cols()),
         };
@@ -1460,7 +1521,7 @@ fn heads_gemm(rec: &mut Recorder, w: &GpuWeight, h: &Heads, transposed: bool) {
         ..h.slot_params(w, block)
     };
     let tiles = heads as u64
-        * rows.div_ceil(GEMM_TILE_ROWS) as u64
+        * rows.div_ceil(tile_rows(rec, w.format, "gemm_heads")) as u64
         * n.div_ceil(tile_cols(rec, w.format)) as u64;
     assert!(
         tiles <= u32::MAX as u64,
@@ -1524,7 +1585,9 @@ impl MlaGemm<'_> {
             Knobs { x4, ..KNOBS },
         );
         let tiles = (p.splits * self.rows) as u64
-            * self.heads.div_ceil(GEMM_TILE_ROWS) as u64
+            * self
+                .heads
+                .div_ceil(tile_rows(rec, WFormat::Float(self.format), entry)) as u64
             * p.n.div_ceil(tile_cols(rec, WFormat::Float(self.format))) as u64;
         assert!(tiles <= u32::MAX as u64, "{entry}: too many workgroups");
         let grid = rec.gpu().grid(tiles as u32);
@@ -1806,7 +1869,7 @@ fn experts_as(
 mod tests {
     use super::*;
     use crate::kernels::testutil::{
-        assert_close_plus, gpu, gpu_default_limits, x_split_bound, Rng,
+        assert_close_plus, gpu, gpu_default_limits, x_f16_bound, x_split_bound, Rng,
     };
 
     thread_local! {
@@ -1907,6 +1970,11 @@ mod tests {
             .sum::<f64>() as f32
     }
 
+    /// Σ|a|·|b|.
+    fn abs_dot(a: &[f32], b: &[f32]) -> f32 {
+        a.iter().zip(b).map(|(a, b)| (a * b).abs()).sum()
+    }
+
     fn check_matmul(
         seed: u64,
         rows: usize,
@@ -1994,12 +2062,16 @@ mod tests {
         let got = g.read_f32(&yb, 0, ylen).unwrap();
         let mut want = vec![SENTINEL; ylen];
         let mut extra = vec![0.0; ylen];
+        let f16_x = gemm_x_f16(g) && rows > GEMV_PASSES_MAX_ROWS as usize;
         for t in 0..rows {
             let xr = &xs[x_off + t * x_stride..][..k];
             for j in 0..n {
-                want[y_off + t * y_stride + j] = dot(xr, &wr[j * k..][..k]);
+                let wj = &wr[j * k..][..k];
+                want[y_off + t * y_stride + j] = dot(xr, wj);
                 if xq || int_dot(kind, rows, xv, &wgt) {
-                    extra[y_off + t * y_stride + j] = x_split_bound(xr, &wr[j * k..][..k]);
+                    extra[y_off + t * y_stride + j] = x_split_bound(xr, wj);
+                } else if f16_x || matches!(kind, Some(Dense::Gemm(64))) && gemm_x_f16(g) {
+                    extra[y_off + t * y_stride + j] = x_f16_bound(abs_dot(xr, wj));
                 }
             }
         }
@@ -2360,6 +2432,8 @@ mod tests {
                 want[y_off + s * y_stride + j] = dot(xrow, wrow);
                 if int_dot_experts {
                     extra[y_off + s * y_stride + j] = x_split_bound(xrow, wrow);
+                } else if rows > GEMV_MAX_ROWS as usize && gemm_x_f16(g) {
+                    extra[y_off + s * y_stride + j] = x_f16_bound(abs_dot(xrow, wrow));
                 }
             }
         }
@@ -2860,19 +2934,38 @@ mod tests {
             // mla_values both ways: its weights staged K-major (SPARSA_COOP_GATHER=1) or not.
             let entries = TILE_ENTRIES.map(|e| (e, false));
             let rows = COOP_ROWS_ENTRIES.map(|e| (e, false));
-            for (entry, gather) in entries
+            // And with x as one f16 value (SPARSA_COOP_X_F16=1): the GEMMs of weights staged
+            // as one f16 value on 128-row tiles.
+            for (entry, gather, x_f16) in entries
                 .into_iter()
                 .chain(rows)
                 .chain([("mla_values", true)])
+                .flat_map(|(e, g)| [(e, g, false), (e, g, true)])
             {
+                let mut defines = coop_defines_with(f, KNOBS, entry, gather);
+                if x_f16 {
+                    let gemm = ["gemm", "gemm_experts", "gemm_heads"].contains(&entry);
+                    let tm: u32 = if gemm && coop_tile_cols(f.code()) == 128 {
+                        128
+                    } else {
+                        64
+                    };
+                    for (name, value) in defines.iter_mut() {
+                        match *name {
+                            "X_F16" => *value = u(1u32),
+                            "TM" => *value = u(tm),
+                            _ => {}
+                        }
+                    }
+                }
                 let src = crate::gpu::shader_source(
                     "",
                     <Params as crate::gpu::KernelParams>::WGSL,
-                    &crate::gpu::define_lines(&coop_defines_with(f, KNOBS, gather)),
+                    &crate::gpu::define_lines(&defines),
                     shader.source,
                 );
                 let c = crate::gpu::spirv::compile(&src, entry)
-                    .unwrap_or_else(|e| panic!("{} {entry} {f:?}: {e}", shader.name));
+                    .unwrap_or_else(|e| panic!("{} {entry} {f:?} x_f16 {x_f16}: {e}", shader.name));
                 assert!(c.words.len() > 1000, "{entry} {f:?}");
                 // Devices run this tile only where it fits their workgroup memory.
                 assert!(
