@@ -19,11 +19,11 @@ enable wgpu_cooperative_matrix;
 // f32 kernels to about f32 rounding. The lo halves are staged times LO_SCALE and their
 // products summed in accumulators of their own, so that they stay in f16's normal range.
 // bf16, f16 and q4 weights are exact in f16 (q4 in f16's normal range) and skip their lo
-// part; X_F16 = 1 drops x's lo part too (`SPARSA_COOP_X_F16=1`, a measurement aid: on the
-// f32 golden models it misses the goldens; kernels/matmul.rs, `coop_x_f16`). Values beyond
-// f16's range (|v| > 65504) are not representable: the CPU-side loaders keep weights finite,
-// and activations of that size do not occur in the supported models (documented in
-// BENCHMARKS.md).
+// part; X_F16 = 1 drops x's lo part too: q4's GEMMs by default (x rounded to 2^-11, as
+// transformers rounds it to bf16's 2^-8), not the goldens' nor `--exact-gemms`
+// (kernels/matmul.rs, `coop_x_f16`). Values beyond f16's range (|v| > 65504) are not
+// representable: the CPU-side loaders keep weights finite, and activations of that size do
+// not occur in the supported models (documented in BENCHMARKS.md).
 //
 // Subgroup s = lid / 32 (8 subgroups of 32) owns output rows TM / 4 · (s % 4) .. + TM / 4 - 1
 // and columns TN / 2 · (s / 4) .. + TN / 2 - 1: NB = TN / 32 accumulators for its first 16

@@ -18,7 +18,21 @@ use sparsa::model::{Model, ModelSource};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
+/// The adapter, its GEMMs exact (`Gpu::set_exact_gemms`): the tolerance holds f32 rounding,
+/// which x as one f16 value (q4's default on tensor cores) exceeds; `fast_gpu` checks that.
 fn gpu() -> Arc<Gpu> {
+    static G: OnceLock<Arc<Gpu>> = OnceLock::new();
+    G.get_or_init(|| {
+        let g = Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).expect("a GPU adapter");
+        g.set_exact_gemms(true);
+        Arc::new(g)
+    })
+    .clone()
+}
+
+/// The adapter as users get it (GEMMs not exact: on tensor cores, q4's take x as one f16
+/// value).
+fn fast_gpu() -> Arc<Gpu> {
     static G: OnceLock<Arc<Gpu>> = OnceLock::new();
     G.get_or_init(|| {
         Arc::new(Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).expect("a GPU adapter"))
@@ -161,6 +175,49 @@ fn check_family(family: &str) {
     }
     eprintln!("{family}: max |Δlogit| vs transformers = {worst:.3e}");
     pass(family, fails);
+}
+
+/// The default GEMMs (`fast_gpu`: on tensor cores, x as one f16 value for q4 weights, the
+/// 128-row tile) against transformers. x's rounding (2^-11 relative) exceeds the f32
+/// tolerance by design, and on these random-weight models it flips an index top-k choice or
+/// an argmax at near ties (H100, 2026-12-07: one position of 194, max |Δ| 0.79), so this
+/// asks for the same greedy tokens and the same argmax at 99 % of positions, and prints the
+/// logits' distance as a multiple of the tolerance (BENCHMARKS.md has the figures; the
+/// trained built-in model's q4 quality both ways is in docs/QUANTIZATION.md). Adapters
+/// without tensor cores compute exactly either way.
+fn check_default_gemms(family: &str) {
+    let r = reference(family);
+    let model = Model::load(&data(family), fast_gpu(), &mut |_, _| {}).expect("model loads");
+    let vocab = model.config.vocab_size;
+    let (mut worst, mut over, mut positions) = (0f32, 0f32, 0usize);
+    let (mut flips, mut fails) = (vec![], vec![]);
+    for (i, prompt) in r.prompts.iter().enumerate() {
+        let mut s = model.session(prompt.len() + r.greedy[i].len()).unwrap();
+        let got = s.forward(prompt, true).unwrap();
+        let what = format!("{family} prompt {i}, default GEMMs");
+        let mut all = vec![];
+        worst = worst.max(compare(&what, &got.data, &r.logits[i], vocab, &mut all));
+        for (g, w) in got.data.iter().zip(&r.logits[i]) {
+            over = over.max((g - w).abs() / (5e-4 + 1e-4 * w.abs()));
+        }
+        positions += prompt.len();
+        flips.extend(all.into_iter().filter(|f| f.contains("argmax")));
+        check_greedy(&mut s, prompt, &r.greedy[i], &what, &mut fails);
+    }
+    eprintln!(
+        "{family}, default GEMMs ({}): max |Δlogit| vs transformers = {worst:.3e}, {over:.1}× the f32 tolerance; argmax differs at {} of {positions} positions",
+        fast_gpu().adapter.line(),
+        flips.len()
+    );
+    if flips.len() * 100 > positions {
+        fails.extend(flips);
+    }
+    pass(family, fails);
+}
+
+#[test]
+fn glm52_q4_default_gemms_keep_greedy_tokens() {
+    check_default_gemms("glm52-q4");
 }
 
 /// Hybrid expert execution (`--cpu-experts on`, issue 22) against transformers: one GPU

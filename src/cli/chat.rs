@@ -383,7 +383,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         }
     }
     let builtin = a.m.model.is_none();
-    let gpu = Arc::new(Gpu::new(a.m.adapter.as_deref())?);
+    let gpu = super::open_gpu(&a.m)?;
     let (mut ctx, mut why) = match a.m.ctx {
         Some(c) => (c, "--ctx".to_string()),
         None => {

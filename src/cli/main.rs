@@ -173,6 +173,12 @@ pub(crate) struct ModelArgs {
     /// 1.2 MB a row for GLM-5), which --gpu-memory takes from the resident experts.
     #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u32).range(1..=8192))]
     prefill_chunk: Option<u32>,
+    /// Keep the prefill's tensor-core GEMMs of q4 weights as precise as f32 (x as hi and lo
+    /// f16 halves, 64-row tiles) instead of x as one f16 value (128-row tiles, about 1.5×
+    /// the prefill on an H100; docs/QUANTIZATION.md has the quality of both). Other formats
+    /// and adapters without tensor cores are exact either way.
+    #[arg(long)]
+    exact_gemms: bool,
 }
 
 /// `--cache-type`: `None` is auto.
@@ -416,6 +422,13 @@ pub(crate) fn budget(m: &ModelArgs, x: &ExpertArgs, ctx: usize) -> Option<sparsa
     })
 }
 
+/// The adapter --adapter names, its GEMMs exact where --exact-gemms asks.
+pub(crate) fn open_gpu(m: &ModelArgs) -> Result<Arc<Gpu>> {
+    let gpu = Gpu::new(m.adapter.as_deref())?;
+    gpu.set_exact_gemms(m.exact_gemms);
+    Ok(Arc::new(gpu))
+}
+
 /// Load the model onto the adapter; `ctx` is the context the planner reserves caches for
 /// under `--gpu-memory`.
 pub(crate) fn open_model(
@@ -424,7 +437,7 @@ pub(crate) fn open_model(
     src: &ModelSource,
     ctx: usize,
 ) -> Result<Model> {
-    let gpu = Arc::new(Gpu::new(m.adapter.as_deref())?);
+    let gpu = open_gpu(m)?;
     log::info!("adapter: {}", gpu.adapter.line());
     let t0 = Instant::now();
     let _ctrl_c = interrupt::Loading::start(gpu.interrupt_flag());

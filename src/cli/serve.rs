@@ -6,9 +6,7 @@ use super::{interrupt, open_source, ExpertArgs, ModelArgs};
 use clap::Args;
 use sparsa::cache::{CacheFormat, Caches};
 use sparsa::chat::ChatFormat;
-use sparsa::gpu::Gpu;
 use sparsa::{Error, Result};
-use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Args)]
@@ -81,7 +79,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     let builtin = a.m.model.is_none();
-    let gpu = Arc::new(Gpu::new(a.m.adapter.as_deref())?);
+    let gpu = super::open_gpu(&a.m)?;
     // Without --ctx: the chat default, lowered so that every slot's caches fit the memory.
     let ctx = match a.m.ctx {
         Some(c) => c,

@@ -174,6 +174,7 @@ impl Gpu {
             adapter: summary,
             limits,
             tensor_cores,
+            exact_gemms: Default::default(),
             subgroup_lanes,
             pipelines: PipelineCache::new(prelude),
             bind_groups: BindGroupCache::default(),

@@ -59,6 +59,9 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Whether the device was opened with f16 cooperative matrices for the GEMM tile.
     tensor_cores: bool,
+    /// Whether the tensor-core GEMMs keep x as precise as f32 for every weight format (see
+    /// [`Gpu::set_exact_gemms`]).
+    exact_gemms: std::sync::atomic::AtomicBool,
     /// [`Gpu::subgroup_lanes`], read once when the device opens (every matmul asks).
     subgroup_lanes: u32,
     /// Compiled pipelines, their labels and the shader prelude.
@@ -81,6 +84,21 @@ pub struct Gpu {
 }
 
 impl Gpu {
+    /// Make the GEMMs that record from now on take x as hi and lo f16 halves (as precise as
+    /// f32) for every weight format, or (`false`, the default) let the tensor-core GEMMs of
+    /// q4 weights take x as one f16 value: their 128-row tile, about 1.5× the prefill
+    /// (`kernels::matmul`, `coop_x_f16`). For the goldens, which hold f32 rounding, and
+    /// `--exact-gemms`. Adapters without tensor cores compute in f32 either way.
+    pub fn set_exact_gemms(&self, on: bool) {
+        self.exact_gemms
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// See [`Gpu::set_exact_gemms`].
+    pub fn exact_gemms(&self) -> bool {
+        self.exact_gemms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Largest buffer we bind as one storage binding.
     pub fn max_binding(&self) -> u64 {
         self.limits

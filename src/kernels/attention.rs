@@ -800,7 +800,7 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
 mod tests {
     use super::*;
     use crate::kernels::cache::{decode_latent, encode_latent, Segment};
-    use crate::kernels::matmul::gemm_x_f16;
+    use crate::kernels::matmul::{gemm_x_f16, whole_words};
     use crate::kernels::rope::{rope_ref, RopeSlice};
     use crate::kernels::testutil::{
         assert_close, assert_close_plus, cache_segments, gpu, x_f16_bound, x_split_bound, Placed,
@@ -1002,8 +1002,10 @@ mod tests {
                     );
                     rec.finish().unwrap();
                     let got = ob.read(g, "absorb_q");
-                    // Tensor-core GEMMs with q4 weights round x (q) to f16.
-                    let extra: Vec<f32> = match gemm_x_f16(g) && rows > 8 {
+                    // Tensor-core GEMMs with q4 weights round x (q) to f16: the per-head
+                    // GEMM, unless the GEMV serves these rows (matmul_heads_t).
+                    let gemv = (rows == 1 || (rows <= 8 && pad == 0)) && whole_words(&wg);
+                    let extra: Vec<f32> = match gemm_x_f16(g, dtype) && !gemv {
                         true => absorb_ref(&abs(&q), &abs(&wr), rows, &d)
                             .into_iter()
                             .map(x_f16_bound)
@@ -1068,7 +1070,7 @@ mod tests {
                     // o_lat to within its split's bound, and tensor-core GEMMs round it
                     // to f16.
                     let q4 = matches!(dtype, WFormat::Quant(crate::weights::QFormat::Q4 { .. }));
-                    let f16_x = gemm_x_f16(g);
+                    let f16_x = gemm_x_f16(g, dtype);
                     let extra: Vec<f32> = (0..rows * hv)
                         .map(|i| {
                             let (t, h, v) = (i / hv, i % hv / d.dv, i % d.dv);
@@ -1083,7 +1085,7 @@ mod tests {
                             };
                             match q4 {
                                 true => x_split_bound(x, w).max(rounded),
-                                false => 0.0,
+                                false => rounded,
                             }
                         })
                         .collect();

@@ -368,6 +368,7 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
             f.code(),
             entry,
             coop_gather(entry),
+            gpu.exact_gemms(),
         ));
         gpu.pipeline_n(shader, entry, &names, &values)
     } else {
@@ -376,24 +377,33 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
 }
 
 /// Every define of the tensor-core tile (the GEMVs' and its own), with the weights staged
-/// K-major or not (`gather`, [`coop_gather`]).
+/// K-major or not (`gather`, [`coop_gather`]), on a device whose GEMMs are `exact` or not.
 #[cfg(test)]
 fn coop_defines_with(
     f: WFormat,
     k: Knobs,
     entry: &str,
     gather: bool,
+    exact: bool,
 ) -> Vec<(&'static str, String)> {
     let mut d = named(&DEFINE_NAMES, &define_values(f, k));
-    d.extend(coop_only_defines(f.code(), entry, gather));
+    d.extend(coop_only_defines(f.code(), entry, gather, exact));
     d
 }
 
 /// The defines only the tensor-core tile reads, for `entry` with weights of `W_DTYPE` code
 /// `w_dtype`. `W_GATHER`: the weights are gathered rows read transposed (`mla_values`),
-/// staged K-major.
-fn coop_only_defines(w_dtype: u32, entry: &str, gather: bool) -> Vec<(&'static str, String)> {
-    named(&COOP_ONLY_NAMES, &coop_only_values(w_dtype, entry, gather))
+/// staged K-major. `exact`: [`crate::gpu::Gpu::exact_gemms`].
+fn coop_only_defines(
+    w_dtype: u32,
+    entry: &str,
+    gather: bool,
+    exact: bool,
+) -> Vec<(&'static str, String)> {
+    named(
+        &COOP_ONLY_NAMES,
+        &coop_only_values(w_dtype, entry, gather, exact),
+    )
 }
 
 /// The names of [`coop_only_defines`], in the order of [`coop_only_values`].
@@ -408,12 +418,13 @@ const COOP_ONLY_NAMES: [&str; 7] = [
 ];
 
 /// The values of [`coop_only_defines`].
-fn coop_only_values(w_dtype: u32, entry: &str, gather: bool) -> [u32; 7] {
+fn coop_only_values(w_dtype: u32, entry: &str, gather: bool, exact: bool) -> [u32; 7] {
+    let x_f16 = coop_x_f16(w_dtype, entry, exact);
     [
         coop_q4_mode(),
-        coop_x_f16(),
+        x_f16 as u32,
         coop_tile_cols(w_dtype),
-        coop_tile_rows(w_dtype, entry),
+        coop_tile_rows(w_dtype, entry, x_f16),
         gather as u32,
         coop_rows_cols(),
         coop_rows_diag(),
@@ -457,13 +468,12 @@ fn coop_tile_cols(w_dtype: u32) -> u32 {
 }
 
 /// Rows of the tensor-core tile for `entry` with weights of `W_DTYPE` code `w_dtype` (the `TM`
-/// define): 128 for the GEMMs whose x is one f16 value ([`coop_x_f16`]) on 128 columns, whose
+/// define): 128 where x is one f16 value (`x_f16`, [`coop_x_f16`]) on 128 columns, whose
 /// subgroups then spend the registers and products of x's lo halves on 16 more rows each, so
 /// that each staged weight feeds twice the rows; else 64. The attention's entries
 /// (`mla_logits`, `mla_values`: 64 heads a tile) keep 64.
-fn coop_tile_rows(w_dtype: u32, entry: &str) -> u32 {
-    let gemm = ["gemm", "gemm_experts", "gemm_heads"].contains(&entry);
-    if gemm && coop_x_f16() == 1 && coop_tile_cols(w_dtype) == 128 {
+fn coop_tile_rows(w_dtype: u32, entry: &str, x_f16: bool) -> u32 {
+    if GEMM_ENTRIES.contains(&entry) && x_f16 && coop_tile_cols(w_dtype) == 128 {
         128
     } else {
         64
@@ -476,8 +486,10 @@ const PORTABLE_TILE_COLS: u32 = 64;
 /// Rows of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f` (`TM`
 /// in the shaders; 64 in matmul_tile.wgsl).
 fn tile_rows(rec: &Recorder, f: WFormat, entry: &str) -> u32 {
-    if rec.gpu().tensor_cores() {
-        coop_tile_rows(f.code(), entry)
+    let gpu = rec.gpu();
+    if gpu.tensor_cores() {
+        let x_f16 = coop_x_f16(f.code(), entry, gpu.exact_gemms());
+        coop_tile_rows(f.code(), entry, x_f16)
     } else {
         GEMM_TILE_ROWS
     }
@@ -493,25 +505,38 @@ fn tile_cols(rec: &Recorder, f: WFormat) -> u32 {
     }
 }
 
-/// Whether the tensor-core tile takes x as one f16 value (f32 accumulation, as transformers
-/// runs bf16 models on a GPU) instead of hi and lo halves: 0 (default) or 1 with
-/// `SPARSA_COOP_X_F16=1`, a measurement aid, which also puts the GEMMs of weights staged as
-/// one f16 value (bf16, f16, q4) on 128-row tiles ([`coop_tile_rows`]). One product instead
-/// of two made the 64-row tile 15–25 % faster on an H200, but it moved logits of the golden
-/// models by up to 6.8 (their MoE routing and top-k selections flip at near ties) and
-/// changed argmaxes: it does not keep the transformers goldens, so it is not a default for
-/// their formats (BENCHMARKS.md). The 128-row tile is meant to become q4's default once it
-/// has run on tensor cores: it compiles here (`tensor_core_gemms_compile_for_every_format`),
-/// but no device with them was lent while it was written (BENCHMARKS.md, 2026-12-07).
-fn coop_x_f16() -> u32 {
-    knob!("SPARSA_COOP_X_F16", |v| v <= 1).unwrap_or(0)
+/// The tiled GEMMs of weights: the entries whose x may be one f16 value ([`coop_x_f16`]).
+const GEMM_ENTRIES: [&str; 3] = ["gemm", "gemm_experts", "gemm_heads"];
+
+/// Whether the tensor-core tile takes `entry`'s x as one f16 value (f32 accumulation, as
+/// transformers runs bf16 models on a GPU) instead of hi and lo halves, for weights of
+/// `W_DTYPE` code `w_dtype`, on a device whose GEMMs are `exact` or not
+/// ([`crate::gpu::Gpu::set_exact_gemms`]). By default: the GEMMs (not the attention's
+/// entries) of q4 weights, which are exact in f16, unless `exact`. With x as one value they
+/// run 128-row tiles ([`coop_tile_rows`]): full-depth GLM-5 q4 prefill 1.47–1.50× (H100,
+/// 2026-12-07); on the built-in model q4's top-1 agreement with bf16 went from 89.01 % to
+/// 88.79 % and its perplexity from +3.73 % to +3.75 %, with the same greedy tokens
+/// (docs/QUANTIZATION.md). The f32 goldens do not hold it: x's rounding (2^-11) moves their
+/// logits past the tolerance, so they and `--exact-gemms` run exact (BENCHMARKS.md). f32,
+/// FP8 and q8 weights are not exact in f16 and keep x precise; bf16 and f16 weights too
+/// (not measured). `SPARSA_COOP_X_F16=0|1` (a measurement aid)
+/// sets it for the GEMMs of every format, `exact` or not.
+fn coop_x_f16(w_dtype: u32, entry: &str, exact: bool) -> bool {
+    if !GEMM_ENTRIES.contains(&entry) {
+        return false;
+    }
+    match knob!("SPARSA_COOP_X_F16", |v| v <= 1) {
+        Some(v) => v == 1,
+        None => !exact && w_dtype == 5 && coop_q4_mode() == 0,
+    }
 }
 
-/// Whether `gpu`'s GEMM tile takes x as one f16 value (`SPARSA_COOP_X_F16=1`): tests then
-/// allow x's rounding ([`crate::testutil::x_f16_bound`]) where a GEMM may run.
+/// Whether `gpu`'s GEMM tile takes x as one f16 value for weights in format `f`
+/// ([`coop_x_f16`]): tests then allow x's rounding ([`crate::testutil::x_f16_bound`]) where
+/// a GEMM may run.
 #[cfg(test)]
-pub(crate) fn gemm_x_f16(gpu: &crate::gpu::Gpu) -> bool {
-    gpu.tensor_cores() && coop_x_f16() == 1
+pub(crate) fn gemm_x_f16(gpu: &crate::gpu::Gpu, f: WFormat) -> bool {
+    gpu.tensor_cores() && coop_x_f16(f.code(), "gemm", gpu.exact_gemms())
 }
 
 /// The entries that multiply a few rows of x on tensor cores (matmul_coop_rows.wgsl), and
@@ -632,10 +657,11 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         "gemm_experts" => &["gemv_coop_experts_rows"],
         _ => &[],
     };
-    std::iter::once(v.entry)
-        .chain(rows_entries.iter().copied())
-        .flat_map(|entry| {
-            [true, false].map(|x4| ShaderVariant {
+    // Exact GEMMs and not (x as one f16 value for q4: the 128-row tile), where they differ.
+    let mut out: Vec<ShaderVariant> = vec![];
+    for entry in std::iter::once(v.entry).chain(rows_entries.iter().copied()) {
+        for (x4, exact) in [(true, false), (false, false), (true, true), (false, true)] {
+            let variant = ShaderVariant {
                 shader: shader_of(entry, true, x4).code(),
                 entry,
                 defines: v.defines.clone()
@@ -643,10 +669,15 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
                         w_dtype,
                         entry,
                         coop_gather(entry),
+                        exact,
                     )),
-            })
-        })
-        .collect()
+            };
+            if !out.contains(&variant) {
+                out.push(variant);
+            }
+        }
+    }
+    out
 }
 
 /// The names of the GEMV and GEMM defines, in the order of [`define_values`].
@@ -725,7 +756,7 @@ fn x_in_quads(x: View, row: u32, k: u32) -> bool {
 
 /// Whether `w`'s rows are whole 16-byte words (quantized: K a multiple of the elements per
 /// word, so padding is never read).
-fn whole_words(w: &GpuWeight) -> bool {
+pub(crate) fn whole_words(w: &GpuWeight) -> bool {
     w.cols.is_multiple_of(w.format.per_word()) && w.format.row_bytes(w.cols).is_multiple_of(16)
 }
 
@@ -2062,7 +2093,7 @@ mod tests {
         let got = g.read_f32(&yb, 0, ylen).unwrap();
         let mut want = vec![SENTINEL; ylen];
         let mut extra = vec![0.0; ylen];
-        let f16_x = gemm_x_f16(g) && rows > GEMV_PASSES_MAX_ROWS as usize;
+        let f16_x = gemm_x_f16(g, wgt.format) && rows > GEMV_PASSES_MAX_ROWS as usize;
         for t in 0..rows {
             let xr = &xs[x_off + t * x_stride..][..k];
             for j in 0..n {
@@ -2070,7 +2101,9 @@ mod tests {
                 want[y_off + t * y_stride + j] = dot(xr, wj);
                 if xq || int_dot(kind, rows, xv, &wgt) {
                     extra[y_off + t * y_stride + j] = x_split_bound(xr, wj);
-                } else if f16_x || matches!(kind, Some(Dense::Gemm(64))) && gemm_x_f16(g) {
+                } else if f16_x
+                    || matches!(kind, Some(Dense::Gemm(64))) && gemm_x_f16(g, wgt.format)
+                {
                     extra[y_off + t * y_stride + j] = x_f16_bound(abs_dot(xr, wj));
                 }
             }
@@ -2432,7 +2465,7 @@ mod tests {
                 want[y_off + s * y_stride + j] = dot(xrow, wrow);
                 if int_dot_experts {
                     extra[y_off + s * y_stride + j] = x_split_bound(xrow, wrow);
-                } else if rows > GEMV_MAX_ROWS as usize && gemm_x_f16(g) {
+                } else if rows > GEMV_MAX_ROWS as usize && gemm_x_f16(g, wgt.format) {
                     extra[y_off + s * y_stride + j] = x_f16_bound(abs_dot(xrow, wrow));
                 }
             }
@@ -2934,22 +2967,18 @@ mod tests {
             // mla_values both ways: its weights staged K-major (SPARSA_COOP_GATHER=1) or not.
             let entries = TILE_ENTRIES.map(|e| (e, false));
             let rows = COOP_ROWS_ENTRIES.map(|e| (e, false));
-            // And with x as one f16 value (SPARSA_COOP_X_F16=1): the GEMMs of weights staged
-            // as one f16 value on 128-row tiles.
+            // Exact, and with x as one f16 value for every format's GEMMs (q4's default;
+            // SPARSA_COOP_X_F16=1 for the others): those of weights staged as one f16 value
+            // on 128-row tiles.
             for (entry, gather, x_f16) in entries
                 .into_iter()
                 .chain(rows)
                 .chain([("mla_values", true)])
                 .flat_map(|(e, g)| [(e, g, false), (e, g, true)])
             {
-                let mut defines = coop_defines_with(f, KNOBS, entry, gather);
-                if x_f16 {
-                    let gemm = ["gemm", "gemm_experts", "gemm_heads"].contains(&entry);
-                    let tm: u32 = if gemm && coop_tile_cols(f.code()) == 128 {
-                        128
-                    } else {
-                        64
-                    };
+                let mut defines = coop_defines_with(f, KNOBS, entry, gather, true);
+                if x_f16 && GEMM_ENTRIES.contains(&entry) {
+                    let tm = coop_tile_rows(f.code(), entry, true);
                     for (name, value) in defines.iter_mut() {
                         match *name {
                             "X_F16" => *value = u(1u32),
