@@ -86,9 +86,10 @@ pub struct Gpu {
 impl Gpu {
     /// Make the GEMMs that record from now on take x as hi and lo f16 halves (as precise as
     /// f32) for every weight format, or (`false`, the default) let the tensor-core GEMMs of
-    /// q4 weights take x as one f16 value: their 128-row tile, about 1.5× the prefill
-    /// (`kernels::matmul`, `coop_x_f16`). For the goldens, which hold f32 rounding, and
-    /// `--exact-gemms`. Adapters without tensor cores compute in f32 either way.
+    /// q4 weights in a prompt's prefill ([`Recorder::set_prefill`]) take x as one f16 value:
+    /// their 128-row tile, about 1.5× the prefill (`kernels::matmul`, `coop_x_f16`). For the
+    /// goldens, which hold f32 rounding, and `--exact-gemms`. Adapters without tensor cores
+    /// compute in f32 either way.
     pub fn set_exact_gemms(&self, on: bool) {
         self.exact_gemms
             .store(on, std::sync::atomic::Ordering::Relaxed);

@@ -59,6 +59,8 @@ pub struct Recorder<'g> {
     /// began: what [`Recorder::keep`] checks.
     flushed: bool,
     writes0: u64,
+    /// Whether it records a prompt's prefill ([`Recorder::set_prefill`]).
+    prefill: bool,
     _arena: MutexGuard<'g, ()>,
 }
 
@@ -94,6 +96,7 @@ impl Gpu {
             every: 0,
             pending: None,
             flushed: false,
+            prefill: false,
             writes0: self
                 .counters
                 .writes
@@ -115,6 +118,20 @@ impl<'g> Recorder<'g> {
     /// [`Gpu::clear_bind_groups`].
     pub fn cache_bind_groups(&mut self, on: bool) {
         self.cache = on;
+    }
+
+    /// Mark what this recorder records as a prompt's prefill: its tensor-core GEMMs of q4
+    /// weights may then take x as one f16 value ([`Gpu::set_exact_gemms`]). Decode steps,
+    /// batched steps and speculative verifications are not marked: their GEMMs stay as
+    /// precise as f32, so batching and drafts keep the tokens of plain decoding.
+    pub fn set_prefill(&mut self, on: bool) {
+        self.prefill = on;
+    }
+
+    /// Whether the GEMMs recorded here keep x as precise as f32: everywhere but a prefill
+    /// ([`Recorder::set_prefill`]), and there too where the device's GEMMs are exact.
+    pub fn exact_gemms(&self) -> bool {
+        !self.prefill || self.gpu.exact_gemms()
     }
 
     /// Submit what is recorded after every `n` dispatches (0: once, at the end), so that
@@ -450,6 +467,25 @@ mod tests {
 
     fn gpu() -> Gpu {
         Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).expect("a GPU adapter")
+    }
+
+    /// Only a recorder marked as a prefill may round x to f16 in its GEMMs, and not on a
+    /// device whose GEMMs are exact: decode steps, batches and verifications never do.
+    #[test]
+    fn only_a_prefill_on_a_device_not_exact_rounds_x() {
+        let g = gpu();
+        let mut rec = g.recorder();
+        assert!(
+            rec.exact_gemms(),
+            "a recorder is exact unless marked as a prefill"
+        );
+        rec.set_prefill(true);
+        assert!(!rec.exact_gemms(), "a prefill may round x");
+        g.set_exact_gemms(true);
+        assert!(rec.exact_gemms(), "--exact-gemms keeps a prefill exact");
+        rec.set_prefill(false);
+        g.set_exact_gemms(false);
+        assert!(rec.exact_gemms());
     }
 
     /// A pending job's writes land before the copies of the submission that waited for it,

@@ -992,6 +992,7 @@ mod tests {
                     let hk = d.heads * d.kv;
                     let ob = Placed::filled(g, rows, hk, (5, hk + pad), 9.0);
                     let mut rec = g.recorder();
+                    rec.set_prefill(true);
                     absorb_q(
                         &mut rec,
                         qb.view(),
@@ -1056,6 +1057,7 @@ mod tests {
                     let hv = d.heads * d.dv;
                     let ob = Placed::filled(g, rows, hv, (3, hv + opad), 9.0);
                     let mut rec = g.recorder();
+                    rec.set_prefill(true);
                     up_v(
                         &mut rec,
                         ib.view(),

@@ -368,7 +368,7 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
             f.code(),
             entry,
             coop_gather(entry),
-            gpu.exact_gemms(),
+            rec.exact_gemms(),
         ));
         gpu.pipeline_n(shader, entry, &names, &values)
     } else {
@@ -486,9 +486,8 @@ const PORTABLE_TILE_COLS: u32 = 64;
 /// Rows of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f` (`TM`
 /// in the shaders; 64 in matmul_tile.wgsl).
 fn tile_rows(rec: &Recorder, f: WFormat, entry: &str) -> u32 {
-    let gpu = rec.gpu();
-    if gpu.tensor_cores() {
-        let x_f16 = coop_x_f16(f.code(), entry, gpu.exact_gemms());
+    if rec.gpu().tensor_cores() {
+        let x_f16 = coop_x_f16(f.code(), entry, rec.exact_gemms());
         coop_tile_rows(f.code(), entry, x_f16)
     } else {
         GEMM_TILE_ROWS
@@ -510,8 +509,9 @@ const GEMM_ENTRIES: [&str; 3] = ["gemm", "gemm_experts", "gemm_heads"];
 
 /// Whether the tensor-core tile takes `entry`'s x as one f16 value (f32 accumulation, as
 /// transformers runs bf16 models on a GPU) instead of hi and lo halves, for weights of
-/// `W_DTYPE` code `w_dtype`, on a device whose GEMMs are `exact` or not
-/// ([`crate::gpu::Gpu::set_exact_gemms`]). By default: the GEMMs (not the attention's
+/// `W_DTYPE` code `w_dtype`, recorded where the GEMMs are `exact` or not
+/// ([`Recorder::exact_gemms`]: everywhere but a prompt's prefill, and there too with
+/// [`crate::gpu::Gpu::set_exact_gemms`]). By default: the GEMMs (not the attention's
 /// entries) of q4 weights, which are exact in f16, unless `exact`. With x as one value they
 /// run 128-row tiles ([`coop_tile_rows`]): full-depth GLM-5 q4 prefill 1.47–1.50× (H100,
 /// 2026-12-07); on the built-in model q4's top-1 agreement with bf16 went from 89.01 % to
@@ -531,7 +531,8 @@ fn coop_x_f16(w_dtype: u32, entry: &str, exact: bool) -> bool {
     }
 }
 
-/// Whether `gpu`'s GEMM tile takes x as one f16 value for weights in format `f`
+/// Whether `gpu`'s GEMM tile, recorded as a prefill ([`Recorder::set_prefill`], as the
+/// GEMM tests record), takes x as one f16 value for weights in format `f`
 /// ([`coop_x_f16`]): tests then allow x's rounding ([`crate::testutil::x_f16_bound`]) where
 /// a GEMM may run.
 #[cfg(test)]
@@ -2074,7 +2075,9 @@ mod tests {
         let yb = g.buffer_from(&vec![SENTINEL; ylen], "y").unwrap();
         let xv = View::new(&xb, x_off as u32, x_stride as u32);
         let yv = View::new(&yb, y_off as u32, y_stride as u32);
+        // As a prompt's prefill records (on tensor cores, q4's GEMMs with x as one f16 value).
         let mut rec = g.recorder();
+        rec.set_prefill(true);
         let qb = g
             .buffer(xq_bytes(k as u32, rows as u32).max(16), "xq")
             .unwrap();
@@ -2436,6 +2439,7 @@ mod tests {
             && gemv4_ok(2, xv, &wgt)
             && dot_blocks(g, xv, &wgt).is_some();
         let mut rec = g.recorder();
+        rec.set_prefill(true);
         let routed = Routed {
             ids: &eb,
             n_experts: n_experts as u32,

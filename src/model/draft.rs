@@ -219,7 +219,7 @@ impl Session {
         let rows = (self.drafts + 1).min(self.max_ctx().saturating_sub(pos));
         let drafts = self.drafts > 0;
         for t in 1..=rows {
-            self.chunk_forward(Input::Host(&vec![0; t]), t, None, drafts)?;
+            self.chunk_forward(Input::Host(&vec![0; t]), t, None, drafts, false)?;
             self.pos = pos;
             if drafts {
                 self.mtp_record(0, t, pos, 1)?;
@@ -386,7 +386,7 @@ impl Session {
             )));
         }
         let start = Stopwatch::start();
-        self.chunk_forward(Input::OnGpu(k + 1), k + 1, None, true)?;
+        self.chunk_forward(Input::OnGpu(k + 1), k + 1, None, true, false)?;
         // Logits and drafts into one mappable buffer: one wait, one map.
         let logit_bytes = ((k + 1) * vocab * 4) as u64;
         let bytes = logit_bytes + 4 * k as u64;
@@ -587,16 +587,16 @@ impl Session {
         Ok(words[1..=n].to_vec())
     }
 
-    /// The main model's chunk of `tokens` at `self.pos` with every row's logits read back
-    /// (`want`: how many of the last rows), keeping every row's hidden after the final norm
-    /// in `s.mtp_h` for the MTP layer.
+    /// The main model's chunk of a prompt's `tokens` at `self.pos` (a prefill) with every
+    /// row's logits read back (`want`: how many of the last rows), keeping every row's hidden
+    /// after the final norm in `s.mtp_h` for the MTP layer.
     pub(crate) async fn forward_keep_hidden(
         &mut self,
         tokens: &[u32],
         want: usize,
     ) -> Result<Vec<f32>> {
         self.check_tokens(tokens)?;
-        self.chunk_forward(Input::Host(tokens), want, None, true)?;
+        self.chunk_forward(Input::Host(tokens), want, None, true, true)?;
         let vocab = self.model.config.vocab_size;
         let gpu = &self.model.gpu;
         gpu.read_f32_async(&self.s.logits, 0, want * vocab).await

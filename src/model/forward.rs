@@ -29,15 +29,17 @@ impl Session {
     /// One chunk; leaves the logits of its last `want_logits` rows in `s.logits`, and with
     /// `pick` the token the last row's logits pick in `ids[0]` and that slot. `keep_hidden`:
     /// also every row's hidden after the final norm in `s.mtp_h`, for the MTP layer
-    /// (draft.rs).
+    /// (draft.rs). `prefill`: the chunk is part of a prompt ([`Recorder::set_prefill`]).
     pub(super) fn chunk_forward(
         &mut self,
         input: Input,
         want_logits: usize,
         pick: Option<(usize, &Pick)>,
         keep_hidden: bool,
+        prefill: bool,
     ) -> Result<()> {
-        let t = self.chunk_at(At::Host(self.pos), input, want_logits, pick, keep_hidden)?;
+        let at = At::Host(self.pos);
+        let t = self.chunk_at(at, input, want_logits, pick, keep_hidden, prefill)?;
         self.pos += t;
         Ok(())
     }
@@ -50,6 +52,7 @@ impl Session {
         want_logits: usize,
         pick: Option<(usize, &Pick)>,
         keep_hidden: bool,
+        prefill: bool,
     ) -> Result<usize> {
         let model = self.model.clone();
         let gpu = &*model.gpu;
@@ -60,6 +63,7 @@ impl Session {
             self.put_tokens(tokens);
         }
         let mut rec = gpu.recorder();
+        rec.set_prefill(prefill);
         // Decode steps (one token) repeat the same dispatches with the same parameter slots,
         // so their bind groups are kept and reused, and so do a speculative round's
         // verifications (k + 1 rows every round). A prefill's depend on its length (GEMV

@@ -334,7 +334,7 @@ impl Session {
             } else {
                 0
             };
-            self.chunk_forward(Input::Host(part), want, None, false)?;
+            self.chunk_forward(Input::Host(part), want, None, false, true)?;
             if want > 0 {
                 let gpu = &self.model.gpu;
                 data.extend(gpu.read_f32_async(&self.s.logits, 0, want * vocab).await?);
@@ -378,7 +378,8 @@ impl Session {
         let n = tokens.len().div_ceil(self.chunk);
         for (i, part) in tokens.chunks(self.chunk).enumerate() {
             let last = pick.filter(|_| i + 1 == n);
-            self.chunk_forward(Input::Host(part), usize::from(last.is_some()), last, false)?;
+            let want = usize::from(last.is_some());
+            self.chunk_forward(Input::Host(part), want, last, false, true)?;
         }
         Ok(())
     }
@@ -387,7 +388,7 @@ impl Session {
     /// finished): `pick` chooses the next one, which goes to `slot`.
     pub fn step_pick(&mut self, slot: usize, pick: &Pick) -> Result<()> {
         self.check_step()?;
-        self.chunk_forward(Input::Previous, 1, Some((slot, pick)), false)
+        self.chunk_forward(Input::Previous, 1, Some((slot, pick)), false, false)
     }
 
     /// Refuses a decode step when the caches hold `--ctx` tokens already.
