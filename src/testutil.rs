@@ -94,3 +94,8 @@ pub fn x_split_bound(x: &[f32], w: &[f32]) -> f32 {
 pub fn x_f16_bound(abs_dot: f32) -> f32 {
     abs_dot / 2048.0 * 1.01
 }
+
+/// Σ|a|·|b|: what [`x_f16_bound`] takes for one dot product.
+pub fn abs_dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(a, b)| (a * b).abs()).sum()
+}

@@ -84,22 +84,39 @@ fn argmax(v: &[f32]) -> usize {
     sparsa::generate::argmax(v) as usize
 }
 
-/// max |Δ|. A logit past the tolerance (the worst one) and each position whose argmax
-/// differs are added to `fails`, so that one run reports every disagreement.
-fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize, fails: &mut Vec<String>) -> f32 {
+/// How far `got` is from `want`: max |Δ|, and the largest multiple of the tolerance
+/// (5e-4 + 1e-4·|ref|, see the top) with the index of its logit. Panics on a length mismatch
+/// or a logit that is not finite.
+fn distance(what: &str, got: &[f32], want: &[f32]) -> (f32, f32, usize) {
     assert_eq!(got.len(), want.len(), "{what}: logits length");
-    let mut max = 0f32;
-    let mut worst: Option<(f32, usize)> = None;
+    let (mut max, mut over, mut at) = (0f32, 0f32, 0);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let d = (g - w).abs();
         assert!(d.is_finite(), "{what}: logit {i} is {g}, want {w}");
-        let over = d / (5e-4 + 1e-4 * w.abs());
-        if over > 1.0 && worst.is_none_or(|(o, _)| over > o) {
-            worst = Some((over, i));
+        let o = d / (5e-4 + 1e-4 * w.abs());
+        if o > over {
+            (over, at) = (o, i);
         }
         max = max.max(d);
     }
-    if let Some((over, i)) = worst {
+    (max, over, at)
+}
+
+/// The positions (rows of `vocab` logits) whose argmax differs, as failures of `what`.
+fn argmax_flips(what: &str, got: &[f32], want: &[f32], vocab: usize) -> Vec<String> {
+    got.chunks(vocab)
+        .zip(want.chunks(vocab))
+        .enumerate()
+        .filter(|(_, (g, w))| argmax(g) != argmax(w))
+        .map(|(t, _)| format!("{what}: argmax differs at position {t}"))
+        .collect()
+}
+
+/// max |Δ|. A logit past the tolerance (the worst one) and each position whose argmax
+/// differs are added to `fails`, so that one run reports every disagreement.
+fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize, fails: &mut Vec<String>) -> f32 {
+    let (max, over, i) = distance(what, got, want);
+    if over > 1.0 {
         fails.push(format!(
             "{what}: logit [{}, {}] = {}, want {} ({over:.1}× the tolerance; max |Δ| {max:.3e})",
             i / vocab,
@@ -108,11 +125,7 @@ fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize, fails: &mut Vec<
             want[i]
         ));
     }
-    for (t, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
-        if argmax(g) != argmax(w) {
-            fails.push(format!("{what}: argmax differs at position {t}"));
-        }
-    }
+    fails.extend(argmax_flips(what, got, want, vocab));
     max
 }
 
@@ -195,13 +208,10 @@ fn check_default_gemms(family: &str) {
         let mut s = model.session(prompt.len() + r.greedy[i].len()).unwrap();
         let got = s.forward(prompt, true).unwrap();
         let what = format!("{family} prompt {i}, default GEMMs");
-        let mut all = vec![];
-        worst = worst.max(compare(&what, &got.data, &r.logits[i], vocab, &mut all));
-        for (g, w) in got.data.iter().zip(&r.logits[i]) {
-            over = over.max((g - w).abs() / (5e-4 + 1e-4 * w.abs()));
-        }
+        let (max, o, _) = distance(&what, &got.data, &r.logits[i]);
+        (worst, over) = (worst.max(max), over.max(o));
         positions += prompt.len();
-        flips.extend(all.into_iter().filter(|f| f.contains("argmax")));
+        flips.extend(argmax_flips(&what, &got.data, &r.logits[i], vocab));
         check_greedy(&mut s, prompt, &r.greedy[i], &what, &mut fails);
     }
     eprintln!(

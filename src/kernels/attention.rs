@@ -800,11 +800,11 @@ pub fn up_v(rec: &mut Recorder, o_lat: View, wkvb: &GpuWeight, o: View, rows: u3
 mod tests {
     use super::*;
     use crate::kernels::cache::{decode_latent, encode_latent, Segment};
-    use crate::kernels::matmul::{gemm_x_f16, whole_words};
+    use crate::kernels::matmul::{gemm_x_f16, whole_words, GEMV_MAX_ROWS};
     use crate::kernels::rope::{rope_ref, RopeSlice};
     use crate::kernels::testutil::{
-        assert_close, assert_close_plus, cache_segments, gpu, x_f16_bound, x_split_bound, Placed,
-        Rng,
+        abs_dot, assert_close, assert_close_plus, cache_segments, gpu, x_f16_bound, x_split_bound,
+        Placed, Rng,
     };
     use crate::kernels::{with_cpu_kernels, with_mla_cpu_sg};
     use crate::weights::{DType, WFormat};
@@ -1005,7 +1005,8 @@ mod tests {
                     let got = ob.read(g, "absorb_q");
                     // Tensor-core GEMMs with q4 weights round x (q) to f16: the per-head
                     // GEMM, unless the GEMV serves these rows (matmul_heads_t).
-                    let gemv = (rows == 1 || (rows <= 8 && pad == 0)) && whole_words(&wg);
+                    let gemv = (rows == 1 || (rows <= GEMV_MAX_ROWS as usize && pad == 0))
+                        && whole_words(&wg);
                     let extra: Vec<f32> = match gemm_x_f16(g, dtype) && !gemv {
                         true => absorb_ref(&abs(&q), &abs(&wr), rows, &d)
                             .into_iter()
@@ -1080,9 +1081,7 @@ mod tests {
                             let r = h * (d.dn + d.dv) + d.dn + v;
                             let w = &wr[r * d.kv..][..d.kv];
                             let rounded = match f16_x {
-                                true => {
-                                    x_f16_bound(x.iter().zip(w).map(|(a, b)| (a * b).abs()).sum())
-                                }
+                                true => x_f16_bound(abs_dot(x, w)),
                                 false => 0.0,
                             };
                             match q4 {

@@ -1901,7 +1901,7 @@ fn experts_as(
 mod tests {
     use super::*;
     use crate::kernels::testutil::{
-        assert_close_plus, gpu, gpu_default_limits, x_f16_bound, x_split_bound, Rng,
+        abs_dot, assert_close_plus, gpu, gpu_default_limits, x_f16_bound, x_split_bound, Rng,
     };
 
     thread_local! {
@@ -2002,11 +2002,6 @@ mod tests {
             .sum::<f64>() as f32
     }
 
-    /// Σ|a|·|b|.
-    fn abs_dot(a: &[f32], b: &[f32]) -> f32 {
-        a.iter().zip(b).map(|(a, b)| (a * b).abs()).sum()
-    }
-
     fn check_matmul(
         seed: u64,
         rows: usize,
@@ -2096,7 +2091,9 @@ mod tests {
         let got = g.read_f32(&yb, 0, ylen).unwrap();
         let mut want = vec![SENTINEL; ylen];
         let mut extra = vec![0.0; ylen];
-        let f16_x = gemm_x_f16(g, wgt.format) && rows > GEMV_PASSES_MAX_ROWS as usize;
+        // A GEMM runs past the GEMV passes' rows, or where `kind` asks for the tile.
+        let f16_x = gemm_x_f16(g, wgt.format)
+            && (rows > GEMV_PASSES_MAX_ROWS as usize || matches!(kind, Some(Dense::Gemm(64))));
         for t in 0..rows {
             let xr = &xs[x_off + t * x_stride..][..k];
             for j in 0..n {
@@ -2104,9 +2101,7 @@ mod tests {
                 want[y_off + t * y_stride + j] = dot(xr, wj);
                 if xq || int_dot(kind, rows, xv, &wgt) {
                     extra[y_off + t * y_stride + j] = x_split_bound(xr, wj);
-                } else if f16_x
-                    || matches!(kind, Some(Dense::Gemm(64))) && gemm_x_f16(g, wgt.format)
-                {
+                } else if f16_x {
                     extra[y_off + t * y_stride + j] = x_f16_bound(abs_dot(xr, wj));
                 }
             }

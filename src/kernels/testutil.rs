@@ -3,7 +3,9 @@
 //! comparisons.
 
 use crate::gpu::Gpu;
-pub use crate::testutil::{assert_close, assert_close_plus, x_f16_bound, x_split_bound, Rng};
+pub use crate::testutil::{
+    abs_dot, assert_close, assert_close_plus, x_f16_bound, x_split_bound, Rng,
+};
 use std::sync::OnceLock;
 
 /// The test GPU (lavapipe in CI). Tests fail, never skip, when no adapter exists.
