@@ -7,7 +7,8 @@
 //!
 //! `rows` (default 128,512,2048): token rows per product (a prefill chunk). The routed
 //! experts (16 of them, 8 per row, routed at random) run as the forward runs them: gate and
-//! up over each row's x, down over each slot's own row.
+//! up over each row's x, down over each slot's own row. The products are recorded as a
+//! prompt's prefill records them (`Recorder::set_prefill`).
 use sparsa::gpu::Gpu;
 use sparsa::kernels::matmul::{self, Routed};
 use sparsa::kernels::View;
@@ -92,6 +93,9 @@ fn main() -> sparsa::Result<()> {
             for &m in &row_counts {
                 let run = |n: u32| -> sparsa::Result<()> {
                     let mut rec = gpu.recorder();
+                    // As a prompt's prefill records them (q4: x as one f16 value, unless
+                    // SPARSA_COOP_X_F16=0).
+                    rec.set_prefill(true);
                     for _ in 0..n {
                         let xv = View::rows(&x, cols as u32);
                         match routed {

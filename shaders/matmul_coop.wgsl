@@ -33,20 +33,24 @@ enable wgpu_cooperative_matrix;
 // value run the loop of the hi and lo products (two A fragments, eight products a K-part)
 // for twice the outputs: each staged weight feeds twice the rows.
 //
-// Staging: x and the weights go through workgroup memory as f16 pairs, K-steps of 64. Where
-// two stages fit (only with X_F16 and 64 columns: x's lo half, or 128 columns, fill the
-// room of the second), while the subgroups multiply one
-// K-step's tiles the next K-step's values are written to the other stage, so one barrier a
-// K-step suffices; else the next K-step's values wait in registers during the products.
-// x comes in 16-byte loads where its rows allow (`xquad`: coop_x4.wgsl or coop_x1.wgsl).
-// Each invocation writes whole pairs (4 bytes; a q4 word's 8 weights as 4 pairs), its rows
-// chosen so that the two halves of a subgroup write rows 4 apart: with 144-byte rows their
-// pairs are 16 banks apart, and writing them in opposite orders puts them on disjoint
-// banks; 144-byte rows also keep the matrix loads' 8 rows of 16 bytes on disjoint banks.
+// Staging: x and the weights go through workgroup memory as f16 pairs, K-steps of HK (64, or
+// 32 for the GEMMs with `SPARSA_COOP_HK=32`). Where two stages fit (with HK = 64 only x as
+// one f16 value on 64 columns; with 32 all), while the subgroups multiply one K-step's tiles
+// the next K-step's values are written to the other stage, so one barrier a K-step suffices;
+// else the next K-step's values wait in registers during the products and two barriers
+// bracket their stores. x comes in 16-byte loads where its rows allow (`xquad`: coop_x4.wgsl
+// or coop_x1.wgsl). Each invocation writes whole pairs (4 bytes; a q4 word's 8 weights as 4
+// pairs), x's rows chosen (`arow`) so that a subgroup's stores fall on disjoint banks, the
+// weights' pairs rotated for the same (`store_b`); the row strides (144 or 80 bytes) keep the
+// matrix loads' 8 rows of 16 bytes on disjoint banks too.
 // (Staged in 8-byte units instead, vec4<f16>, the tile was 9–16 % slower on the H200.)
 
-const HK: u32 = 64u;                    // K per staged tile
-const HP: u32 = HK / 2u + 4u;           // row stride of the staged tiles in f16 pairs (144 bytes)
+// HK (a define, kernels/matmul.rs `coop_tile_k`): K per staged tile, 64 or 32. Rows of
+// HK / 2 + 4 pairs (144 or 80 bytes) keep both the staging stores below and the matrix
+// loads' 8 rows of 16 bytes on disjoint banks.
+const HP: u32 = HK / 2u + 4u;           // row stride of the staged tiles in f16 pairs
+const XL: u32 = HK / 4u;                // invocations that stage one x row (a quad each)
+const XI: u32 = TM * HK / 1024u;        // x quads an invocation stages a K-step
 const NB: u32 = TN / 32u;               // B fragments (and accumulators) a subgroup
 const TH: u32 = TN / 64u;               // 64-column blocks of the tile
 const ASTAGE: u32 = TM * HP;            // pairs per stage of an x matrix: TM rows × HP
@@ -66,12 +70,15 @@ const_assert TM == 64u || (TM == 128u && X_F16 == 1u && !W_LO && TN == 128u && W
 // (load_b_gathered); the others are staged [n][k] (rows of HP pairs).
 const GATHER: bool = W_GATHER == 1u;
 const KP: u32 = TN / 2u + 4u;
-const_assert 64u * KP <= BSTAGE;
+const_assert HK == 64u || (HK == 32u && !GATHER);
+const_assert !GATHER || 64u * KP <= BSTAGE;
 
 // Two stages where they fit in the workgroup memory NVIDIA's driver offers (48 KB; sparsa
-// allows itself 44), else one.
+// allows itself 47, gpu::COOP_WORKGROUP_BYTES: 46 for the stages, Cs and the rows' offsets,
+// 1 for the entries' own arrays), else one. With HK = 32 every variant fits two; with 64,
+// only x as one f16 value on 64 × 64 tiles.
 const STAGE_BYTES: u32 = 4u * (ASTAGE * select(1u, 2u, X_LO) + BSTAGE * select(1u, 2u, W_LO));
-const STAGES: u32 = select(1u, 2u, 2u * STAGE_BYTES + 4096u + 2048u <= 45056u);
+const STAGES: u32 = select(1u, 2u, 2u * STAGE_BYTES + 4096u + 4u * (TM + TN) <= 47104u);
 var<workgroup> Ahi: array<vec2<f16>, STAGES * ASTAGE>;   // [stage][64 rows of x][HP]
 var<workgroup> Alo: array<vec2<f16>, select(4u, STAGES * ASTAGE, X_LO)>;
 var<workgroup> Bhi: array<vec2<f16>, STAGES * BSTAGE>;   // [stage][TN weight rows][HP]: B = Wᵀ column-major
@@ -142,8 +149,8 @@ fn put_b(at: u32, v: vec2<f32>) {
 // with its own bounds checks, word and scale loads.
 const Q4_TILE: bool = W_DTYPE == 5u && Q4_MODE == 0u && QB % 32u == 0u;
 
-// What one invocation stages a K-step: TM / 16 quads of x (tile rows `arow(i)`, columns
-// 4 (lid % 16) .. + 3) and, for each 64-column block of the tile (b0, and b1 where TN is
+// What one invocation stages a K-step: XI quads of x (tile rows `arow(i)`, columns
+// 4 (lid % XL) .. + 3) and, for each 64-column block of the tile (b0, and b1 where TN is
 // 128), 4 NPR pairs of weights (q4: NPR words of 8 weights; else 4 NPR pairs of tile column
 // lid / 4 + 64 h, pair columns 4 (lid % 4) + 16 j .. + 3). The blocks are fields, not an
 // array indexed in a loop: dynamically indexed, NVIDIA's compiler put them in local memory.
@@ -153,15 +160,31 @@ struct StagedB {
     scale: array<f32, NPR>,
 }
 struct Staged {
-    a: array<vec4<f32>, TM / 16u>,
+    a: array<vec4<f32>, XI>,
     b0: StagedB,
     b1: StagedB,
 }
 
-// Tile row of x quad i of invocation lid: rows 4 apart for the two halves of a subgroup.
+// Tile row of x quad i of invocation lid. HK = 64 (rows of 36 words): the two halves of a
+// subgroup take rows 4 apart, 16 banks apart. HK = 32 (rows of 20 words): its four quarters
+// take rows r, r + 1, r + 4, r + 5 of an 8-row group (banks 0, 20, 16 and 4 on), r + 1 and
+// r + 5 writing their pairs in the opposite order (`store_step`).
 fn arow(lid: u32, i: u32) -> u32 {
     let s = lid / 32u;
-    return (s % 4u) + 4u * ((lid / 16u) % 2u) + 8u * (s / 4u) + 16u * i;
+    if (HK == 64u) {
+        return (s % 4u) + 4u * ((lid / 16u) % 2u) + 8u * (s / 4u) + 16u * i;
+    }
+    let qq = (lid / 8u) % 4u;
+    let g = s + 8u * i;
+    return 8u * (g / 2u) + 2u * (g % 2u) + qq % 2u + 4u * (qq / 2u);
+}
+
+// p[i] without indexing the array dynamically (which NVIDIA's compiler put in local memory).
+fn pick4(p: array<vec2<f16>, 4>, i: u32) -> vec2<f16> {
+    return select(select(p[0], p[1], i == 1u), select(p[2], p[3], i == 3u), i >= 2u);
+}
+fn pick4f(p: array<vec2<f32>, 4>, i: u32) -> vec2<f32> {
+    return select(select(p[0], p[1], i == 1u), select(p[2], p[3], i == 3u), i >= 2u);
 }
 
 // The weights invocation lid stages for tile column `row`'s K-step at k0.
@@ -192,14 +215,10 @@ fn load_b(lid: u32, row: u32, k0: u32, q4: bool) -> StagedB {
 // its count or outside the segment), tile column c the element `w_rows[c]` of its cache row.
 // Invocation lid stages position k0 + lid / 4 and the column pairs lid % 4 + 4 i (i < 8):
 // a subgroup's 4 lanes of a row read 32 consecutive bytes per load, where [n][k] staging
-// read each position's element on its own (the rows lie K-major in memory).
-fn load_b_gathered(lid: u32, h: u32, k0: u32) -> StagedB {
+// read each position's element on its own (the rows lie K-major in memory). `ra`: the
+// cache row of that position (`gathered_row`).
+fn load_b_gathered(lid: u32, h: u32, ra: u32) -> StagedB {
     var sb: StagedB;
-    let k = k0 + lid / 4u;
-    var ra = NONE;
-    if (k < P.k) {
-        ra = gather_row(k);
-    }
     for (var i = 0u; i < 4u * NPR; i++) {
         let col = 64u * h + 2u * (lid % 4u + 4u * i);
         let c = w_rows[col];
@@ -216,17 +235,45 @@ fn load_b_gathered(lid: u32, h: u32, k0: u32) -> StagedB {
     return sb;
 }
 
+// The offset of the cache row of position k (NONE past P.k: see gather_row).
+fn gathered_row_of(k: u32) -> u32 {
+    if (k < P.k) {
+        return gather_row(k);
+    }
+    return NONE;
+}
+
+// The cache row invocation lid gathers for the K-step at k0 (position k0 + lid / 4). Each
+// row's values come after two loads in turn (the position, then the values). With G_AHEAD
+// = 1 (kernels/matmul.rs, `coop_gather_ahead`) the position is loaded a K-step ahead, into
+// g_ra, so that only the values wait behind the products (load_step runs the K-steps in
+// order from 0); with 0 both are the K-step's loads.
+var<private> g_ra: u32;
+fn gathered_row(lid: u32, k0: u32) -> u32 {
+    let k = k0 + lid / 4u;
+    if (G_AHEAD == 0u) {
+        return gathered_row_of(k);
+    }
+    var ra = g_ra;
+    if (k0 == 0u) {
+        ra = gathered_row_of(k);
+    }
+    g_ra = gathered_row_of(k + HK);
+    return ra;
+}
+
 // Loads what invocation lid stages for the K-step at k0.
 fn load_step(lid: u32, k0: u32, q4: bool) -> Staged {
     var st: Staged;
-    let c = 4u * (lid % 16u);
-    for (var i = 0u; i < TM / 16u; i++) {
+    let c = 4u * (lid % XL);
+    for (var i = 0u; i < XI; i++) {
         st.a[i] = xquad(x_rows[arow(lid, i)], k0 + c);
     }
     if (GATHER) {
-        st.b0 = load_b_gathered(lid, 0u, k0);
+        let ra = gathered_row(lid, k0);
+        st.b0 = load_b_gathered(lid, 0u, ra);
         if (TH == 2u) {
-            st.b1 = load_b_gathered(lid, 1u, k0);
+            st.b1 = load_b_gathered(lid, 1u, ra);
         }
         return st;
     }
@@ -237,18 +284,26 @@ fn load_step(lid: u32, k0: u32, q4: bool) -> Staged {
     return st;
 }
 
-// Writes what load_b loaded for the tile column at B pair `row_at` (its row's start).
+// Writes what load_b loaded for the tile column at B pair `row_at` (its row's start). Each
+// invocation writes 4 consecutive pairs. In order, the rows' 36- or 20-word strides put 4 of
+// a subgroup's 32 stores on one bank; with B_ROT = 1 (kernels/matmul.rs, `coop_b_rot`) the 8
+// columns of a subgroup start their 4 at pair (i + column) % 4, so that each store's 32
+// pairs fall on 32 banks.
 fn store_b(lid: u32, row_at: u32, sb: StagedB, q4: bool) {
+    let rot = select(0u, lid / 4u, B_ROT == 1u);
     for (var j = 0u; j < NPR; j++) {
         let at = row_at + 4u * (lid % 4u) + 16u * j;
         if (q4) {
             let p = q4_pairs(sb.word[j], sb.scale[j]);
             for (var i = 0u; i < 4u; i++) {
-                Bhi[at + i] = p[i];
+                let ii = (i + rot) % 4u;
+                Bhi[at + ii] = pick4(p, ii);
             }
         } else {
+            let b = array<vec2<f32>, 4>(sb.b[4u * j], sb.b[4u * j + 1u], sb.b[4u * j + 2u], sb.b[4u * j + 3u]);
             for (var i = 0u; i < 4u; i++) {
-                put_b(at + i, sb.b[4u * j + i]);
+                let ii = (i + rot) % 4u;
+                put_b(at + ii, pick4f(b, ii));
             }
         }
     }
@@ -266,10 +321,10 @@ fn store_step(lid: u32, stage: u32, st: Staged, q4: bool) {
     let base = stage * ASTAGE;
     // A quad is two pairs. The two halves of a subgroup write their rows' pairs in opposite
     // orders: rows 4 apart are 16 banks apart, so pairs of the same parity would collide.
-    let odd = (lid / 16u) % 2u == 1u;
-    let c = 2u * (lid % 16u) + select(0u, 1u, odd);
-    let c2 = 2u * (lid % 16u) + select(1u, 0u, odd);
-    for (var i = 0u; i < TM / 16u; i++) {
+    let odd = (lid / XL) % 2u == 1u;
+    let c = 2u * (lid % XL) + select(0u, 1u, odd);
+    let c2 = 2u * (lid % XL) + select(1u, 0u, odd);
+    for (var i = 0u; i < XI; i++) {
         let r = base + arow(lid, i) * HP;
         put_a(r + c, select(st.a[i].xy, st.a[i].zw, odd));
         put_a(r + c2, select(st.a[i].zw, st.a[i].xy, odd));

@@ -26,7 +26,8 @@
 
 const RWG: u32 = 64u;               // invocations
 const CT: u32 = RC / 32u;           // 16-column tiles of a subgroup
-const HQ: u32 = HP / 2u;            // row stride of the stages in f16 quads (144 bytes)
+const RK: u32 = 64u;                // K per staged step
+const HQ: u32 = RK / 4u + 2u;       // row stride of the stages in f16 quads (144 bytes)
 var<workgroup> Rxh: array<vec4<f16>, 16u * HQ>;    // [16 x rows][HQ quads]
 var<workgroup> Rxl: array<vec4<f16>, 16u * HQ>;
 var<workgroup> Rw: array<vec4<f16>, RC * HQ>;      // [RC weight rows][HQ quads]: B column-major
@@ -208,13 +209,13 @@ fn rows_tile(lid: u32, kb: u32, ke: u32, m: u32, add: bool) {
     // The subgroup's first column, as a staged quad.
     let nb = (RC / 2u) * sg * HQ;
     var st = rows_load(lid, kb, ke, m);
-    for (var k0 = kb; k0 < ke; k0 += HK) {
+    for (var k0 = kb; k0 < ke; k0 += RK) {
         rows_store(lid, st, m);
         workgroupBarrier();
-        if (k0 + HK < ke) {
-            st = rows_load(lid, k0 + HK, ke, m);
+        if (k0 + RK < ke) {
+            st = rows_load(lid, k0 + RK, ke, m);
         }
-        for (var kk = 0u; kk < select(HK / 4u, 0u, ROWS_DIAG == 2u); kk += 4u) {
+        for (var kk = 0u; kk < select(RK / 4u, 0u, ROWS_DIAG == 2u); kk += 4u) {
             let ah = coopLoadT<coop_mat16x16<f16, A>>(&Rxh[kk], HQ);
             let al = coopLoadT<coop_mat16x16<f16, A>>(&Rxl[kk], HQ);
             let b0 = coopLoad<coop_mat16x16<f16, B>>(&Rw[nb + kk], HQ);

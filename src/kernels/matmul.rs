@@ -407,24 +407,30 @@ fn coop_only_defines(
 }
 
 /// The names of [`coop_only_defines`], in the order of [`coop_only_values`].
-const COOP_ONLY_NAMES: [&str; 7] = [
+const COOP_ONLY_NAMES: [&str; 10] = [
     "Q4_MODE",
     "X_F16",
     "TN",
     "TM",
+    "HK",
+    "B_ROT",
+    "G_AHEAD",
     "W_GATHER",
     "RC",
     "ROWS_DIAG",
 ];
 
 /// The values of [`coop_only_defines`].
-fn coop_only_values(w_dtype: u32, entry: &str, gather: bool, exact: bool) -> [u32; 7] {
+fn coop_only_values(w_dtype: u32, entry: &str, gather: bool, exact: bool) -> [u32; 10] {
     let x_f16 = coop_x_f16(w_dtype, entry, exact);
     [
         coop_q4_mode(),
         x_f16 as u32,
         coop_tile_cols(w_dtype),
         coop_tile_rows(w_dtype, entry, x_f16),
+        coop_tile_k(entry),
+        coop_b_rot(),
+        coop_gather_ahead(),
         gather as u32,
         coop_rows_cols(),
         coop_rows_diag(),
@@ -478,6 +484,32 @@ fn coop_tile_rows(w_dtype: u32, entry: &str, x_f16: bool) -> u32 {
     } else {
         64
     }
+}
+
+/// K per staged step of the tensor-core tile for `entry` (the `HK` define): 64, or 32 for the
+/// GEMMs with `SPARSA_COOP_HK=32` (a measurement aid), where two stages fit every variant's
+/// workgroup memory (one barrier a K-step, the next K-step's stores beside the products).
+/// The attention's entries keep 64 (mla_values stages its gathered rows 64 positions a step).
+fn coop_tile_k(entry: &str) -> u32 {
+    match knob!("SPARSA_COOP_HK", |v| v == 32 || v == 64) {
+        Some(32) if GEMM_ENTRIES.contains(&entry) => 32,
+        _ => 64,
+    }
+}
+
+/// Whether the tensor-core tile rotates each subgroup's weight stores onto 32 distinct banks
+/// (the `B_ROT` define; in order, the staged rows' strides put 4 of them on one bank).
+/// `SPARSA_COOP_BROT=1` turns it on; off by default until measured on a device with tensor
+/// cores (none was lent when it was written).
+fn coop_b_rot() -> u32 {
+    knob!("SPARSA_COOP_BROT", |v| v <= 1).unwrap_or(0)
+}
+
+/// Whether `mla_values` loads its gathered positions a K-step ahead of their rows' values
+/// (the `G_AHEAD` define). `SPARSA_COOP_GATHER_AHEAD=1` turns it on; off by default until
+/// measured on a device with tensor cores.
+fn coop_gather_ahead() -> u32 {
+    knob!("SPARSA_COOP_GATHER_AHEAD", |v| v <= 1).unwrap_or(0)
 }
 
 /// Columns of the f32 GEMM tile (`TN` in matmul_tile.wgsl).
@@ -2969,21 +3001,26 @@ mod tests {
             // Exact, and with x as one f16 value for every format's GEMMs (q4's default;
             // SPARSA_COOP_X_F16=1 for the others): those of weights staged as one f16 value
             // on 128-row tiles.
-            for (entry, gather, x_f16) in entries
+            // The GEMMs also with K-steps of 32 (SPARSA_COOP_HK=32), in two stages.
+            for (entry, gather, x_f16, hk) in entries
                 .into_iter()
                 .chain(rows)
                 .chain([("mla_values", true)])
                 .flat_map(|(e, g)| [(e, g, false), (e, g, true)])
+                .flat_map(|(e, g, x)| {
+                    let hk32 = GEMM_ENTRIES.contains(&e).then_some((e, g, x, 32u32));
+                    std::iter::once((e, g, x, 64)).chain(hk32)
+                })
             {
                 let mut defines = coop_defines_with(f, KNOBS, entry, gather, true);
-                if x_f16 && GEMM_ENTRIES.contains(&entry) {
-                    let tm = coop_tile_rows(f.code(), entry, true);
-                    for (name, value) in defines.iter_mut() {
-                        match *name {
-                            "X_F16" => *value = u(1u32),
-                            "TM" => *value = u(tm),
-                            _ => {}
-                        }
+                let gemm = GEMM_ENTRIES.contains(&entry);
+                let tm = coop_tile_rows(f.code(), entry, x_f16 && gemm);
+                for (name, value) in defines.iter_mut() {
+                    match *name {
+                        "X_F16" if gemm => *value = u(x_f16 as u32),
+                        "TM" => *value = u(tm),
+                        "HK" => *value = u(hk),
+                        _ => {}
                     }
                 }
                 let src = crate::gpu::shader_source(
@@ -3001,6 +3038,10 @@ mod tests {
                     "{entry} {f:?}: {} bytes of workgroup memory",
                     c.workgroup_bytes
                 );
+                // K-steps of 32 stage twice: the 128 × 128 tile's two stages of 20 KB.
+                if hk == 32 && tm == 128 {
+                    assert!(c.workgroup_bytes > 40 * 1024, "{entry} {f:?}: one stage");
+                }
                 let bindings: Vec<u32> = c.layout.iter().map(|e| e.binding).collect();
                 // The MLA GEMMs take the positions and counts at 4 and 5.
                 let want: &[u32] = if ["gemm", "gemm_heads", "gemv_coop_rows"].contains(&entry) {
