@@ -3020,6 +3020,8 @@ mod tests {
                         "X_F16" if gemm => *value = u(x_f16 as u32),
                         "TM" => *value = u(tm),
                         "HK" => *value = u(hk),
+                        // The second variant of each entry with the measurement knobs on.
+                        "B_ROT" | "G_AHEAD" => *value = u(x_f16 as u32),
                         _ => {}
                     }
                 }
