@@ -173,14 +173,14 @@ fn tensor_core_support(adapter: &wgpu::Adapter) -> bool {
         })
 }
 
-/// Whether the tensor-core tile can run on `backend`: only on Vulkan. Its module is SPIR-V
-/// handed to the driver as is ([`spirv`](super::spirv)), which no other backend takes;
 /// Workgroup memory a device must offer for the tensor-core shaders: the GEMM tile's stages,
 /// which matmul_coop.wgsl sizes to 46 KB with its output buffer and row offsets, and the
 /// entries' own arrays (gemm_experts' row lists, 1 KB); the calibration probe takes less.
 /// The tests check both against this. NVIDIA's Vulkan driver offers 48 KB.
 pub const COOP_WORKGROUP_BYTES: u32 = 47 * 1024;
 
+/// Whether the tensor-core tile can run on `backend`: only on Vulkan. Its module is SPIR-V
+/// handed to the driver as is ([`spirv`](super::spirv)), which no other backend takes;
 /// Metal's cooperative matrices (simdgroup matrices) are 8×8, not the tile's 16×16, and
 /// wgpu 30 offers none on DX12, whose HLSL writer lacks them. Elsewhere GEMMs run the f32
 /// tile (docs/PLATFORMS.md).
