@@ -17,6 +17,8 @@
 //                 64 or 128, a define from kernels/matmul.rs).
 //   gemm128       128×128 tiles, K-tiles of 8, 8×8 outputs per invocation (large products).
 //   gemv_experts  one slot × RPW expert rows per workgroup.
+//   gemv_cpu1, gemv_cpu1_experts, gemvt_cpu1
+//                 CPU adapters' GEMVs for any rows and x: a lane per output, no barrier.
 //   gemm_experts  one (expert, TN-column tile) per workgroup; gathers the slots routed to
 //                 that expert into 64-row tiles (a grouped GEMM).
 
@@ -105,8 +107,9 @@ fn pair_dots(wv: vec2<f32>, xo: u32) -> Acc8 {
 }
 
 // Partial dots of weight row `wbase` (element index of its column 0; NONE = inactive)
-// with the T x rows starting at `xbase`, over this lane's columns.
-fn gemv_partial(wbase: u32, xbase: u32, lane: u32) -> Acc8 {
+// with the T x rows starting at `xbase`, over this lane's columns: column pairs `lane`,
+// `lane + step`, ... of the row's `step` lanes (`step` = 1: the lane takes the whole row).
+fn gemv_partial(wbase: u32, xbase: u32, lane: u32, step: u32) -> Acc8 {
     var acc = Acc8(vec4<f32>(0.0), vec4<f32>(0.0));
     if (wbase == NONE) {
         return acc;
@@ -115,11 +118,11 @@ fn gemv_partial(wbase: u32, xbase: u32, lane: u32) -> Acc8 {
     let pairs = k >> 1u;
     var p = lane;
     // Four independent pairs per step keep more loads in flight.
-    for (; p + 3u * TPR < pairs; p += 4u * TPR) {
+    for (; p + 3u * step < pairs; p += 4u * step) {
         let c0 = p << 1u;
-        let c1 = c0 + 2u * TPR;
-        let c2 = c1 + 2u * TPR;
-        let c3 = c2 + 2u * TPR;
+        let c1 = c0 + 2u * step;
+        let c2 = c1 + 2u * step;
+        let c3 = c2 + 2u * step;
         let w0 = wload2(wbase + c0);
         let w1 = wload2(wbase + c1);
         let w2 = wload2(wbase + c2);
@@ -133,13 +136,13 @@ fn gemv_partial(wbase: u32, xbase: u32, lane: u32) -> Acc8 {
             acc.hi += (d0.hi + d1.hi) + (d2.hi + d3.hi);
         }
     }
-    for (; p < pairs; p += TPR) {
+    for (; p < pairs; p += step) {
         let c = p << 1u;
         let d = pair_dots(wload2(wbase + c), xbase + c);
         acc.lo += d.lo;
         acc.hi += d.hi;
     }
-    if ((k & 1u) == 1u && lane == TPR - 1u) {
+    if ((k & 1u) == 1u && lane == step - 1u) {
         // The odd last column, as a pair with a zero weight.
         let c = k - 1u;
         let d = pair_dots(vec2<f32>(wload(wbase + c), 0.0), xbase + c);
@@ -182,7 +185,7 @@ fn gemv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     if (n < P.n) {
         wbase = n * P.ws;
     }
-    gemv_reduce(gemv_partial(wbase, P.x_off, lane), lid);
+    gemv_reduce(gemv_partial(wbase, P.x_off, lane, TPR), lid);
     if (lane < T && n < P.n) {
         let v = red[(lane / 4u) * WG + sub * TPR];
         store_one(P.y_off + lane * P.y_stride + n, v[lane % 4u]);
@@ -208,10 +211,77 @@ fn gemv_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             xbase = slot_x(slot);
         }
     }
-    gemv_reduce(gemv_partial(wbase, xbase, lane), lid);
+    gemv_reduce(gemv_partial(wbase, xbase, lane, TPR), lid);
     if (lane == 0u && wbase != NONE) {
         y[P.y_off + slot * P.y_stride + n] = red[sub * TPR].x;
     }
+}
+
+// ---- GEMV for CPU adapters, any rows ---------------------------------------------------
+// For what gemv_cpu cannot read (x rows off 4-float boundaries, weight rows that are not
+// whole 16-byte words: odd model sizes): one lane walks a whole weight row, so no lanes
+// split a sum and there is no workgroup memory and no barrier, which a CPU adapter pays for
+// by switching every invocation (gemv's 64-lane reduction took 2.6 ms a call on lavapipe for
+// a test model's 88-column rows).
+
+// Component t of the sums of the T x rows.
+fn acc8_row(a: Acc8, t: u32) -> f32 {
+    return select(a.lo, a.hi, t >= 4u)[t % 4u];
+}
+
+// y[t, n] for the T x rows, one weight row n per lane.
+@compute @workgroup_size(WGC)
+fn gemv_cpu1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let n = (wid.x + wid.y * nwg.x) * WGC + lid;
+    if (n >= P.n) {
+        return;
+    }
+    let acc = gemv_partial(n * P.ws, P.x_off, 0u, 1u);
+    for (var t = 0u; t < T; t++) {
+        store_one(P.y_off + t * P.y_stride + n, acc8_row(acc, t));
+    }
+}
+
+// gemv_experts for CPU adapters: one lane per (slot, row of its expert).
+@compute @workgroup_size(WGC)
+fn gemv_cpu1_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let item = (wid.x + wid.y * nwg.x) * WGC + lid;
+    let slot = item / P.n;
+    let n = item % P.n;
+    let e = live_expert(slot);
+    if (e == NONE) {
+        return;
+    }
+    let gr = expert_row(e, n);
+    if (gr >= P.row0 && gr < P.row0 + P.crow) {
+        let acc = gemv_partial((gr - P.row0) * P.ws, slot_x(slot), 0u, 1u);
+        y[P.y_off + slot * P.y_stride + n] = acc.lo.x;
+    }
+}
+
+// gemvt_cpu for rows that are not whole 16-byte words: one lane per (slot, column) walks the
+// window's rows element by element.
+@compute @workgroup_size(WGC)
+fn gemvt_cpu1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let item = (wid.x + wid.y * nwg.x) * WGC + lid;
+    let slot = item / P.k;
+    let c = item % P.k;
+    let e = live_expert(slot);
+    if (e == NONE) {
+        return;
+    }
+    let xb = slot_x(slot);
+    var acc = 0.0;
+    for (var d = 0u; d < P.n; d++) {
+        let gr = expert_row(e, d);
+        if (gr >= P.row0 && gr < P.row0 + P.crow) {
+            acc += x[xb + d] * wload((gr - P.row0) * P.ws + c);
+        }
+    }
+    y[P.y_off + slot * P.y_stride + c] = acc;
 }
 
 // ---- GEMV over 16-byte words -----------------------------------------------------------

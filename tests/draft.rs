@@ -153,70 +153,80 @@ fn counts(line: &str) -> (u64, u64) {
     (w[1].parse().unwrap(), w[3].parse().unwrap())
 }
 
+// One test per drafter, so that the test threads run them side by side.
 #[test]
-fn drafts_keep_greedy_output() {
+fn drafts_keep_greedy_output_noise() {
+    drafts_keep_greedy_output("draft-noise", false);
+}
+
+#[test]
+fn drafts_keep_greedy_output_echo() {
+    drafts_keep_greedy_output("draft-echo", true);
+}
+
+/// Greedy output with drafts of 1, 3 and 5 tokens (and each way of running the rounds) is
+/// the output without: the MTP layer of `with_mtp(name, echo)`.
+fn drafts_keep_greedy_output(name: &str, echo: bool) {
     // Past index_topk (16) the MTP layer's own indexer selects; prompts of one and of many
     // chunks' worth do not matter here (the chunk is larger than the context).
     let prompt = "5,17,42,99,3,8,150,77,21,64,200,11,9,301,45";
-    for (name, echo) in [("draft-noise", false), ("draft-echo", true)] {
-        let dir = with_mtp(name, echo);
-        let (plain, none) = greedy(&dir, prompt, 0, 48);
-        assert!(none.is_empty(), "no drafts line without --draft: {none}");
-        // Fewer tokens than a round could emit: the drafts are cut to what is left.
-        let (short, _) = greedy(&dir, prompt, 5, 7);
-        assert!(
-            plain.starts_with(&format!("{short},")),
-            "{name}: 7 tokens with --draft 5: {short}, not the start of {plain}"
+    let dir = with_mtp(name, echo);
+    let (plain, none) = greedy(&dir, prompt, 0, 48);
+    assert!(none.is_empty(), "no drafts line without --draft: {none}");
+    // Fewer tokens than a round could emit: the drafts are cut to what is left.
+    let (short, _) = greedy(&dir, prompt, 5, 7);
+    assert!(
+        plain.starts_with(&format!("{short},")),
+        "{name}: 7 tokens with --draft 5: {short}, not the start of {plain}"
+    );
+    for k in [1, 3, 5] {
+        let (ids, line) = greedy(&dir, prompt, k, 48);
+        assert_eq!(
+            ids, plain,
+            "{name}: --draft {k} changed the greedy output ({line})"
         );
-        for k in [1, 3, 5] {
-            let (ids, line) = greedy(&dir, prompt, k, 48);
+        // Most GPU rounds replay a recording of their log slot's last round (the
+        // first of each slot is recorded).
+        assert!(
+            replayed(&line) > 0,
+            "{name}: --draft {k} replayed no round: {line}"
+        );
+        // The same rounds run by the host (each waited for), on the GPU one at a
+        // time and three deep, instead of queued two deep on the GPU, and recorded
+        // anew every round.
+        for env in [
+            ("SPARSA_GPU_ROUNDS", "0"),
+            ("SPARSA_ROUND_DEPTH", "1"),
+            ("SPARSA_ROUND_DEPTH", "3"),
+            ("SPARSA_ROUND_REPLAY", "0"),
+        ] {
+            let (other, l) = ids_with(&dir, prompt, k, 48, "0", &[env]);
+            assert_eq!(other, plain, "{name}: --draft {k} with {env:?} ({l})");
+            // The same drafts accepted (the last round may draft fewer on the host).
             assert_eq!(
-                ids, plain,
-                "{name}: --draft {k} changed the greedy output ({line})"
+                counts(&l).0,
+                counts(&line).0,
+                "{name}: --draft {k} with {env:?}"
             );
-            // Most GPU rounds replay a recording of their log slot's last round (the
-            // first of each slot is recorded).
+        }
+        let (accepted, drafted) = counts(&line);
+        assert!(
+            drafted > 0 && accepted <= drafted,
+            "{name} --draft {k}: {line}"
+        );
+        if echo {
+            // The echo drafter proposes the token it was given: its first draft is right
+            // exactly where the output repeats its previous token.
+            let v: Vec<&str> = plain.split(',').collect();
+            let repeats = v.windows(2).filter(|w| w[0] == w[1]).count();
             assert!(
-                replayed(&line) > 0,
-                "{name}: --draft {k} replayed no round: {line}"
+                repeats > 0,
+                "the echo model's output has no repeats: {plain}"
             );
-            // The same rounds run by the host (each waited for), on the GPU one at a
-            // time and three deep, instead of queued two deep on the GPU, and recorded
-            // anew every round.
-            for env in [
-                ("SPARSA_GPU_ROUNDS", "0"),
-                ("SPARSA_ROUND_DEPTH", "1"),
-                ("SPARSA_ROUND_DEPTH", "3"),
-                ("SPARSA_ROUND_REPLAY", "0"),
-            ] {
-                let (other, l) = ids_with(&dir, prompt, k, 48, "0", &[env]);
-                assert_eq!(other, plain, "{name}: --draft {k} with {env:?} ({l})");
-                // The same drafts accepted (the last round may draft fewer on the host).
-                assert_eq!(
-                    counts(&l).0,
-                    counts(&line).0,
-                    "{name}: --draft {k} with {env:?}"
-                );
-            }
-            let (accepted, drafted) = counts(&line);
             assert!(
-                drafted > 0 && accepted <= drafted,
-                "{name} --draft {k}: {line}"
+                accepted > 0 && accepted < drafted,
+                "{name} --draft {k}: {line}; output {plain}"
             );
-            if echo {
-                // The echo drafter proposes the token it was given: its first draft is right
-                // exactly where the output repeats its previous token.
-                let v: Vec<&str> = plain.split(',').collect();
-                let repeats = v.windows(2).filter(|w| w[0] == w[1]).count();
-                assert!(
-                    repeats > 0,
-                    "the echo model's output has no repeats: {plain}"
-                );
-                assert!(
-                    accepted > 0 && accepted < drafted,
-                    "{name} --draft {k}: {line}; output {plain}"
-                );
-            }
         }
     }
 }

@@ -765,6 +765,8 @@ enum Dense {
     /// CPU adapters: lanes per row group, weight rows per lane (4 or 8), x rows loaded once
     /// for all of them (`gemv_cpu`).
     GemvCpu(u32, u32),
+    /// CPU adapters, any layout: a lane per weight row (`gemv_cpu1`).
+    GemvCpu1,
     /// Square tiles of this size.
     Gemm(u32),
     /// A few rows on tensor cores ([`coop_rows`]).
@@ -981,6 +983,8 @@ impl Dense {
             } else if gemv4_ok(rows, x, w) {
                 let (tpr, rr) = gemv4_knobs(w, rows, w.rows as u32, cpu);
                 Dense::Gemv4(tpr, rr)
+            } else if dev.cpu_gemvs {
+                Dense::GemvCpu1
             } else {
                 Dense::Gemv
             }
@@ -1183,6 +1187,7 @@ fn matmul_as(
     }
     let pipe = match kind {
         Dense::Gemv => pipeline(rec, "gemv", w, Knobs { t: rows, ..KNOBS }),
+        Dense::GemvCpu1 => pipeline(rec, "gemv_cpu1", w, Knobs { t: rows, ..KNOBS }),
         Dense::Gemv4(tpr4, rr) => {
             debug_assert!(
                 tpr4 >= rows && 256 % tpr4 == 0 && (rr == 1 || rr == 2),
@@ -1263,6 +1268,7 @@ fn matmul_as(
             Dense::Gemv => n.div_ceil(GEMV_RPW),
             Dense::Gemv4(tpr4, rr) => n.div_ceil(256 / tpr4 * rr),
             Dense::GemvCpu(tpr4, rr) => n.div_ceil(cpu_wg() / tpr4 * rr),
+            Dense::GemvCpu1 => n.div_ceil(cpu_wg()),
             Dense::GemvDot(tpr4, _) if rows > 1 => n.div_ceil(rows_per_workgroup(tpr4)),
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(64) => {
@@ -1436,10 +1442,12 @@ impl Heads<'_> {
         }
     }
 
-    /// Whether a GEMV serves these rows: at most [`GEMV_MAX_ROWS`], and past one row y's
-    /// heads follow each other (each head's row is a slot's row).
-    fn gemv(&self) -> bool {
-        self.rows == 1 || (self.rows <= GEMV_MAX_ROWS && self.y.stride == self.heads * self.y_head)
+    /// Whether a GEMV serves these rows: at most [`GEMV_MAX_ROWS`] (any number where `cpu`:
+    /// the CPU adapters' GEMVs beat the tile's barriers there, as for the routed experts),
+    /// and past one row y's heads follow each other (each head's row is a slot's row).
+    fn gemv(&self, cpu: bool) -> bool {
+        self.rows == 1
+            || ((self.rows <= GEMV_MAX_ROWS || cpu) && self.y.stride == self.heads * self.y_head)
     }
 }
 
@@ -1453,7 +1461,7 @@ pub fn matmul_heads(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
     if h.rows == 0 || h.heads == 0 || w.rows == 0 {
         return;
     }
-    if !h.gemv() {
+    if !h.gemv(super::cpu_kernels(rec.gpu())) {
         heads_gemm(rec, w, h, false);
         return;
     }
@@ -1491,7 +1499,9 @@ pub fn matmul_heads_t(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
     if h.rows == 0 || h.heads == 0 || w.rows == 0 {
         return;
     }
-    if !(h.gemv() && whole_words(w)) {
+    let cpu = super::cpu_kernels(rec.gpu());
+    let words = whole_words(w);
+    if !(h.gemv(cpu) && (words || cpu)) {
         heads_gemm(rec, w, h, true);
         return;
     }
@@ -1504,20 +1514,20 @@ pub fn matmul_heads_t(rec: &mut Recorder, w: &GpuWeight, h: &Heads) {
         ..
     } = *h;
     let block = block_rows("matmul_heads_t", w, heads, Some(win));
-    let cpu = super::cpu_kernels(rec.gpu());
-    let pipe = pipeline(
-        rec,
-        if cpu { "gemvt_cpu" } else { "gemvt_experts" },
-        w,
-        KNOBS,
-    );
+    let entry = match (cpu, words) {
+        (true, true) => "gemvt_cpu",
+        (true, false) => "gemvt_cpu1",
+        (false, _) => "gemvt_experts",
+    };
+    let pipe = pipeline(rec, entry, w, KNOBS);
     let slots = rows * heads;
-    let words = (w.cols / w.format.per_word()) as u32;
+    let row_words = (w.cols / w.format.per_word()) as u32;
     // Workgroups: one per (slot, GEMVT_WORDS columns); on CPU adapters one lane per (slot,
-    // column word).
-    let groups = match cpu {
-        true => (slots * words).div_ceil(cpu_wg()),
-        false => slots * words.div_ceil(GEMVT_WORDS),
+    // column word), or per (slot, column) where rows are not whole words.
+    let groups = match (cpu, words) {
+        (true, true) => (slots * row_words).div_ceil(cpu_wg()),
+        (true, false) => (slots * w.cols as u32).div_ceil(cpu_wg()),
+        (false, _) => slots * row_words.div_ceil(GEMVT_WORDS),
     };
     for c in &w.chunks {
         if c.rows == 0 {
@@ -1787,7 +1797,7 @@ fn experts_as(
     let slots = rows * topk;
     // On CPU adapters the per-slot GEMV serves a prefill chunk's slots too (faster there
     // than the tile's barriers, as for `matmul`'s GEMV passes).
-    let gemv = rows <= GEMV_MAX_ROWS || (super::cpu_kernels(rec.gpu()) && gemv4_ok(2, x, w));
+    let gemv = rows <= GEMV_MAX_ROWS || super::cpu_kernels(rec.gpu());
     let gemv4 = gemv && gemv4_ok(2, x, w);
     // q8 / q4: integer dot products, 4 rows per lane (gemv_dot_experts); other 4-bit
     // weights: 4 rows per lane (gemv4q_experts), else RR rows.
@@ -1858,6 +1868,9 @@ fn experts_as(
                 ..KNOBS
             },
         )
+    } else if gemv && super::cpu_kernels(rec.gpu()) {
+        // Rows or x the CPU adapters' 16-byte GEMV cannot read: a lane per (slot, row).
+        pipeline(rec, "gemv_cpu1_experts", w, KNOBS)
     } else if gemv {
         pipeline(rec, "gemv_experts", w, KNOBS)
     } else {
@@ -1905,6 +1918,8 @@ fn experts_as(
             (e1 - e0) * rpe.div_ceil(rows_per_workgroup(tpr4))
         } else if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
+        } else if gemv && super::cpu_kernels(rec.gpu()) {
+            (slots * rpe).div_ceil(cpu_wg())
         } else if gemv {
             slots * rpe.div_ceil(GEMV_RPW)
         } else {
@@ -2272,10 +2287,15 @@ mod tests {
             Dense::pick(3, View::new(&xb, 4, 28), &w, cpu, None),
             Dense::GemvCpu(..)
         ));
-        // Misaligned x: the any-layout GEMV.
+        // Misaligned x, or rows of part of a 16-byte word: the CPU adapters' any-layout GEMV.
         assert_eq!(
             Dense::pick(3, View::new(&xb, 4, 26), &w, cpu, None),
-            Dense::Gemv
+            Dense::GemvCpu1
+        );
+        let odd = GpuWeight::from_f32(g, &[0.0; 16 * 22], 16, 22, DType::F16, None, "w").unwrap();
+        assert_eq!(
+            Dense::pick(1, View::new(&xb, 4, 28), &odd, cpu, None),
+            Dense::GemvCpu1
         );
         let formats = DTYPES
             .map(WFormat::from)
@@ -2309,16 +2329,35 @@ mod tests {
                 }
             }
             CPU_SG_OFF.with(|c| c.set(false));
+            // gemv_cpu1: odd K (rows off word boundaries; 16-bit rows starting mid-word), x at
+            // an odd offset and stride, chunks of 7 rows.
+            let k1 = if matches!(f, WFormat::Float(_)) {
+                77
+            } else {
+                96
+            };
+            for rows in [1, 2, 5, GEMV_MAX_ROWS as usize] {
+                let s = 7900 + i as u64 * 100 + rows as u64;
+                let kind = Some(Dense::GemvCpu1);
+                run_matmul(s, rows, k1, 37, f, None, kind, (3, k1 + 5));
+                run_matmul(s + 50, rows, k1, 131, f, Some(7), kind, (1, k1));
+            }
         }
     }
 
     #[test]
     fn gemv_chunked() {
-        for (i, dtype) in DTYPES.into_iter().enumerate() {
-            // Odd chunk row counts: with an odd K every other 16-bit row starts mid-word.
-            check_matmul(20 + i as u64, 1, 577, 131, dtype, Some(37));
-            check_matmul(23 + i as u64, 2, 64, 131, dtype, Some(16));
-            check_matmul(26 + i as u64, 5, 3, 9, dtype, Some(1));
+        // The GPUs' GEMVs and the CPU adapters' (gemv_cpu1 where K is odd).
+        for cpu in [false, true] {
+            with_cpu_kernels(cpu, || {
+                for (i, dtype) in DTYPES.into_iter().enumerate() {
+                    // Odd chunk row counts: with an odd K every other 16-bit row starts
+                    // mid-word.
+                    check_matmul(20 + i as u64, 1, 577, 131, dtype, Some(37));
+                    check_matmul(23 + i as u64, 2, 64, 131, dtype, Some(16));
+                    check_matmul(26 + i as u64, 5, 3, 9, dtype, Some(1));
+                }
+            });
         }
     }
 
@@ -2590,13 +2629,19 @@ mod tests {
 
     #[test]
     fn experts_gemm() {
-        for (i, dtype) in DTYPES.into_iter().enumerate() {
-            let seed = 80 + i as u64 * 10;
-            check_experts(seed, 37, 3, 5, 37, 577, dtype, false, 37, None);
-            check_experts(seed + 1, 37, 3, 5, 37, 99, dtype, true, 37, Some(37));
-            check_experts(seed + 2, 37, 2, 5, 37, 99, dtype, false, 37, Some(74));
-            // More than a tile per expert and several scan blocks; multi-tile rpe.
-            check_experts(seed + 3, 150, 4, 3, 70, 33, dtype, true, 70, Some(140));
+        // The GPUs' tile; on CPU adapters a prefill chunk's slots take the per-slot GEMVs
+        // (gemv_cpu1_experts: these K are not whole 16-byte words).
+        for cpu in [false, true] {
+            with_cpu_kernels(cpu, || {
+                for (i, dtype) in DTYPES.into_iter().enumerate() {
+                    let seed = 80 + i as u64 * 10;
+                    check_experts(seed, 37, 3, 5, 37, 577, dtype, false, 37, None);
+                    check_experts(seed + 1, 37, 3, 5, 37, 99, dtype, true, 37, Some(37));
+                    check_experts(seed + 2, 37, 2, 5, 37, 99, dtype, false, 37, Some(74));
+                    // More than a tile per expert and several scan blocks; multi-tile rpe.
+                    check_experts(seed + 3, 150, 4, 3, 70, 33, dtype, true, 70, Some(140));
+                }
+            });
         }
     }
 
@@ -2818,7 +2863,12 @@ mod tests {
         let q8 = WFormat::Quant(QFormat::Q8 { block: 32 });
         let formats = [DType::F32.into(), DType::BF16.into(), q8];
         let kinds = |rows: u32| {
-            let mut v = vec![Dense::Gemv, Dense::Gemv4(64, 1), Dense::Gemv4(32, 2)];
+            let mut v = vec![
+                Dense::Gemv,
+                Dense::GemvCpu1,
+                Dense::Gemv4(64, 1),
+                Dense::Gemv4(32, 2),
+            ];
             if rows == 1 {
                 v.push(Dense::Gemv4Q(32));
             }

@@ -50,7 +50,7 @@ pub fn shaders() -> Vec<ShaderCode> {
 }
 
 /// Whether kernels on `gpu` take their CPU adapters' variants (`gemv_cpu`, `gemv_cpu_experts`,
-/// `gemvt_cpu`, `mla_cpu`, `rms_norm_cpu`, `topk_cpu`, `route_cpu`, and a few rows' router as
+/// `gemvt_cpu`, their `_cpu1` forms for rows that are not whole 16-byte words, `mla_cpu`, `rms_norm_cpu`, `topk_cpu`, `route_cpu`, and a few rows' router as
 /// two dispatches rather than `route_gemv`): on CPU adapters (lavapipe), unless
 /// `SPARSA_CPU_KERNELS=0` (a measurement aid). A CPU adapter runs a storage load whose address may
 /// differ between invocations as a loop over its SIMD lanes (a bounds check, a scalar load and an
