@@ -37,11 +37,11 @@ pub use adapter::{
 pub(crate) use params::kernel_params;
 pub use params::{Kernel, KernelParams, Shader, ShaderCode, ShaderVariant, WgslScalar};
 pub use pools::buffers::Write;
-pub(crate) use pools::pipelines::define_lines;
 pub use pools::pipelines::shader_prelude;
 /// For the kernel tests that assemble a shader's source as the pipeline cache does.
 #[cfg(test)]
 pub(crate) use pools::pipelines::shader_source;
+pub(crate) use pools::pipelines::{define_lines, NUM_DEFINES};
 pub use profile::{Cost, KernelStat, ProfileClock};
 pub use readback::{StagedRead, SPIN_LIMIT};
 pub use recorder::{BufferCopy, Recorder, Recording};

@@ -406,6 +406,10 @@ fn coop_only_defines(
     )
 }
 
+// The tile's variants pass both lists to `Gpu::pipeline_n`, which holds at most
+// NUM_DEFINES (a variant with more panicked there at its first compile).
+const _: () = assert!(DEFINE_NAMES.len() + COOP_ONLY_NAMES.len() <= crate::gpu::NUM_DEFINES);
+
 /// The names of [`coop_only_defines`], in the order of [`coop_only_values`].
 const COOP_ONLY_NAMES: [&str; 10] = [
     "Q4_MODE",

@@ -37,8 +37,9 @@ pub(in crate::gpu) struct PipelineCache {
     numbered: Mutex<HashMap<NumKey, Arc<wgpu::ComputePipeline>, BuildHasherDefault<WordHasher>>>,
 }
 
-/// Most defines a [`Gpu::pipeline_n`] variant has.
-const NUM_DEFINES: usize = 24;
+/// Most defines a [`Gpu::pipeline_n`] variant has (each call site checks its own count
+/// against it when it compiles: `kernels::matmul`'s tensor-core tile has the most).
+pub(crate) const NUM_DEFINES: usize = 32;
 
 /// A variant by numbers ([`Gpu::pipeline_n`]): where the shader's name and the entry's
 /// text lie (the same text at two addresses files a variant twice, never two variants as
