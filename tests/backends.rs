@@ -402,80 +402,105 @@ fn exercise_mla_gemms(gpu: &Gpu) {
     }
 }
 
-/// Every variant the workloads make the pipeline cache compile.
+/// Runs `f`, then prints how long it took.
+fn timed(what: &str, f: impl FnOnce()) {
+    let t = Instant::now();
+    f();
+    eprintln!("  {what}: {:.1} s", t.elapsed().as_secs_f64());
+}
+
+/// Every variant the workloads make the pipeline cache compile. The three groups of
+/// workloads run side by side, a thread each: which kernels a recording takes is decided per
+/// thread ([`with_cpu_kernels`]), and CPU adapters compile a pipeline on one core.
 fn recorded_variants() -> BTreeSet<ShaderVariant> {
-    let mut t = Instant::now();
-    let mut lap = |what: &str| {
-        eprintln!("  {what}: {:.1} s", t.elapsed().as_secs_f64());
-        t = Instant::now();
-    };
     let builtin = ModelSource::builtin().expect("the built-in model");
     let gpu = open(sparsa::gpu::LimitsRequest::Adapter);
+    // WebGPU's default limits (16 KiB of workgroup memory, 256 invocations): the indexer,
+    // sparse MLA and the integer-dot GEMV size themselves by the limits.
+    let small = open(sparsa::gpu::LimitsRequest::WebGpuDefault);
     eprintln!(
         "workloads on {}, {} KiB of workgroup memory:",
         gpu.adapter.line(),
         gpu.limits.max_compute_workgroup_storage_size / 1024
     );
-    // The GPUs' kernels (lavapipe, a CPU adapter, would take the CPU adapters' variants).
-    with_cpu_kernels(false, || {
-        exercise_matmul(&gpu, true);
-        exercise_mla_gemms(&gpu);
-        exercise_argmax(&gpu);
-        lap("matmul");
-        {
-            let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {}).expect("loads");
-            // More tokens than the model's top-k (64), so the indexer's top-k selects.
-            greedy(&bard, 100);
-            every_way(&bard, 100);
-            lap("sparsa-bard-12m");
+    std::thread::scope(|s| {
+        let jobs = [
+            s.spawn(|| {
+                // The GPUs' kernels (lavapipe, a CPU adapter, would take the CPU adapters'
+                // variants).
+                timed("the GPUs' kernels", || {
+                    with_cpu_kernels(false, || {
+                        exercise_matmul(&gpu, true);
+                        exercise_mla_gemms(&gpu);
+                        exercise_argmax(&gpu);
+                        let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {})
+                            .expect("loads");
+                        // More tokens than the model's top-k (64), so the indexer's top-k
+                        // selects.
+                        greedy(&bard, 100);
+                        every_way(&bard, 100);
+                        for family in [
+                            "glm5",
+                            "glm52",
+                            "glm52-fp8",
+                            "glm52-q4",
+                            "dsv32",
+                            "dsv32-fp8",
+                            "dsv32-q8",
+                        ] {
+                            let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {})
+                                .expect("loads");
+                            greedy(&model, 40);
+                        }
+                    })
+                })
+            }),
+            s.spawn(|| {
+                // The CPU adapters' variants (DX12's WARP is one: they translate for HLSL
+                // too).
+                timed("the CPU adapters' kernels", || {
+                    with_cpu_kernels(true, || {
+                        exercise_matmul(&gpu, true);
+                        exercise_argmax(&gpu);
+                        let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {})
+                            .expect("loads");
+                        every_way(&bard, 100);
+                        for family in ["glm52-fp8", "glm52-q4", "dsv32"] {
+                            let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {})
+                                .expect("loads");
+                            greedy(&model, 40);
+                        }
+                        // The sparse MLA of CPU adapters whose subgroups cannot share the
+                        // cache rows.
+                        let model = Model::load(&data("dsv32"), gpu.clone(), &mut |_, _| {})
+                            .expect("loads");
+                        with_mla_cpu_sg(false, || greedy(&model, 40));
+                    })
+                })
+            }),
+            s.spawn(|| {
+                // Both kinds of kernels: a browser's fallback adapter is a CPU adapter.
+                timed("WebGPU's default limits", || {
+                    for cpu in [false, true] {
+                        with_cpu_kernels(cpu, || {
+                            exercise_matmul(&small, false);
+                            for model in [
+                                Model::from_source(&builtin, small.clone(), &mut |_, _| {}),
+                                Model::load(&data("glm5"), small.clone(), &mut |_, _| {}),
+                            ] {
+                                greedy(&model.expect("loads"), 100);
+                            }
+                        });
+                    }
+                })
+            }),
+        ];
+        for j in jobs {
+            j.join().expect("a workload thread panicked");
         }
-        for family in [
-            "glm5",
-            "glm52",
-            "glm52-fp8",
-            "glm52-q4",
-            "dsv32",
-            "dsv32-fp8",
-            "dsv32-q8",
-        ] {
-            let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {}).expect("loads");
-            greedy(&model, 40);
-            lap(family);
-        }
-    });
-    // The CPU adapters' variants (DX12's WARP is one: they translate for HLSL too).
-    with_cpu_kernels(true, || {
-        exercise_matmul(&gpu, true);
-        exercise_argmax(&gpu);
-        let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {}).expect("loads");
-        every_way(&bard, 100);
-        for family in ["glm52-fp8", "glm52-q4", "dsv32"] {
-            let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {}).expect("loads");
-            greedy(&model, 40);
-        }
-        // The sparse MLA of CPU adapters whose subgroups cannot share the cache rows.
-        let model = Model::load(&data("dsv32"), gpu.clone(), &mut |_, _| {}).expect("loads");
-        with_mla_cpu_sg(false, || greedy(&model, 40));
-        lap("the CPU adapters' kernels");
     });
     let mut all: BTreeSet<ShaderVariant> = gpu.shader_variants().into_iter().collect();
-    // WebGPU's default limits (16 KiB of workgroup memory, 256 invocations): the indexer,
-    // sparse MLA and the integer-dot GEMV size themselves by the limits.
-    // Both kinds of kernels: a browser's fallback adapter is a CPU adapter.
-    let small = open(sparsa::gpu::LimitsRequest::WebGpuDefault);
-    for cpu in [false, true] {
-        with_cpu_kernels(cpu, || {
-            exercise_matmul(&small, false);
-            for model in [
-                Model::from_source(&builtin, small.clone(), &mut |_, _| {}),
-                Model::load(&data("glm5"), small.clone(), &mut |_, _| {}),
-            ] {
-                greedy(&model.expect("loads"), 100);
-            }
-        });
-    }
     all.extend(small.shader_variants());
-    lap("WebGPU's default limits");
     all
 }
 
