@@ -162,7 +162,7 @@ pub fn moe_combine(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::testutil::{assert_close, gpu, Rng};
+    use crate::kernels::testutil::{assert_close, gpu, own_gpu, Rng};
 
     /// (offset, stride) of a view over `rows × dim` with some slack.
     fn layout(off: usize, extra: usize, dim: usize) -> (usize, usize) {
@@ -174,7 +174,9 @@ mod tests {
     /// the recording and two replays, while a second buffer got the other recording's adds.
     #[test]
     fn replayed_recording_repeats_its_dispatches() {
-        let g = gpu();
+        // A device of its own: `keep` refuses a recording during which the host wrote to any
+        // buffer of the device, and other test threads write to the shared one's.
+        let g = &own_gpu();
         let (rows, dim) = (3usize, 37usize);
         let mut rng = Rng::new(11);
         let x = rng.vec(rows * dim, 1.0);

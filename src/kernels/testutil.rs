@@ -17,6 +17,12 @@ pub fn gpu() -> &'static Gpu {
     })
 }
 
+/// A device of the caller's own on the test adapter, for a test that reads what the device
+/// counts (host writes, submissions): on [`gpu`] the other test threads add to the counts.
+pub fn own_gpu() -> Gpu {
+    Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref()).expect("a GPU adapter for the tests")
+}
+
 /// A second device on the test adapter opened with WebGPU's default limits (16 KiB of
 /// workgroup memory, 128 MiB bindings), for kernels whose shape depends on the limits.
 pub fn gpu_default_limits() -> &'static Gpu {
