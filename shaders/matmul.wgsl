@@ -224,6 +224,11 @@ fn gemv_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 // by switching every invocation (gemv's 64-lane reduction took 2.6 ms a call on lavapipe for
 // a test model's 88-column rows).
 
+// The output a lane of these kernels computes: lanes in dispatch order.
+fn cpu1_item(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return (wid.x + wid.y * nwg.x) * WGC + lid;
+}
+
 // Component t of the sums of the T x rows.
 fn acc8_row(a: Acc8, t: u32) -> f32 {
     return select(a.lo, a.hi, t >= 4u)[t % 4u];
@@ -233,7 +238,7 @@ fn acc8_row(a: Acc8, t: u32) -> f32 {
 @compute @workgroup_size(WGC)
 fn gemv_cpu1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
-    let n = (wid.x + wid.y * nwg.x) * WGC + lid;
+    let n = cpu1_item(wid, nwg, lid);
     if (n >= P.n) {
         return;
     }
@@ -247,7 +252,7 @@ fn gemv_cpu1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 @compute @workgroup_size(WGC)
 fn gemv_cpu1_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
-    let item = (wid.x + wid.y * nwg.x) * WGC + lid;
+    let item = cpu1_item(wid, nwg, lid);
     let slot = item / P.n;
     let n = item % P.n;
     let e = live_expert(slot);
@@ -266,7 +271,7 @@ fn gemv_cpu1_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
 @compute @workgroup_size(WGC)
 fn gemvt_cpu1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
-    let item = (wid.x + wid.y * nwg.x) * WGC + lid;
+    let item = cpu1_item(wid, nwg, lid);
     let slot = item / P.k;
     let c = item % P.k;
     let e = live_expert(slot);
