@@ -1801,8 +1801,11 @@ fn experts_as(
     let slots = rows * topk;
     // On CPU adapters the per-slot GEMV serves a prefill chunk's slots too (faster there
     // than the tile's barriers, as for `matmul`'s GEMV passes).
-    let gemv = rows <= GEMV_MAX_ROWS || super::cpu_kernels(rec.gpu());
+    let cpu_kernels = super::cpu_kernels(rec.gpu());
+    let gemv = rows <= GEMV_MAX_ROWS || cpu_kernels;
     let gemv4 = gemv && gemv4_ok(2, x, w);
+    // Rows or x the CPU adapters' 16-byte GEMV cannot read: a lane per (slot, row).
+    let cpu1 = gemv && !gemv4 && cpu_kernels;
     // q8 / q4: integer dot products, 4 rows per lane (gemv_dot_experts); other 4-bit
     // weights: 4 rows per lane (gemv4q_experts), else RR rows.
     let dot = match xq {
@@ -1830,7 +1833,7 @@ fn experts_as(
         Some(_) => env_tpr().unwrap_or(tpr4),
         None => tpr4,
     };
-    let cpu_gemv = gemv4 && dot.is_none() && super::cpu_kernels(rec.gpu());
+    let cpu_gemv = gemv4 && dot.is_none() && cpu_kernels;
     let (tpr4, rr) = if cpu_gemv {
         cpu_knobs(w, rpe.saturating_mul(slots), false)
     } else {
@@ -1872,8 +1875,7 @@ fn experts_as(
                 ..KNOBS
             },
         )
-    } else if gemv && super::cpu_kernels(rec.gpu()) {
-        // Rows or x the CPU adapters' 16-byte GEMV cannot read: a lane per (slot, row).
+    } else if cpu1 {
         pipeline(rec, "gemv_cpu1_experts", w, KNOBS)
     } else if gemv {
         pipeline(rec, "gemv_experts", w, KNOBS)
@@ -1922,7 +1924,7 @@ fn experts_as(
             (e1 - e0) * rpe.div_ceil(rows_per_workgroup(tpr4))
         } else if gemv4 {
             slots * rpe.div_ceil(256 / tpr4 * rr)
-        } else if gemv && super::cpu_kernels(rec.gpu()) {
+        } else if cpu1 {
             (slots * rpe).div_ceil(cpu_wg())
         } else if gemv {
             slots * rpe.div_ceil(GEMV_RPW)
