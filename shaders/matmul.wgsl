@@ -20,7 +20,8 @@
 //   gemv_cpu1, gemv_cpu1_experts, gemvt_cpu1
 //                 CPU adapters' GEMVs for any rows and x: a lane per output, no barrier.
 //   gemm_experts  one (expert, TN-column tile) per workgroup; gathers the slots routed to
-//                 that expert into 64-row tiles (a grouped GEMM).
+//                 that expert into TM-row tiles (a grouped GEMM); with P.e_list, one (row
+//                 tile, column tile) per workgroup from expert_tiles.wgsl's table.
 
 // Params (binding 0): declared once, in src/kernels/matmul.rs (`Params`), and put before this source.
 
@@ -1367,16 +1368,9 @@ fn gemm_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     store_tile(acc, P.y_off + t0 * yrow + e * P.y_stride, yrow, t0, tokens, n0, lid);
 }
 
-@compute @workgroup_size(256)
-fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32) {
-    let b = item_block(wid.x + wid.y * nwg.x, TN);
-    let e = P.e0 + b.x;
-    let n0 = b.y;
-    if (e >= P.n_experts || expert_row(e, n0) >= P.row0 + P.crow || expert_row(e, P.n) <= P.row0) {
-        return;
-    }
-    // This invocation's weight rows for the B loads (fixed for the whole workgroup).
+// Invocation lid's weight rows of expert e for the B loads of the column block at n0 (the
+// offsets `tile` takes; NONE past the expert or outside the chunk).
+fn expert_wr(e: u32, n0: u32, lid: u32) -> array<u32, TN / 32u> {
     var wr: array<u32, TN / 32u>;
     for (var q = 0u; q < TN / 32u; q++) {
         let n = n0 + lid / 8u + 32u * q;
@@ -1386,6 +1380,51 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             wr[q] = (gr - P.row0) * P.ws;
         }
     }
+    return wr;
+}
+
+// Invocation lid's x rows for the A loads of slot list entries 0 .. m - 1.
+fn slot_xr(m: u32, lid: u32) -> array<u32, TM / 16u> {
+    var xr: array<u32, TM / 16u>;
+    for (var p = 0u; p < TM / 16u; p++) {
+        let i = lid / 16u + 16u * p;
+        xr[p] = NONE;
+        if (i < m) {
+            xr[p] = slot_x(slot_list[i]);
+        }
+    }
+    return xr;
+}
+
+// Stores a tile's outputs: rows for slot list entries 0 .. m - 1, expert e's columns n0 ...
+fn store_expert_tile(acc: array<Acc16, TM / 64u * (TN / 64u)>, m: u32, e: u32, n0: u32, lid: u32) {
+    for (var rh = 0u; rh < TM / 64u; rh++) {
+        let l0 = 64u * rh + 4u * (lid / 16u);
+        for (var h = 0u; h < TN / 64u; h++) {
+            let a = acc[(TN / 64u) * rh + h];
+            let nc = n0 + 64u * h + 4u * (lid % 16u);
+            store_slot(l0, m, e, nc, a.r0);
+            store_slot(l0 + 1u, m, e, nc, a.r1);
+            store_slot(l0 + 2u, m, e, nc, a.r2);
+            store_slot(l0 + 3u, m, e, nc, a.r3);
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    if (P.e_list != 0u) {
+        gemm_experts_listed(wid.x + wid.y * nwg.x, lid);
+        return;
+    }
+    let b = item_block(wid.x + wid.y * nwg.x, TN);
+    let e = P.e0 + b.x;
+    let n0 = b.y;
+    if (e >= P.n_experts || expert_row(e, n0) >= P.row0 + P.crow || expert_row(e, P.n) <= P.row0) {
+        return;
+    }
+    let wr = expert_wr(e, n0, lid);
     if (lid == 0u) {
         atomicStore(&slot_cnt[0], 0u);
     }
@@ -1415,26 +1454,8 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             break;
         }
         let m = min(c, TM);
-        var xr: array<u32, TM / 16u>;
-        for (var p = 0u; p < TM / 16u; p++) {
-            let i = lid / 16u + 16u * p;
-            xr[p] = NONE;
-            if (i < m) {
-                xr[p] = slot_x(slot_list[i]);
-            }
-        }
-        let acc = tile(xr, wr, lid, P.k);
-        for (var rh = 0u; rh < TM / 64u; rh++) {
-            let l0 = 64u * rh + 4u * (lid / 16u);
-            for (var h = 0u; h < TN / 64u; h++) {
-                let a = acc[(TN / 64u) * rh + h];
-                let nc = n0 + 64u * h + 4u * (lid % 16u);
-                store_slot(l0, m, e, nc, a.r0);
-                store_slot(l0 + 1u, m, e, nc, a.r1);
-                store_slot(l0 + 2u, m, e, nc, a.r2);
-                store_slot(l0 + 3u, m, e, nc, a.r3);
-            }
-        }
+        let xr = slot_xr(m, lid);
+        store_expert_tile(tile(xr, wr, lid, P.k), m, e, n0, lid);
         // Move the slots beyond this tile to the front.
         let rest = c - m;
         var keep = 0u;
@@ -1449,6 +1470,36 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             atomicStore(&slot_cnt[0], rest);
         }
     }
+}
+
+// gemm_experts over the tiles expert_tiles.wgsl cut (binding 5 holds its table, the sorted
+// slots from P.e_list): workgroup g takes tile g / (column blocks), the column block's TN
+// columns, so that the workgroups running together share a column block's weights.
+fn gemm_experts_listed(g: u32, lid: u32) {
+    let blocks = (P.n + TN - 1u) / TN;
+    let t = g / blocks;
+    let n0 = (g % blocks) * TN;
+    if (lid == 0u) {
+        slot_cnt_u[0] = NONE;
+        if (t < experts[0]) {
+            slot_cnt_u[0] = experts[1u + 3u * t];
+            slot_cnt_u[1] = experts[2u + 3u * t];
+            slot_cnt_u[2] = experts[3u + 3u * t];
+        }
+    }
+    let e = workgroupUniformLoad(&slot_cnt_u[0]);
+    if (e == NONE || expert_row(e, n0) >= P.row0 + P.crow || expert_row(e, P.n) <= P.row0) {
+        return;
+    }
+    let first = workgroupUniformLoad(&slot_cnt_u[1]);
+    let m = workgroupUniformLoad(&slot_cnt_u[2]);
+    let wr = expert_wr(e, n0, lid);
+    if (lid < m) {
+        slot_list[lid] = experts[P.e_list + first + lid];
+    }
+    workgroupBarrier();
+    let xr = slot_xr(m, lid);
+    store_expert_tile(tile(xr, wr, lid, P.k), m, e, n0, lid);
 }
 
 // ---- sparse MLA's two products over a block of query rows as GEMMs ----------------------

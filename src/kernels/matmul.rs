@@ -90,8 +90,33 @@ kernel_params! {
         /// written `y_split` elements apart; `mla_logits`: 1.
         splits: u32,
         y_split: u32,
+        /// `gemm_experts`: 0, each workgroup walks its expert's slots; else the table of row
+        /// tiles [`expert_tiles`] wrote is bound for the ids, its sorted slots from here.
+        e_list: u32,
     }
 }
+
+kernel_params! {
+    /// [`expert_tiles`]' parameters.
+    struct TileParams {
+        /// Slots (token rows times the experts each takes).
+        slots: u32,
+        n_experts: u32,
+        /// Rows of the GEMM's tile.
+        tm: u32,
+        /// Where the sorted slots start in the table.
+        list: u32,
+    }
+}
+
+/// The routed GEMM's row tiles, cut by one workgroup (shaders/expert_tiles.wgsl).
+const EXPERT_TILES: Shader<TileParams> = Shader::new(
+    "expert_tiles",
+    include_str!("../../shaders/expert_tiles.wgsl"),
+);
+/// Most experts [`expert_tiles`] sorts (`MAX_EXPERTS` in its shader; GLM-5 and DeepSeek-V3.2
+/// have 256).
+const EXPERT_TILES_MAX: u32 = 1024;
 
 /// The text of a matmul module: the `head` files of shaders/ (those whose `enable` lines
 /// must come first), matmul.wgsl with the files it calls into, then the `tail` files.
@@ -169,6 +194,7 @@ pub(super) const SHADERS: &[ShaderCode] = &[
     MATMUL_DOT_SG.code(),
     MATMUL_COOP.code(),
     MATMUL_COOP_X1.code(),
+    EXPERT_TILES.code(),
 ];
 
 /// Kernel variant knobs that become defines (all are always defined: one shader module).
@@ -192,6 +218,10 @@ struct Knobs {
     /// The few-rows integer-dot GEMVs: 16-byte words of a weight row each lane of a row
     /// group takes (0: not known), for [`dot_sg_lanes`]. Not a define.
     wpl: u32,
+    /// The tensor-core `gemm_experts` over token rows (the routed experts' gate and up, x
+    /// not per slot): the tile may stage it otherwise ([`coop_tile_k`], [`coop_b_rot`]).
+    /// Not a define of its own.
+    gate_up: bool,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -204,6 +234,7 @@ const KNOBS: Knobs = Knobs {
     x4: false,
     sgr: 0,
     wpl: 0,
+    gate_up: false,
 };
 
 /// gemv_dot's knobs after the measurement overrides.
@@ -367,6 +398,7 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
         values[DEFINE_NAMES.len()..].copy_from_slice(&coop_only_values(
             f.code(),
             entry,
+            k.gate_up,
             coop_gather(entry),
             rec.exact_gemms(),
         ));
@@ -387,7 +419,7 @@ fn coop_defines_with(
     exact: bool,
 ) -> Vec<(&'static str, String)> {
     let mut d = named(&DEFINE_NAMES, &define_values(f, k));
-    d.extend(coop_only_defines(f.code(), entry, gather, exact));
+    d.extend(coop_only_defines(f.code(), entry, k.gate_up, gather, exact));
     d
 }
 
@@ -397,12 +429,13 @@ fn coop_defines_with(
 fn coop_only_defines(
     w_dtype: u32,
     entry: &str,
+    gate_up: bool,
     gather: bool,
     exact: bool,
 ) -> Vec<(&'static str, String)> {
     named(
         &COOP_ONLY_NAMES,
-        &coop_only_values(w_dtype, entry, gather, exact),
+        &coop_only_values(w_dtype, entry, gate_up, gather, exact),
     )
 }
 
@@ -425,15 +458,21 @@ const COOP_ONLY_NAMES: [&str; 10] = [
 ];
 
 /// The values of [`coop_only_defines`].
-fn coop_only_values(w_dtype: u32, entry: &str, gather: bool, exact: bool) -> [u32; 10] {
+fn coop_only_values(
+    w_dtype: u32,
+    entry: &str,
+    gate_up: bool,
+    gather: bool,
+    exact: bool,
+) -> [u32; 10] {
     let x_f16 = coop_x_f16(w_dtype, entry, exact);
     [
         coop_q4_mode(),
         x_f16 as u32,
         coop_tile_cols(w_dtype),
         coop_tile_rows(w_dtype, entry, x_f16),
-        coop_tile_k(entry),
-        coop_b_rot(),
+        coop_tile_k(entry, gate_up),
+        coop_b_rot(gate_up),
         coop_gather_ahead(),
         gather as u32,
         coop_rows_cols(),
@@ -493,9 +532,17 @@ fn coop_tile_rows(w_dtype: u32, entry: &str, x_f16: bool) -> u32 {
 /// K per staged step of the tensor-core tile for `entry` (the `HK` define): 64, or 32 for the
 /// GEMMs with `SPARSA_COOP_HK=32` (a measurement aid), where two stages fit every variant's
 /// workgroup memory (one barrier a K-step, the next K-step's stores beside the products).
+/// `SPARSA_COOP_GATE_UP_HK=32|64` sets it for the routed experts' gate and up alone
+/// (`gate_up`, [`Knobs::gate_up`]): on an H100 that product took 10.7 ms with 32 against
+/// 19.7 with 64, where every other GEMM lost 12–32 % (BENCHMARKS.md, 2026-12-07 fifth session).
 /// The attention's entries keep 64 (mla_values stages its gathered rows 64 positions a step).
-fn coop_tile_k(entry: &str) -> u32 {
-    match knob!("SPARSA_COOP_HK", |v| v == 32 || v == 64) {
+fn coop_tile_k(entry: &str, gate_up: bool) -> u32 {
+    let all = knob!("SPARSA_COOP_HK", |v| v == 32 || v == 64);
+    let k = match knob!("SPARSA_COOP_GATE_UP_HK", |v| v == 32 || v == 64) {
+        Some(k) if gate_up => Some(k),
+        _ => all,
+    };
+    match k {
         Some(32) if GEMM_ENTRIES.contains(&entry) => 32,
         _ => 64,
     }
@@ -503,10 +550,15 @@ fn coop_tile_k(entry: &str) -> u32 {
 
 /// Whether the tensor-core tile rotates each subgroup's weight stores onto 32 distinct banks
 /// (the `B_ROT` define; in order, the staged rows' strides put 4 of them on one bank).
-/// `SPARSA_COOP_BROT=1` turns it on; off by default until measured on a device with tensor
-/// cores (none was lent when it was written).
-fn coop_b_rot() -> u32 {
-    knob!("SPARSA_COOP_BROT", |v| v <= 1).unwrap_or(0)
+/// `SPARSA_COOP_BROT=1` turns it on, `SPARSA_COOP_GATE_UP_BROT=0|1` sets it for the routed
+/// experts' gate and up alone (`gate_up`); off by default: at full depth it cost 7 % (H100,
+/// BENCHMARKS.md, 2026-12-07 fifth session).
+fn coop_b_rot(gate_up: bool) -> u32 {
+    let all = knob!("SPARSA_COOP_BROT", |v| v <= 1);
+    match knob!("SPARSA_COOP_GATE_UP_BROT", |v| v <= 1) {
+        Some(b) if gate_up => b,
+        _ => all.unwrap_or(0),
+    }
 }
 
 /// Whether `mla_values` loads its gathered positions a K-step ahead of their rows' values
@@ -696,8 +748,18 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
     };
     // Exact GEMMs and not (x as one f16 value for q4: the 128-row tile), where they differ.
     let mut out: Vec<ShaderVariant> = vec![];
+    // gemm_experts over token rows too (the routed gate and up), where knobs stage it
+    // otherwise (coop_tile_k, coop_b_rot).
+    let gate_ups: &[bool] = if v.entry == "gemm_experts" {
+        &[false, true]
+    } else {
+        &[false]
+    };
     for entry in std::iter::once(v.entry).chain(rows_entries.iter().copied()) {
-        for (x4, exact) in [(true, false), (false, false), (true, true), (false, true)] {
+        for (x4, exact, &gate_up) in [(true, false), (false, false), (true, true), (false, true)]
+            .into_iter()
+            .flat_map(|(x4, e)| gate_ups.iter().map(move |g| (x4, e, g)))
+        {
             let variant = ShaderVariant {
                 shader: shader_of(entry, true, x4).code(),
                 entry,
@@ -705,6 +767,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
                     + &crate::gpu::define_lines(&coop_only_defines(
                         w_dtype,
                         entry,
+                        gate_up && entry == "gemm_experts",
                         coop_gather(entry),
                         exact,
                     )),
@@ -1882,8 +1945,31 @@ fn experts_as(
     } else {
         // Per-slot rows are x_row apart (the token rows) and x.stride apart (the slots).
         let x4 = x_in_quads(x, x_row, w.cols as u32);
-        pipeline(rec, "gemm_experts", w, Knobs { x4, ..KNOBS })
+        let gate_up = !x_per_slot && !direct;
+        pipeline(
+            rec,
+            "gemm_experts",
+            w,
+            Knobs {
+                x4,
+                gate_up,
+                ..KNOBS
+            },
+        )
     };
+    let gemm = !(cpu_gemv || coop || grouped || dot.is_some() || quad || gemv4 || cpu1 || gemv);
+    // The GEMM's row tiles cut beforehand (expert_tiles), for MoE experts.
+    let tiles = (gemm && !direct && expert_tiles_on(n_experts))
+        .then(|| {
+            expert_tiles(
+                rec,
+                experts,
+                slots,
+                n_experts,
+                tile_rows(rec, w.format, "gemm_experts"),
+            )
+        })
+        .flatten();
     let mut rows_left = (slots as u64 * rpe as u64).min(n_experts as u64 * rpe as u64);
     let mut counted = false;
     for c in &w.chunks {
@@ -1914,9 +2000,12 @@ fn experts_as(
             r_lo: win.first,
             e_direct: direct as u32,
             x_row,
+            e_list: tiles.as_ref().map_or(0, |t| t.list),
             ..Params::default()
         };
-        let groups = if cpu_gemv {
+        let groups = if let Some(t) = &tiles {
+            t.most * rpe.div_ceil(tile_cols(rec, w.format))
+        } else if cpu_gemv {
             slots * rpe.div_ceil(cpu_wg() / tpr4 * rr)
         } else if coop {
             (e1 - e0) * rpe.div_ceil(coop_rows_cols())
@@ -1946,8 +2035,57 @@ fn experts_as(
         counted = true;
         rec.cost(read_rows * w.row_bytes() + xy_bytes, flops, w.format.name());
         let xb = xq.map_or(x.buf, |q| q.buf);
-        rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale, experts], grid);
+        let ids = tiles.as_ref().map_or(experts, |t| &t.table);
+        rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale, ids], grid);
     }
+}
+
+/// The routed GEMM's row tiles ([`expert_tiles`]): the table, where its sorted slots start,
+/// and how many tiles it may hold (the GEMM's workgroups per column block).
+struct ExpertTiles {
+    table: wgpu::Buffer,
+    list: u32,
+    most: u32,
+}
+
+/// Whether `gemm_experts` runs over row tiles cut beforehand ([`expert_tiles`]) for
+/// `n_experts` experts: a workgroup per (row tile, column block), those running together on
+/// one column block's weights, instead of a workgroup per (expert, column block) walking its
+/// expert's rows. `SPARSA_EXPERT_TILES=0` keeps the walk (a measurement aid).
+fn expert_tiles_on(n_experts: u32) -> bool {
+    #[cfg(test)]
+    if let Some(on) = tests::EXPERT_TILES.with(|c| c.get()) {
+        return on && n_experts <= EXPERT_TILES_MAX;
+    }
+    n_experts <= EXPERT_TILES_MAX && knob_on!("SPARSA_EXPERT_TILES")
+}
+
+/// Records the cut of `slots` slots, routed by `ids` to `n_experts` experts, into tiles of
+/// at most `tm` rows of one expert each (shaders/expert_tiles.wgsl); None where its scratch
+/// buffer cannot be had (the GEMM then walks each expert's rows itself).
+fn expert_tiles(
+    rec: &mut Recorder,
+    ids: &wgpu::Buffer,
+    slots: u32,
+    n_experts: u32,
+    tm: u32,
+) -> Option<ExpertTiles> {
+    // Each expert with a slot has one partial tile at most.
+    let most = slots.div_ceil(tm) + n_experts.min(slots);
+    let list = 1 + 3 * most;
+    let gpu = rec.gpu();
+    let table = gpu
+        .scratch("expert tiles", 4 * (list as u64 + slots as u64))
+        .ok()?;
+    let pipe = gpu.pipeline_n(&EXPERT_TILES, "expert_tiles", &[], &[]);
+    let p = TileParams {
+        slots,
+        n_experts,
+        tm,
+        list,
+    };
+    rec.dispatch(&pipe, &p, &[ids, &table], [1, 1, 1]);
+    Some(ExpertTiles { table, list, most })
 }
 
 #[cfg(test)]
@@ -1968,6 +2106,9 @@ mod tests {
         pub(super) static DOT_SG: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
         /// What `SPARSA_DOT_I2F` answers on this thread ([`dot_i2f`]).
         pub(super) static DOT_I2F: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+        /// What `SPARSA_EXPERT_TILES` answers on this thread ([`expert_tiles_on`]; tests run
+        /// both forms of the routed GEMM).
+        pub(super) static EXPERT_TILES: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     }
     use crate::kernels::with_cpu_kernels;
     use crate::weights::{quant, DType, QFormat, WFormat};
@@ -2635,10 +2776,11 @@ mod tests {
 
     #[test]
     fn experts_gemm() {
-        // The GPUs' tile; on CPU adapters a prefill chunk's slots take the per-slot GEMVs
-        // (gemv_cpu1_experts: these K are not whole 16-byte words).
-        for cpu in [false, true] {
-            with_cpu_kernels(cpu, || {
+        // The GPUs' tile, over row tiles cut beforehand and walking each expert's rows; on
+        // CPU adapters a prefill chunk's slots take the per-slot GEMVs (gemv_cpu1_experts:
+        // these K are not whole 16-byte words).
+        for (cpu, tiles) in EXPERT_FORMS {
+            with_expert_forms(cpu, tiles, || {
                 for (i, dtype) in DTYPES.into_iter().enumerate() {
                     let seed = 80 + i as u64 * 10;
                     check_experts(seed, 37, 3, 5, 37, 577, dtype, false, 37, None);
@@ -2651,11 +2793,23 @@ mod tests {
         }
     }
 
+    /// The routed products' kernel sets: (CPU adapters' kernels, the GEMM's row tiles cut
+    /// beforehand).
+    const EXPERT_FORMS: [(bool, bool); 3] = [(false, true), (false, false), (true, true)];
+
+    /// `f` with the CPU adapters' kernels or not and the routed GEMM's row tiles cut
+    /// beforehand or not ([`expert_tiles_on`]).
+    fn with_expert_forms(cpu: bool, tiles: bool, f: impl FnOnce()) {
+        let was = EXPERT_TILES.with(|c| c.replace(Some(tiles)));
+        with_cpu_kernels(cpu, f);
+        EXPERT_TILES.with(|c| c.set(was));
+    }
+
     #[test]
     fn experts_chunks_split_inside_an_expert() {
         // Not required by the contract (uploads align chunks to experts), but handled.
-        for cpu in [false, true] {
-            with_cpu_kernels(cpu, || {
+        for (cpu, tiles) in EXPERT_FORMS {
+            with_expert_forms(cpu, tiles, || {
                 for (i, dtype) in DTYPES.into_iter().enumerate() {
                     check_experts(90 + i as u64, 2, 3, 4, 37, 65, dtype, false, 1, Some(10));
                     // Aligned rows: the 16-byte kernels.
