@@ -218,10 +218,6 @@ struct Knobs {
     /// The few-rows integer-dot GEMVs: 16-byte words of a weight row each lane of a row
     /// group takes (0: not known), for [`dot_sg_lanes`]. Not a define.
     wpl: u32,
-    /// The tensor-core `gemm_experts` over token rows (the routed experts' gate and up, x
-    /// not per slot): the tile may stage it otherwise ([`coop_tile_k`], [`coop_b_rot`]).
-    /// Not a define of its own.
-    gate_up: bool,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -234,7 +230,6 @@ const KNOBS: Knobs = Knobs {
     x4: false,
     sgr: 0,
     wpl: 0,
-    gate_up: false,
 };
 
 /// gemv_dot's knobs after the measurement overrides.
@@ -398,7 +393,6 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
         values[DEFINE_NAMES.len()..].copy_from_slice(&coop_only_values(
             f.code(),
             entry,
-            k.gate_up,
             coop_gather(entry),
             rec.exact_gemms(),
         ));
@@ -419,7 +413,7 @@ fn coop_defines_with(
     exact: bool,
 ) -> Vec<(&'static str, String)> {
     let mut d = named(&DEFINE_NAMES, &define_values(f, k));
-    d.extend(coop_only_defines(f.code(), entry, k.gate_up, gather, exact));
+    d.extend(coop_only_defines(f.code(), entry, gather, exact));
     d
 }
 
@@ -429,13 +423,12 @@ fn coop_defines_with(
 fn coop_only_defines(
     w_dtype: u32,
     entry: &str,
-    gate_up: bool,
     gather: bool,
     exact: bool,
 ) -> Vec<(&'static str, String)> {
     named(
         &COOP_ONLY_NAMES,
-        &coop_only_values(w_dtype, entry, gate_up, gather, exact),
+        &coop_only_values(w_dtype, entry, gather, exact),
     )
 }
 
@@ -458,21 +451,15 @@ const COOP_ONLY_NAMES: [&str; 10] = [
 ];
 
 /// The values of [`coop_only_defines`].
-fn coop_only_values(
-    w_dtype: u32,
-    entry: &str,
-    gate_up: bool,
-    gather: bool,
-    exact: bool,
-) -> [u32; 10] {
+fn coop_only_values(w_dtype: u32, entry: &str, gather: bool, exact: bool) -> [u32; 10] {
     let x_f16 = coop_x_f16(w_dtype, entry, exact);
     [
         coop_q4_mode(),
         x_f16 as u32,
         coop_tile_cols(w_dtype),
         coop_tile_rows(w_dtype, entry, x_f16),
-        coop_tile_k(entry, gate_up),
-        coop_b_rot(gate_up),
+        coop_tile_k(entry),
+        coop_b_rot(),
         coop_gather_ahead(),
         gather as u32,
         coop_rows_cols(),
@@ -532,17 +519,9 @@ fn coop_tile_rows(w_dtype: u32, entry: &str, x_f16: bool) -> u32 {
 /// K per staged step of the tensor-core tile for `entry` (the `HK` define): 64, or 32 for the
 /// GEMMs with `SPARSA_COOP_HK=32` (a measurement aid), where two stages fit every variant's
 /// workgroup memory (one barrier a K-step, the next K-step's stores beside the products).
-/// `SPARSA_COOP_GATE_UP_HK=32|64` sets it for the routed experts' gate and up alone
-/// (`gate_up`, [`Knobs::gate_up`]): on an H100 that product took 10.7 ms with 32 against
-/// 19.7 with 64, where every other GEMM lost 12–32 % (BENCHMARKS.md, 2026-12-07 fifth session).
 /// The attention's entries keep 64 (mla_values stages its gathered rows 64 positions a step).
-fn coop_tile_k(entry: &str, gate_up: bool) -> u32 {
-    let all = knob!("SPARSA_COOP_HK", |v| v == 32 || v == 64);
-    let k = match knob!("SPARSA_COOP_GATE_UP_HK", |v| v == 32 || v == 64) {
-        Some(k) if gate_up => Some(k),
-        _ => all,
-    };
-    match k {
+fn coop_tile_k(entry: &str) -> u32 {
+    match knob!("SPARSA_COOP_HK", |v| v == 32 || v == 64) {
         Some(32) if GEMM_ENTRIES.contains(&entry) => 32,
         _ => 64,
     }
@@ -550,15 +529,10 @@ fn coop_tile_k(entry: &str, gate_up: bool) -> u32 {
 
 /// Whether the tensor-core tile rotates each subgroup's weight stores onto 32 distinct banks
 /// (the `B_ROT` define; in order, the staged rows' strides put 4 of them on one bank).
-/// `SPARSA_COOP_BROT=1` turns it on, `SPARSA_COOP_GATE_UP_BROT=0|1` sets it for the routed
-/// experts' gate and up alone (`gate_up`); off by default: at full depth it cost 7 % (H100,
+/// `SPARSA_COOP_BROT=1` turns it on; off by default: at full depth it cost 7 % (H100,
 /// BENCHMARKS.md, 2026-12-07 fifth session).
-fn coop_b_rot(gate_up: bool) -> u32 {
-    let all = knob!("SPARSA_COOP_BROT", |v| v <= 1);
-    match knob!("SPARSA_COOP_GATE_UP_BROT", |v| v <= 1) {
-        Some(b) if gate_up => b,
-        _ => all.unwrap_or(0),
-    }
+fn coop_b_rot() -> u32 {
+    knob!("SPARSA_COOP_BROT", |v| v <= 1).unwrap_or(0)
 }
 
 /// Whether `mla_values` loads its gathered positions a K-step ahead of their rows' values
@@ -748,18 +722,8 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
     };
     // Exact GEMMs and not (x as one f16 value for q4: the 128-row tile), where they differ.
     let mut out: Vec<ShaderVariant> = vec![];
-    // gemm_experts over token rows too (the routed gate and up), where knobs stage it
-    // otherwise (coop_tile_k, coop_b_rot).
-    let gate_ups: &[bool] = if v.entry == "gemm_experts" {
-        &[false, true]
-    } else {
-        &[false]
-    };
     for entry in std::iter::once(v.entry).chain(rows_entries.iter().copied()) {
-        for (x4, exact, &gate_up) in [(true, false), (false, false), (true, true), (false, true)]
-            .into_iter()
-            .flat_map(|(x4, e)| gate_ups.iter().map(move |g| (x4, e, g)))
-        {
+        for (x4, exact) in [(true, false), (false, false), (true, true), (false, true)] {
             let variant = ShaderVariant {
                 shader: shader_of(entry, true, x4).code(),
                 entry,
@@ -767,7 +731,6 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
                     + &crate::gpu::define_lines(&coop_only_defines(
                         w_dtype,
                         entry,
-                        gate_up && entry == "gemm_experts",
                         coop_gather(entry),
                         exact,
                     )),
@@ -1945,17 +1908,7 @@ fn experts_as(
     } else {
         // Per-slot rows are x_row apart (the token rows) and x.stride apart (the slots).
         let x4 = x_in_quads(x, x_row, w.cols as u32);
-        let gate_up = !x_per_slot && !direct;
-        pipeline(
-            rec,
-            "gemm_experts",
-            w,
-            Knobs {
-                x4,
-                gate_up,
-                ..KNOBS
-            },
-        )
+        pipeline(rec, "gemm_experts", w, Knobs { x4, ..KNOBS })
     };
     let gemm = !(cpu_gemv || coop || grouped || dot.is_some() || quad || gemv4 || cpu1 || gemv);
     // The GEMM's row tiles cut beforehand (expert_tiles), for MoE experts.
@@ -2051,7 +2004,10 @@ struct ExpertTiles {
 /// Whether `gemm_experts` runs over row tiles cut beforehand ([`expert_tiles`]) for
 /// `n_experts` experts: a workgroup per (row tile, column block), those running together on
 /// one column block's weights, instead of a workgroup per (expert, column block) walking its
-/// expert's rows. `SPARSA_EXPERT_TILES=0` keeps the walk (a measurement aid).
+/// expert's rows: the routed gate and up of `examples/gemm_shapes` (2,048 rows, 16 experts,
+/// q4) took 7.5 ms against 15.4 walking, full-depth GLM-5 q4 prefill 746 tok/s against 683
+/// (H200, 2026-12-07; BENCHMARKS.md). `SPARSA_EXPERT_TILES=0` keeps the walk (a measurement
+/// aid).
 fn expert_tiles_on(n_experts: u32) -> bool {
     #[cfg(test)]
     if let Some(on) = tests::EXPERT_TILES.with(|c| c.get()) {
@@ -2456,15 +2412,18 @@ mod tests {
                 1024
             };
             // (1, 4) and (1, 8) with several rows: gemv_cpu_sg where the adapter has
-            // subgroups, then gemv_cpu.
-            for (tpr, rr, sg_off) in [
+            // subgroups, then gemv_cpu. Every layout for f32 and q4 (the first and the last
+            // format), two for the others (the layouts do not depend on the format's decoding).
+            let all = i == 0 || matches!(f, WFormat::Quant(QFormat::Q4 { .. }));
+            let layouts = [
                 (1, 8, false),
+                (16, 8, false),
                 (1, 4, false),
                 (1, 8, true),
                 (2, 4, false),
                 (4, 8, false),
-                (16, 8, false),
-            ] {
+            ];
+            for (tpr, rr, sg_off) in layouts.into_iter().take(if all { 6 } else { 2 }) {
                 CPU_SG_OFF.with(|c| c.set(sg_off));
                 for rows in [1, 3, GEMV_MAX_ROWS as usize] {
                     let s = 7000 + i as u64 * 100 + tpr as u64 + rr as u64 * 10 + rows as u64;
