@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # sparsa developer entry point. Works on a fresh Debian/Ubuntu machine without a GPU:
 #   ./dev.sh run          build sparsa (release) and generate text with the default model
-#   ./dev.sh test         run every test: lints, the native suite (GPU kernels on lavapipe when
-#                         no other Vulkan driver exists), then the browser test (web/test.sh)
+#   ./dev.sh test         run every test: formatting, the native suite built with clippy's lints
+#                         (GPU kernels on lavapipe when no other Vulkan driver exists), then the
+#                         browser test (web/test.sh)
 #   ./dev.sh test FILTER  only the native tests whose names contain FILTER (no lints, no browser)
 #   ./dev.sh test-web     only the browser test
 set -euo pipefail
@@ -96,6 +97,21 @@ ensure_openai() {
     export SPARSA_OPENAI_PYTHON="$py"
 }
 
+# Clippy's lints (warnings as errors) inside the build itself: clippy-driver compiles the
+# workspace's crates as rustc would, linting them on the way (what `cargo clippy` does, but
+# with code generated), so the dependencies are compiled once instead of also checked for a
+# separate `cargo clippy` (4.4 minutes of a 2-core CI machine's ~32). Every cargo command
+# after it must see the same two variables, or cargo builds the workspace's crates again.
+clippy_in_build() {
+    local driver
+    driver="$(command -v clippy-driver || true)"
+    if [ -z "$driver" ]; then
+        echo "dev.sh: clippy-driver not found (rustup component add clippy)" >&2; exit 1
+    fi
+    export RUSTC_WORKSPACE_WRAPPER="$driver"
+    export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+}
+
 # `phase NAME`: prints how long the previous phase took (stderr), so a CI log shows where
 # the suite's time goes.
 PHASE="" PHASE_START=$SECONDS
@@ -127,7 +143,9 @@ test)
         # Only the matching native tests.
         ensure_vulkan; ensure_rust
         case "$*" in *serve*) ensure_openai ;; esac
-        cargo build --tests --quiet
+        # Linted as the whole suite builds, so that both share the build.
+        clippy_in_build
+        cargo build --all-targets --quiet
         exec cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}" "$@"
     fi
     # The whole suite: every apt package it needs in one transaction, the lints (formatting
@@ -135,18 +153,30 @@ test)
     phase "installing packages"
     ensure_vulkan "$(web_packages)"; ensure_rust
     if command -v rustup >/dev/null; then rustup component add rustfmt clippy >/dev/null 2>&1 || true; fi
-    phase "lints"
+    phase "formatting"
     cargo fmt --all --check
     cargo fmt --check --manifest-path web/Cargo.toml
-    cargo clippy --all-targets --quiet -- -D warnings
     phase "installing the openai client"
     ensure_openai
-    phase "building the tests"
-    cargo build --tests --quiet
-    phase "the native tests"
+    phase "building the tests, with clippy's lints"
+    clippy_in_build
+    cargo build --all-targets --quiet
+    # The native tests keep about 1.3 of 2 cores busy (lavapipe's shader compiles and the
+    # tests' host work come one at a time), so the browser test's page builds beside them:
+    # wasm-bindgen-cli and the wasm32 build, 3 and 6 minutes on 2 cores of their own.
+    phase "the native tests, the browser page built beside them"
+    mkdir -p target
+    web/build.sh > target/web-build.log 2>&1 &
+    web_build=$!
+    trap 'kill $web_build 2>/dev/null || true' EXIT
     cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}"
+    phase "the browser page's build (what was left of it)"
+    if ! wait $web_build; then
+        cat target/web-build.log >&2; echo "dev.sh: web/build.sh failed" >&2; exit 1
+    fi
+    trap - EXIT
     phase "the browser test"
-    web_test
+    SPARSA_WEB_BUILT=1 web_test
     phase ""
     ;;
 test-web)

@@ -40,6 +40,10 @@ if ! "$RUSTC_WEB" --version | grep -Eq '^rustc 1\.(9[0-9]|[1-9][0-9]{2})'; then
     exit 1
 fi
 
+# Debian's cargo builds with Debian's rustc only: not through the clippy-driver that dev.sh's
+# native build runs as the workspace's rustc (rustup's, another compiler).
+unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+
 # wasm-bindgen-cli must match the wasm-bindgen crate exactly.
 WB_VERSION="$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)"
 if [ -x "$HOME/.cargo/bin/wasm-bindgen" ]; then export PATH="$HOME/.cargo/bin:$PATH"; fi

@@ -28,7 +28,8 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
 fi
 
 # 1. The page.
-"$WEB/build.sh"
+# (dev.sh builds it beside the native tests and says so with SPARSA_WEB_BUILT=1.)
+if [ "${SPARSA_WEB_BUILT:-0}" != 1 ]; then "$WEB/build.sh"; fi
 
 # 2. The native tokens, on lavapipe (or whatever Vulkan adapter comes first).
 if [ -x "$HOME/.cargo/bin/cargo" ]; then export PATH="$HOME/.cargo/bin:$PATH"; fi
