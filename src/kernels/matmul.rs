@@ -2412,8 +2412,8 @@ mod tests {
                 1024
             };
             // (1, 4) and (1, 8) with several rows: gemv_cpu_sg where the adapter has
-            // subgroups, then gemv_cpu. Every layout for f32 and q4 (the first and the last
-            // format), two for the others (the layouts do not depend on the format's decoding).
+            // subgroups, then gemv_cpu. Every layout for f32 and the q4 formats, two for the
+            // others (the layouts do not depend on the format's decoding).
             let all = i == 0 || matches!(f, WFormat::Quant(QFormat::Q4 { .. }));
             let layouts = [
                 (1, 8, false),
