@@ -104,9 +104,12 @@ ensure_openai() {
 # after it must see the same two variables, or cargo builds the workspace's crates again.
 clippy_in_build() {
     local driver
-    driver="$(command -v clippy-driver || true)"
+    driver="$(command -v clippy-driver || rustup which clippy-driver 2>/dev/null || true)"
     if [ -z "$driver" ]; then
-        echo "dev.sh: clippy-driver not found (rustup component add clippy)" >&2; exit 1
+        # Lint as before: a check of its own (the build below then compiles as plain rustc).
+        echo "dev.sh: clippy-driver not found; running cargo clippy on its own" >&2
+        cargo clippy --all-targets --quiet -- -D warnings
+        return
     fi
     export RUSTC_WORKSPACE_WRAPPER="$driver"
     export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
