@@ -1910,9 +1910,9 @@ fn experts_as(
         let x4 = x_in_quads(x, x_row, w.cols as u32);
         pipeline(rec, "gemm_experts", w, Knobs { x4, ..KNOBS })
     };
-    let gemm = !(cpu_gemv || coop || grouped || dot.is_some() || quad || gemv4 || cpu1 || gemv);
-    // The GEMM's row tiles cut beforehand (expert_tiles), for MoE experts.
-    let tiles = (gemm && !direct && expert_tiles_on(n_experts))
+    // The GEMM's row tiles cut beforehand (expert_tiles), for MoE experts: the GEMM runs
+    // exactly where no GEMV does (every other kernel above is one of `gemv`'s).
+    let tiles = (!gemv && !direct && expert_tiles_on(n_experts))
         .then(|| {
             expert_tiles(
                 rec,

@@ -11,10 +11,7 @@ use std::sync::OnceLock;
 /// The test GPU (lavapipe in CI). Tests fail, never skip, when no adapter exists.
 pub fn gpu() -> &'static Gpu {
     static G: OnceLock<Gpu> = OnceLock::new();
-    G.get_or_init(|| {
-        Gpu::new(std::env::var("SPARSA_ADAPTER").ok().as_deref())
-            .expect("a GPU adapter for the tests")
-    })
+    G.get_or_init(own_gpu)
 }
 
 /// A device of the caller's own on the test adapter, for a test that reads what the device
