@@ -4,7 +4,8 @@
 #   ./dev.sh test         run every test: formatting, the native suite built with clippy's lints
 #                         (GPU kernels on lavapipe when no other Vulkan driver exists), then the
 #                         browser test (web/test.sh)
-#   ./dev.sh test FILTER  only the native tests whose names contain FILTER (no lints, no browser)
+#   ./dev.sh test FILTER  only the native tests whose names contain FILTER (built with clippy's
+#                         lints; no formatting check, no browser)
 #   ./dev.sh test-web     only the browser test
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -100,7 +101,7 @@ ensure_openai() {
 # Clippy's lints (warnings as errors) inside the build itself: clippy-driver compiles the
 # workspace's crates as rustc would, linting them on the way (what `cargo clippy` does, but
 # with code generated), so the dependencies are compiled once instead of also checked for a
-# separate `cargo clippy` (4.4 minutes of a 2-core CI machine's ~32). Every cargo command
+# separate `cargo clippy` (4.4 minutes clean on a 2-core machine; CI took ~32). Every cargo command
 # after it must see the same two variables, or cargo builds the workspace's crates again.
 clippy_in_build() {
     local driver
