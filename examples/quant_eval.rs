@@ -5,6 +5,10 @@
 //!
 //! cargo run --release --example quant_eval -- BASE_DIR QUANT_DIR TOKENS.json [GREEDY_N]
 //! TOKENS.json: a JSON list of token-id lists (each ≥ 2 tokens).
+//!
+//! With `SPARSA_EVAL_BASE_EXACT=1` the base model runs on a device of its own whose prefill
+//! is exact (`Gpu::set_exact_gemms`, as `--exact-gemms`), the other with the defaults: with
+//! QUANT_DIR = BASE_DIR this measures the default prefill's own rounding.
 use sparsa::generate::{generate, Sampler, SamplingParams};
 use sparsa::gpu::Gpu;
 use sparsa::model::{Model, ModelSource};
@@ -42,11 +46,15 @@ fn main() -> sparsa::Result<()> {
         .expect("a JSON list of token lists");
     let n_greedy: usize = a.get(4).map_or(32, |s| s.parse().expect("GREEDY_N"));
     let gpu = Arc::new(Gpu::new(None)?);
-    let base = Model::from_source(
-        &ModelSource::open(a[1].as_ref())?,
-        gpu.clone(),
-        &mut |_, _| {},
-    )?;
+    let base_gpu = match std::env::var("SPARSA_EVAL_BASE_EXACT").as_deref() {
+        Ok("1") => {
+            let g = Arc::new(Gpu::new(None)?);
+            g.set_exact_gemms(true);
+            g
+        }
+        _ => gpu.clone(),
+    };
+    let base = Model::from_source(&ModelSource::open(a[1].as_ref())?, base_gpu, &mut |_, _| {})?;
     let quant = Model::from_source(&ModelSource::open(a[2].as_ref())?, gpu, &mut |_, _| {})?;
     let v = base.config.vocab_size;
     let (mut max_d, mut agree, mut pos) = (0f32, 0usize, 0usize);

@@ -21,7 +21,8 @@ enable wgpu_cooperative_matrix;
 // bf16, f16 and q4 weights are exact in f16 (q4 in f16's normal range) and skip their lo
 // part; X_F16 = 1 drops x's lo part too: q4's GEMMs by default (x rounded to 2^-11, as
 // transformers rounds it to bf16's 2^-8), not the goldens' nor `--exact-gemms`
-// (kernels/matmul.rs, `coop_x_f16`). Values beyond f16's range (|v| > 65504) are not
+// (kernels/matmul.rs, `coop_x_f16`); X_F16 = 2 drops both lo parts: the sparse attention's
+// products in a prompt's prefill, over f32 caches too (`coop_mla_f16`). Values beyond f16's range (|v| > 65504) are not
 // representable: the CPU-side loaders keep weights finite, and activations of that size do
 // not occur in the supported models (documented in BENCHMARKS.md).
 //
@@ -56,10 +57,13 @@ const TH: u32 = TN / 64u;               // 64-column blocks of the tile
 const ASTAGE: u32 = TM * HP;            // pairs per stage of an x matrix: TM rows × HP
 const BSTAGE: u32 = TN * HP;            // pairs per stage of a weight matrix: TN rows × HP
 const NPR: u32 = HK / 32u;              // weight words (q4) or groups of 4 pairs an invocation stages per 64 rows
+// X_F16 (kernels/matmul.rs, `coop_x_f16` and `coop_mla_f16`): 0, x as hi and lo halves;
+// 1, x as one f16 value; 2 (the attention's entries in a prompt's prefill), x and the
+// weights each as one f16 value (rounded to nearest), whatever the weights' format.
 // Weights that are not exact in f16: f32, FP8 and q8 (an FP8 or int8 code times an f32 or
 // bf16 scale). q4 (a nibble times a bf16 scale: at most 11 significant bits) is, in f16's
 // normal range (kernels/matmul.rs, `coop_q4_mode`), unless Q4_MODE asks for its lo half.
-const W_LO: bool = W_DTYPE == 0u || W_DTYPE == 3u || W_DTYPE == 4u || (W_DTYPE == 5u && Q4_MODE == 1u);
+const W_LO: bool = X_F16 < 2u && (W_DTYPE == 0u || W_DTYPE == 3u || W_DTYPE == 4u || (W_DTYPE == 5u && Q4_MODE == 1u));
 // x as hi and lo halves, unless X_F16 asks for one f16 value.
 const X_LO: bool = X_F16 == 0u;
 // 128 rows: each subgroup's second 16 rows in the accumulators of the lo products.

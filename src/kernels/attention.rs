@@ -920,6 +920,57 @@ mod tests {
         out
     }
 
+    /// How far the attention's products with their operands rounded to f16 (each to within
+    /// 2^-11 of itself, f32 sums) may move [`sparse_ref`]'s outputs: each logit by at most
+    /// δ = scale · 2^-10 · max_j Σ|q|·|k_j| (both operands rounded), so each probability by
+    /// a factor within e^±2δ; the probabilities and the values are rounded again, so output
+    /// c moves by at most Σ_j p_j |v_jc| · (e^2δ (1 + 2^-11)² - 1).
+    fn sparse_f16_bound(
+        qa: &[f32],
+        q: &[f32],
+        cache: &[f32],
+        sel: &[Vec<u32>],
+        rows: usize,
+        d: &Dims,
+        scale: f32,
+    ) -> Vec<f32> {
+        let w = d.kv + d.dr;
+        let u = 1.0 / 2048.0f64;
+        let mut out = vec![0f32; rows * d.heads * d.kv];
+        for t in 0..rows {
+            for h in 0..d.heads {
+                let qa = &qa[(t * d.heads + h) * d.kv..][..d.kv];
+                let qp = &q[t * d.heads * (d.dn + d.dr) + h * (d.dn + d.dr) + d.dn..][..d.dr];
+                let qw: Vec<f32> = qa.iter().chain(qp).copied().collect();
+                let row = |s: u32| &cache[s as usize * w..][..w];
+                let (mut most, mut logits) = (0f64, Vec::new());
+                for &s in &sel[t] {
+                    most = most.max(abs_dot(&qw, row(s)) as f64);
+                    let l: f64 = qw
+                        .iter()
+                        .zip(row(s))
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum();
+                    logits.push(l * scale as f64);
+                }
+                let delta = scale as f64 * 2.0 * u * most;
+                let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = logits.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                let grow = (2.0 * delta).exp() * (1.0 + u).powi(2) - 1.0;
+                for c in 0..d.kv {
+                    let a: f64 = sel[t]
+                        .iter()
+                        .zip(&e)
+                        .map(|(&s, e)| e / z * row(s)[c].abs() as f64)
+                        .sum();
+                    out[(t * d.heads + h) * d.kv + c] = (a * grow * 1.01) as f32;
+                }
+            }
+        }
+        out
+    }
+
     /// Every weight format kv_b can come in.
     fn all_formats() -> Vec<WFormat> {
         use crate::weights::QFormat;
@@ -1133,12 +1184,38 @@ mod tests {
     fn run_sparse_in(
         rng: &mut Rng,
         d: &Dims,
+        dims: (usize, usize, usize),
+        sel: &[Vec<u32>],
+        poison: bool,
+        cache: (LatentFormat, usize),
+        rope: Option<bool>,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let r = run_sparse_as(rng, d, dims, sel, poison, cache, rope, false);
+        (r.got, r.want)
+    }
+
+    /// What [`run_sparse_as`] returns: the outputs of every plan one after the other, the
+    /// reference's for each, and how far from them each output may be on top of the
+    /// tolerance (the attention's products rounded to f16, [`matmul::mla_f16`]).
+    struct SparseRun {
+        got: Vec<f32>,
+        want: Vec<f32>,
+        extra: Vec<f32>,
+    }
+
+    /// [`run_sparse_in`], recorded as a prompt's prefill where `prefill` (on tensor cores
+    /// the attention's products then take their operands as one f16 value each).
+    #[allow(clippy::too_many_arguments)]
+    fn run_sparse_as(
+        rng: &mut Rng,
+        d: &Dims,
         (rows, n_keys, topk): (usize, usize, usize),
         sel: &[Vec<u32>],
         poison: bool,
         (format, seg_len): (LatentFormat, usize),
         rope: Option<bool>,
-    ) -> (Vec<f32>, Vec<f32>) {
+        prefill: bool,
+    ) -> SparseRun {
         let g = gpu();
         let scale = 0.07f32;
         let w = d.kv + d.dr;
@@ -1206,6 +1283,10 @@ mod tests {
             rope_ref(&mut q_ref, rows, qc, &slice(il), &cs);
         }
         let want = sparse_ref(&qa, &q_ref, &cache, sel, rows, d, scale);
+        let extra = match prefill && matmul::mla_f16(g) {
+            true => sparse_f16_bound(&qa, &q_ref, &cache, sel, rows, d, scale),
+            false => vec![0.0; want.len()],
+        };
         let mut got = Vec::new();
         // The GPUs' kernels in every plan, then the CPU adapters' kernels (rows staged in
         // workgroup memory, and shared through subgroups), unsplit and split.
@@ -1217,6 +1298,7 @@ mod tests {
             // Filled anew: an element a kernel leaves unwritten shows.
             let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
             let mut rec = g.recorder();
+            rec.set_prefill(prefill);
             with_cpu_kernels(cpu, || {
                 with_mla_cpu_sg(sg, || {
                     sparse_mla(
@@ -1246,7 +1328,12 @@ mod tests {
             rec.finish().unwrap();
             got.extend(ob.read(g, "sparse_mla"));
         }
-        (got, want.repeat(TEST_PLANS.len() + 4))
+        let runs = TEST_PLANS.len() + 4;
+        SparseRun {
+            got,
+            want: want.repeat(runs),
+            extra: extra.repeat(runs),
+        }
     }
 
     /// How [`run_sparse_in`] runs sparse_mla, its outputs one after the other in this
@@ -1508,6 +1595,41 @@ mod tests {
                 .collect();
             let (got, want) = run_sparse(&mut rng, &d, rows, n_keys, topk, &sel, false);
             assert_close(&got, &want, 1e-5, 1e-4, &format!("sparse_mla kv {kv}"));
+        }
+    }
+
+    #[test]
+    fn sparse_mla_in_a_prefill_holds_f16_operands_to_their_bound() {
+        // Recorded as a prompt's prefill: on tensor cores the attention's products take their
+        // operands as one f16 value each (coop_mla_f16), f32 caches on 128-column tiles;
+        // elsewhere exact. GLM-5's row (512 + 64), 70 heads (a second tile of 6 live rows),
+        // counts past one 128-position tile, inside one, and one; both tile cache formats.
+        let mut rng = Rng::new(39);
+        let d = Dims {
+            heads: 70,
+            dn: 4,
+            dr: 64,
+            dv: 4,
+            kv: 512,
+        };
+        let (rows, n_keys, topk) = (3, 400, 300);
+        for format in [LatentFormat::F32, LatentFormat::Bf16] {
+            let sel: Vec<Vec<u32>> = [300usize, 131, 1]
+                .iter()
+                .map(|&c| random_selection(&mut rng, n_keys, c))
+                .collect();
+            let r = run_sparse_as(
+                &mut rng,
+                &d,
+                (rows, n_keys, topk),
+                &sel,
+                true,
+                (format, n_keys),
+                None,
+                true,
+            );
+            let what = format!("sparse_mla prefill {format:?}");
+            assert_close_plus(&r.got, &r.want, 1e-5, 1e-4, &r.extra, &what);
         }
     }
 

@@ -453,10 +453,11 @@ const COOP_ONLY_NAMES: [&str; 10] = [
 /// The values of [`coop_only_defines`].
 fn coop_only_values(w_dtype: u32, entry: &str, gather: bool, exact: bool) -> [u32; 10] {
     let x_f16 = coop_x_f16(w_dtype, entry, exact);
+    let mla_f16 = coop_mla_f16(entry, exact);
     [
         coop_q4_mode(),
-        x_f16 as u32,
-        coop_tile_cols(w_dtype),
+        if mla_f16 { 2 } else { x_f16 as u32 },
+        coop_tile_cols(w_dtype, mla_f16),
         coop_tile_rows(w_dtype, entry, x_f16),
         coop_tile_k(entry),
         coop_b_rot(),
@@ -489,12 +490,13 @@ fn coop_gather(entry: &str) -> bool {
     entry == "mla_values" && knob!("SPARSA_COOP_GATHER", |v| v <= 1) != Some(0)
 }
 
-/// Columns of the tensor-core tile for weights in format `f` (the `TN` define): 128 where
-/// the weights are staged as one f16 value (bf16, f16, q4), so each staged x value feeds
-/// twice the products of 64 columns; 64 where they need a lo half too (f32, FP8, q8, q4 with
-/// `SPARSA_COOP_Q4=1`), whose 128-column stage would not fit the workgroup memory.
-fn coop_tile_cols(w_dtype: u32) -> u32 {
-    let w_lo = matches!(w_dtype, 0 | 3 | 4) || (w_dtype == 5 && coop_q4_mode() == 1);
+/// Columns of the tensor-core tile for weights of `W_DTYPE` code `w_dtype` (the `TN` define):
+/// 128 where the weights are staged as one f16 value (bf16, f16, q4, and every format where
+/// `w_f16`, [`coop_mla_f16`]), so each staged x value feeds twice the products of 64
+/// columns; 64 where they need a lo half too (f32, FP8, q8, q4 with `SPARSA_COOP_Q4=1`),
+/// whose 128-column stage would not fit the workgroup memory.
+fn coop_tile_cols(w_dtype: u32, w_f16: bool) -> u32 {
+    let w_lo = !w_f16 && (matches!(w_dtype, 0 | 3 | 4) || (w_dtype == 5 && coop_q4_mode() == 1));
     // `SPARSA_COOP_TN=64` keeps 64 columns for every format (a measurement aid).
     if w_lo || knob!("SPARSA_COOP_TN", |v| v == 64 || v == 128) == Some(64) {
         64
@@ -509,7 +511,7 @@ fn coop_tile_cols(w_dtype: u32) -> u32 {
 /// that each staged weight feeds twice the rows; else 64. The attention's entries
 /// (`mla_logits`, `mla_values`: 64 heads a tile) keep 64.
 fn coop_tile_rows(w_dtype: u32, entry: &str, x_f16: bool) -> u32 {
-    if GEMM_ENTRIES.contains(&entry) && x_f16 && coop_tile_cols(w_dtype) == 128 {
+    if GEMM_ENTRIES.contains(&entry) && x_f16 && coop_tile_cols(w_dtype, false) == 128 {
         128
     } else {
         64
@@ -519,8 +521,13 @@ fn coop_tile_rows(w_dtype: u32, entry: &str, x_f16: bool) -> u32 {
 /// K per staged step of the tensor-core tile for `entry` (the `HK` define): 64, or 32 for the
 /// GEMMs with `SPARSA_COOP_HK=32` (a measurement aid), where two stages fit every variant's
 /// workgroup memory (one barrier a K-step, the next K-step's stores beside the products).
-/// The attention's entries keep 64 (mla_values stages its gathered rows 64 positions a step).
+/// The attention's entries keep 64 (mla_values stages its gathered rows 64 positions a step),
+/// but for `mla_logits` with `SPARSA_COOP_MLA_HK=32` (a measurement aid: two stages of its
+/// 64 × 128 f16 tile fit).
 fn coop_tile_k(entry: &str) -> u32 {
+    if entry == "mla_logits" {
+        return knob!("SPARSA_COOP_MLA_HK", |v| v == 32 || v == 64).unwrap_or(64);
+    }
     match knob!("SPARSA_COOP_HK", |v| v == 32 || v == 64) {
         Some(32) if GEMM_ENTRIES.contains(&entry) => 32,
         _ => 64,
@@ -556,11 +563,11 @@ fn tile_rows(rec: &Recorder, f: WFormat, entry: &str) -> u32 {
     }
 }
 
-/// Columns of the GEMM tile `gemm`, `gemm_experts` and `gemm_heads` run with on `rec`'s
-/// device for weights in format `f` (`TN` in the shaders).
-fn tile_cols(rec: &Recorder, f: WFormat) -> u32 {
+/// Columns of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f`
+/// (`TN` in the shaders).
+fn tile_cols(rec: &Recorder, f: WFormat, entry: &str) -> u32 {
     if rec.gpu().tensor_cores() {
-        coop_tile_cols(f.code())
+        coop_tile_cols(f.code(), coop_mla_f16(entry, rec.exact_gemms()))
     } else {
         PORTABLE_TILE_COLS
     }
@@ -591,6 +598,36 @@ fn coop_x_f16(w_dtype: u32, entry: &str, exact: bool) -> bool {
         Some(v) => v == 1,
         None => !exact && w_dtype == 5 && coop_q4_mode() == 0,
     }
+}
+
+/// The sparse attention's products on the GEMM tile ([`MlaGemm`]).
+const MLA_ENTRIES: [&str; 2] = ["mla_logits", "mla_values"];
+
+/// Whether the tensor-core tile takes both operands of `entry`, one of the attention's
+/// products ([`MLA_ENTRIES`]), as one f16 value each (f32 accumulation): the queries and the
+/// cache rows of the logits, the probabilities and the cache rows of the values, rounded to
+/// nearest, whatever the cache's format (the `X_F16` define 2; `TN` then 128). Where it is
+/// off, f32 caches take hi and lo halves of both (three products where one does) on
+/// 64-column tiles, bf16 caches those of the queries and probabilities. On by default where
+/// the recording is not `exact` ([`Recorder::exact_gemms`]: a prompt's prefill without
+/// `--exact-gemms`), as transformers runs its bf16 attention; decode steps, verifications
+/// and the goldens keep the exact products. `SPARSA_COOP_MLA_F16=0|1` (a measurement aid)
+/// sets it, `exact` or not.
+fn coop_mla_f16(entry: &str, exact: bool) -> bool {
+    if !MLA_ENTRIES.contains(&entry) {
+        return false;
+    }
+    match knob!("SPARSA_COOP_MLA_F16", |v| v <= 1) {
+        Some(v) => v == 1,
+        None => !exact,
+    }
+}
+
+/// Whether `gpu`'s attention products, recorded as a prefill, take their operands as one
+/// f16 value each ([`coop_mla_f16`]): tests then allow that rounding.
+#[cfg(test)]
+pub(crate) fn mla_f16(gpu: &crate::gpu::Gpu) -> bool {
+    gpu.tensor_cores() && coop_mla_f16("mla_logits", gpu.exact_gemms())
 }
 
 /// Whether `gpu`'s GEMM tile, recorded as a prefill ([`Recorder::set_prefill`], as the
@@ -1303,7 +1340,7 @@ fn matmul_as(
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(64) => {
                 rows.div_ceil(tile_rows(rec, w.format, "gemm"))
-                    * n.div_ceil(tile_cols(rec, w.format))
+                    * n.div_ceil(tile_cols(rec, w.format, "gemm"))
             }
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
             Dense::CoopRows => n.div_ceil(coop_rows_cols()),
@@ -1626,7 +1663,7 @@ fn heads_gemm(rec: &mut Recorder, w: &GpuWeight, h: &Heads, transposed: bool) {
     };
     let tiles = heads as u64
         * rows.div_ceil(tile_rows(rec, w.format, "gemm_heads")) as u64
-        * n.div_ceil(tile_cols(rec, w.format)) as u64;
+        * n.div_ceil(tile_cols(rec, w.format, "gemm_heads")) as u64;
     assert!(
         tiles <= u32::MAX as u64,
         "per-head GEMM: too many workgroups"
@@ -1692,7 +1729,8 @@ impl MlaGemm<'_> {
             * self
                 .heads
                 .div_ceil(tile_rows(rec, WFormat::Float(self.format), entry)) as u64
-            * p.n.div_ceil(tile_cols(rec, WFormat::Float(self.format))) as u64;
+            * p.n
+                .div_ceil(tile_cols(rec, WFormat::Float(self.format), entry)) as u64;
         assert!(tiles <= u32::MAX as u64, "{entry}: too many workgroups");
         let grid = rec.gpu().grid(tiles as u32);
         // The positions and counts where the scales and expert ids go (matmul.wgsl, sel_pos).
@@ -1957,7 +1995,7 @@ fn experts_as(
             ..Params::default()
         };
         let groups = if let Some(t) = &tiles {
-            t.most * rpe.div_ceil(tile_cols(rec, w.format))
+            t.most * rpe.div_ceil(tile_cols(rec, w.format, "gemm_experts"))
         } else if cpu_gemv {
             slots * rpe.div_ceil(cpu_wg() / tpr4 * rr)
         } else if coop {
@@ -1971,7 +2009,7 @@ fn experts_as(
         } else if gemv {
             slots * rpe.div_ceil(GEMV_RPW)
         } else {
-            (e1 - e0) * rpe.div_ceil(tile_cols(rec, w.format))
+            (e1 - e0) * rpe.div_ceil(tile_cols(rec, w.format, "gemm_experts"))
         };
         let grid = rec.gpu().grid(groups);
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
@@ -3169,24 +3207,30 @@ mod tests {
             let rows = COOP_ROWS_ENTRIES.map(|e| (e, false));
             // Exact, and with x as one f16 value for every format's GEMMs (q4's default;
             // SPARSA_COOP_X_F16=1 for the others): those of weights staged as one f16 value
-            // on 128-row tiles.
-            // The GEMMs also with K-steps of 32 (SPARSA_COOP_HK=32), in two stages.
+            // on 128-row tiles; the attention's with both operands as one f16 value (a
+            // prefill's default, coop_mla_f16) on 128-column tiles.
+            // The GEMMs and mla_logits also with K-steps of 32 (SPARSA_COOP_HK=32,
+            // SPARSA_COOP_MLA_HK=32), in two stages.
             for (entry, gather, x_f16, hk) in entries
                 .into_iter()
                 .chain(rows)
                 .chain([("mla_values", true)])
                 .flat_map(|(e, g)| [(e, g, false), (e, g, true)])
                 .flat_map(|(e, g, x)| {
-                    let hk32 = GEMM_ENTRIES.contains(&e).then_some((e, g, x, 32u32));
+                    let hk32 = (GEMM_ENTRIES.contains(&e) || e == "mla_logits")
+                        .then_some((e, g, x, 32u32));
                     std::iter::once((e, g, x, 64)).chain(hk32)
                 })
             {
                 let mut defines = coop_defines_with(f, KNOBS, entry, gather, true);
                 let gemm = GEMM_ENTRIES.contains(&entry);
+                let mla = MLA_ENTRIES.contains(&entry);
                 let tm = coop_tile_rows(f.code(), entry, x_f16 && gemm);
                 for (name, value) in defines.iter_mut() {
                     match *name {
                         "X_F16" if gemm => *value = u(x_f16 as u32),
+                        "X_F16" if mla => *value = u(2 * x_f16 as u32),
+                        "TN" if mla && x_f16 => *value = u(128u32),
                         "TM" => *value = u(tm),
                         "HK" => *value = u(hk),
                         // The second variant of each entry with the measurement knobs on.
