@@ -26,6 +26,9 @@
 //! on Linux). Translation errors and missing capabilities are what it catches; to compile the
 //! output on a Mac or Windows machine, `SPARSA_BACKENDS_DUMP=DIR` writes every translation
 //! to DIR. docs/PLATFORMS.md says which paths run where.
+//!
+//! `SPARSA_BACKENDS_LIST=FILE` writes the variants the workloads compiled to FILE, one a line,
+//! sorted: a change meant only to make the workloads cheaper must leave it as it was.
 
 use naga::back::{hlsl, msl};
 use naga::valid::{Capabilities, ModuleInfo, ValidationFlags, Validator};
@@ -211,7 +214,8 @@ fn exercise_argmax(gpu: &Gpu) {
 /// attention (decode steps over more positions than one tile of sparse MLA: split and
 /// combined), and a decode step after a synthetic context long enough for the
 /// multi-workgroup top-k. (Which kernels these pick does not depend on the model's sizes
-/// beyond what [`greedy`] sees, so the built-in model runs them for all.)
+/// beyond what [`greedy`] sees, so the built-in model runs them for all.) A `prompt_len`
+/// above the model's top-k makes the indexer's top-k select.
 fn every_way(model: &Model, prompt_len: usize) {
     let vocab = model.config.vocab_size;
     let prompt = tokens(prompt_len, vocab, prompt_len as u64);
@@ -221,13 +225,14 @@ fn every_way(model: &Model, prompt_len: usize) {
         ..Default::default()
     };
     run(&mut s, &prompt, 3, penalized);
+    // Sampling changes only the decode steps' kernels, so these prefill one token.
     let sampled = sampled_params();
-    run(&mut s, &prompt, 3, sampled.clone());
+    run(&mut s, &prompt[..1], 3, sampled.clone());
     let host = SamplingParams {
         top_k: 0,
         ..sampled
     };
-    run(&mut s, &prompt, 3, host);
+    run(&mut s, &prompt[..1], 3, host);
     s.reset();
     s.forward(&prompt, true)
         .expect("prefill with every row's logits");
@@ -250,26 +255,29 @@ fn every_way(model: &Model, prompt_len: usize) {
     }
 
     // Past the first cache segment, in every latent and key format (the int8 keys rotate
-    // the indexer's queries).
+    // the indexer's queries), each latent format with one key format: no kernel's variant
+    // depends on both, so the nine pairs compile no variant these three do not.
     let context =
         (sparsa::kernels::topk::WIDE_MIN_KEYS as usize + 8).max(sparsa::cache::FIRST_SEGMENT + 8);
-    for latent in LatentFormat::ALL {
-        for keys in KeyFormat::ALL {
-            let f = CacheFormat { latent, keys };
-            let mut long = model.session_in(context + 4, f).expect("a long session");
-            long.fill_synthetic(context, 1).expect("synthetic fill");
-            let mut sampler = Sampler::new(SamplingParams::default());
-            generate(&mut long, &prompt[..1], 2, &mut sampler, &[], |_| true).expect("long decode");
-        }
+    let (latents, keys) = (LatentFormat::ALL, KeyFormat::ALL);
+    for i in 0..latents.len().max(keys.len()) {
+        let f = CacheFormat {
+            latent: latents[i % latents.len()],
+            keys: keys[i % keys.len()],
+        };
+        let mut long = model.session_in(context + 4, f).expect("a long session");
+        long.fill_synthetic(context, 1).expect("synthetic fill");
+        let mut sampler = Sampler::new(SamplingParams::default());
+        generate(&mut long, &prompt[..1], 2, &mut sampler, &[], |_| true).expect("long decode");
     }
 }
 
 /// Every GEMV and GEMM `matmul` and `matmul_experts` choose for weights in every stored
 /// format at real models' alignment (whole 16-byte rows, whole 32-element blocks), which the
 /// golden test models' odd sizes do not reach: the 16-byte and integer-dot GEMVs of decode,
-/// and the 128-row GEMM tile of long prefills. Only the long rows unless `all` (the other
-/// choices do not depend on the device's limits).
-fn exercise_matmul(gpu: &Gpu, all: bool) {
+/// and the 128-row GEMM tile of long prefills: the long rows, and each of `row_counts` rows
+/// of x over 4352 outputs (only the long rows' kernels depend on the device's limits).
+fn exercise_matmul(gpu: &Gpu, row_counts: &[u32]) {
     let formats = [
         WFormat::Float(DType::F32),
         WFormat::Float(DType::BF16),
@@ -280,9 +288,10 @@ fn exercise_matmul(gpu: &Gpu, all: bool) {
         WFormat::Quant(QFormat::Q8 { block: 128 }),
         WFormat::Quant(QFormat::Q4 { block: 64 }),
     ];
-    // Up to 300 rows over 4352 outputs (3 × 34 tiles of 128: enough for the large tile),
-    // and 4352 columns for the long rows.
-    let (experts, max_rows, wide, long) = (4u32, 300u32, 4352usize, 4352usize);
+    // 4352 outputs (300 rows make 3 × 34 tiles of 128: enough for the large tile), and 4352
+    // columns for the long rows.
+    let (experts, wide, long) = (4u32, 4352usize, 4352usize);
+    let max_rows = row_counts.iter().copied().fold(1, u32::max);
     let values: Vec<f32> = (0..wide * 128)
         .map(|i| ((i % 61) as f32 - 30.0) / 64.0)
         .collect();
@@ -330,9 +339,9 @@ fn exercise_matmul(gpu: &Gpu, all: bool) {
         rec.finish().unwrap();
     };
     for format in formats {
-        if all {
+        if !row_counts.is_empty() {
             let w = weight(format, wide, 128);
-            for rows in [1, 3, 8, 20, 64, max_rows] {
+            for &rows in row_counts {
                 both(&w, rows);
             }
         }
@@ -341,6 +350,14 @@ fn exercise_matmul(gpu: &Gpu, all: bool) {
         both(&weight(format, 64, long), 1);
     }
 }
+
+/// The rows of x [`exercise_matmul`] takes the GPUs' kernels over: a GEMV pass, GEMV passes,
+/// the 64-row tile (and the routed GEMM), and the 128-row tile.
+const GPU_ROWS: &[u32] = &[1, 3, 8, 20, 64, 300];
+
+/// [`GPU_ROWS`] for the CPU adapters' kernels, less the 300 rows: they run GEMV passes at any
+/// rows, which 20 and 64 rows already take.
+const CPU_ROWS: &[u32] = &[1, 3, 8, 20, 64];
 
 /// Sparse MLA's prefill GEMMs (`sparse_mla_gemm`), which a model runs only on tensor cores:
 /// 20 query rows of 4 heads over 100 cached positions (up to 100 selected: the values
@@ -409,15 +426,19 @@ fn timed(what: &str, f: impl FnOnce()) {
     eprintln!("  {what}: {:.1} s", t.elapsed().as_secs_f64());
 }
 
-/// Every variant the workloads make the pipeline cache compile. The three groups of
-/// workloads run side by side, a thread each: which kernels a recording takes is decided per
-/// thread ([`with_cpu_kernels`]), and CPU adapters compile a pipeline on one core.
+/// Every variant the workloads make the pipeline cache compile. The groups of workloads run
+/// side by side, a thread and a device each: which kernels a recording takes is decided per
+/// thread ([`with_cpu_kernels`]), a device compiles one pipeline at a time, and CPU adapters
+/// compile a pipeline on one core. The GPUs' kernels take two threads (the built-in model's
+/// [`every_way`] alone takes about as long as another group), so that the threads end at
+/// about the same time.
 fn recorded_variants() -> BTreeSet<ShaderVariant> {
+    use sparsa::gpu::LimitsRequest;
     let builtin = ModelSource::builtin().expect("the built-in model");
-    let gpu = open(sparsa::gpu::LimitsRequest::Adapter);
+    let [gpu, builtin_gpu, cpu] = [(); 3].map(|_| open(LimitsRequest::Adapter));
     // WebGPU's default limits (16 KiB of workgroup memory, 256 invocations): the indexer,
     // sparse MLA and the integer-dot GEMV size themselves by the limits.
-    let small = open(sparsa::gpu::LimitsRequest::WebGpuDefault);
+    let small = open(LimitsRequest::WebGpuDefault);
     eprintln!(
         "workloads on {}, {} KiB of workgroup memory:",
         gpu.adapter.line(),
@@ -426,19 +447,13 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
     std::thread::scope(|s| {
         let jobs = [
             s.spawn(|| {
-                // The GPUs' kernels (lavapipe, a CPU adapter, would take the CPU adapters'
-                // variants).
-                timed("the GPUs' kernels", || {
+                // The GPUs' kernels, here and in the next thread (lavapipe, a CPU adapter,
+                // would take the CPU adapters' variants).
+                timed("the GPUs' kernels: products, golden test models", || {
                     with_cpu_kernels(false, || {
-                        exercise_matmul(&gpu, true);
+                        exercise_matmul(&gpu, GPU_ROWS);
                         exercise_mla_gemms(&gpu);
                         exercise_argmax(&gpu);
-                        let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {})
-                            .expect("loads");
-                        // More tokens than the model's top-k (64), so the indexer's top-k
-                        // selects.
-                        greedy(&bard, 100);
-                        every_way(&bard, 100);
                         for family in [
                             "glm5",
                             "glm52",
@@ -456,17 +471,27 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
                 })
             }),
             s.spawn(|| {
+                timed("the GPUs' kernels: the built-in model", || {
+                    with_cpu_kernels(false, || {
+                        let bard =
+                            Model::from_source(&builtin, builtin_gpu.clone(), &mut |_, _| {})
+                                .expect("loads");
+                        every_way(&bard, 100);
+                    })
+                })
+            }),
+            s.spawn(|| {
                 // The CPU adapters' variants (DX12's WARP is one: they translate for HLSL
                 // too).
                 timed("the CPU adapters' kernels", || {
                     with_cpu_kernels(true, || {
-                        exercise_matmul(&gpu, true);
-                        exercise_argmax(&gpu);
-                        let bard = Model::from_source(&builtin, gpu.clone(), &mut |_, _| {})
+                        exercise_matmul(&cpu, CPU_ROWS);
+                        exercise_argmax(&cpu);
+                        let bard = Model::from_source(&builtin, cpu.clone(), &mut |_, _| {})
                             .expect("loads");
                         every_way(&bard, 100);
                         for family in ["glm52-fp8", "glm52-q4", "dsv32"] {
-                            let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {})
+                            let model = Model::load(&data(family), cpu.clone(), &mut |_, _| {})
                                 .expect("loads");
                             greedy(&model, 40);
                             if family == "dsv32" {
@@ -481,9 +506,9 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
             s.spawn(|| {
                 // Both kinds of kernels: a browser's fallback adapter is a CPU adapter.
                 timed("WebGPU's default limits", || {
-                    for cpu in [false, true] {
-                        with_cpu_kernels(cpu, || {
-                            exercise_matmul(&small, false);
+                    for cpu_kernels in [false, true] {
+                        with_cpu_kernels(cpu_kernels, || {
+                            exercise_matmul(&small, &[]);
                             for model in [
                                 Model::from_source(&builtin, small.clone(), &mut |_, _| {}),
                                 Model::load(&data("glm5"), small.clone(), &mut |_, _| {}),
@@ -499,8 +524,15 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
             j.join().expect("a workload thread panicked");
         }
     });
-    let mut all: BTreeSet<ShaderVariant> = gpu.shader_variants().into_iter().collect();
-    all.extend(small.shader_variants());
+    let all: BTreeSet<ShaderVariant> = [gpu, builtin_gpu, cpu, small]
+        .iter()
+        .flat_map(|device| device.shader_variants())
+        .collect();
+    if let Some(path) = std::env::var_os("SPARSA_BACKENDS_LIST") {
+        let mut list: Vec<String> = all.iter().map(|v| describe(v) + "\n").collect();
+        list.sort();
+        std::fs::write(path, list.concat()).expect("SPARSA_BACKENDS_LIST: a writable file");
+    }
     all
 }
 
