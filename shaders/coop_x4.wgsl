@@ -7,3 +7,9 @@ fn xquad(row: u32, k: u32) -> vec4<f32> {
     }
     return x4[(row + k) / 4u];
 }
+
+// A_GLOBAL's A fragments (matmul_coop.wgsl) come from coop_xh.wgsl's module only.
+fn a_frag(row: u32, i: u32) -> coop_mat16x16<f16, A> {
+    var a: coop_mat16x16<f16, A>;
+    return a;
+}

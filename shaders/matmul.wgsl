@@ -1293,18 +1293,7 @@ var<workgroup> slot_list: array<u32, LCAP>;
 var<workgroup> slot_cnt: array<atomic<u32>, 4>;  // [0]
 var<workgroup> slot_cnt_u: array<u32, 4>;        // [0]
 
-fn slot_x(s: u32) -> u32 {
-    let t = s / P.topk;
-    if (P.x_per_slot == 0u) {
-        return P.x_off + t * P.x_stride;
-    }
-    // Slot s is head / choice s % topk of token row t; rows x_row apart where given.
-    var row = P.topk * P.x_stride;
-    if (P.x_row != 0u) {
-        row = P.x_row;
-    }
-    return P.x_off + t * row + (s % P.topk) * P.x_stride;
-}
+// `slot_x(s)`, the x offset of slot s, comes from slot_x.wgsl.
 
 // Stores one row of an invocation's block for slot list entry `li` (if li < m).
 fn store_slot(li: u32, m: u32, e: u32, nc: u32, v: vec4<f32>) {
@@ -1383,14 +1372,20 @@ fn expert_wr(e: u32, n0: u32, lid: u32) -> array<u32, TN / 32u> {
     return wr;
 }
 
-// Invocation lid's x rows for the A loads of slot list entries 0 .. m - 1.
-fn slot_xr(m: u32, lid: u32) -> array<u32, TM / 16u> {
+// Invocation lid's x rows for the A loads of slot list entries 0 .. m - 1: each entry's
+// slot's row of x, or where P.x_copy is set, rows first + i of a copy of x in the order of
+// the sorted list (the copy's rows P.x_stride apart from P.x_off).
+fn slot_xr(first: u32, m: u32, lid: u32) -> array<u32, TM / 16u> {
     var xr: array<u32, TM / 16u>;
     for (var p = 0u; p < TM / 16u; p++) {
         let i = lid / 16u + 16u * p;
         xr[p] = NONE;
         if (i < m) {
-            xr[p] = slot_x(slot_list[i]);
+            if (P.x_copy != 0u) {
+                xr[p] = P.x_off + (first + i) * P.x_stride;
+            } else {
+                xr[p] = slot_x(slot_list[i]);
+            }
         }
     }
     return xr;
@@ -1454,7 +1449,7 @@ fn gemm_experts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
             break;
         }
         let m = min(c, TM);
-        let xr = slot_xr(m, lid);
+        let xr = slot_xr(0u, m, lid);
         store_expert_tile(tile(xr, wr, lid, P.k), m, e, n0, lid);
         // Move the slots beyond this tile to the front.
         let rest = c - m;
@@ -1498,7 +1493,7 @@ fn gemm_experts_listed(g: u32, lid: u32) {
         slot_list[lid] = experts[P.e_list + first + lid];
     }
     workgroupBarrier();
-    let xr = slot_xr(m, lid);
+    let xr = slot_xr(first, m, lid);
     store_expert_tile(tile(xr, wr, lid, P.k), m, e, n0, lid);
 }
 

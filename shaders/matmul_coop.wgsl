@@ -22,7 +22,8 @@ enable wgpu_cooperative_matrix;
 // part; X_F16 = 1 drops x's lo part too: q4's GEMMs by default (x rounded to 2^-11, as
 // transformers rounds it to bf16's 2^-8), not the goldens' nor `--exact-gemms`
 // (kernels/matmul.rs, `coop_x_f16`); X_F16 = 2 drops both lo parts: the sparse attention's
-// products in a prompt's prefill, over f32 caches too (`coop_mla_f16`). Values beyond f16's range (|v| > 65504) are not
+// products in a prompt's prefill with SPARSA_COOP_MLA_F16=1, over f32 caches too
+// (`coop_mla_f16`). Values beyond f16's range (|v| > 65504) are not
 // representable: the CPU-side loaders keep weights finite, and activations of that size do
 // not occur in the supported models (documented in BENCHMARKS.md).
 //
@@ -54,21 +55,30 @@ const XL: u32 = HK / 4u;                // invocations that stage one x row (a q
 const XI: u32 = TM * HK / 1024u;        // x quads an invocation stages a K-step
 const NB: u32 = TN / 32u;               // B fragments (and accumulators) a subgroup
 const TH: u32 = TN / 64u;               // 64-column blocks of the tile
-const ASTAGE: u32 = TM * HP;            // pairs per stage of an x matrix: TM rows × HP
+const ASTAGE: u32 = select(TM * HP, 4u, A_GLOBAL);  // pairs per stage of an x matrix: TM rows × HP (none: A_GLOBAL)
 const BSTAGE: u32 = TN * HP;            // pairs per stage of a weight matrix: TN rows × HP
 const NPR: u32 = HK / 32u;              // weight words (q4) or groups of 4 pairs an invocation stages per 64 rows
 // X_F16 (kernels/matmul.rs, `coop_x_f16` and `coop_mla_f16`): 0, x as hi and lo halves;
-// 1, x as one f16 value; 2 (the attention's entries in a prompt's prefill), x and the
-// weights each as one f16 value (rounded to nearest), whatever the weights' format.
+// 1, x as one f16 value; 2 (the attention's entries, `coop_mla_f16`), x and the weights
+// each as one f16 value (rounded to nearest), whatever the weights' format; 3, x as one f16
+// value loaded from memory (A_GLOBAL, below).
 // Weights that are not exact in f16: f32, FP8 and q8 (an FP8 or int8 code times an f32 or
 // bf16 scale). q4 (a nibble times a bf16 scale: at most 11 significant bits) is, in f16's
 // normal range (kernels/matmul.rs, `coop_q4_mode`), unless Q4_MODE asks for its lo half.
-const W_LO: bool = X_F16 < 2u && (W_DTYPE == 0u || W_DTYPE == 3u || W_DTYPE == 4u || (W_DTYPE == 5u && Q4_MODE == 1u));
+const W_LO: bool = X_F16 != 2u && (W_DTYPE == 0u || W_DTYPE == 3u || W_DTYPE == 4u || (W_DTYPE == 5u && Q4_MODE == 1u));
 // x as hi and lo halves, unless X_F16 asks for one f16 value.
 const X_LO: bool = X_F16 == 0u;
+// X_F16 = 3 (`gemm` with SPARSA_COOP_A_GLOBAL=1, kernels/matmul.rs `coop_a_global`; with
+// coop_xh.wgsl): x comes as f16 rows (a copy kernels/matmul.rs writes with x_to_f16.wgsl,
+// rows P.x_stride elements apart, zeros past K to a whole K-step and past the last row to a
+// whole tile; the tile's x offsets count f16 elements), and the subgroups load their A
+// fragments straight from it (`a_frag`), a K-step ahead into registers, instead of through
+// workgroup memory. Only the weights are staged: two stages, one barrier a K-step.
+const A_GLOBAL: bool = X_F16 == 3u;
+const_assert !(A_GLOBAL && (W_LO || W_GATHER == 1u));
 // 128 rows: each subgroup's second 16 rows in the accumulators of the lo products.
 const TR: bool = TM == 128u;
-const_assert TM == 64u || (TM == 128u && X_F16 == 1u && !W_LO && TN == 128u && W_GATHER == 0u);
+const_assert TM == 64u || (TM == 128u && (X_F16 == 1u || A_GLOBAL) && !W_LO && TN == 128u && W_GATHER == 0u);
 // mla_values (W_GATHER = 1): the weights are a query row's selected cache rows read
 // transposed, staged K-major ([k][n], rows of KP pairs) as the rows lie in memory
 // (load_b_gathered); the others are staged [n][k] (rows of HP pairs).
@@ -270,7 +280,7 @@ fn gathered_row(lid: u32, k0: u32) -> u32 {
 fn load_step(lid: u32, k0: u32, q4: bool) -> Staged {
     var st: Staged;
     let c = 4u * (lid % XL);
-    for (var i = 0u; i < XI; i++) {
+    for (var i = 0u; i < select(XI, 0u, A_GLOBAL); i++) {
         st.a[i] = xquad(x_rows[arow(lid, i)], k0 + c);
     }
     if (GATHER) {
@@ -328,7 +338,7 @@ fn store_step(lid: u32, stage: u32, st: Staged, q4: bool) {
     let odd = (lid / XL) % 2u == 1u;
     let c = 2u * (lid % XL) + select(0u, 1u, odd);
     let c2 = 2u * (lid % XL) + select(1u, 0u, odd);
-    for (var i = 0u; i < XI; i++) {
+    for (var i = 0u; i < select(XI, 0u, A_GLOBAL); i++) {
         let r = base + arow(lid, i) * HP;
         put_a(r + c, select(st.a[i].xy, st.a[i].zw, odd));
         put_a(r + c2, select(st.a[i].zw, st.a[i].xy, odd));
@@ -399,6 +409,19 @@ fn merge(a: Acc16, v: Acc16, part: u32) -> Acc16 {
     return add_lo(a, v);
 }
 
+// `a_frag(row, i)`, A_GLOBAL's A fragment of the 16 x rows from f16 offset `row` and
+// K-columns 16 i .., comes from coop_xh.wgsl (coop_x4.wgsl and coop_x1.wgsl: never called).
+
+// The first A fragment of a subgroup's rows at `row` (A_GLOBAL), else a value never used
+// (no load).
+fn a_first(row: u32, i: u32) -> coop_mat16x16<f16, A> {
+    var a: coop_mat16x16<f16, A>;
+    if (A_GLOBAL) {
+        a = a_frag(row, i);
+    }
+    return a;
+}
+
 fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<Acc16, TM / 64u * (TN / 64u)> {
     let sg = lid / 32u;
     let mr = (TM / 4u) * (sg % 4u);
@@ -431,6 +454,20 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
     // Uniform: P is.
     let q4 = Q4_TILE && P.k % HK == 0u && P.ws % HK == 0u && P.w_t == 0u;
     store_step(lid, 0u, load_step(lid, 0u, q4), q4);
+    // A_GLOBAL: the subgroup's A fragments of the next HK / 16 K-parts, in order (qa: rows
+    // mr .., qb: rows mr + 16 .. where TM is 128); each K-part takes the first and loads
+    // the one a K-step later.
+    let nfrag = (kend + HK - 1u) / HK * (HK / 16u);
+    let ra = x_rows[mr];
+    let rb = x_rows[min(mr + 16u, TM - 1u)];
+    var qa0 = a_first(ra, 0u);
+    var qa1 = a_first(ra, 1u);
+    var qa2 = a_first(ra, 2u);
+    var qa3 = a_first(ra, 3u);
+    var qb0 = a_first(rb, 0u);
+    var qb1 = a_first(rb, 1u);
+    var qb2 = a_first(rb, 2u);
+    var qb3 = a_first(rb, 3u);
     workgroupBarrier();
     var cur = 0u;
     for (var k0 = 0u; k0 < kend; k0 += HK) {
@@ -442,7 +479,28 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
         for (var kk = 0u; kk < HK / 2u; kk += 8u) {
             let ia = cur * ASTAGE + mr * HP + kk;
             let ib = b_at(cur, kk, nc);
-            let ah = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia], HP);
+            var ah = qa0;
+            var a2 = qb0;
+            if (A_GLOBAL) {
+                qa0 = qa1;
+                qa1 = qa2;
+                qa2 = qa3;
+                qb0 = qb1;
+                qb1 = qb2;
+                qb2 = qb3;
+                let i = (k0 + 2u * kk) / 16u + HK / 16u;
+                if (i < nfrag) {
+                    qa3 = a_frag(ra, i);
+                    if (TR) {
+                        qb3 = a_frag(rb, i);
+                    }
+                }
+            } else {
+                ah = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia], HP);
+                if (TR) {
+                    a2 = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia + 16u * HP], HP);
+                }
+            }
             let b0 = b_hi(ib);
             let b1 = b_hi(ib + BCOL16);
             c0 = coopMultiplyAdd(ah, b0, c0);
@@ -459,7 +517,6 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
                     d2 = coopMultiplyAdd(al, b2, d2);
                     d3 = coopMultiplyAdd(al, b3, d3);
                 } else if (TR) {
-                    let a2 = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia + 16u * HP], HP);
                     d0 = coopMultiplyAdd(a2, b0, d0);
                     d1 = coopMultiplyAdd(a2, b1, d1);
                     d2 = coopMultiplyAdd(a2, b2, d2);

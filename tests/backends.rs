@@ -86,6 +86,18 @@ const SKIPS: &[Skip] = &[
               skipped for matmul_coop's reasons",
     },
     Skip {
+        shader: "matmul_coop_xh",
+        backend: wgpu::Backend::Metal,
+        why: "matmul_coop loading x's A fragments from an f16 copy (SPARSA_COOP_A_GLOBAL): \
+              skipped for matmul_coop's reasons",
+    },
+    Skip {
+        shader: "matmul_coop_xh",
+        backend: wgpu::Backend::Dx12,
+        why: "matmul_coop loading x's A fragments from an f16 copy (SPARSA_COOP_A_GLOBAL): \
+              skipped for matmul_coop's reasons",
+    },
+    Skip {
         shader: "calibrate_coop",
         backend: wgpu::Backend::Metal,
         why: "the tensor-core peak probe of `bench --calibrate` runs only where the GEMM tile \
@@ -106,7 +118,7 @@ fn engine_may_select(shader: &str, backend: wgpu::Backend) -> bool {
         // The only way to matmul_coop: a GEMM on a device with tensor cores, which only
         // Vulkan adapters can have.
         // The tensor-core probe of `bench --calibrate` runs where the tile does.
-        "matmul_coop" | "matmul_coop_x1" | "calibrate_coop" => {
+        "matmul_coop" | "matmul_coop_x1" | "matmul_coop_xh" | "calibrate_coop" => {
             let tensor_cores = tensor_cores_possible(backend);
             let features = device_features(wgpu::Features::all(), tensor_cores);
             tensor_cores || features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)

@@ -1600,9 +1600,9 @@ mod tests {
 
     #[test]
     fn sparse_mla_in_a_prefill_holds_f16_operands_to_their_bound() {
-        // Recorded as a prompt's prefill: on tensor cores the attention's products take their
-        // operands as one f16 value each (coop_mla_f16), f32 caches on 128-column tiles;
-        // elsewhere exact. GLM-5's row (512 + 64), 70 heads (a second tile of 6 live rows),
+        // Recorded as a prompt's prefill with the attention's f16 products on
+        // (SPARSA_COOP_MLA_F16=1): on tensor cores they take their operands as one f16 value
+        // each (coop_mla_f16), f32 caches on 128-column tiles; elsewhere exact. GLM-5's row (512 + 64), 70 heads (a second tile of 6 live rows),
         // counts past one 128-position tile, inside one, and one; both tile cache formats.
         let mut rng = Rng::new(39);
         let d = Dims {
@@ -1618,16 +1618,18 @@ mod tests {
                 .iter()
                 .map(|&c| random_selection(&mut rng, n_keys, c))
                 .collect();
-            let r = run_sparse_as(
-                &mut rng,
-                &d,
-                (rows, n_keys, topk),
-                &sel,
-                true,
-                (format, n_keys),
-                None,
-                true,
-            );
+            let r = matmul::with_mla_f16(true, || {
+                run_sparse_as(
+                    &mut rng,
+                    &d,
+                    (rows, n_keys, topk),
+                    &sel,
+                    true,
+                    (format, n_keys),
+                    None,
+                    true,
+                )
+            });
             let what = format!("sparse_mla prefill {format:?}");
             assert_close_plus(&r.got, &r.want, 1e-5, 1e-4, &r.extra, &what);
         }

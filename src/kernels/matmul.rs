@@ -93,6 +93,9 @@ kernel_params! {
         /// `gemm_experts`: 0, each workgroup walks its expert's slots; else the table of row
         /// tiles [`expert_tiles`] wrote is bound for the ids, its sorted slots from here.
         e_list: u32,
+        /// `gemm_experts` over row tiles: 1, x is a copy in the order of the sorted slots
+        /// (row i for entry i; [`x_to_f16`]) instead of x itself.
+        x_copy: u32,
     }
 }
 
@@ -108,6 +111,36 @@ kernel_params! {
         list: u32,
     }
 }
+
+kernel_params! {
+    /// [`x_to_f16`]'s parameters.
+    struct HalfParams {
+        /// Rows of the copy, and those with values (zeros past `rows`).
+        rows: u32,
+        rows_pad: u32,
+        /// Elements of a row of x, and of the copy (zeros past `k`).
+        k: u32,
+        kpad: u32,
+        x_off: u32,
+        x_stride: u32,
+        /// 0: row r of the copy is row r of x; else row r is the row of slot
+        /// `table[list + r]` (`slot_x` with the routed GEMM's `topk`, `x_per_slot`, `x_row`).
+        list: u32,
+        topk: u32,
+        x_per_slot: u32,
+        x_row: u32,
+    }
+}
+
+/// x as f16 rows for the tile that loads its A fragments from memory
+/// (shaders/x_to_f16.wgsl, with slot_x.wgsl).
+const X_TO_F16: Shader<HalfParams> = Shader::new(
+    "x_to_f16",
+    concat!(
+        include_str!("../../shaders/x_to_f16.wgsl"),
+        include_str!("../../shaders/slot_x.wgsl")
+    ),
+);
 
 /// The routed GEMM's row tiles, cut by one workgroup (shaders/expert_tiles.wgsl).
 const EXPERT_TILES: Shader<TileParams> = Shader::new(
@@ -128,6 +161,7 @@ macro_rules! matmul_module {
             include_str!("../../shaders/fp8.wgsl"),
             include_str!("../../shaders/quant.wgsl"),
             include_str!("../../shaders/matmul.wgsl"),
+            include_str!("../../shaders/slot_x.wgsl"),
             $(include_str!(concat!("../../shaders/", $tail))),*
         )
     };
@@ -185,6 +219,14 @@ const MATMUL_COOP_X1: Shader<Params> = Shader::new(
         ["matmul_coop_rows.wgsl"]
     ),
 );
+/// MATMUL_COOP loading x's A fragments from an f16 copy ([`coop_a_global`]).
+const MATMUL_COOP_XH: Shader<Params> = Shader::new(
+    "matmul_coop_xh",
+    matmul_module!(
+        ["matmul_coop.wgsl", "coop_xh.wgsl"],
+        ["matmul_coop_rows.wgsl"]
+    ),
+);
 
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[
@@ -194,7 +236,9 @@ pub(super) const SHADERS: &[ShaderCode] = &[
     MATMUL_DOT_SG.code(),
     MATMUL_COOP.code(),
     MATMUL_COOP_X1.code(),
+    MATMUL_COOP_XH.code(),
     EXPERT_TILES.code(),
+    X_TO_F16.code(),
 ];
 
 /// Kernel variant knobs that become defines (all are always defined: one shader module).
@@ -218,6 +262,9 @@ struct Knobs {
     /// The few-rows integer-dot GEMVs: 16-byte words of a weight row each lane of a row
     /// group takes (0: not known), for [`dot_sg_lanes`]. Not a define.
     wpl: u32,
+    /// The tensor-core GEMMs: x's A fragments loaded from an f16 copy ([`coop_a_global`];
+    /// `X_F16` 3 and a shader of its own).
+    xa: bool,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -230,6 +277,7 @@ const KNOBS: Knobs = Knobs {
     x4: false,
     sgr: 0,
     wpl: 0,
+    xa: false,
 };
 
 /// gemv_dot's knobs after the measurement overrides.
@@ -385,15 +433,23 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
     }
     let gpu = rec.gpu();
     if [MATMUL_COOP.name, MATMUL_COOP_X1.name].contains(&shader.name) {
+        if k.xa {
+            shader = &MATMUL_COOP_XH;
+        }
         const N: usize = DEFINE_NAMES.len() + COOP_ONLY_NAMES.len();
         let (mut names, mut values) = ([""; N], [0; N]);
         names[..DEFINE_NAMES.len()].copy_from_slice(&DEFINE_NAMES);
         names[DEFINE_NAMES.len()..].copy_from_slice(&COOP_ONLY_NAMES);
         values[..DEFINE_NAMES.len()].copy_from_slice(&define_values(f, k));
+        let ops = CoopOperands {
+            gather: coop_gather(entry),
+            xa: k.xa,
+            mla_f16: coop_mla_f16(entry, rec.exact_gemms()),
+        };
         values[DEFINE_NAMES.len()..].copy_from_slice(&coop_only_values(
             f.code(),
             entry,
-            coop_gather(entry),
+            ops,
             rec.exact_gemms(),
         ));
         gpu.pipeline_n(shader, entry, &names, &values)
@@ -402,33 +458,45 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
     }
 }
 
-/// Every define of the tensor-core tile (the GEMVs' and its own), with the weights staged
-/// K-major or not (`gather`, [`coop_gather`]), on a device whose GEMMs are `exact` or not.
+/// How the tensor-core tile takes its operands, beyond what the weights' format and the
+/// entry decide: chosen per recording.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct CoopOperands {
+    /// `W_GATHER`: the weights are gathered rows read transposed (`mla_values`), staged
+    /// K-major ([`coop_gather`]).
+    gather: bool,
+    /// x's A fragments come from an f16 copy ([`coop_a_global`], [`Knobs::xa`]).
+    xa: bool,
+    /// The attention's operands as one f16 value each ([`coop_mla_f16`]).
+    mla_f16: bool,
+}
+
+/// Every define of the tensor-core tile (the GEMVs' and its own), with its operands taken
+/// as `ops` says, on a device whose GEMMs are `exact` or not.
 #[cfg(test)]
 fn coop_defines_with(
     f: WFormat,
     k: Knobs,
     entry: &str,
-    gather: bool,
+    ops: CoopOperands,
     exact: bool,
 ) -> Vec<(&'static str, String)> {
     let mut d = named(&DEFINE_NAMES, &define_values(f, k));
-    d.extend(coop_only_defines(f.code(), entry, gather, exact));
+    d.extend(coop_only_defines(f.code(), entry, ops, exact));
     d
 }
 
 /// The defines only the tensor-core tile reads, for `entry` with weights of `W_DTYPE` code
-/// `w_dtype`. `W_GATHER`: the weights are gathered rows read transposed (`mla_values`),
-/// staged K-major. `exact`: [`crate::gpu::Gpu::exact_gemms`].
+/// `w_dtype`, operands taken as `ops` says. `exact`: [`crate::gpu::Gpu::exact_gemms`].
 fn coop_only_defines(
     w_dtype: u32,
     entry: &str,
-    gather: bool,
+    ops: CoopOperands,
     exact: bool,
 ) -> Vec<(&'static str, String)> {
     named(
         &COOP_ONLY_NAMES,
-        &coop_only_values(w_dtype, entry, gather, exact),
+        &coop_only_values(w_dtype, entry, ops, exact),
     )
 }
 
@@ -451,18 +519,22 @@ const COOP_ONLY_NAMES: [&str; 10] = [
 ];
 
 /// The values of [`coop_only_defines`].
-fn coop_only_values(w_dtype: u32, entry: &str, gather: bool, exact: bool) -> [u32; 10] {
+fn coop_only_values(w_dtype: u32, entry: &str, ops: CoopOperands, exact: bool) -> [u32; 10] {
     let x_f16 = coop_x_f16(w_dtype, entry, exact);
-    let mla_f16 = coop_mla_f16(entry, exact);
+    let x_mode = match ops {
+        CoopOperands { mla_f16: true, .. } => 2,
+        CoopOperands { xa: true, .. } => 3,
+        _ => x_f16 as u32,
+    };
     [
         coop_q4_mode(),
-        if mla_f16 { 2 } else { x_f16 as u32 },
-        coop_tile_cols(w_dtype, mla_f16),
+        x_mode,
+        coop_tile_cols(w_dtype, ops.mla_f16),
         coop_tile_rows(w_dtype, entry, x_f16),
         coop_tile_k(entry),
         coop_b_rot(),
         coop_gather_ahead(),
-        gather as u32,
+        ops.gather as u32,
         coop_rows_cols(),
         coop_rows_diag(),
     ]
@@ -600,6 +672,71 @@ fn coop_x_f16(w_dtype: u32, entry: &str, exact: bool) -> bool {
     }
 }
 
+/// Whether the tensor-core tile of `entry` on `rec`'s device loads its A fragments (x, as
+/// one f16 value) straight from memory instead of staging x through workgroup memory (the
+/// `X_F16` define 3, [`Knobs::xa`]): x is first copied as f16 rows ([`x_to_f16`]; the routed
+/// experts' in the order of their row tiles), and only the weights are staged, in two stages
+/// with one barrier a K-step. Where x is one f16 value ([`coop_x_f16`]), with
+/// `SPARSA_COOP_A_GLOBAL`: 1 the dense `gemm`, 2 the routed `gemm_experts` (over row tiles),
+/// 3 both (a measurement aid; off until measured).
+fn coop_a_global(rec: &Recorder, w_dtype: u32, entry: &str) -> bool {
+    let which = match entry {
+        "gemm" => 1,
+        "gemm_experts" => 2,
+        _ => return false,
+    };
+    rec.gpu().tensor_cores()
+        && coop_x_f16(w_dtype, entry, rec.exact_gemms())
+        && coop_tile_cols(w_dtype, false) == 128
+        && knob!("SPARSA_COOP_A_GLOBAL", |v| v <= 3).is_some_and(|v| v & which != 0)
+}
+
+/// The routed slots whose rows [`x_to_f16`] copies, in the order of a table of row tiles.
+struct SlotOrder<'a> {
+    table: &'a wgpu::Buffer,
+    list: u32,
+    topk: u32,
+    x_per_slot: bool,
+    x_row: u32,
+}
+
+/// Records the copy of `rows.0` rows of x (`k` elements each; with `slots`, the rows of
+/// the slots in the table's order) as f16 rows of `k` rounded up to the tile's K-step,
+/// `rows.1` of them, zeros past both (shaders/x_to_f16.wgsl), into the scratch buffer
+/// "x f16"; returns it and its row stride, or None where it cannot be had.
+fn x_to_f16(
+    rec: &mut Recorder,
+    x: View,
+    (rows, rows_pad): (u32, u32),
+    k: u32,
+    slots: Option<SlotOrder>,
+) -> Option<(wgpu::Buffer, u32)> {
+    let kpad = k.next_multiple_of(64);
+    let gpu = rec.gpu();
+    let buf = gpu
+        .scratch("x f16", 2 * rows_pad as u64 * kpad as u64)
+        .ok()?;
+    let pipe = gpu.pipeline_n(&X_TO_F16, "x_to_f16", &[], &[]);
+    let p = HalfParams {
+        rows,
+        rows_pad,
+        k,
+        kpad,
+        x_off: x.offset,
+        x_stride: x.stride,
+        list: slots.as_ref().map_or(0, |s| s.list),
+        topk: slots.as_ref().map_or(1, |s| s.topk),
+        x_per_slot: slots.as_ref().is_some_and(|s| s.x_per_slot) as u32,
+        x_row: slots.as_ref().map_or(0, |s| s.x_row),
+    };
+    let pairs = rows_pad as u64 * kpad as u64 / 2;
+    rec.cost(4 * rows as u64 * k as u64 + 2 * pairs * 2, 0, "");
+    let grid = gpu.grid(pairs.div_ceil(256) as u32);
+    let table = slots.as_ref().map_or(gpu.dummy(), |s| s.table);
+    rec.dispatch(&pipe, &p, &[x.buf, &buf, table], grid);
+    Some((buf, kpad))
+}
+
 /// The sparse attention's products on the GEMM tile ([`MlaGemm`]).
 const MLA_ENTRIES: [&str; 2] = ["mla_logits", "mla_values"];
 
@@ -608,19 +745,38 @@ const MLA_ENTRIES: [&str; 2] = ["mla_logits", "mla_values"];
 /// cache rows of the logits, the probabilities and the cache rows of the values, rounded to
 /// nearest, whatever the cache's format (the `X_F16` define 2; `TN` then 128). Where it is
 /// off, f32 caches take hi and lo halves of both (three products where one does) on
-/// 64-column tiles, bf16 caches those of the queries and probabilities. On by default where
-/// the recording is not `exact` ([`Recorder::exact_gemms`]: a prompt's prefill without
-/// `--exact-gemms`), as transformers runs its bf16 attention; decode steps, verifications
-/// and the goldens keep the exact products. `SPARSA_COOP_MLA_F16=0|1` (a measurement aid)
-/// sets it, `exact` or not.
+/// 64-column tiles, bf16 caches those of the queries and probabilities.
+/// `SPARSA_COOP_MLA_F16=1` turns it on where the recording is not `exact`
+/// ([`Recorder::exact_gemms`]: a prompt's prefill without `--exact-gemms`), as transformers
+/// runs its bf16 attention; decode steps, verifications and the goldens keep the exact
+/// products. Off by default: written 2026-12-07 (seventh session) when no device was lent,
+/// so neither its speed nor its answers on tensor cores are measured yet
+/// (`benches/results/2026-12-07g/run2.sh` does both).
 fn coop_mla_f16(entry: &str, exact: bool) -> bool {
-    if !MLA_ENTRIES.contains(&entry) {
+    if !MLA_ENTRIES.contains(&entry) || exact {
         return false;
     }
-    match knob!("SPARSA_COOP_MLA_F16", |v| v <= 1) {
-        Some(v) => v == 1,
-        None => !exact,
+    #[cfg(test)]
+    if let Some(on) = MLA_F16.with(|c| c.get()) {
+        return on;
     }
+    knob!("SPARSA_COOP_MLA_F16", |v| v <= 1) == Some(1)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// What `SPARSA_COOP_MLA_F16` answers on this thread ([`coop_mla_f16`]).
+    static MLA_F16: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the attention's f16 products ([`coop_mla_f16`]) on or off on this thread,
+/// whatever `SPARSA_COOP_MLA_F16` says (tests run them on tensor cores).
+#[cfg(test)]
+pub(crate) fn with_mla_f16<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    let was = MLA_F16.with(|c| c.replace(Some(on)));
+    let r = f();
+    MLA_F16.with(|c| c.set(was));
+    r
 }
 
 /// Whether `gpu`'s attention products, recorded as a prefill, take their operands as one
@@ -757,24 +913,49 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         "gemm_experts" => &["gemv_coop_experts_rows"],
         _ => &[],
     };
-    // Exact GEMMs and not (x as one f16 value for q4: the 128-row tile), where they differ.
-    let mut out: Vec<ShaderVariant> = vec![];
+    // Exact GEMMs and not (x as one f16 value for q4: the 128-row tile), where they differ;
+    // and, not exact, the operands the measurement aids take (SPARSA_COOP_MLA_F16,
+    // SPARSA_COOP_A_GLOBAL) where the entry has them.
+    let gather = coop_gather(v.entry);
+    let plain = CoopOperands {
+        gather,
+        ..CoopOperands::default()
+    };
+    let mla_f16 = MLA_ENTRIES.contains(&v.entry).then_some(CoopOperands {
+        mla_f16: true,
+        ..plain
+    });
+    let xa = (["gemm", "gemm_experts"].contains(&v.entry)
+        && coop_x_f16(w_dtype, v.entry, false)
+        && coop_tile_cols(w_dtype, false) == 128)
+        .then_some(CoopOperands { xa: true, ..plain });
+    let mut ways: Vec<(&'static str, bool, bool, CoopOperands)> = vec![];
     for entry in std::iter::once(v.entry).chain(rows_entries.iter().copied()) {
+        let ops = CoopOperands {
+            gather: coop_gather(entry),
+            ..CoopOperands::default()
+        };
         for (x4, exact) in [(true, false), (false, false), (true, true), (false, true)] {
-            let variant = ShaderVariant {
-                shader: shader_of(entry, true, x4).code(),
-                entry,
-                defines: v.defines.clone()
-                    + &crate::gpu::define_lines(&coop_only_defines(
-                        w_dtype,
-                        entry,
-                        coop_gather(entry),
-                        exact,
-                    )),
-            };
-            if !out.contains(&variant) {
-                out.push(variant);
-            }
+            ways.push((entry, x4, exact, ops));
+        }
+    }
+    for ops in mla_f16.into_iter().chain(xa) {
+        ways.extend([(v.entry, true, false, ops), (v.entry, false, false, ops)]);
+    }
+    let mut out: Vec<ShaderVariant> = vec![];
+    for (entry, x4, exact, ops) in ways {
+        let shader = match ops.xa {
+            true => &MATMUL_COOP_XH,
+            false => shader_of(entry, true, x4),
+        };
+        let variant = ShaderVariant {
+            shader: shader.code(),
+            entry,
+            defines: v.defines.clone()
+                + &crate::gpu::define_lines(&coop_only_defines(w_dtype, entry, ops, exact)),
+        };
+        if !out.contains(&variant) {
+            out.push(variant);
         }
     }
     out
@@ -1306,13 +1487,34 @@ fn matmul_as(
         }
         Dense::Gemm(64) => {
             let x4 = x_in_quads(x, x.stride, w.cols as u32);
-            pipeline(rec, "gemm", w, Knobs { x4, ..KNOBS })
+            let xa = coop_a_global(rec, w.format.code(), "gemm");
+            pipeline(rec, "gemm", w, Knobs { x4, xa, ..KNOBS })
         }
         Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
         Dense::CoopRows => {
             let x4 = x_in_quads(x, x.stride, w.cols as u32);
             pipeline(rec, "gemv_coop_rows", w, Knobs { x4, ..KNOBS })
         }
+    };
+    // The tile that loads x's A fragments from memory reads an f16 copy of x.
+    let a_global = kind == Dense::Gemm(64) && coop_a_global(rec, w.format.code(), "gemm");
+    let tm = tile_rows(rec, w.format, "gemm");
+    let x16 = match a_global {
+        true => match x_to_f16(
+            rec,
+            x,
+            (rows, rows.next_multiple_of(tm)),
+            w.cols as u32,
+            None,
+        ) {
+            Some(c) => Some(c),
+            None => {
+                rec.gpu()
+                    .report_error("matmul: no scratch buffer for x as f16".into());
+                return;
+            }
+        },
+        false => None,
     };
     for c in &w.chunks {
         if c.rows == 0 {
@@ -1365,6 +1567,15 @@ fn matmul_as(
         }
         let grid = rec.gpu().grid(groups);
         let xb = xq.map_or(x.buf, |q| q.buf);
+        if let Some((x16, stride)) = &x16 {
+            let p = Params {
+                x_off: 0,
+                x_stride: *stride,
+                ..p
+            };
+            rec.dispatch(&pipe, &p, &[x16, &c.buf, y.buf, scale], grid);
+            continue;
+        }
         rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale], grid);
     }
 }
@@ -1961,6 +2172,35 @@ fn experts_as(
             )
         })
         .flatten();
+    // Over row tiles, the tile may load x's A fragments from an f16 copy in the tiles' order.
+    let xa = tiles.is_some() && coop_a_global(rec, w.format.code(), "gemm_experts");
+    let pipe = match xa {
+        true => {
+            let x4 = x_in_quads(x, x_row, w.cols as u32);
+            pipeline(rec, "gemm_experts", w, Knobs { x4, xa, ..KNOBS })
+        }
+        false => pipe,
+    };
+    let x16 = match (xa, &tiles) {
+        (true, Some(t)) => {
+            let tm = tile_rows(rec, w.format, "gemm_experts");
+            let order = SlotOrder {
+                table: &t.table,
+                list: t.list,
+                topk,
+                x_per_slot,
+                x_row,
+            };
+            let copy = x_to_f16(rec, x, (slots, slots + tm), w.cols as u32, Some(order));
+            if copy.is_none() {
+                rec.gpu()
+                    .report_error("matmul_experts: no scratch buffer for x as f16".into());
+                return;
+            }
+            copy
+        }
+        _ => None,
+    };
     let mut rows_left = (slots as u64 * rpe as u64).min(n_experts as u64 * rpe as u64);
     let mut counted = false;
     for c in &w.chunks {
@@ -2027,6 +2267,16 @@ fn experts_as(
         rec.cost(read_rows * w.row_bytes() + xy_bytes, flops, w.format.name());
         let xb = xq.map_or(x.buf, |q| q.buf);
         let ids = tiles.as_ref().map_or(experts, |t| &t.table);
+        if let Some((x16, stride)) = &x16 {
+            let p = Params {
+                x_off: 0,
+                x_stride: *stride,
+                x_copy: 1,
+                ..p
+            };
+            rec.dispatch(&pipe, &p, &[x16, &c.buf, y.buf, scale, ids], grid);
+            continue;
+        }
         rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale, ids], grid);
     }
 }
@@ -3222,7 +3472,11 @@ mod tests {
                     std::iter::once((e, g, x, 64)).chain(hk32)
                 })
             {
-                let mut defines = coop_defines_with(f, KNOBS, entry, gather, true);
+                let ops = CoopOperands {
+                    gather,
+                    ..CoopOperands::default()
+                };
+                let mut defines = coop_defines_with(f, KNOBS, entry, ops, true);
                 let gemm = GEMM_ENTRIES.contains(&entry);
                 let mla = MLA_ENTRIES.contains(&entry);
                 let tm = coop_tile_rows(f.code(), entry, x_f16 && gemm);
@@ -3268,6 +3522,36 @@ mod tests {
                     &[0, 1, 2, 3, 4, 5]
                 };
                 assert_eq!(bindings, want, "{entry} {f:?}");
+            }
+            // The dense and routed GEMMs loading x's A fragments from memory (X_F16 = 3,
+            // SPARSA_COOP_A_GLOBAL) where the weights are staged as one f16 value: only
+            // they are staged, in two stages of 18 KB.
+            let a_global =
+                shader.name == MATMUL_COOP.name && coop_tile_cols(f.code(), false) == 128;
+            for entry in ["gemm", "gemm_experts"].into_iter().filter(|_| a_global) {
+                let xa = CoopOperands {
+                    xa: true,
+                    ..CoopOperands::default()
+                };
+                let mut defines = coop_defines_with(f, KNOBS, entry, xa, true);
+                for (name, value) in defines.iter_mut() {
+                    if *name == "TM" {
+                        *value = u(128u32);
+                    }
+                }
+                let src = crate::gpu::shader_source(
+                    "",
+                    <Params as crate::gpu::KernelParams>::WGSL,
+                    &crate::gpu::define_lines(&defines),
+                    MATMUL_COOP_XH.source,
+                );
+                let c = crate::gpu::spirv::compile(&src, entry)
+                    .unwrap_or_else(|e| panic!("{} {entry} {f:?} A from memory: {e}", shader.name));
+                assert!(
+                    (36 * 1024..=crate::gpu::COOP_WORKGROUP_BYTES).contains(&c.workgroup_bytes),
+                    "{entry} {f:?} A from memory: {} bytes of workgroup memory",
+                    c.workgroup_bytes
+                );
             }
         }
     }
