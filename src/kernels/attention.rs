@@ -1602,8 +1602,9 @@ mod tests {
     fn sparse_mla_in_a_prefill_holds_f16_operands_to_their_bound() {
         // Recorded as a prompt's prefill with the attention's f16 products on
         // (SPARSA_COOP_MLA_F16=1): on tensor cores they take their operands as one f16 value
-        // each (coop_mla_f16), f32 caches on 128-column tiles; elsewhere exact. GLM-5's row (512 + 64), 70 heads (a second tile of 6 live rows),
-        // counts past one 128-position tile, inside one, and one; both tile cache formats.
+        // each (coop_mla_f16), f32 caches on 128-column tiles; elsewhere exact. GLM-5's row
+        // (512 + 64), 70 heads (a second tile of 6 live rows), counts past one 128-position
+        // tile, inside one, and one; both tile cache formats.
         let mut rng = Rng::new(39);
         let d = Dims {
             heads: 70,

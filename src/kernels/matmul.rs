@@ -3447,6 +3447,15 @@ mod tests {
     /// tensor cores (the H200 run in BENCHMARKS.md), so this keeps it compiling everywhere.
     #[test]
     fn tensor_core_gemms_compile_for_every_format() {
+        let compile = |defines: &[(&'static str, String)], source: &str, entry: &str| {
+            let src = crate::gpu::shader_source(
+                "",
+                <Params as crate::gpu::KernelParams>::WGSL,
+                &crate::gpu::define_lines(defines),
+                source,
+            );
+            crate::gpu::spirv::compile(&src, entry)
+        };
         let formats = [DType::F32, DType::BF16, DType::F16]
             .map(WFormat::from)
             .into_iter()
@@ -3492,13 +3501,7 @@ mod tests {
                         _ => {}
                     }
                 }
-                let src = crate::gpu::shader_source(
-                    "",
-                    <Params as crate::gpu::KernelParams>::WGSL,
-                    &crate::gpu::define_lines(&defines),
-                    shader.source,
-                );
-                let c = crate::gpu::spirv::compile(&src, entry)
+                let c = compile(&defines, shader.source, entry)
                     .unwrap_or_else(|e| panic!("{} {entry} {f:?} x_f16 {x_f16}: {e}", shader.name));
                 assert!(c.words.len() > 1000, "{entry} {f:?}");
                 // Devices run this tile only where it fits their workgroup memory.
@@ -3539,13 +3542,7 @@ mod tests {
                         *value = u(128u32);
                     }
                 }
-                let src = crate::gpu::shader_source(
-                    "",
-                    <Params as crate::gpu::KernelParams>::WGSL,
-                    &crate::gpu::define_lines(&defines),
-                    MATMUL_COOP_XH.source,
-                );
-                let c = crate::gpu::spirv::compile(&src, entry)
+                let c = compile(&defines, MATMUL_COOP_XH.source, entry)
                     .unwrap_or_else(|e| panic!("{} {entry} {f:?} A from memory: {e}", shader.name));
                 assert!(
                     (36 * 1024..=crate::gpu::COOP_WORKGROUP_BYTES).contains(&c.workgroup_bytes),
