@@ -2550,6 +2550,76 @@ mod tests {
     }
 
     #[test]
+    fn x_to_f16_copies_rows_and_routed_slots() {
+        // The f16 copy of x that the tile with A fragments from memory reads
+        // (SPARSA_COOP_A_GLOBAL; the copy runs on any adapter): rows of x (an offset, rows
+        // wider than K), and the rows of routed slots in a table's order (a row per token,
+        // and a row per slot); K padded to a whole K-step and rows past the last, zeros.
+        let g = gpu();
+        let mut rng = Rng::new(61);
+        let (k, stride, off, tokens, topk) = (70u32, 75u32, 3u32, 5u32, 3u32);
+        let x = rng.vec((off + tokens * topk * stride) as usize, 4.0);
+        let xb = g.buffer_from(&x, "x").unwrap();
+        let list = 4u32;
+        let order = [7u32, 0, 14, 3, 8, 12, 1];
+        let table: Vec<u32> = [9; 4].into_iter().chain(order).collect();
+        let tb = g.buffer_from(&table, "table").unwrap();
+        for (case, per_slot) in [(None, false), (Some(false), false), (Some(true), true)] {
+            let rows = match case {
+                None => tokens,
+                Some(_) => order.len() as u32,
+            };
+            let slots = case.map(|_| SlotOrder {
+                table: &tb,
+                list,
+                topk,
+                x_per_slot: per_slot,
+                x_row: 0,
+            });
+            let mut rec = g.recorder();
+            let (buf, kpad) = x_to_f16(
+                &mut rec,
+                View::new(&xb, off, stride),
+                (rows, rows + 5),
+                k,
+                slots,
+            )
+            .unwrap();
+            rec.finish().unwrap();
+            assert_eq!(kpad, 128);
+            let got = g
+                .read_u32(&buf, 0, ((rows + 5) * kpad / 2) as usize)
+                .unwrap();
+            // Row r's first element in x (slot_x.wgsl's formula).
+            let src = |r: u32| match case {
+                None => off + r * stride,
+                Some(_) => {
+                    let s = order[r as usize];
+                    let (t, j) = (s / topk, s % topk);
+                    match per_slot {
+                        false => off + t * stride,
+                        true => off + t * topk * stride + j * stride,
+                    }
+                }
+            };
+            for (i, &w) in got.iter().enumerate() {
+                let (r, c) = (i as u32 / (kpad / 2), 2 * (i as u32 % (kpad / 2)));
+                for (half, c) in [(w & 0xffff, c), (w >> 16, c + 1)] {
+                    let want = match r < rows && c < k {
+                        true => half::f16::from_f32(x[(src(r) + c) as usize]).to_bits() as u32,
+                        false => 0,
+                    };
+                    // Rounded to nearest; a GPU may round the other way (one f16 step).
+                    assert!(
+                        half.abs_diff(want) <= 1,
+                        "x_to_f16 {case:?} row {r} column {c}: {half:#x}, want {want:#x}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn gemv_all_dtypes_odd_sizes() {
         for (i, dtype) in DTYPES.into_iter().enumerate() {
             for rows in [1, 3, GEMV_MAX_ROWS as usize] {
