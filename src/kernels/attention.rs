@@ -1603,19 +1603,19 @@ mod tests {
         // Recorded as a prompt's prefill with the attention's f16 products on
         // (SPARSA_COOP_MLA_F16=1): on tensor cores they take their operands as one f16 value
         // each (coop_mla_f16), f32 caches on 128-column tiles; elsewhere exact. GLM-5's row
-        // (512 + 64), 70 heads (a second tile of 6 live rows), counts past one 128-position
+        // (512 + 64), 66 heads (a second tile of 2 live rows), counts past one 128-position
         // tile, inside one, and one; both tile cache formats.
         let mut rng = Rng::new(39);
         let d = Dims {
-            heads: 70,
+            heads: 66,
             dn: 4,
             dr: 64,
             dv: 4,
             kv: 512,
         };
-        let (rows, n_keys, topk) = (3, 400, 300);
+        let (rows, n_keys, topk) = (3, 300, 160);
         for format in [LatentFormat::F32, LatentFormat::Bf16] {
-            let sel: Vec<Vec<u32>> = [300usize, 131, 1]
+            let sel: Vec<Vec<u32>> = [160usize, 100, 1]
                 .iter()
                 .map(|&c| random_selection(&mut rng, n_keys, c))
                 .collect();
