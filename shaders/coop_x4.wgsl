@@ -8,7 +8,8 @@ fn xquad(row: u32, k: u32) -> vec4<f32> {
     return x4[(row + k) / 4u];
 }
 
-// A_GLOBAL's A fragments (matmul_coop.wgsl) come from coop_xh.wgsl's module only.
+// A_GLOBAL's A fragments (matmul_coop.wgsl) come from coop_xh.wgsl's module only: here a
+// value the tile never uses (it starts its queue with it), without a load.
 fn a_frag(row: u32, i: u32) -> coop_mat16x16<f16, A> {
     var a: coop_mat16x16<f16, A>;
     return a;

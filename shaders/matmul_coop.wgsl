@@ -410,17 +410,8 @@ fn merge(a: Acc16, v: Acc16, part: u32) -> Acc16 {
 }
 
 // `a_frag(row, i)`, A_GLOBAL's A fragment of the 16 x rows from f16 offset `row` and
-// K-columns 16 i .., comes from coop_xh.wgsl (coop_x4.wgsl and coop_x1.wgsl: never called).
-
-// The first A fragment of a subgroup's rows at `row` (A_GLOBAL), else a value never used
-// (no load).
-fn a_first(row: u32, i: u32) -> coop_mat16x16<f16, A> {
-    var a: coop_mat16x16<f16, A>;
-    if (A_GLOBAL) {
-        a = a_frag(row, i);
-    }
-    return a;
-}
+// K-columns 16 i .., comes from coop_xh.wgsl (coop_x4.wgsl and coop_x1.wgsl: a value never
+// used, without a load).
 
 fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<Acc16, TM / 64u * (TN / 64u)> {
     let sg = lid / 32u;
@@ -460,14 +451,14 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
     let nfrag = (kend + HK - 1u) / HK * (HK / 16u);
     let ra = x_rows[mr];
     let rb = x_rows[min(mr + 16u, TM - 1u)];
-    var qa0 = a_first(ra, 0u);
-    var qa1 = a_first(ra, 1u);
-    var qa2 = a_first(ra, 2u);
-    var qa3 = a_first(ra, 3u);
-    var qb0 = a_first(rb, 0u);
-    var qb1 = a_first(rb, 1u);
-    var qb2 = a_first(rb, 2u);
-    var qb3 = a_first(rb, 3u);
+    var qa0 = a_frag(ra, 0u);
+    var qa1 = a_frag(ra, 1u);
+    var qa2 = a_frag(ra, 2u);
+    var qa3 = a_frag(ra, 3u);
+    var qb0 = a_frag(rb, 0u);
+    var qb1 = a_frag(rb, 1u);
+    var qb2 = a_frag(rb, 2u);
+    var qb3 = a_frag(rb, 3u);
     workgroupBarrier();
     var cur = 0u;
     for (var k0 = 0u; k0 < kend; k0 += HK) {

@@ -703,7 +703,8 @@ struct SlotOrder<'a> {
 /// Records the copy of `rows.0` rows of x (`k` elements each; with `slots`, the rows of
 /// the slots in the table's order) as f16 rows of `k` rounded up to the tile's K-step,
 /// `rows.1` of them, zeros past both (shaders/x_to_f16.wgsl), into the scratch buffer
-/// "x f16"; returns it and its row stride, or None where it cannot be had.
+/// "x f16"; returns it and its row stride (in f16 elements), or None where it cannot be had
+/// (x is then staged as usual).
 fn x_to_f16(
     rec: &mut Recorder,
     x: View,
@@ -717,6 +718,10 @@ fn x_to_f16(
         .scratch("x f16", 2 * rows_pad as u64 * kpad as u64)
         .ok()?;
     let pipe = gpu.pipeline_n(&X_TO_F16, "x_to_f16", &[], &[]);
+    let (table, list, topk, x_per_slot, x_row) = match slots {
+        Some(s) => (s.table, s.list, s.topk, s.x_per_slot, s.x_row),
+        None => (gpu.dummy(), 0, 1, false, 0),
+    };
     let p = HalfParams {
         rows,
         rows_pad,
@@ -724,15 +729,14 @@ fn x_to_f16(
         kpad,
         x_off: x.offset,
         x_stride: x.stride,
-        list: slots.as_ref().map_or(0, |s| s.list),
-        topk: slots.as_ref().map_or(1, |s| s.topk),
-        x_per_slot: slots.as_ref().is_some_and(|s| s.x_per_slot) as u32,
-        x_row: slots.as_ref().map_or(0, |s| s.x_row),
+        list,
+        topk,
+        x_per_slot: x_per_slot as u32,
+        x_row,
     };
     let pairs = rows_pad as u64 * kpad as u64 / 2;
     rec.cost(4 * rows as u64 * k as u64 + 2 * pairs * 2, 0, "");
     let grid = gpu.grid(pairs.div_ceil(256) as u32);
-    let table = slots.as_ref().map_or(gpu.dummy(), |s| s.table);
     rec.dispatch(&pipe, &p, &[x.buf, &buf, table], grid);
     Some((buf, kpad))
 }
@@ -751,7 +755,7 @@ const MLA_ENTRIES: [&str; 2] = ["mla_logits", "mla_values"];
 /// runs its bf16 attention; decode steps, verifications and the goldens keep the exact
 /// products. Off by default: written 2026-12-07 (seventh session) when no device was lent,
 /// so neither its speed nor its answers on tensor cores are measured yet
-/// (`benches/results/2026-12-07g/run2.sh` does both).
+/// (`benches/results/2026-12-07g/run1.sh` does both).
 fn coop_mla_f16(entry: &str, exact: bool) -> bool {
     if !MLA_ENTRIES.contains(&entry) || exact {
         return false;
@@ -1433,6 +1437,23 @@ fn matmul_as(
     if rows == 0 || w.rows == 0 {
         return;
     }
+    // The tile that loads x's A fragments from memory reads an f16 copy of x instead (where
+    // its scratch buffer can be had; else x is staged as usual).
+    let x16 = (kind == Dense::Gemm(64) && coop_a_global(rec, w.format.code(), "gemm"))
+        .then(|| {
+            let tm = tile_rows(rec, w.format, "gemm");
+            x_to_f16(
+                rec,
+                x,
+                (rows, rows.next_multiple_of(tm)),
+                w.cols as u32,
+                None,
+            )
+        })
+        .flatten();
+    let x = x16
+        .as_ref()
+        .map_or(x, |(b, stride)| View::new(b, 0, *stride));
     let pipe = match kind {
         Dense::Gemv => pipeline(rec, "gemv", w, Knobs { t: rows, ..KNOBS }),
         Dense::GemvCpu1 => pipeline(rec, "gemv_cpu1", w, Knobs { t: rows, ..KNOBS }),
@@ -1487,7 +1508,7 @@ fn matmul_as(
         }
         Dense::Gemm(64) => {
             let x4 = x_in_quads(x, x.stride, w.cols as u32);
-            let xa = coop_a_global(rec, w.format.code(), "gemm");
+            let xa = x16.is_some();
             pipeline(rec, "gemm", w, Knobs { x4, xa, ..KNOBS })
         }
         Dense::Gemm(_) => pipeline(rec, "gemm128", w, KNOBS),
@@ -1495,26 +1516,6 @@ fn matmul_as(
             let x4 = x_in_quads(x, x.stride, w.cols as u32);
             pipeline(rec, "gemv_coop_rows", w, Knobs { x4, ..KNOBS })
         }
-    };
-    // The tile that loads x's A fragments from memory reads an f16 copy of x.
-    let a_global = kind == Dense::Gemm(64) && coop_a_global(rec, w.format.code(), "gemm");
-    let tm = tile_rows(rec, w.format, "gemm");
-    let x16 = match a_global {
-        true => match x_to_f16(
-            rec,
-            x,
-            (rows, rows.next_multiple_of(tm)),
-            w.cols as u32,
-            None,
-        ) {
-            Some(c) => Some(c),
-            None => {
-                rec.gpu()
-                    .report_error("matmul: no scratch buffer for x as f16".into());
-                return;
-            }
-        },
-        false => None,
     };
     for c in &w.chunks {
         if c.rows == 0 {
@@ -1567,15 +1568,6 @@ fn matmul_as(
         }
         let grid = rec.gpu().grid(groups);
         let xb = xq.map_or(x.buf, |q| q.buf);
-        if let Some((x16, stride)) = &x16 {
-            let p = Params {
-                x_off: 0,
-                x_stride: *stride,
-                ..p
-            };
-            rec.dispatch(&pipe, &p, &[x16, &c.buf, y.buf, scale], grid);
-            continue;
-        }
         rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale], grid);
     }
 }
@@ -2114,6 +2106,38 @@ fn experts_as(
     } else {
         (tpr4, rr)
     };
+    // The GEMM's row tiles cut beforehand (expert_tiles), for MoE experts: the GEMM runs
+    // exactly where no GEMV does (every kernel below but gemm_experts is one of `gemv`'s).
+    let tiles = (!gemv && !direct && expert_tiles_on(n_experts))
+        .then(|| {
+            expert_tiles(
+                rec,
+                experts,
+                slots,
+                n_experts,
+                tile_rows(rec, w.format, "gemm_experts"),
+            )
+        })
+        .flatten();
+    // Over row tiles, the tile may load x's A fragments from an f16 copy of x in the tiles'
+    // order instead (where its scratch buffer can be had; else x is staged as usual).
+    let x16 = tiles
+        .as_ref()
+        .filter(|_| coop_a_global(rec, w.format.code(), "gemm_experts"))
+        .and_then(|t| {
+            let tm = tile_rows(rec, w.format, "gemm_experts");
+            let order = SlotOrder {
+                table: &t.table,
+                list: t.list,
+                topk,
+                x_per_slot,
+                x_row,
+            };
+            x_to_f16(rec, x, (slots, slots + tm), w.cols as u32, Some(order))
+        });
+    let x = x16
+        .as_ref()
+        .map_or(x, |(b, stride)| View::new(b, 0, *stride));
     let pipe = if cpu_gemv {
         pipeline(rec, "gemv_cpu_experts", w, Knobs { tpr4, rr, ..KNOBS })
     } else if coop {
@@ -2157,49 +2181,8 @@ fn experts_as(
     } else {
         // Per-slot rows are x_row apart (the token rows) and x.stride apart (the slots).
         let x4 = x_in_quads(x, x_row, w.cols as u32);
-        pipeline(rec, "gemm_experts", w, Knobs { x4, ..KNOBS })
-    };
-    // The GEMM's row tiles cut beforehand (expert_tiles), for MoE experts: the GEMM runs
-    // exactly where no GEMV does (every other kernel above is one of `gemv`'s).
-    let tiles = (!gemv && !direct && expert_tiles_on(n_experts))
-        .then(|| {
-            expert_tiles(
-                rec,
-                experts,
-                slots,
-                n_experts,
-                tile_rows(rec, w.format, "gemm_experts"),
-            )
-        })
-        .flatten();
-    // Over row tiles, the tile may load x's A fragments from an f16 copy in the tiles' order.
-    let xa = tiles.is_some() && coop_a_global(rec, w.format.code(), "gemm_experts");
-    let pipe = match xa {
-        true => {
-            let x4 = x_in_quads(x, x_row, w.cols as u32);
-            pipeline(rec, "gemm_experts", w, Knobs { x4, xa, ..KNOBS })
-        }
-        false => pipe,
-    };
-    let x16 = match (xa, &tiles) {
-        (true, Some(t)) => {
-            let tm = tile_rows(rec, w.format, "gemm_experts");
-            let order = SlotOrder {
-                table: &t.table,
-                list: t.list,
-                topk,
-                x_per_slot,
-                x_row,
-            };
-            let copy = x_to_f16(rec, x, (slots, slots + tm), w.cols as u32, Some(order));
-            if copy.is_none() {
-                rec.gpu()
-                    .report_error("matmul_experts: no scratch buffer for x as f16".into());
-                return;
-            }
-            copy
-        }
-        _ => None,
+        let xa = x16.is_some();
+        pipeline(rec, "gemm_experts", w, Knobs { x4, xa, ..KNOBS })
     };
     let mut rows_left = (slots as u64 * rpe as u64).min(n_experts as u64 * rpe as u64);
     let mut counted = false;
@@ -2232,6 +2215,7 @@ fn experts_as(
             e_direct: direct as u32,
             x_row,
             e_list: tiles.as_ref().map_or(0, |t| t.list),
+            x_copy: x16.is_some() as u32,
             ..Params::default()
         };
         let groups = if let Some(t) = &tiles {
@@ -2267,16 +2251,6 @@ fn experts_as(
         rec.cost(read_rows * w.row_bytes() + xy_bytes, flops, w.format.name());
         let xb = xq.map_or(x.buf, |q| q.buf);
         let ids = tiles.as_ref().map_or(experts, |t| &t.table);
-        if let Some((x16, stride)) = &x16 {
-            let p = Params {
-                x_off: 0,
-                x_stride: *stride,
-                x_copy: 1,
-                ..p
-            };
-            rec.dispatch(&pipe, &p, &[x16, &c.buf, y.buf, scale, ids], grid);
-            continue;
-        }
         rec.dispatch(&pipe, &p, &[xb, &c.buf, y.buf, scale, ids], grid);
     }
 }
