@@ -889,35 +889,47 @@ mod tests {
         let mut out = vec![0f32; rows * d.heads * d.kv];
         for t in 0..rows {
             for h in 0..d.heads {
-                let qa = &qa[(t * d.heads + h) * d.kv..(t * d.heads + h + 1) * d.kv];
-                let qp = &q[t * d.heads * (d.dn + d.dr) + h * (d.dn + d.dr) + d.dn..][..d.dr];
-                let logits: Vec<f64> = sel[t]
-                    .iter()
-                    .map(|&s| {
-                        let row = &cache[s as usize * w..(s as usize + 1) * w];
-                        let mut x = 0f64;
-                        for c in 0..d.kv {
-                            x += qa[c] as f64 * row[c] as f64;
-                        }
-                        for i in 0..d.dr {
-                            x += qp[i] as f64 * row[d.kv + i] as f64;
-                        }
-                        x * scale as f64
-                    })
-                    .collect();
-                let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = logits.iter().map(|x| (x - m).exp()).collect();
-                let z: f64 = e.iter().sum();
+                let (_, p) = query_probs(qa, q, cache, &sel[t], (t, h), d, scale);
                 for c in 0..d.kv {
                     let mut o = 0f64;
                     for (j, &s) in sel[t].iter().enumerate() {
-                        o += e[j] / z * cache[s as usize * w + c] as f64;
+                        o += p[j] * cache[s as usize * w + c] as f64;
                     }
                     out[(t * d.heads + h) * d.kv + c] = o as f32;
                 }
             }
         }
         out
+    }
+
+    /// Query row `t`'s head `h` as the reference multiplies it with the cache rows (its
+    /// absorbed part, then its rotated part), and its probabilities over the positions
+    /// `sel` (in f64).
+    fn query_probs(
+        qa: &[f32],
+        q: &[f32],
+        cache: &[f32],
+        sel: &[u32],
+        (t, h): (usize, usize),
+        d: &Dims,
+        scale: f32,
+    ) -> (Vec<f32>, Vec<f64>) {
+        let w = d.kv + d.dr;
+        let qa = &qa[(t * d.heads + h) * d.kv..][..d.kv];
+        let qp = &q[t * d.heads * (d.dn + d.dr) + h * (d.dn + d.dr) + d.dn..][..d.dr];
+        let qw: Vec<f32> = qa.iter().chain(qp).copied().collect();
+        let logits: Vec<f64> = sel
+            .iter()
+            .map(|&s| {
+                let row = &cache[s as usize * w..][..w];
+                let x: f64 = qw.iter().zip(row).map(|(a, b)| *a as f64 * *b as f64).sum();
+                x * scale as f64
+            })
+            .collect();
+        let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = logits.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        (qw, e.iter().map(|e| e / z).collect())
     }
 
     /// How far the attention's products with their operands rounded to f16 (each to within
@@ -939,30 +951,19 @@ mod tests {
         let mut out = vec![0f32; rows * d.heads * d.kv];
         for t in 0..rows {
             for h in 0..d.heads {
-                let qa = &qa[(t * d.heads + h) * d.kv..][..d.kv];
-                let qp = &q[t * d.heads * (d.dn + d.dr) + h * (d.dn + d.dr) + d.dn..][..d.dr];
-                let qw: Vec<f32> = qa.iter().chain(qp).copied().collect();
+                let (qw, p) = query_probs(qa, q, cache, &sel[t], (t, h), d, scale);
                 let row = |s: u32| &cache[s as usize * w..][..w];
-                let (mut most, mut logits) = (0f64, Vec::new());
-                for &s in &sel[t] {
-                    most = most.max(abs_dot(&qw, row(s)) as f64);
-                    let l: f64 = qw
-                        .iter()
-                        .zip(row(s))
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum();
-                    logits.push(l * scale as f64);
-                }
+                let most = sel[t]
+                    .iter()
+                    .map(|&s| abs_dot(&qw, row(s)) as f64)
+                    .fold(0.0, f64::max);
                 let delta = scale as f64 * 2.0 * u * most;
-                let m = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let e: Vec<f64> = logits.iter().map(|x| (x - m).exp()).collect();
-                let z: f64 = e.iter().sum();
                 let grow = (2.0 * delta).exp() * (1.0 + u).powi(2) - 1.0;
                 for c in 0..d.kv {
                     let a: f64 = sel[t]
                         .iter()
-                        .zip(&e)
-                        .map(|(&s, e)| e / z * row(s)[c].abs() as f64)
+                        .zip(&p)
+                        .map(|(&s, p)| p * row(s)[c].abs() as f64)
                         .sum();
                     out[(t * d.heads + h) * d.kv + c] = (a * grow * 1.01) as f32;
                 }
