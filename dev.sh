@@ -98,22 +98,24 @@ ensure_openai() {
     export SPARSA_OPENAI_PYTHON="$py"
 }
 
-# Clippy's lints (warnings as errors) inside the build itself: clippy-driver compiles the
-# workspace's crates as rustc would, linting them on the way (what `cargo clippy` does, but
-# with code generated), so the dependencies are compiled once instead of also checked for a
-# separate `cargo clippy` (4.4 minutes clean on a 2-core machine; CI took ~32). Every cargo command
-# after it must see the same two variables, or cargo builds the workspace's crates again.
-clippy_in_build() {
+# Builds every target with clippy's lints (warnings as errors) inside the build itself:
+# clippy-driver compiles the workspace's crates as rustc would, linting them on the way (what
+# `cargo clippy` does, but with code generated), so the dependencies are compiled once instead
+# of also checked for a separate `cargo clippy` (4.4 minutes clean on a 2-core machine; CI
+# took ~32). Every cargo command after it must see the same two variables, or cargo builds
+# the workspace's crates again.
+build_linted() {
     local driver
     driver="$(command -v clippy-driver || rustup which clippy-driver 2>/dev/null || true)"
     if [ -z "$driver" ]; then
-        # Lint as before: a check of its own (the build below then compiles as plain rustc).
+        # Lint as before: a check of its own (the build then compiles as plain rustc).
         echo "dev.sh: clippy-driver not found; running cargo clippy on its own" >&2
         cargo clippy --all-targets --quiet -- -D warnings
-        return
+    else
+        export RUSTC_WORKSPACE_WRAPPER="$driver"
+        export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
     fi
-    export RUSTC_WORKSPACE_WRAPPER="$driver"
-    export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+    cargo build --all-targets --quiet
 }
 
 # `phase NAME`: prints how long the previous phase took (stderr), so a CI log shows where
@@ -148,8 +150,7 @@ test)
         ensure_vulkan; ensure_rust
         case "$*" in *serve*) ensure_openai ;; esac
         # Linted as the whole suite builds, so that both share the build.
-        clippy_in_build
-        cargo build --all-targets --quiet
+        build_linted
         exec cargo test -- --test-threads="${SPARSA_TEST_THREADS:-2}" "$@"
     fi
     # The whole suite: every apt package it needs in one transaction, the lints (formatting
@@ -163,8 +164,7 @@ test)
     phase "installing the openai client"
     ensure_openai
     phase "building the tests, with clippy's lints"
-    clippy_in_build
-    cargo build --all-targets --quiet
+    build_linted
     # The native tests keep about 1.3 of 2 cores busy (lavapipe's shader compiles and the
     # tests' host work come one at a time), so the browser test's page builds beside them:
     # wasm-bindgen-cli and the wasm32 build, 3 and 6 minutes on 2 cores of their own.
