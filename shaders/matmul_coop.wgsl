@@ -53,7 +53,13 @@ enable wgpu_cooperative_matrix;
 const HP: u32 = HK / 2u + 4u;           // row stride of the staged tiles in f16 pairs
 const XL: u32 = HK / 4u;                // invocations that stage one x row (a quad each)
 const XI: u32 = TM * HK / 1024u;        // x quads an invocation stages a K-step
-const NB: u32 = TN / 32u;               // B fragments (and accumulators) a subgroup
+// WIDE (TN = 256, kernels/matmul.rs `coop_wide`): 128 × 256 tiles whose subgroups each own
+// 64 × 64 outputs (rows 64 (s % 2) .., columns 64 (s / 2) ..: four A and four B fragments
+// for 16 products a K-part, where 32 × 64 loads two A and four B for 8), K-steps of 32 in
+// one stage (30 KB). Each staged value then feeds as many products as on the 128 × 128
+// tile, but each matrix loaded from workgroup memory feeds 2 products instead of 1.33.
+const WIDE: bool = TN == 256u;
+const NB: u32 = select(TN / 32u, 4u, WIDE);  // B fragments (and accumulators) a subgroup a row group
 const TH: u32 = TN / 64u;               // 64-column blocks of the tile
 const ASTAGE: u32 = select(TM * HP, 4u, A_GLOBAL);  // pairs per stage of an x matrix: TM rows × HP (none: A_GLOBAL)
 const BSTAGE: u32 = TN * HP;            // pairs per stage of a weight matrix: TN rows × HP
@@ -78,7 +84,8 @@ const A_GLOBAL: bool = X_F16 == 3u;
 const_assert !(A_GLOBAL && (W_LO || W_GATHER == 1u));
 // 128 rows: each subgroup's second 16 rows in the accumulators of the lo products.
 const TR: bool = TM == 128u;
-const_assert TM == 64u || (TM == 128u && (X_F16 == 1u || A_GLOBAL) && !W_LO && TN == 128u && W_GATHER == 0u);
+const_assert TM == 64u || (TM == 128u && (X_F16 == 1u || A_GLOBAL) && !W_LO && TN >= 128u && W_GATHER == 0u);
+const_assert TN != 256u || (TM == 128u && X_F16 == 1u && HK == 32u);
 // mla_values (W_GATHER = 1): the weights are a query row's selected cache rows read
 // transposed, staged K-major ([k][n], rows of KP pairs) as the rows lie in memory
 // (load_b_gathered); the others are staged [n][k] (rows of HP pairs).
@@ -177,6 +184,8 @@ struct Staged {
     a: array<vec4<f32>, XI>,
     b0: StagedB,
     b1: StagedB,
+    b2: StagedB,
+    b3: StagedB,
 }
 
 // Tile row of x quad i of invocation lid. HK = 64 (rows of 36 words): the two halves of a
@@ -292,8 +301,12 @@ fn load_step(lid: u32, k0: u32, q4: bool) -> Staged {
         return st;
     }
     st.b0 = load_b(lid, w_rows[lid / 4u], k0, q4);
-    if (TH == 2u) {
+    if (TH >= 2u) {
         st.b1 = load_b(lid, w_rows[lid / 4u + 64u], k0, q4);
+    }
+    if (TH == 4u) {
+        st.b2 = load_b(lid, w_rows[lid / 4u + 128u], k0, q4);
+        st.b3 = load_b(lid, w_rows[lid / 4u + 192u], k0, q4);
     }
     return st;
 }
@@ -355,8 +368,12 @@ fn store_step(lid: u32, stage: u32, st: Staged, q4: bool) {
     }
     let bbase = stage * BSTAGE + (lid / 4u) * HP;
     store_b(lid, bbase, st.b0, q4);
-    if (TH == 2u) {
+    if (TH >= 2u) {
         store_b(lid, bbase + 64u * HP, st.b1, q4);
+    }
+    if (TH == 4u) {
+        store_b(lid, bbase + 128u * HP, st.b2, q4);
+        store_b(lid, bbase + 192u * HP, st.b3, q4);
     }
 }
 
@@ -415,8 +432,8 @@ fn merge(a: Acc16, v: Acc16, part: u32) -> Acc16 {
 
 fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32) -> array<Acc16, TM / 64u * (TN / 64u)> {
     let sg = lid / 32u;
-    let mr = (TM / 4u) * (sg % 4u);
-    let nc = (TN / 2u) * (sg / 4u);
+    let mr = select((TM / 4u) * (sg % 4u), 64u * (sg % 2u), WIDE);
+    let nc = select((TN / 2u) * (sg / 4u), 64u * (sg / 2u), WIDE);
     // The accumulators start from zeros in memory: a zero-valued cooperative matrix
     // (OpConstantNull) left garbage in them on NVIDIA's driver.
     if (lid < 256u) {
@@ -442,6 +459,15 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
     var d1 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     var d2 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     var d3 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    // WIDE: rows mr + 32 .. (e) and mr + 48 .. (f).
+    var e0 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var e1 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var e2 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var e3 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var f0 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var f1 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var f2 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
+    var f3 = coopLoadT<coop_mat16x16<f32, C>>(&Cs[0], 16u);
     // Uniform: P is.
     let q4 = Q4_TILE && P.k % HK == 0u && P.ws % HK == 0u && P.w_t == 0u;
     store_step(lid, 0u, load_step(lid, 0u, q4), q4);
@@ -470,6 +496,33 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
         for (var kk = 0u; kk < HK / 2u; kk += 8u) {
             let ia = cur * ASTAGE + mr * HP + kk;
             let ib = b_at(cur, kk, nc);
+            if (WIDE) {
+                let w0 = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia], HP);
+                let w1 = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia + 16u * HP], HP);
+                let w2 = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia + 32u * HP], HP);
+                let w3 = coopLoadT<coop_mat16x16<f16, A>>(&Ahi[ia + 48u * HP], HP);
+                let v0 = b_hi(ib);
+                let v1 = b_hi(ib + BCOL16);
+                let v2 = b_hi(ib + 2u * BCOL16);
+                let v3 = b_hi(ib + 3u * BCOL16);
+                c0 = coopMultiplyAdd(w0, v0, c0);
+                c1 = coopMultiplyAdd(w0, v1, c1);
+                c2 = coopMultiplyAdd(w0, v2, c2);
+                c3 = coopMultiplyAdd(w0, v3, c3);
+                d0 = coopMultiplyAdd(w1, v0, d0);
+                d1 = coopMultiplyAdd(w1, v1, d1);
+                d2 = coopMultiplyAdd(w1, v2, d2);
+                d3 = coopMultiplyAdd(w1, v3, d3);
+                e0 = coopMultiplyAdd(w2, v0, e0);
+                e1 = coopMultiplyAdd(w2, v1, e1);
+                e2 = coopMultiplyAdd(w2, v2, e2);
+                e3 = coopMultiplyAdd(w2, v3, e3);
+                f0 = coopMultiplyAdd(w3, v0, f0);
+                f1 = coopMultiplyAdd(w3, v1, f1);
+                f2 = coopMultiplyAdd(w3, v2, f2);
+                f3 = coopMultiplyAdd(w3, v3, f3);
+                continue;
+            }
             var ah = qa0;
             var a2 = qb0;
             if (A_GLOBAL) {
@@ -545,6 +598,10 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
     var acc1: Acc16;
     var acc2: Acc16;
     var acc3: Acc16;
+    var acc4: Acc16;
+    var acc5: Acc16;
+    var acc6: Acc16;
+    var acc7: Acc16;
     let ty = lid / 16u;
     let r = 4u * (ty % 4u) * 64u + 4u * (lid % 16u);
     let parts = select(1u, 2u, X_LO || W_LO);
@@ -555,7 +612,31 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
             let h = hp / parts;
             let part = hp % parts;
             let second = TR && mr / 16u + 1u == g;
-            if (block == h && (mr / 16u == g || second)) {
+            // WIDE: the subgroup's row groups mr / 16 .. + 3 in c, d, e, f.
+            let j = g - mr / 16u;
+            if (WIDE && block == h && g >= mr / 16u && j < 4u) {
+                if (j == 0u) {
+                    coopStoreT(c0, &Cs[0], 64u);
+                    coopStoreT(c1, &Cs[16], 64u);
+                    coopStoreT(c2, &Cs[32], 64u);
+                    coopStoreT(c3, &Cs[48], 64u);
+                } else if (j == 1u) {
+                    coopStoreT(d0, &Cs[0], 64u);
+                    coopStoreT(d1, &Cs[16], 64u);
+                    coopStoreT(d2, &Cs[32], 64u);
+                    coopStoreT(d3, &Cs[48], 64u);
+                } else if (j == 2u) {
+                    coopStoreT(e0, &Cs[0], 64u);
+                    coopStoreT(e1, &Cs[16], 64u);
+                    coopStoreT(e2, &Cs[32], 64u);
+                    coopStoreT(e3, &Cs[48], 64u);
+                } else {
+                    coopStoreT(f0, &Cs[0], 64u);
+                    coopStoreT(f1, &Cs[16], 64u);
+                    coopStoreT(f2, &Cs[32], 64u);
+                    coopStoreT(f3, &Cs[48], 64u);
+                }
+            } else if (!WIDE && block == h && (mr / 16u == g || second)) {
                 if (part == 0u && !second) {
                     coopStoreT(c0, &Cs[col], 64u);
                     coopStoreT(c1, &Cs[col + 16u], 64u);
@@ -584,8 +665,16 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
                     acc1 = merge(acc1, v, part);
                 } else if (b == 2u) {
                     acc2 = merge(acc2, v, part);
-                } else {
+                } else if (b == 3u) {
                     acc3 = merge(acc3, v, part);
+                } else if (b == 4u) {
+                    acc4 = v;
+                } else if (b == 5u) {
+                    acc5 = v;
+                } else if (b == 6u) {
+                    acc6 = v;
+                } else {
+                    acc7 = v;
                 }
             }
             workgroupBarrier();
@@ -600,6 +689,12 @@ fn tile(xr: array<u32, TM / 16u>, wr: array<u32, TN / 32u>, lid: u32, kend: u32)
     if (NA > 2u) {
         acc[min(2u, NA - 1u)] = acc2;
         acc[min(3u, NA - 1u)] = acc3;
+    }
+    if (NA > 4u) {
+        acc[min(4u, NA - 1u)] = acc4;
+        acc[min(5u, NA - 1u)] = acc5;
+        acc[min(6u, NA - 1u)] = acc6;
+        acc[min(7u, NA - 1u)] = acc7;
     }
     return acc;
 }

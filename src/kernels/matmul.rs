@@ -445,6 +445,7 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
             gather: coop_gather(entry),
             xa: k.xa,
             mla_f16: coop_mla_f16(entry, rec.exact_gemms()),
+            wide: coop_wide(f.code(), entry, rec.exact_gemms()),
         };
         values[DEFINE_NAMES.len()..].copy_from_slice(&coop_only_values(
             f.code(),
@@ -469,6 +470,8 @@ struct CoopOperands {
     xa: bool,
     /// The attention's operands as one f16 value each ([`coop_mla_f16`]).
     mla_f16: bool,
+    /// 128 × 256 tiles, 64 × 64 outputs a subgroup ([`coop_wide`]).
+    wide: bool,
 }
 
 /// Every define of the tensor-core tile (the GEMVs' and its own), with its operands taken
@@ -526,12 +529,16 @@ fn coop_only_values(w_dtype: u32, entry: &str, ops: CoopOperands, exact: bool) -
         CoopOperands { xa: true, .. } => 3,
         _ => x_f16 as u32,
     };
+    let (tn, hk) = match ops.wide {
+        true => (256, 32),
+        false => (coop_tile_cols(w_dtype, ops.mla_f16), coop_tile_k(entry)),
+    };
     [
         coop_q4_mode(),
         x_mode,
-        coop_tile_cols(w_dtype, ops.mla_f16),
+        tn,
         coop_tile_rows(w_dtype, entry, x_f16),
-        coop_tile_k(entry),
+        hk,
         coop_b_rot(),
         coop_gather_ahead(),
         ops.gather as u32,
@@ -606,6 +613,27 @@ fn coop_tile_k(entry: &str) -> u32 {
     }
 }
 
+/// Whether the tensor-core tile of `entry` (weights of `W_DTYPE` code `w_dtype`, GEMMs
+/// `exact` or not) runs 128 × 256 output tiles whose subgroups own 64 × 64 outputs each
+/// (`TN` = 256 and K-steps of 32 in one stage: `WIDE` in matmul_coop.wgsl) instead of
+/// 128 × 128 tiles of 32 × 64 a subgroup: each A and B matrix loaded from workgroup memory
+/// then feeds two products instead of 1.33, each staged value as many as before. Where x is
+/// one f16 value on 128-row tiles ([`coop_tile_rows`]), with `SPARSA_COOP_WIDE`: 1 the
+/// dense `gemm`, 2 the routed `gemm_experts`, 3 both (a measurement aid; off until
+/// measured). Not with x's A fragments from memory ([`coop_a_global`]), which wins.
+fn coop_wide(w_dtype: u32, entry: &str, exact: bool) -> bool {
+    let which = match entry {
+        "gemm" => 1,
+        "gemm_experts" => 2,
+        _ => return false,
+    };
+    let asks = |v: Option<u32>| v.is_some_and(|v| v & which != 0);
+    coop_x_f16(w_dtype, entry, exact)
+        && coop_tile_cols(w_dtype, false) == 128
+        && asks(knob!("SPARSA_COOP_WIDE", |v| v <= 3))
+        && !asks(knob!("SPARSA_COOP_A_GLOBAL", |v| v <= 3))
+}
+
 /// Whether the tensor-core tile rotates each subgroup's weight stores onto 32 distinct banks
 /// (the `B_ROT` define; in order, the staged rows' strides put 4 of them on one bank).
 /// `SPARSA_COOP_BROT=1` turns it on; off by default: at full depth it cost 7 % (H100,
@@ -638,7 +666,9 @@ fn tile_rows(rec: &Recorder, f: WFormat, entry: &str) -> u32 {
 /// Columns of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f`
 /// (`TN` in the shaders).
 fn tile_cols(rec: &Recorder, f: WFormat, entry: &str) -> u32 {
-    if rec.gpu().tensor_cores() {
+    if rec.gpu().tensor_cores() && coop_wide(f.code(), entry, rec.exact_gemms()) {
+        256
+    } else if rec.gpu().tensor_cores() {
         coop_tile_cols(f.code(), coop_mla_f16(entry, rec.exact_gemms()))
     } else {
         PORTABLE_TILE_COLS
@@ -933,6 +963,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         && coop_x_f16(w_dtype, v.entry, false)
         && coop_tile_cols(w_dtype, false) == 128)
         .then_some(CoopOperands { xa: true, ..plain });
+    let wide = xa.map(|_| CoopOperands { wide: true, ..plain });
     let mut ways: Vec<(&'static str, bool, bool, CoopOperands)> = vec![];
     for entry in std::iter::once(v.entry).chain(rows_entries.iter().copied()) {
         let ops = CoopOperands {
@@ -943,7 +974,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
             ways.push((entry, x4, exact, ops));
         }
     }
-    for ops in mla_f16.into_iter().chain(xa) {
+    for ops in mla_f16.into_iter().chain(xa).chain(wide) {
         ways.extend([(v.entry, true, false, ops), (v.entry, false, false, ops)]);
     }
     let mut out: Vec<ShaderVariant> = vec![];
@@ -3593,6 +3624,32 @@ mod tests {
                     "{entry} {f:?} A from memory: {} bytes of workgroup memory",
                     c.workgroup_bytes
                 );
+            }
+            // The same GEMMs on 128 × 256 tiles (SPARSA_COOP_WIDE: x as one f16 value, 64 ×
+            // 64 outputs a subgroup, K-steps of 32 in one stage of 30 KB), x in 16-byte loads
+            // and not.
+            for entry in ["gemm", "gemm_experts"].into_iter().filter(|_| a_global) {
+                let wide = CoopOperands {
+                    wide: true,
+                    ..CoopOperands::default()
+                };
+                let mut defines = coop_defines_with(f, KNOBS, entry, wide, true);
+                for (name, value) in defines.iter_mut() {
+                    match *name {
+                        "X_F16" => *value = u(1u32),
+                        "TM" => *value = u(128u32),
+                        _ => {}
+                    }
+                }
+                for source in [MATMUL_COOP.source, MATMUL_COOP_X1.source] {
+                    let c = compile(&defines, source, entry)
+                        .unwrap_or_else(|e| panic!("{entry} {f:?} wide: {e}"));
+                    assert!(
+                        (30 * 1024..40 * 1024).contains(&c.workgroup_bytes),
+                        "{entry} {f:?} wide: {} bytes of workgroup memory",
+                        c.workgroup_bytes
+                    );
+                }
             }
         }
     }
