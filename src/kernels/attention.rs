@@ -1601,8 +1601,8 @@ mod tests {
 
     #[test]
     fn sparse_mla_in_a_prefill_holds_f16_operands_to_their_bound() {
-        // Recorded as a prompt's prefill with the attention's f16 products on
-        // (SPARSA_COOP_MLA_F16=1): on tensor cores they take their operands as one f16 value
+        // Recorded as a prompt's prefill with the attention's f16 products on (the default,
+        // SPARSA_COOP_MLA_F16): on tensor cores they take their operands as one f16 value
         // each (coop_mla_f16), f32 caches on 128-column tiles; elsewhere exact. GLM-5's row
         // (512 + 64), 66 heads (a second tile of 2 live rows), counts past one 128-position
         // tile, inside one, and one; both tile cache formats.
