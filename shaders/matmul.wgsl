@@ -1513,6 +1513,15 @@ struct MlaTile {
     c0: u32,
 }
 
+// The chunk row whose selection block row t reads: P.q_row0 + t, or with rows in groups
+// (mla_logits, P.q_group = G > 1: block row t is chunk rows q_row0 + G t .., P.heads / G
+// heads each) the group's last row, whose selection holds the others' (kernels/matmul.rs,
+// `MlaGemm::group`).
+fn mla_sel_row(t: u32) -> u32 {
+    let g = max(P.q_group, 1u);
+    return P.q_row0 + g * t + g - 1u;
+}
+
 // Workgroup g's part; invocation 0 puts the row's count in mla_n. Workgroups past the
 // last split (a grid rounded up) get s ≥ P.splits.
 fn mla_tile(g: u32, lid: u32) -> MlaTile {
@@ -1522,7 +1531,7 @@ fn mla_tile(g: u32, lid: u32) -> MlaTile {
     let r = g % per;
     let t = r / (nt * ht);
     if (lid == 0u) {
-        mla_n[0] = min(sel_count(P.q_row0 + t), P.topk);
+        mla_n[0] = min(sel_count(mla_sel_row(t)), P.topk);
     }
     return MlaTile(g / per, t, ((r / nt) % ht) * TM, (r % nt) * TN);
 }
@@ -1559,7 +1568,9 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     if (at.s >= P.splits || j0 >= n) {
         return;
     }
-    let first = (P.q_row0 + t) * P.topk;
+    let first = mla_sel_row(t) * P.topk;
+    // Heads per chunk row (P.heads / G where rows go in groups of G).
+    let qh = P.heads / max(P.q_group, 1u);
     var wr: array<u32, TN / 32u>;
     for (var q = 0u; q < TN / 32u; q++) {
         let j = j0 + lid / 8u + 32u * q;
@@ -1587,7 +1598,15 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             }
             let row = acc_row(acc[rb], r);
             let base = P.y_off + (t * P.heads + h) * P.y_stride + jc;
+            // In a group, the row's own count ends its columns (n, the group's, otherwise).
+            var own = n;
+            if (P.q_group > 1u) {
+                own = min(sel_count(P.q_row0 + P.q_group * t + h / qh), P.topk);
+            }
             for (var i = 0u; i < 4u; i++) {
+                if (jc + i >= own) {
+                    break;
+                }
                 if (keep[i]) {
                     y[base + i] = row[i];
                 } else if (absent[i]) {

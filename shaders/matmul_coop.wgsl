@@ -84,7 +84,8 @@ const A_GLOBAL: bool = X_F16 == 3u;
 const_assert !(A_GLOBAL && (W_LO || W_GATHER == 1u));
 // 128 rows: each subgroup's second 16 rows in the accumulators of the lo products.
 const TR: bool = TM == 128u;
-const_assert TM == 64u || (TM == 128u && (X_F16 == 1u || A_GLOBAL) && !W_LO && TN >= 128u && W_GATHER == 0u);
+// X_F16 = 2 on 128 rows: mla_logits over pairs of query rows (kernels/matmul.rs, `MlaGemm::group`).
+const_assert TM == 64u || (TM == 128u && X_F16 >= 1u && !W_LO && TN >= 128u && W_GATHER == 0u);
 const_assert TN != 256u || (TM == 128u && X_F16 == 1u && HK == 32u);
 // mla_values (W_GATHER = 1): the weights are a query row's selected cache rows read
 // transposed, staged K-major ([k][n], rows of KP pairs) as the rows lie in memory

@@ -235,6 +235,10 @@ pub struct MlaPlan {
     /// heads are invocations enough for a decode step (splits cost an `mla_combine`, whose
     /// barriers cost more than they spread on lavapipe). `SPARSA_MLA_CPU_SPLITS` overrides.
     cpu_splits: u32,
+    /// Each row's selection is its sequence's positions from the first, in order, and the
+    /// rows are consecutive positions of one sequence (`topk::select_all` over a plain
+    /// chunk): [`sparse_mla_gemm`]'s logits may then tile rows in pairs ([`mla_pairs`]).
+    prefix: bool,
 }
 
 /// When [`sparse_mla`] runs its two products as GEMMs on the matmul tile
@@ -282,7 +286,14 @@ impl MlaPlan {
             gemm_rows: 0,
             gemm_split: MLA_VALUE_SPLIT_ROWS,
             cpu_splits: knob!("SPARSA_MLA_CPU_SPLITS", |v| v >= 1).unwrap_or(1),
+            prefix: false,
         }
+    }
+
+    /// This plan for selections that are each row's positions from the first, in order,
+    /// over consecutive positions of one sequence (`prefix`, [`MlaPlan::prefix`]).
+    pub const fn with_prefix(self, prefix: bool) -> MlaPlan {
+        MlaPlan { prefix, ..self }
     }
 
     /// This plan with `mla_cpu`'s positions in `splits` splits (CPU adapters).
@@ -379,6 +390,7 @@ pub fn sparse_mla(
         gemm_rows,
         gemm_split,
         cpu_splits,
+        prefix,
     }: MlaPlan,
 ) {
     let MlaQueries {
@@ -432,7 +444,7 @@ pub fn sparse_mla(
     let enough = GemmBlock::new(d, rows, n_max, 0, 1).rows >= rows.min(MLA_GEMM_MIN_ROWS);
     if as_gemm && enough && cache.format != LatentFormat::Fp8 {
         let block = (n_max, gemm_rows, gemm_split);
-        sparse_mla_gemm(rec, qs, cache, sel, block, o_lat, d, &sh);
+        sparse_mla_gemm(rec, qs, cache, (sel, prefix), block, o_lat, d, &sh);
         return;
     }
     // CPU adapters: a workgroup per (row, split, CPU_WG heads), an invocation per head, each
@@ -642,7 +654,7 @@ fn sparse_mla_gemm(
     rec: &mut Recorder,
     qs: &MlaQueries,
     cache: &CacheRows<LatentFormat>,
-    sel: &Selection,
+    (sel, prefix): (&Selection, bool),
     (n_max, most_rows, split_rows): (u32, u32, u32),
     o_lat: View,
     d: &MlaDims,
@@ -733,11 +745,22 @@ fn sparse_mla_gemm(
             topk: sel.k,
             format,
             row_elems,
+            group: 1,
         };
         let logits = View::new(&sbuf, 0, n);
         let queries = View::new(&qbuf, 0, q_stride);
+        // Rows in pairs where their selections allow it: the pair's query rows are
+        // consecutive in the block's query buffer, so they are one row of twice the heads.
+        let pairs = prefix && br.is_multiple_of(2) && mla_pairs();
+        let paired = matmul::MlaGemm {
+            rows: br / 2,
+            heads: 2 * heads,
+            group: 2,
+            ..g
+        };
+        let gl = if pairs { &paired } else { &g };
         for (k, seg) in cache.segs.iter().enumerate() {
-            matmul::mla_logits(rec, &g, queries, qd, seg, logits, n, k == 0);
+            matmul::mla_logits(rec, gl, queries, qd, seg, logits, n, k == 0);
         }
         let o_stride = n;
         let params = MlaParams { o_stride, ..params };
@@ -770,6 +793,28 @@ fn sparse_mla_gemm(
         let grid = gpu.grid(grid_count("mla_sum", elems.div_ceil(WG as u64)));
         rec.dispatch(&sum, &params, &[o.buf, parts], grid);
     }
+}
+
+/// Whether [`sparse_mla_gemm`]'s logits tile query rows in pairs where every row's
+/// selection is its positions from the first, in order ([`MlaPlan::prefix`]: a prompt's
+/// chunks while the whole context fits the top-k): a pair's rows are one tile row of twice
+/// the heads over the later row's selection, the earlier row's logits past its own count
+/// left unwritten (its softmax and values stop at its count, and column j is position j in
+/// both lists). On tensor cores with the attention's f16 operands such a tile takes 128
+/// rows (two queries of GLM-5's 64 heads), so each staged cache row feeds twice the
+/// products. `SPARSA_MLA_PAIRS=1` turns it on (a measurement aid; off until measured).
+fn mla_pairs() -> bool {
+    #[cfg(test)]
+    if let Some(on) = MLA_PAIRS.with(|c| c.get()) {
+        return on;
+    }
+    knob!("SPARSA_MLA_PAIRS", |v| v <= 1) == Some(1)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// What `SPARSA_MLA_PAIRS` answers on this thread ([`mla_pairs`]).
+    static MLA_PAIRS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
 }
 
 /// `o[t, h*dv + v] = Σ_c wkvb[h*(dn+dv) + dn + v, c] · o_lat[t, h*kv_lora + c]`: kv_b's
@@ -1191,7 +1236,7 @@ mod tests {
         cache: (LatentFormat, usize),
         rope: Option<bool>,
     ) -> (Vec<f32>, Vec<f32>) {
-        let r = run_sparse_as(rng, d, dims, sel, poison, cache, rope, false);
+        let r = run_sparse_as(rng, d, dims, sel, poison, cache, rope, (false, None));
         (r.got, r.want)
     }
 
@@ -1205,7 +1250,8 @@ mod tests {
     }
 
     /// [`run_sparse_in`], recorded as a prompt's prefill where `prefill` (on tensor cores
-    /// the attention's products then take their operands as one f16 value each).
+    /// the attention's products then take their operands as one f16 value each), in the
+    /// plans `plans` where given (else [`TEST_PLANS`], then the CPU adapters' kernels).
     #[allow(clippy::too_many_arguments)]
     fn run_sparse_as(
         rng: &mut Rng,
@@ -1215,7 +1261,7 @@ mod tests {
         poison: bool,
         (format, seg_len): (LatentFormat, usize),
         rope: Option<bool>,
-        prefill: bool,
+        (prefill, plans): (bool, Option<&[MlaPlan]>),
     ) -> SparseRun {
         let g = gpu();
         let scale = 0.07f32;
@@ -1291,10 +1337,18 @@ mod tests {
         let mut got = Vec::new();
         // The GPUs' kernels in every plan, then the CPU adapters' kernels (rows staged in
         // workgroup memory, and shared through subgroups), unsplit and split.
-        let runs = TEST_PLANS.map(|p| (p, false, false)).into_iter().chain(
-            [(1, false), (3, false), (1, true), (3, true)]
-                .map(|(s, sg)| (TEST_PLANS[0].with_cpu_splits(s), true, sg)),
-        );
+        let runs: Vec<(MlaPlan, bool, bool)> = match plans {
+            Some(p) => p.iter().map(|&p| (p, false, false)).collect(),
+            None => TEST_PLANS
+                .map(|p| (p, false, false))
+                .into_iter()
+                .chain(
+                    [(1, false), (3, false), (1, true), (3, true)]
+                        .map(|(s, sg)| (TEST_PLANS[0].with_cpu_splits(s), true, sg)),
+                )
+                .collect(),
+        };
+        let n_runs = runs.len();
         for (plan, cpu, sg) in runs {
             // Filled anew: an element a kernel leaves unwritten shows.
             let ob = Placed::filled(g, rows, hk, (2, hk + 1), 9.0);
@@ -1329,11 +1383,10 @@ mod tests {
             rec.finish().unwrap();
             got.extend(ob.read(g, "sparse_mla"));
         }
-        let runs = TEST_PLANS.len() + 4;
         SparseRun {
             got,
-            want: want.repeat(runs),
-            extra: extra.repeat(runs),
+            want: want.repeat(n_runs),
+            extra: extra.repeat(n_runs),
         }
     }
 
@@ -1352,6 +1405,7 @@ mod tests {
                 gemm_rows: 0,
                 gemm_split: MLA_VALUE_SPLIT_ROWS,
                 cpu_splits: 1,
+                prefix: false,
             }
         }
         [
@@ -1629,12 +1683,68 @@ mod tests {
                     true,
                     (format, n_keys),
                     None,
-                    true,
+                    (true, None),
                 )
             });
             let what = format!("sparse_mla prefill {format:?}");
             assert_close_plus(&r.got, &r.want, 1e-5, 1e-4, &r.extra, &what);
         }
+    }
+
+    #[test]
+    fn sparse_mla_logits_in_row_pairs_over_prefix_selections() {
+        // Each row's selection its positions from the first, in order (select_all over a
+        // chunk from position 37; the last row's 64 positions are the whole top-k): the
+        // logits tile rows in pairs (mla_pairs) over the later row's selection, on blocks of
+        // 4 and 6 rows, with the cache in two segments; the earlier row of a pair ends at
+        // its own count. As plain GEMMs and the kernel, against the reference; on tensor
+        // cores the pairs take 128-row tiles with the f16 operands (their bound).
+        let mut rng = Rng::new(43);
+        let d = Dims {
+            heads: 20,
+            dn: 4,
+            dr: 8,
+            dv: 4,
+            kv: 36,
+        };
+        let (rows, pos0, topk) = (12usize, 52usize, 64usize);
+        let n_keys = pos0 + rows;
+        let sel: Vec<Vec<u32>> = (0..rows)
+            .map(|t| (0..=(pos0 + t) as u32).collect())
+            .collect();
+        let base = TEST_PLANS[0].with_gemm(MlaGemmUse::Always, 4);
+        let plans = [
+            TEST_PLANS[0],
+            base,
+            base.with_prefix(true),
+            TEST_PLANS[0]
+                .with_gemm(MlaGemmUse::Always, 6)
+                .with_prefix(true),
+        ];
+        for format in [LatentFormat::F32, LatentFormat::Bf16] {
+            let r = with_mla_pairs(true, || {
+                run_sparse_as(
+                    &mut rng,
+                    &d,
+                    (rows, n_keys, topk),
+                    &sel,
+                    false,
+                    (format, 40),
+                    Some(true),
+                    (true, Some(&plans)),
+                )
+            });
+            let what = format!("sparse_mla row pairs {format:?}");
+            assert_close_plus(&r.got, &r.want, 1e-5, 1e-4, &r.extra, &what);
+        }
+    }
+
+    /// Runs `f` with [`mla_pairs`] on or off on this thread, whatever `SPARSA_MLA_PAIRS` says.
+    fn with_mla_pairs<R>(on: bool, f: impl FnOnce() -> R) -> R {
+        let was = MLA_PAIRS.with(|c| c.replace(Some(on)));
+        let r = f();
+        MLA_PAIRS.with(|c| c.set(was));
+        r
     }
 
     #[test]

@@ -96,6 +96,9 @@ kernel_params! {
         /// `gemm_experts` over row tiles: 1, x is a copy in the order of the sorted slots
         /// (row i for entry i; [`x_to_f16`]) instead of x itself.
         x_copy: u32,
+        /// `mla_logits`: chunk rows per tile row (0 or 1: one; G: the G rows from
+        /// `q_row0 + G t`, over the last one's selection; [`MlaGemm::group`]).
+        q_group: u32,
     }
 }
 
@@ -265,6 +268,9 @@ struct Knobs {
     /// The tensor-core GEMMs: x's A fragments loaded from an f16 copy ([`coop_a_global`];
     /// `X_F16` 3 and a shader of its own).
     xa: bool,
+    /// `mla_logits` over row pairs with f16 operands on tensor cores: 128-row tiles
+    /// ([`MlaGemm::group`]; the `TM` define).
+    m128: bool,
 }
 
 const KNOBS: Knobs = Knobs {
@@ -278,6 +284,7 @@ const KNOBS: Knobs = Knobs {
     sgr: 0,
     wpl: 0,
     xa: false,
+    m128: false,
 };
 
 /// gemv_dot's knobs after the measurement overrides.
@@ -446,6 +453,7 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
             xa: k.xa,
             mla_f16: coop_mla_f16(entry, rec.exact_gemms()),
             wide: coop_wide(f.code(), entry, rec.exact_gemms()),
+            m128: k.m128,
         };
         values[DEFINE_NAMES.len()..].copy_from_slice(&coop_only_values(
             f.code(),
@@ -472,6 +480,8 @@ struct CoopOperands {
     mla_f16: bool,
     /// 128 × 256 tiles, 64 × 64 outputs a subgroup ([`coop_wide`]).
     wide: bool,
+    /// 128-row tiles for the attention's logits over row pairs ([`Knobs::m128`]).
+    m128: bool,
 }
 
 /// Every define of the tensor-core tile (the GEMVs' and its own), with its operands taken
@@ -533,11 +543,15 @@ fn coop_only_values(w_dtype: u32, entry: &str, ops: CoopOperands, exact: bool) -
         true => (256, 32),
         false => (coop_tile_cols(w_dtype, ops.mla_f16), coop_tile_k(entry)),
     };
+    let tm = match ops.m128 {
+        true => 128,
+        false => coop_tile_rows(w_dtype, entry, x_f16),
+    };
     [
         coop_q4_mode(),
         x_mode,
         tn,
-        coop_tile_rows(w_dtype, entry, x_f16),
+        tm,
         hk,
         coop_b_rot(),
         coop_gather_ahead(),
@@ -970,6 +984,12 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         wide: true,
         ..plain
     });
+    // The logits over row pairs, 128-row tiles (SPARSA_MLA_PAIRS).
+    let pairs = (v.entry == "mla_logits").then_some(CoopOperands {
+        mla_f16: true,
+        m128: true,
+        ..plain
+    });
     let mut ways: Vec<(&'static str, bool, bool, CoopOperands)> = vec![];
     for entry in std::iter::once(v.entry).chain(rows_entries.iter().copied()) {
         let ops = CoopOperands {
@@ -980,7 +1000,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
             ways.push((entry, x4, exact, ops));
         }
     }
-    for ops in mla_f16.into_iter().chain(xa).chain(wide) {
+    for ops in mla_f16.into_iter().chain(xa).chain(wide).chain(pairs) {
         ways.extend([(v.entry, true, false, ops), (v.entry, false, false, ops)]);
     }
     let mut out: Vec<ShaderVariant> = vec![];
@@ -1933,6 +1953,12 @@ pub struct MlaGemm<'a> {
     pub topk: u32,
     pub format: DType,
     pub row_elems: u32,
+    /// `mla_logits`: chunk rows per tile row (1, or G: `rows` tile rows of `heads` x rows
+    /// each, row t being chunk rows `row0 + G t ..` of `heads / G` heads each). Each row's
+    /// selection must be its positions from the first, in order, and the G rows consecutive
+    /// positions of one sequence: the tile reads the last row's selection, and the others'
+    /// logits end at their own counts (entries past them are not written).
+    pub group: u32,
 }
 
 impl MlaGemm<'_> {
@@ -1945,6 +1971,7 @@ impl MlaGemm<'_> {
             seg_lo: seg.lo,
             seg_n: seg.len,
             q_row0: self.row0,
+            q_group: self.group,
             splits: 1,
             ..Params::default()
         }
@@ -1959,16 +1986,23 @@ impl MlaGemm<'_> {
         bufs: [&wgpu::Buffer; 2],
     ) {
         let x4 = x_in_quads(x, p.x_stride, p.k);
+        // Row pairs of the logits with f16 operands on tensor cores: 128-row tiles.
+        let m128 = self.group > 1
+            && rec.gpu().tensor_cores()
+            && entry == "mla_logits"
+            && coop_mla_f16(entry, rec.exact_gemms());
         let pipe = pipeline_for(
             rec,
             entry,
             WFormat::Float(self.format),
-            Knobs { x4, ..KNOBS },
+            Knobs { x4, m128, ..KNOBS },
         );
+        let tm = match m128 {
+            true => 128,
+            false => tile_rows(rec, WFormat::Float(self.format), entry),
+        };
         let tiles = (p.splits * self.rows) as u64
-            * self
-                .heads
-                .div_ceil(tile_rows(rec, WFormat::Float(self.format), entry)) as u64
+            * self.heads.div_ceil(tm) as u64
             * p.n
                 .div_ceil(tile_cols(rec, WFormat::Float(self.format), entry)) as u64;
         assert!(tiles <= u32::MAX as u64, "{entry}: too many workgroups");
@@ -3628,6 +3662,23 @@ mod tests {
                 assert!(
                     (36 * 1024..=crate::gpu::COOP_WORKGROUP_BYTES).contains(&c.workgroup_bytes),
                     "{entry} {f:?} A from memory: {} bytes of workgroup memory",
+                    c.workgroup_bytes
+                );
+            }
+            // The attention's logits over row pairs with f16 operands: 128-row tiles of one
+            // stage (SPARSA_MLA_PAIRS).
+            let pairs = CoopOperands {
+                mla_f16: true,
+                m128: true,
+                ..CoopOperands::default()
+            };
+            let defines = coop_defines_with(f, KNOBS, "mla_logits", pairs, false);
+            if f == WFormat::Float(DType::F32) {
+                let c = compile(&defines, shader.source, "mla_logits")
+                    .unwrap_or_else(|e| panic!("{} mla_logits pairs: {e}", shader.name));
+                assert!(
+                    (36 * 1024..=crate::gpu::COOP_WORKGROUP_BYTES).contains(&c.workgroup_bytes),
+                    "mla_logits pairs: {} bytes of workgroup memory",
                     c.workgroup_bytes
                 );
             }

@@ -102,11 +102,21 @@ impl Session {
             }),
         };
         let most = sel.k.min(span.n_keys);
-        let plan = attention::MlaPlan::for_rows(queries.rows);
+        // Where the whole context fits the top-k, a plain chunk's selections (this layer's
+        // or, on an IndexShare layer, the last full layer's: same span) are select_all's,
+        // each row's positions from the first in order.
+        let prefix = span.places.is_none() && self.selects_all(span, &sel);
+        let plan = attention::MlaPlan::for_rows(queries.rows).with_prefix(prefix);
         attention::sparse_mla(rec, &queries, &cache, &sel, most, o_lat, &d.mla, plan);
         attention::up_v(rec, o_lat, &layer.kv_b, attn, t, &d.mla);
         let aq = self.quantize(rec, attn, t, 1, &layer.o, &s.xq_qa);
         gemv_add(rec, aq.as_ref(), attn, &layer.o, out, h, t);
+    }
+
+    /// Whether a full layer selects every position for `span` (`topk::select_all`, no
+    /// scores): the whole context fits `sel`'s top-k, and the indexer is not kept warm.
+    fn selects_all(&self, span: Causal, sel: &Selection) -> bool {
+        span.n_keys <= sel.k && !self.warm_indexer
     }
 
     /// The lightning indexer of full layer `i`: writes the chunk's key rows into the layer's
@@ -144,7 +154,7 @@ impl Session {
             cos_sin: &s.cos_sin,
         };
         cache::store_keys(rec, Source::Prepared(key_rows), &keys, span, id);
-        if n_keys <= sel.k && !self.warm_indexer {
+        if self.selects_all(span, sel) {
             topk::select_all(rec, span, sel);
         } else {
             let iw = View::rows(&s.iw, ih);
