@@ -1741,10 +1741,7 @@ mod tests {
 
     /// Runs `f` with [`mla_pairs`] on or off on this thread, whatever `SPARSA_MLA_PAIRS` says.
     fn with_mla_pairs<R>(on: bool, f: impl FnOnce() -> R) -> R {
-        let was = MLA_PAIRS.with(|c| c.replace(Some(on)));
-        let r = f();
-        MLA_PAIRS.with(|c| c.set(was));
-        r
+        crate::kernels::with_forced(&MLA_PAIRS, on, f)
     }
 
     #[test]

@@ -823,10 +823,7 @@ thread_local! {
 /// whatever `SPARSA_COOP_MLA_F16` says (tests run them on tensor cores).
 #[cfg(test)]
 pub(crate) fn with_mla_f16<R>(on: bool, f: impl FnOnce() -> R) -> R {
-    let was = MLA_F16.with(|c| c.replace(Some(on)));
-    let r = f();
-    MLA_F16.with(|c| c.set(was));
-    r
+    super::with_forced(&MLA_F16, on, f)
 }
 
 /// Whether `gpu`'s attention products, recorded as a prefill, take their operands as one

@@ -101,8 +101,9 @@ pub fn with_cpu_kernels<R>(on: bool, f: impl FnOnce() -> R) -> R {
     with_forced(&FORCE_CPU_KERNELS, on, f)
 }
 
-/// Runs `f` with `cell` answering `on` on this thread, then as before.
-fn with_forced<R>(
+/// Runs `f` with `cell` answering `on` on this thread, then as before (the tests' override
+/// of a choice a knob or the adapter makes).
+pub(crate) fn with_forced<R>(
     cell: &'static std::thread::LocalKey<std::cell::Cell<Option<bool>>>,
     on: bool,
     f: impl FnOnce() -> R,

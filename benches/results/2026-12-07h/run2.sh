@@ -5,7 +5,8 @@
 # GEMM on 128 × 256 tiles) beside it at 2,048 and 8,192; SPARSA_COOP_WIDE=3 once more with
 # the driver's register counts (--shader-stats: the routed GEMM ran 5× slower wide in
 # run1); gemm_shapes q4 at 2,048 rows: default, wide1, wide3; --gpu-memory 24GiB at 8,192
-# where time is left.
+# where time is left. SPARSA_MLA_PAIRS=1 (the logits over query-row pairs, b811cb1) at 2,048.
+# Needs a bundle from b811cb1 or later.
 set -u
 LIMIT=${LIMIT:-470}
 OUT=${OUT:-benches/results/new}
@@ -26,6 +27,7 @@ pf() { [ $SECONDS -lt $((LIMIT-${need:-50})) ] || { echo "== 78 layers $L $w: no
 L=2048; C=2112; w=default e=; pf
 L=8192; C=8256; w=default e=; pf
 L=2048; C=2112; w=wide1 e=SPARSA_COOP_WIDE=1; pf
+L=2048; C=2112; w=pairs e=SPARSA_MLA_PAIRS=1; pf
 L=8192; C=8256; w=wide1 e=SPARSA_COOP_WIDE=1; pf
 fin
 L=2048; C=2112; w=profile e= prof=" "; pf; prof=
