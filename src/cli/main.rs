@@ -173,10 +173,12 @@ pub(crate) struct ModelArgs {
     /// 1.2 MB a row for GLM-5), which --gpu-memory takes from the resident experts.
     #[arg(long, value_name = "ROWS", value_parser = clap::value_parser!(u32).range(1..=8192))]
     prefill_chunk: Option<u32>,
-    /// Keep the prefill's tensor-core GEMMs of q4 weights as precise as f32 (x as hi and lo
-    /// f16 halves, 64-row tiles) instead of x as one f16 value (128-row tiles, about 1.5×
-    /// the prefill on an H100; docs/QUANTIZATION.md has the quality of both). Other formats
-    /// and adapters without tensor cores are exact either way.
+    /// Keep the prefill's tensor-core products as precise as f32: the GEMMs of q4 weights
+    /// take x as hi and lo f16 halves (64-row tiles) instead of one f16 value (128-row
+    /// tiles, about 1.5× the prefill on an H100), and the sparse attention its queries,
+    /// cache rows and probabilities as hi and lo halves instead of one f16 value each
+    /// (1.14–1.18× more). docs/QUANTIZATION.md has the quality of both. Adapters without
+    /// tensor cores are exact either way.
     #[arg(long)]
     exact_gemms: bool,
 }
