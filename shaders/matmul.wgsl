@@ -1513,13 +1513,17 @@ struct MlaTile {
     c0: u32,
 }
 
-// The chunk row whose selection block row t reads: P.q_row0 + t, or with rows in groups
-// (mla_logits, P.q_group = G > 1: block row t is chunk rows q_row0 + G t .., P.heads / G
-// heads each) the group's last row, whose selection holds the others' (kernels/matmul.rs,
-// `MlaGemm::group`).
+// Chunk row i of block row t: P.q_row0 + t (i = 0), or with rows in groups (mla_logits,
+// P.q_group = G > 1: block row t is chunk rows q_row0 + G t .., P.heads / G heads each)
+// member i of the group (kernels/matmul.rs, `MlaGemm::group`).
+fn mla_row(t: u32, i: u32) -> u32 {
+    return P.q_row0 + max(P.q_group, 1u) * t + i;
+}
+
+// The chunk row whose selection block row t reads: its group's last, whose selection holds
+// the others'.
 fn mla_sel_row(t: u32) -> u32 {
-    let g = max(P.q_group, 1u);
-    return P.q_row0 + g * t + g - 1u;
+    return mla_row(t, max(P.q_group, 1u) - 1u);
 }
 
 // Workgroup g's part; invocation 0 puts the row's count in mla_n. Workgroups past the
@@ -1601,7 +1605,7 @@ fn mla_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
             // In a group, the row's own count ends its columns (n, the group's, otherwise).
             var own = n;
             if (P.q_group > 1u) {
-                own = min(sel_count(P.q_row0 + P.q_group * t + h / qh), P.topk);
+                own = min(sel_count(mla_row(t, h / qh)), P.topk);
             }
             for (var i = 0u; i < 4u; i++) {
                 if (jc + i >= own) {

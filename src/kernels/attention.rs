@@ -1694,7 +1694,7 @@ mod tests {
     #[test]
     fn sparse_mla_logits_in_row_pairs_over_prefix_selections() {
         // Each row's selection its positions from the first, in order (select_all over a
-        // chunk from position 37; the last row's 64 positions are the whole top-k): the
+        // chunk from position 52; the last row's 64 positions are the whole top-k): the
         // logits tile rows in pairs (mla_pairs) over the later row's selection, on blocks of
         // 4 and 6 rows, with the cache in two segments; the earlier row of a pair ends at
         // its own count. As plain GEMMs and the kernel, against the reference; on tensor

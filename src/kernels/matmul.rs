@@ -448,17 +448,10 @@ fn pipeline_for(rec: &Recorder, entry: &'static str, f: WFormat, k: Knobs) -> Ke
         names[..DEFINE_NAMES.len()].copy_from_slice(&DEFINE_NAMES);
         names[DEFINE_NAMES.len()..].copy_from_slice(&COOP_ONLY_NAMES);
         values[..DEFINE_NAMES.len()].copy_from_slice(&define_values(f, k));
-        let ops = CoopOperands {
-            gather: coop_gather(entry),
-            xa: k.xa,
-            mla_f16: coop_mla_f16(entry, rec.exact_gemms()),
-            wide: coop_wide(f.code(), entry, rec.exact_gemms()),
-            m128: k.m128,
-        };
         values[DEFINE_NAMES.len()..].copy_from_slice(&coop_only_values(
             f.code(),
             entry,
-            ops,
+            coop_operands(rec, f, entry, k),
             rec.exact_gemms(),
         ));
         gpu.pipeline_n(shader, entry, &names, &values)
@@ -531,6 +524,32 @@ const COOP_ONLY_NAMES: [&str; 10] = [
     "ROWS_DIAG",
 ];
 
+/// The operands the tensor-core tile takes for `entry` (weights in format `f`) recorded on
+/// `rec` with knobs `k`: what [`pipeline_for`] compiles and [`tile_rows`] / [`tile_cols`]
+/// size the grid by.
+fn coop_operands(rec: &Recorder, f: WFormat, entry: &str, k: Knobs) -> CoopOperands {
+    CoopOperands {
+        gather: coop_gather(entry),
+        xa: k.xa,
+        mla_f16: coop_mla_f16(entry, rec.exact_gemms()),
+        wide: coop_wide(f.code(), entry, rec.exact_gemms()),
+        m128: k.m128,
+    }
+}
+
+/// The tensor-core tile's rows, columns and K-step (`TM`, `TN`, `HK`) for `entry` with
+/// weights of `W_DTYPE` code `w_dtype`, operands taken as `ops` says.
+fn coop_shape(w_dtype: u32, entry: &str, ops: CoopOperands, exact: bool) -> (u32, u32, u32) {
+    let tm = match ops.m128 {
+        true => 128,
+        false => coop_tile_rows(w_dtype, entry, coop_x_f16(w_dtype, entry, exact)),
+    };
+    match ops.wide {
+        true => (tm, 256, 32),
+        false => (tm, coop_tile_cols(w_dtype, ops.mla_f16), coop_tile_k(entry)),
+    }
+}
+
 /// The values of [`coop_only_defines`].
 fn coop_only_values(w_dtype: u32, entry: &str, ops: CoopOperands, exact: bool) -> [u32; 10] {
     let x_f16 = coop_x_f16(w_dtype, entry, exact);
@@ -539,14 +558,7 @@ fn coop_only_values(w_dtype: u32, entry: &str, ops: CoopOperands, exact: bool) -
         CoopOperands { xa: true, .. } => 3,
         _ => x_f16 as u32,
     };
-    let (tn, hk) = match ops.wide {
-        true => (256, 32),
-        false => (coop_tile_cols(w_dtype, ops.mla_f16), coop_tile_k(entry)),
-    };
-    let tm = match ops.m128 {
-        true => 128,
-        false => coop_tile_rows(w_dtype, entry, x_f16),
-    };
+    let (tm, tn, hk) = coop_shape(w_dtype, entry, ops, exact);
     [
         coop_q4_mode(),
         x_mode,
@@ -636,16 +648,22 @@ fn coop_tile_k(entry: &str) -> u32 {
 /// dense `gemm`, 2 the routed `gemm_experts`, 3 both (a measurement aid; off until
 /// measured). Not with x's A fragments from memory ([`coop_a_global`]), which wins.
 fn coop_wide(w_dtype: u32, entry: &str, exact: bool) -> bool {
+    let picks = |v| gemm_knob_picks(v, w_dtype, entry, exact);
+    picks(knob!("SPARSA_COOP_WIDE", |v| v <= 3))
+        && !picks(knob!("SPARSA_COOP_A_GLOBAL", |v| v <= 3))
+}
+
+/// Whether a knob's value `v` that picks the dense `gemm` (bit 1) and the routed
+/// `gemm_experts` (bit 2) picks `entry`, where x is one f16 value on the 128-row tile (the
+/// tile those knobs change: [`coop_a_global`], [`coop_wide`]).
+fn gemm_knob_picks(v: Option<u32>, w_dtype: u32, entry: &str, exact: bool) -> bool {
     let which = match entry {
         "gemm" => 1,
         "gemm_experts" => 2,
         _ => return false,
     };
-    let asks = |v: Option<u32>| v.is_some_and(|v| v & which != 0);
-    coop_x_f16(w_dtype, entry, exact)
-        && coop_tile_cols(w_dtype, false) == 128
-        && asks(knob!("SPARSA_COOP_WIDE", |v| v <= 3))
-        && !asks(knob!("SPARSA_COOP_A_GLOBAL", |v| v <= 3))
+    v.is_some_and(|v| v & which != 0)
+        && coop_tile_rows(w_dtype, entry, coop_x_f16(w_dtype, entry, exact)) == 128
 }
 
 /// Whether the tensor-core tile rotates each subgroup's weight stores onto 32 distinct banks
@@ -666,26 +684,37 @@ fn coop_gather_ahead() -> u32 {
 /// Columns of the f32 GEMM tile (`TN` in matmul_tile.wgsl).
 const PORTABLE_TILE_COLS: u32 = 64;
 
-/// Rows of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f` (`TM`
-/// in the shaders; 64 in matmul_tile.wgsl).
-fn tile_rows(rec: &Recorder, f: WFormat, entry: &str) -> u32 {
-    if rec.gpu().tensor_cores() {
-        let x_f16 = coop_x_f16(f.code(), entry, rec.exact_gemms());
-        coop_tile_rows(f.code(), entry, x_f16)
-    } else {
-        GEMM_TILE_ROWS
+/// Rows of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f`,
+/// compiled with knobs `k` (`TM` in the shaders; 64 in matmul_tile.wgsl).
+fn tile_rows(rec: &Recorder, f: WFormat, entry: &str, k: Knobs) -> u32 {
+    match rec.gpu().tensor_cores() {
+        true => {
+            coop_shape(
+                f.code(),
+                entry,
+                coop_operands(rec, f, entry, k),
+                rec.exact_gemms(),
+            )
+            .0
+        }
+        false => GEMM_TILE_ROWS,
     }
 }
 
-/// Columns of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f`
-/// (`TN` in the shaders).
-fn tile_cols(rec: &Recorder, f: WFormat, entry: &str) -> u32 {
-    if rec.gpu().tensor_cores() && coop_wide(f.code(), entry, rec.exact_gemms()) {
-        256
-    } else if rec.gpu().tensor_cores() {
-        coop_tile_cols(f.code(), coop_mla_f16(entry, rec.exact_gemms()))
-    } else {
-        PORTABLE_TILE_COLS
+/// Columns of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f`,
+/// compiled with knobs `k` (`TN` in the shaders).
+fn tile_cols(rec: &Recorder, f: WFormat, entry: &str, k: Knobs) -> u32 {
+    match rec.gpu().tensor_cores() {
+        true => {
+            coop_shape(
+                f.code(),
+                entry,
+                coop_operands(rec, f, entry, k),
+                rec.exact_gemms(),
+            )
+            .1
+        }
+        false => PORTABLE_TILE_COLS,
     }
 }
 
@@ -724,15 +753,8 @@ fn coop_x_f16(w_dtype: u32, entry: &str, exact: bool) -> bool {
 /// `SPARSA_COOP_A_GLOBAL`: 1 the dense `gemm`, 2 the routed `gemm_experts` (over row tiles),
 /// 3 both (a measurement aid; off until measured).
 fn coop_a_global(rec: &Recorder, w_dtype: u32, entry: &str) -> bool {
-    let which = match entry {
-        "gemm" => 1,
-        "gemm_experts" => 2,
-        _ => return false,
-    };
-    rec.gpu().tensor_cores()
-        && coop_x_f16(w_dtype, entry, rec.exact_gemms())
-        && coop_tile_cols(w_dtype, false) == 128
-        && knob!("SPARSA_COOP_A_GLOBAL", |v| v <= 3).is_some_and(|v| v & which != 0)
+    let v = knob!("SPARSA_COOP_A_GLOBAL", |v| v <= 3);
+    rec.gpu().tensor_cores() && gemm_knob_picks(v, w_dtype, entry, rec.exact_gemms())
 }
 
 /// The routed slots whose rows [`x_to_f16`] copies, in the order of a table of row tiles.
@@ -973,9 +995,7 @@ pub fn tensor_core_variants(v: &ShaderVariant) -> Vec<ShaderVariant> {
         mla_f16: true,
         ..plain
     });
-    let xa = (["gemm", "gemm_experts"].contains(&v.entry)
-        && coop_x_f16(w_dtype, v.entry, false)
-        && coop_tile_cols(w_dtype, false) == 128)
+    let xa = gemm_knob_picks(Some(3), w_dtype, v.entry, false)
         .then_some(CoopOperands { xa: true, ..plain });
     let wide = xa.map(|_| CoopOperands {
         wide: true,
@@ -1495,7 +1515,7 @@ fn matmul_as(
     // its scratch buffer can be had; else x is staged as usual).
     let x16 = (kind == Dense::Gemm(64) && coop_a_global(rec, w.format.code(), "gemm"))
         .then(|| {
-            let tm = tile_rows(rec, w.format, "gemm");
+            let tm = tile_rows(rec, w.format, "gemm", KNOBS);
             x_to_f16(
                 rec,
                 x,
@@ -1596,8 +1616,8 @@ fn matmul_as(
             Dense::GemvDot(tpr4, _) if rows > 1 => n.div_ceil(rows_per_workgroup(tpr4)),
             Dense::Gemv4Q(tpr4) | Dense::GemvDot(tpr4, _) => n.div_ceil(256 / tpr4 * 4),
             Dense::Gemm(64) => {
-                rows.div_ceil(tile_rows(rec, w.format, "gemm"))
-                    * n.div_ceil(tile_cols(rec, w.format, "gemm"))
+                rows.div_ceil(tile_rows(rec, w.format, "gemm", KNOBS))
+                    * n.div_ceil(tile_cols(rec, w.format, "gemm", KNOBS))
             }
             Dense::Gemm(tile) => rows.div_ceil(tile) * n.div_ceil(tile),
             Dense::CoopRows => n.div_ceil(coop_rows_cols()),
@@ -1919,8 +1939,8 @@ fn heads_gemm(rec: &mut Recorder, w: &GpuWeight, h: &Heads, transposed: bool) {
         ..h.slot_params(w, block)
     };
     let tiles = heads as u64
-        * rows.div_ceil(tile_rows(rec, w.format, "gemm_heads")) as u64
-        * n.div_ceil(tile_cols(rec, w.format, "gemm_heads")) as u64;
+        * rows.div_ceil(tile_rows(rec, w.format, "gemm_heads", KNOBS)) as u64
+        * n.div_ceil(tile_cols(rec, w.format, "gemm_heads", KNOBS)) as u64;
     assert!(
         tiles <= u32::MAX as u64,
         "per-head GEMM: too many workgroups"
@@ -1988,20 +2008,11 @@ impl MlaGemm<'_> {
             && rec.gpu().tensor_cores()
             && entry == "mla_logits"
             && coop_mla_f16(entry, rec.exact_gemms());
-        let pipe = pipeline_for(
-            rec,
-            entry,
-            WFormat::Float(self.format),
-            Knobs { x4, m128, ..KNOBS },
-        );
-        let tm = match m128 {
-            true => 128,
-            false => tile_rows(rec, WFormat::Float(self.format), entry),
-        };
+        let (f, k) = (WFormat::Float(self.format), Knobs { x4, m128, ..KNOBS });
+        let pipe = pipeline_for(rec, entry, f, k);
         let tiles = (p.splits * self.rows) as u64
-            * self.heads.div_ceil(tm) as u64
-            * p.n
-                .div_ceil(tile_cols(rec, WFormat::Float(self.format), entry)) as u64;
+            * self.heads.div_ceil(tile_rows(rec, f, entry, k)) as u64
+            * p.n.div_ceil(tile_cols(rec, f, entry, k)) as u64;
         assert!(tiles <= u32::MAX as u64, "{entry}: too many workgroups");
         let grid = rec.gpu().grid(tiles as u32);
         // The positions and counts where the scales and expert ids go (matmul.wgsl, sel_pos).
@@ -2183,7 +2194,7 @@ fn experts_as(
                 experts,
                 slots,
                 n_experts,
-                tile_rows(rec, w.format, "gemm_experts"),
+                tile_rows(rec, w.format, "gemm_experts", KNOBS),
             )
         })
         .flatten();
@@ -2193,7 +2204,7 @@ fn experts_as(
         .as_ref()
         .filter(|_| coop_a_global(rec, w.format.code(), "gemm_experts"))
         .and_then(|t| {
-            let tm = tile_rows(rec, w.format, "gemm_experts");
+            let tm = tile_rows(rec, w.format, "gemm_experts", KNOBS);
             let order = SlotOrder {
                 table: &t.table,
                 list: t.list,
@@ -2287,7 +2298,7 @@ fn experts_as(
             ..Params::default()
         };
         let groups = if let Some(t) = &tiles {
-            t.most * rpe.div_ceil(tile_cols(rec, w.format, "gemm_experts"))
+            t.most * rpe.div_ceil(tile_cols(rec, w.format, "gemm_experts", KNOBS))
         } else if cpu_gemv {
             slots * rpe.div_ceil(cpu_wg() / tpr4 * rr)
         } else if coop {
@@ -2301,7 +2312,7 @@ fn experts_as(
         } else if gemv {
             slots * rpe.div_ceil(GEMV_RPW)
         } else {
-            (e1 - e0) * rpe.div_ceil(tile_cols(rec, w.format, "gemm_experts"))
+            (e1 - e0) * rpe.div_ceil(tile_cols(rec, w.format, "gemm_experts", KNOBS))
         };
         let grid = rec.gpu().grid(groups);
         let scale = c.scale.as_ref().unwrap_or(rec.gpu().dummy());
