@@ -4,8 +4,9 @@
 // With places (P.ragged, places.wgsl) row t is at its own position pos and reads its
 // sequence's keys at cache rows lo + s; out[t, s] = -inf for s > pos.
 //
-// One workgroup = one query row t and KT = 128 consecutive keys: a small matrix product
-// [HEADS × dim] · [dim × 128], tiled like a GEMM. The dim axis goes in chunks of DC: the
+// `scores` (decode, ragged rows; `scores_rows`, below, takes several rows of a prompt's
+// chunk): one workgroup = one query row t and KT = 128 consecutive keys: a small matrix
+// product [HEADS × dim] · [dim × 128], tiled like a GEMM. The dim axis goes in chunks of DC: the
 // chunk of q for all heads and of the 128 keys are staged in workgroup memory (keys
 // transposed, four neighbouring keys in one vec4; heads four to a vec4), then invocation
 // (head group g, key quad k) accumulates the dot products of its 4·HQ4 heads with keys
@@ -169,6 +170,157 @@ fn scores(
                 var total = 0.0;
                 for (var j = 0u; j < NG; j = j + 1u) {
                     total = total + red[j * KT + lid];
+                }
+                out[o] = bitcast<u32>(total * P.scale);
+            } else {
+                out[o] = NEG_INF_BITS;
+            }
+        }
+    }
+}
+
+// scores_rows: the chunk scores of a prompt's rows on GPUs (not CPU adapters, not ragged
+// rows, at most 128 heads; src/kernels/indexer.rs picks it where the chunk has rows for whole
+// workgroups). One workgroup = RT query rows (RT = 128 / HP, HP = HEADS rounded up to 4) and
+// KT = 128 keys: a [128 (row, head) pairs × dim] · [dim × 128 keys] product, tiled as a GEMM
+// whose invocation (pair group lid / 16, key group lid % 16) holds 8 pairs × 8 keys in
+// registers: pairs 4 pg .. + 3 and 64 + 4 pg .., keys 4 kg .. + 3 and 64 + 4 kg ... Per dim
+// step two vec4s of queries and two of keys from workgroup memory feed 64 FMAs (`scores`:
+// one of each for 16), and each staged key serves RT rows instead of one. Then each
+// invocation applies ReLU and the head weights and sums its pair quads (4 heads of one row),
+// the quads of a row are summed through workgroup memory, and the row's causal future is
+// -inf. Defines as `scores` (DC: a multiple of 4; 2 · DC · 32 vec4s of workgroup memory).
+const RP: u32 = 128u;                 // (row, head) pairs per workgroup
+const HP: u32 = (HEADS + 3u) / 4u * 4u; // heads per row, padded to whole quads
+const RT: u32 = RP / HP;              // query rows per workgroup
+const SM_Q: u32 = DC * (RP / 4u);      // the staged queries' vec4s: [d][pair / 4]
+const SM_K: u32 = DC * (KT / 4u);      // the staged keys' vec4s: [d][key / 4]
+// Staged queries and keys; after the products, the row sums' parts [pair / 4][key / 4].
+var<workgroup> sm: array<vec4<f32>, SM_Q + SM_K>;
+// The row sums' parts need (RP / 4) · (KT / 4) = 1,024 vec4s: DC >= 16.
+const_assert DC >= 16u && DC % 4u == 0u;
+
+// Workgroup g's first query row and first key.
+fn rows_block(g: u32) -> vec2<u32> {
+    return vec2<u32>((g / P.key_blocks) * RT, (P.blk0 + g % P.key_blocks) * KT);
+}
+
+// The weight of pair p's head for the workgroup's first row t0 (0 for padding).
+fn pair_weight(t0: u32, p: u32) -> f32 {
+    let r = p / HP;
+    let h = p % HP;
+    if (r >= RT || h >= HEADS || t0 + r >= P.rows) {
+        return 0.0;
+    }
+    return w[P.w_off + (t0 + r) * P.w_stride + h] * P.w_scale;
+}
+
+@compute @workgroup_size(256)
+fn scores_rows(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if (g >= (P.rows + RT - 1u) / RT * P.key_blocks) {
+        return;
+    }
+    let tb = rows_block(g);
+    let t0 = tb.x;
+    let s0 = tb.y;
+    let nr = min(RT, P.rows - t0);
+    // Rows are of one sequence (not ragged: row_lo is 0): the last row's position bounds
+    // the keys.
+    let last = row_pos(t0 + nr - 1u);
+    if (s0 > last) {
+        // Every row's causal future.
+        for (var i = lid; i < nr * KT; i += 256u) {
+            let s = s0 + i % KT;
+            if (s < P.n_keys) {
+                out[P.o_off + (t0 + i / KT) * P.o_stride + s] = NEG_INF_BITS;
+            }
+        }
+        return;
+    }
+    let pg = lid / 16u;
+    let kg = lid % 16u;
+    // acc[8 a + 2 c + b]: pair 4 (pg + 16 a) + c, keys 4 (kg + 16 b) .. + 3.
+    var acc: array<vec4<f32>, 16>;
+    for (var i = 0u; i < 16u; i++) {
+        acc[i] = vec4<f32>(0.0);
+    }
+    for (var d0 = 0u; d0 < P.dim; d0 += DC) {
+        workgroupBarrier();
+        // Queries: pair p = i % 128 (32 invocations write 8 whole vec4s), dim i / 128.
+        for (var i = lid; i < RP * DC; i += 256u) {
+            let p = i % RP;
+            let d = i / RP;
+            let r = p / HP;
+            let h = p % HP;
+            var v = 0.0;
+            if (r < nr && h < HEADS && d0 + d < P.dim) {
+                let t = t0 + r;
+                v = query_elem(P.q_off + t * P.q_stride + h * P.dim, t, d0 + d);
+            }
+            sm[d * (RP / 4u) + p / 4u][p % 4u] = v;
+        }
+        // Keys: invocation i loads key i / 2, dims (i % 2) · DC / 2 .., as `scores`.
+        {
+            let key = lid / 2u;
+            let dq = (lid % 2u) * (DC / 2u);
+            let s = s0 + key;
+            let live = s < P.n_keys && s <= last;
+            let kb = P.k_off + (s - P.seg_lo) * P.k_stride;
+            var ks = 0.0;
+            if (KFMT == 2u && live) {
+                ks = bitcast<f32>(keys[kb + P.dim / 4u]);
+            }
+            for (var e = 0u; e < DC / 2u; e++) {
+                var v = 0.0;
+                if (live && d0 + dq + e < P.dim) {
+                    v = key_at(kb, d0 + dq + e, ks);
+                }
+                sm[SM_Q + (dq + e) * (KT / 4u) + key / 4u][key % 4u] = v;
+            }
+        }
+        workgroupBarrier();
+        for (var d = 0u; d < DC; d++) {
+            let q0 = sm[d * (RP / 4u) + pg];
+            let q1 = sm[d * (RP / 4u) + 16u + pg];
+            let k0 = sm[SM_Q + d * (KT / 4u) + kg];
+            let k1 = sm[SM_Q + d * (KT / 4u) + 16u + kg];
+            for (var c = 0u; c < 4u; c++) {
+                acc[2u * c] += q0[c] * k0;
+                acc[2u * c + 1u] += q0[c] * k1;
+                acc[8u + 2u * c] += q1[c] * k0;
+                acc[8u + 2u * c + 1u] += q1[c] * k1;
+            }
+        }
+    }
+    // ReLU and head weights; each invocation sums its pair quads (4 heads of one row: HP is
+    // whole quads), then a row's quads are summed from workgroup memory.
+    workgroupBarrier();
+    for (var a = 0u; a < 2u; a++) {
+        let pq = pg + 16u * a;
+        for (var b = 0u; b < 2u; b++) {
+            var part = vec4<f32>(0.0);
+            for (var c = 0u; c < 4u; c++) {
+                part += pair_weight(t0, 4u * pq + c) * max(acc[8u * a + 2u * c + b], vec4<f32>(0.0));
+            }
+            sm[pq * (KT / 4u) + kg + 16u * b] = part;
+        }
+    }
+    workgroupBarrier();
+    for (var i = lid; i < nr * KT; i += 256u) {
+        let r = i / KT;
+        let k = i % KT;
+        let s = s0 + k;
+        if (s < P.n_keys) {
+            let o = P.o_off + (t0 + r) * P.o_stride + s;
+            if (s <= row_pos(t0 + r)) {
+                var total = 0.0;
+                for (var q = r * (HP / 4u); q < (r + 1u) * (HP / 4u); q++) {
+                    total += sm[q * (KT / 4u) + k / 4u][k % 4u];
                 }
                 out[o] = bitcast<u32>(total * P.scale);
             } else {

@@ -52,6 +52,47 @@ const INDEXER: Shader<Params> = Shader::new(
 /// This module's shaders (for [`super::shaders`]).
 pub(super) const SHADERS: &[ShaderCode] = &[INDEXER.code()];
 
+/// (row, head) pairs a `scores_rows` workgroup takes (`RP` in the shader).
+const ROWS_PAIRS: u32 = 128;
+
+thread_local! {
+    /// Set by [`with_rows_kernel`]: whether a GPU's chunk scores take `scores_rows` on this
+    /// thread wherever it can run, whatever the chunk's rows, or never.
+    static FORCE_ROWS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the indexer's scores recorded on this thread taking `scores_rows` wherever
+/// it can run (`on`: also for chunks of fewer rows than a workgroup takes) or never: for
+/// tests, which check both GPU kernels on one adapter.
+#[cfg(test)]
+fn with_rows_kernel<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    super::with_forced(&FORCE_ROWS, on, f)
+}
+
+/// Query rows a `scores_rows` workgroup takes for `heads` heads (`RT` in the shader): its
+/// 128 (row, head) pairs over the heads padded to whole quads.
+fn rows_per_workgroup(heads: u32) -> u32 {
+    ROWS_PAIRS / heads.next_multiple_of(4)
+}
+
+/// Whether a GPU's chunk of `rows` query rows (of one sequence: not `ragged`) with `heads`
+/// heads takes `scores_rows` (several rows a workgroup, 8 × 8 outputs an invocation) rather
+/// than `scores` (one row a workgroup): where its 128 pairs hold every head of a row and
+/// the chunk fills at least one workgroup (decode keeps `scores`). `SPARSA_INDEXER_ROWS=0`
+/// turns it off (a measurement aid).
+fn rows_kernel(rows: u32, heads: u32, ragged: bool) -> bool {
+    if ragged || heads > ROWS_PAIRS {
+        return false;
+    }
+    match FORCE_ROWS.with(|c| c.get()) {
+        Some(on) => on,
+        None => {
+            rows >= rows_per_workgroup(heads)
+                && crate::knobs::knob!("SPARSA_INDEXER_ROWS", |v| v <= 1) != Some(0)
+        }
+    }
+}
+
 /// The indexer's shapes, from the config once ([`IndexerDims::of`]): `heads` query heads of
 /// `dim` values sharing one key per position; the head weights are scaled by `w_scale`
 /// (`heads^-1/2`) and the scores by `scale` (`dim^-1/2`).
@@ -86,9 +127,12 @@ impl IndexerDims {
 /// [`super::cache::rotate`]), whose segments must cover the `n_keys` positions and be whole
 /// key blocks (a multiple of 128 positions) but for the last.
 ///
-/// `out` must be a buffer of its own (the inputs may share one). One workgroup covers one
-/// query row and 128 keys, a tiled [heads × dim]·[dim × 128] product; blocks wholly in the
-/// causal future only write -inf. Each segment is scored by a dispatch of its own.
+/// `out` must be a buffer of its own (the inputs may share one). On GPUs a chunk of a
+/// prompt's rows takes `scores_rows` ([`rows_kernel`]): one workgroup covers 128 / heads
+/// query rows (heads padded to 4) and 128 keys, a [128 pairs × dim]·[dim × 128] product of
+/// 8 × 8 outputs an invocation; decode and ragged rows take `scores`, a workgroup a query
+/// row, and CPU adapters `scores_cpu`. Blocks wholly in the causal future only write -inf.
+/// Each segment is scored by a dispatch of its own.
 /// With `rope`, the queries are rotated as they are read (its slice: the first dims of each
 /// head; not with `I8` keys, whose queries are rotated twice before: RoPE, then Hadamard).
 #[allow(clippy::too_many_arguments)]
@@ -142,11 +186,22 @@ pub fn indexer_scores(
         16
     };
     let qd4 = dim.div_ceil(4);
-    let cpu = super::cpu_kernels(gpu)
-        && cpu_scores_fit(heads, qd4, gpu.limits.max_compute_workgroup_storage_size);
+    let limit = gpu.limits.max_compute_workgroup_storage_size;
+    let cpu = super::cpu_kernels(gpu) && cpu_scores_fit(heads, qd4, limit);
+    // scores_rows: queries and keys staged DC dims at a time, 32 vec4s each per dim (its
+    // row sums' 1,024 vec4s then fit the same memory with DC >= 16).
+    let rows_dc = [32u32, 16]
+        .into_iter()
+        .find(|dc| dc * 64 * 16 <= limit)
+        .filter(|_| !cpu && rows_kernel(rows, heads, ragged != 0));
+    let (entry, dc, per_wg) = match rows_dc {
+        Some(rdc) => ("scores_rows", rdc, rows_per_workgroup(heads)),
+        None if cpu => ("scores_cpu", dc, 1),
+        None => ("scores", dc, 1),
+    };
     let p = gpu.pipeline(
         &INDEXER,
-        if cpu { "scores_cpu" } else { "scores" },
+        entry,
         &[
             ("HEADS", u(heads)),
             ("HQ4", u(hq4)),
@@ -201,7 +256,7 @@ pub fn indexer_scores(
             rot_half: rope.map_or(0, |r| r.slice.rot_dim / 2),
             ragged,
         };
-        let groups = rows as u64 * key_blocks as u64;
+        let groups = rows.div_ceil(per_wg) as u64 * key_blocks as u64;
         assert!(
             groups <= u32::MAX as u64,
             "indexer_scores: too many workgroups"
@@ -450,12 +505,12 @@ mod tests {
         if let Some(r) = &slice {
             rope_ref(&mut q_ref, rows, heads * dim, r, &cs);
         }
-        // The GPUs' kernel, then the CPU adapters' (each into a freshly filled output).
+        // The GPUs' kernels, then the CPU adapters' (each into a freshly filled output).
         let mut got = Vec::new();
-        for cpu_kernels in [false, true] {
+        for kernel in KERNELS {
             let ob = Placed::filled(g, rows, n_keys, (3, n_keys + 4), 7.5);
             let mut rec = g.recorder();
-            crate::kernels::with_cpu_kernels(cpu_kernels, || {
+            kernel.with(|| {
                 indexer_scores(
                     &mut rec,
                     View::new(&qwb, qoff as u32, qs as u32),
@@ -479,7 +534,26 @@ mod tests {
             got.extend(ob.read(g, "indexer_scores"));
         }
         let want = cpu_scores(&q_ref, w, keys, c, w_scale, scale);
-        (got, want.repeat(2))
+        (got, want.repeat(KERNELS.len()))
+    }
+
+    /// The kernels the tests check on one adapter: the GPUs' `scores` (a row a workgroup)
+    /// and `scores_rows` (several), and the CPU adapters' `scores_cpu`.
+    #[derive(Clone, Copy, Debug)]
+    enum Kernel {
+        Scores,
+        ScoresRows,
+        ScoresCpu,
+    }
+    const KERNELS: [Kernel; 3] = [Kernel::Scores, Kernel::ScoresRows, Kernel::ScoresCpu];
+
+    impl Kernel {
+        /// Runs `f` with the indexer's scores recorded on this thread taking this kernel.
+        fn with<R>(self, f: impl FnOnce() -> R) -> R {
+            let cpu = matches!(self, Kernel::ScoresCpu);
+            let rows = matches!(self, Kernel::ScoresRows);
+            crate::kernels::with_cpu_kernels(cpu, || with_rows_kernel(rows, f))
+        }
     }
 
     #[test]
@@ -549,21 +623,25 @@ mod tests {
                     };
                     let qb = g.buffer_from(&q, "q").unwrap();
                     let wb = g.buffer_from(&w, "w").unwrap();
-                    let ob = Placed::filled(g, c.rows, c.n_keys, (1, c.n_keys + 3), 7.5);
                     let d = IndexerDims {
                         heads: c.heads as u32,
                         dim: dim as u32,
                         w_scale: 0.3,
                         scale: 0.2,
                     };
-                    let mut rec = g.recorder();
-                    let qv = View::rows(&qb, (c.heads * dim) as u32);
-                    let wv = View::rows(&wb, c.heads as u32);
-                    indexer_scores(&mut rec, qv, wv, &kc, ob.view(), c.causal(), &d, None);
-                    rec.finish().unwrap();
-                    let got = ob.read(g, "indexer_scores");
                     let want = cpu_scores(&q, &w, &decoded, &c, 0.3, 0.2);
-                    check_scores(&got, &want);
+                    for kernel in KERNELS {
+                        let ob = Placed::filled(g, c.rows, c.n_keys, (1, c.n_keys + 3), 7.5);
+                        let mut rec = g.recorder();
+                        let qv = View::rows(&qb, (c.heads * dim) as u32);
+                        let wv = View::rows(&wb, c.heads as u32);
+                        kernel.with(|| {
+                            indexer_scores(&mut rec, qv, wv, &kc, ob.view(), c.causal(), &d, None)
+                        });
+                        rec.finish().unwrap();
+                        let got = ob.read(g, "indexer_scores");
+                        check_scores(&got, &want);
+                    }
                 }
             }
         }
@@ -620,6 +698,23 @@ mod tests {
                 dim: 24,
                 n_keys: 70,
                 pos0: 68,
+            },
+            // GLM-5's 32 heads: scores_rows' 4 rows a workgroup over 3 row blocks (the last
+            // partial), dims past a whole chunk; from 0 (blocks wholly in every row's
+            // future) and deep into the keys.
+            Case {
+                rows: 9,
+                heads: 32,
+                dim: 40,
+                n_keys: 300,
+                pos0: 0,
+            },
+            Case {
+                rows: 10,
+                heads: 32,
+                dim: 40,
+                n_keys: 300,
+                pos0: 289,
             },
         ]
         .iter()
