@@ -192,7 +192,7 @@ fn scores(
 // -inf. Defines as `scores` (DC: a multiple of 4; 2 · DC · 32 vec4s of workgroup memory).
 const RP: u32 = 128u;                 // (row, head) pairs per workgroup
 const HP: u32 = (HEADS + 3u) / 4u * 4u; // heads per row, padded to whole quads
-const RT: u32 = RP / HP;              // query rows per workgroup
+const RT: u32 = max(RP / HP, 1u);     // query rows per workgroup (1: scores_rows does not run)
 const SM_Q: u32 = DC * (RP / 4u);      // the staged queries' vec4s: [d][pair / 4]
 const SM_K: u32 = DC * (KT / 4u);      // the staged keys' vec4s: [d][key / 4]
 // Staged queries and keys; after the products, the row sums' parts [pair / 4][key / 4].
@@ -213,6 +213,26 @@ fn pair_weight(t0: u32, p: u32) -> f32 {
         return 0.0;
     }
     return w[P.w_off + (t0 + r) * P.w_stride + h] * P.w_scale;
+}
+
+// Four pairs' dot products with 4 keys (pair c in field c, keys in the vec4).
+struct Quad {
+    c0: vec4<f32>,
+    c1: vec4<f32>,
+    c2: vec4<f32>,
+    c3: vec4<f32>,
+}
+
+// u plus query values q (4 pairs at one dim) times keys k (4 keys at that dim).
+fn quad_fma(u: Quad, q: vec4<f32>, k: vec4<f32>) -> Quad {
+    return Quad(u.c0 + q.x * k, u.c1 + q.y * k, u.c2 + q.z * k, u.c3 + q.w * k);
+}
+
+// Pair quad pq's weighted ReLU sum (its 4 pairs are heads of one row) for 4 keys.
+fn quad_sum(t0: u32, pq: u32, u: Quad) -> vec4<f32> {
+    let z = vec4<f32>(0.0);
+    return pair_weight(t0, 4u * pq) * max(u.c0, z) + pair_weight(t0, 4u * pq + 1u) * max(u.c1, z)
+        + pair_weight(t0, 4u * pq + 2u) * max(u.c2, z) + pair_weight(t0, 4u * pq + 3u) * max(u.c3, z);
 }
 
 @compute @workgroup_size(256)
@@ -244,11 +264,12 @@ fn scores_rows(
     }
     let pg = lid / 16u;
     let kg = lid % 16u;
-    // acc[8 a + 2 c + b]: pair 4 (pg + 16 a) + c, keys 4 (kg + 16 b) .. + 3.
-    var acc: array<vec4<f32>, 16>;
-    for (var i = 0u; i < 16u; i++) {
-        acc[i] = vec4<f32>(0.0);
-    }
+    // uab: pairs 4 (pg + 16 a) .., keys 4 (kg + 16 b) .. (fields, not an array indexed in a
+    // loop, which NVIDIA's compiler may put in local memory).
+    var u00 = Quad();
+    var u01 = Quad();
+    var u10 = Quad();
+    var u11 = Quad();
     for (var d0 = 0u; d0 < P.dim; d0 += DC) {
         workgroupBarrier();
         // Queries: pair p = i % 128 (32 invocations write 8 whole vec4s), dim i / 128.
@@ -289,27 +310,19 @@ fn scores_rows(
             let q1 = sm[d * (RP / 4u) + 16u + pg];
             let k0 = sm[SM_Q + d * (KT / 4u) + kg];
             let k1 = sm[SM_Q + d * (KT / 4u) + 16u + kg];
-            for (var c = 0u; c < 4u; c++) {
-                acc[2u * c] += q0[c] * k0;
-                acc[2u * c + 1u] += q0[c] * k1;
-                acc[8u + 2u * c] += q1[c] * k0;
-                acc[8u + 2u * c + 1u] += q1[c] * k1;
-            }
+            u00 = quad_fma(u00, q0, k0);
+            u01 = quad_fma(u01, q0, k1);
+            u10 = quad_fma(u10, q1, k0);
+            u11 = quad_fma(u11, q1, k1);
         }
     }
     // ReLU and head weights; each invocation sums its pair quads (4 heads of one row: HP is
     // whole quads), then a row's quads are summed from workgroup memory.
     workgroupBarrier();
-    for (var a = 0u; a < 2u; a++) {
-        let pq = pg + 16u * a;
-        for (var b = 0u; b < 2u; b++) {
-            var part = vec4<f32>(0.0);
-            for (var c = 0u; c < 4u; c++) {
-                part += pair_weight(t0, 4u * pq + c) * max(acc[8u * a + 2u * c + b], vec4<f32>(0.0));
-            }
-            sm[pq * (KT / 4u) + kg + 16u * b] = part;
-        }
-    }
+    sm[pg * (KT / 4u) + kg] = quad_sum(t0, pg, u00);
+    sm[pg * (KT / 4u) + kg + 16u] = quad_sum(t0, pg, u01);
+    sm[(pg + 16u) * (KT / 4u) + kg] = quad_sum(t0, pg + 16u, u10);
+    sm[(pg + 16u) * (KT / 4u) + kg + 16u] = quad_sum(t0, pg + 16u, u11);
     workgroupBarrier();
     for (var i = lid; i < nr * KT; i += 256u) {
         let r = i / KT;

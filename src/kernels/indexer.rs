@@ -78,8 +78,10 @@ fn rows_per_workgroup(heads: u32) -> u32 {
 /// Whether a GPU's chunk of `rows` query rows (of one sequence: not `ragged`) with `heads`
 /// heads takes `scores_rows` (several rows a workgroup, 8 × 8 outputs an invocation) rather
 /// than `scores` (one row a workgroup): where its 128 pairs hold every head of a row and
-/// the chunk fills at least one workgroup (decode keeps `scores`). `SPARSA_INDEXER_ROWS=0`
-/// turns it off (a measurement aid).
+/// the chunk fills at least one workgroup (decode keeps `scores`), with
+/// `SPARSA_INDEXER_ROWS=1`: off by default until measured on a GPU (written in a session
+/// without one; its results are checked on lavapipe against the CPU reference, as the other
+/// two kernels' are).
 fn rows_kernel(rows: u32, heads: u32, ragged: bool) -> bool {
     if ragged || heads > ROWS_PAIRS {
         return false;
@@ -88,7 +90,7 @@ fn rows_kernel(rows: u32, heads: u32, ragged: bool) -> bool {
         Some(on) => on,
         None => {
             rows >= rows_per_workgroup(heads)
-                && crate::knobs::knob!("SPARSA_INDEXER_ROWS", |v| v <= 1) != Some(0)
+                && crate::knobs::knob!("SPARSA_INDEXER_ROWS", |v| v <= 1) == Some(1)
         }
     }
 }
@@ -128,7 +130,7 @@ impl IndexerDims {
 /// key blocks (a multiple of 128 positions) but for the last.
 ///
 /// `out` must be a buffer of its own (the inputs may share one). On GPUs a chunk of a
-/// prompt's rows takes `scores_rows` ([`rows_kernel`]): one workgroup covers 128 / heads
+/// prompt's rows may take `scores_rows` ([`rows_kernel`]): one workgroup covers 128 / heads
 /// query rows (heads padded to 4) and 128 keys, a [128 pairs × dim]·[dim × 128] product of
 /// 8 × 8 outputs an invocation; decode and ragged rows take `scores`, a workgroup a query
 /// row, and CPU adapters `scores_cpu`. Blocks wholly in the causal future only write -inf.
