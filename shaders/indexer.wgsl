@@ -179,9 +179,9 @@ fn scores(
     }
 }
 
-// scores_rows: the chunk scores of a prompt's rows on GPUs (not CPU adapters, not ragged
-// rows, at most 128 heads; src/kernels/indexer.rs picks it where the chunk has rows for whole
-// workgroups). One workgroup = RT query rows (RT = 128 / HP, HP = HEADS rounded up to 4) and
+// scores_rows: the chunk scores of a prompt's rows on GPUs (not CPU adapters; rows of one
+// sequence, placed or not; at most 128 heads; src/kernels/indexer.rs picks it where the
+// chunk has rows for whole workgroups). One workgroup = RT query rows (RT = 128 / HP, HP = HEADS rounded up to 4) and
 // KT = 128 keys: a [128 (row, head) pairs × dim] · [dim × 128 keys] product, tiled as a GEMM
 // whose invocation (pair group lid / 16, key group lid % 16) holds 8 pairs × 8 keys in
 // registers: pairs 4 pg .. + 3 and 64 + 4 pg .., keys 4 kg .. + 3 and 64 + 4 kg ... Per dim
@@ -249,9 +249,13 @@ fn scores_rows(
     let t0 = tb.x;
     let s0 = tb.y;
     let nr = min(RT, P.rows - t0);
-    // Rows are of one sequence (not ragged: row_lo is 0): the last row's position bounds
-    // the keys.
-    let last = row_pos(t0 + nr - 1u);
+    // The rows are of one sequence (kernels/indexer.rs: one lo, placed or not); the keys
+    // staged are those up to the farthest row's position.
+    let lo = row_lo(t0);
+    var last = 0u;
+    for (var r = 0u; r < nr; r++) {
+        last = max(last, row_pos(t0 + r));
+    }
     if (s0 > last) {
         // Every row's causal future.
         for (var i = lid; i < nr * KT; i += 256u) {
@@ -291,7 +295,7 @@ fn scores_rows(
             let dq = (lid % 2u) * (DC / 2u);
             let s = s0 + key;
             let live = s < P.n_keys && s <= last;
-            let kb = P.k_off + (s - P.seg_lo) * P.k_stride;
+            let kb = P.k_off + (lo + s - P.seg_lo) * P.k_stride;
             var ks = 0.0;
             if (KFMT == 2u && live) {
                 ks = bitcast<f32>(keys[kb + P.dim / 4u]);

@@ -41,7 +41,7 @@ use sparsa::kernels::attention::{self, MlaDims, MlaGemmUse, MlaPlan, MlaQueries}
 use sparsa::kernels::cache::{CacheRows, Segment};
 use sparsa::kernels::matmul::{self, matmul_experts, Routed};
 use sparsa::kernels::topk::Selection;
-use sparsa::kernels::{with_cpu_kernels, with_mla_cpu_sg, View};
+use sparsa::kernels::{indexer, with_cpu_kernels, with_mla_cpu_sg, View};
 use sparsa::model::{Model, ModelSource, Session};
 use sparsa::sampling::{Sampler, SamplingParams};
 use sparsa::weights::{DType, GpuWeight, QFormat, WFormat};
@@ -478,6 +478,11 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
                             let model = Model::load(&data(family), gpu.clone(), &mut |_, _| {})
                                 .expect("loads");
                             greedy(&model, 40);
+                            if family == "glm5" {
+                                // The indexer's chunk scores over several rows a workgroup
+                                // (off by default: SPARSA_INDEXER_ROWS).
+                                indexer::with_rows_kernel(true, || greedy(&model, 40));
+                            }
                         }
                     })
                 })
@@ -525,7 +530,12 @@ fn recorded_variants() -> BTreeSet<ShaderVariant> {
                                 Model::from_source(&builtin, small.clone(), &mut |_, _| {}),
                                 Model::load(&data("glm5"), small.clone(), &mut |_, _| {}),
                             ] {
-                                greedy(&model.expect("loads"), 100);
+                                let model = model.expect("loads");
+                                greedy(&model, 100);
+                                if !cpu_kernels {
+                                    // scores_rows in 16 KiB of workgroup memory.
+                                    indexer::with_rows_kernel(true, || greedy(&model, 100));
+                                }
                             }
                         });
                     }

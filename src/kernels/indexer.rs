@@ -63,9 +63,9 @@ thread_local! {
 
 /// Runs `f` with the indexer's scores recorded on this thread taking `scores_rows` wherever
 /// it can run (`on`: also for chunks of fewer rows than a workgroup takes) or never: for
-/// tests, which check both GPU kernels on one adapter.
-#[cfg(test)]
-fn with_rows_kernel<R>(on: bool, f: impl FnOnce() -> R) -> R {
+/// tests, which check both GPU kernels on one adapter (and tests/backends.rs, which
+/// translates every entry point).
+pub fn with_rows_kernel<R>(on: bool, f: impl FnOnce() -> R) -> R {
     super::with_forced(&FORCE_ROWS, on, f)
 }
 
@@ -75,15 +75,16 @@ fn rows_per_workgroup(heads: u32) -> u32 {
     ROWS_PAIRS / heads.next_multiple_of(4)
 }
 
-/// Whether a GPU's chunk of `rows` query rows (of one sequence: not `ragged`) with `heads`
-/// heads takes `scores_rows` (several rows a workgroup, 8 × 8 outputs an invocation) rather
-/// than `scores` (one row a workgroup): where its 128 pairs hold every head of a row and
-/// the chunk fills at least one workgroup (decode keeps `scores`), with
+/// Whether a GPU's chunk of `rows` query rows with `heads` heads takes `scores_rows` (several
+/// rows a workgroup, 8 × 8 outputs an invocation, the keys read once for them) rather than
+/// `scores` (one row a workgroup): where the rows are of `one_sequence` (a session's chunk,
+/// not a batched step's rows of several), its 128 pairs hold every head of a row and the
+/// chunk fills at least one workgroup (decode keeps `scores`), with
 /// `SPARSA_INDEXER_ROWS=1`: off by default until measured on a GPU (written in a session
 /// without one; its results are checked on lavapipe against the CPU reference, as the other
 /// two kernels' are).
-fn rows_kernel(rows: u32, heads: u32, ragged: bool) -> bool {
-    if ragged || heads > ROWS_PAIRS {
+fn rows_kernel(rows: u32, heads: u32, one_sequence: bool) -> bool {
+    if !one_sequence || heads > ROWS_PAIRS {
         return false;
     }
     match FORCE_ROWS.with(|c| c.get()) {
@@ -132,7 +133,7 @@ impl IndexerDims {
 /// `out` must be a buffer of its own (the inputs may share one). On GPUs a chunk of a
 /// prompt's rows may take `scores_rows` ([`rows_kernel`]): one workgroup covers 128 / heads
 /// query rows (heads padded to 4) and 128 keys, a [128 pairs × dim]·[dim × 128] product of
-/// 8 × 8 outputs an invocation; decode and ragged rows take `scores`, a workgroup a query
+/// 8 × 8 outputs an invocation; decode and rows of several sequences take `scores`, a workgroup a query
 /// row, and CPU adapters `scores_cpu`. Blocks wholly in the causal future only write -inf.
 /// Each segment is scored by a dispatch of its own.
 /// With `rope`, the queries are rotated as they are read (its slice: the first dims of each
@@ -195,7 +196,7 @@ pub fn indexer_scores(
     let rows_dc = [32u32, 16]
         .into_iter()
         .find(|dc| dc * 64 * 16 <= limit)
-        .filter(|_| !cpu && rows_kernel(rows, heads, ragged != 0));
+        .filter(|_| !cpu && rows_kernel(rows, heads, chunk.of_one_sequence()));
     let (entry, dc, per_wg) = match rows_dc {
         Some(rdc) => ("scores_rows", rdc, rows_per_workgroup(heads)),
         None if cpu => ("scores_cpu", dc, 1),
@@ -303,73 +304,75 @@ mod tests {
     fn indexer_scores_placed_rows_of_several_sequences() {
         // A batched step's rows over a pooled key cache: row t reads its own sequence's
         // keys from cache row lo and is causal at its own position; each row must equal the
-        // reference over its sequence's keys alone.
+        // reference over its sequence's keys alone. Then a session's chunk placed in the
+        // pool: rows of one sequence (one lo), which scores_rows takes 32 a workgroup.
         let g = gpu();
         let mut rng = Rng::new(77);
-        let (heads, dim, n_keys) = (5usize, 40usize, 260usize);
-        let host = [(0usize, 259usize), (640, 3), (320, 130), (640, 200)];
-        let rows = host.len();
-        let pool = 640 + n_keys;
-        let keys = rng.vec(pool * dim, 1.0);
-        let one = Case {
-            rows,
-            heads,
-            dim,
-            n_keys,
-            pos0: 0,
-        };
-        let (q, w, _) = one.random_inputs(&mut rng);
-        let words: Vec<u32> = keys.iter().map(|v| v.to_bits()).collect();
-        let kseg = cache_segments(g, &words, dim, pool);
-        let kb = CacheRows {
-            segs: &kseg,
-            format: KeyFormat::F32,
-            row_words: dim as u32,
-        };
-        let qb = g.buffer_from(&q, "q").unwrap();
-        let wb = g.buffer_from(&w, "w").unwrap();
-        let ob = Placed::filled(g, rows, n_keys, (2, n_keys + 1), 7.5);
-        let pw: Vec<u32> = host
-            .iter()
-            .flat_map(|&(lo, p)| [lo as u32, p as u32])
-            .collect();
-        let places = g.buffer_from(&pw, "places").unwrap();
-        let chunk = Causal {
-            places: Some(&places),
-            ..Causal::chunk(rows as u32, n_keys as u32, 0)
-        };
-        let d = IndexerDims {
-            heads: heads as u32,
-            dim: dim as u32,
-            w_scale: 0.37,
-            scale: 0.125,
-        };
-        let mut rec = g.recorder();
-        let (qv, wv) = (
-            View::rows(&qb, (heads * dim) as u32),
-            View::rows(&wb, heads as u32),
-        );
-        indexer_scores(&mut rec, qv, wv, &kb, ob.view(), chunk, &d, None);
-        rec.finish().unwrap();
-        let got = ob.read(g, "indexer_scores placed");
-        for (t, &(lo, pos)) in host.iter().enumerate() {
-            let c = Case {
-                rows: 1,
-                pos0: pos,
-                ..one
+        let (heads, dim, n_keys) = (4usize, 40usize, 260usize);
+        let several = [(0usize, 259usize), (640, 3), (320, 130), (640, 200)];
+        let one_seq: Vec<(usize, usize)> = (190..227).map(|p| (320, p)).collect();
+        for (host, one_sequence) in [(&several[..], false), (&one_seq[..], true)] {
+            let rows = host.len();
+            let pool = 640 + n_keys;
+            let keys = rng.vec(pool * dim, 1.0);
+            let one = Case {
+                rows,
+                heads,
+                dim,
+                n_keys,
+                pos0: 0,
             };
-            let qt = &q[t * heads * dim..(t + 1) * heads * dim];
-            let wt = &w[t * heads..(t + 1) * heads];
-            let kt = &keys[lo * dim..(lo + n_keys) * dim];
-            let want = cpu_scores(qt, wt, kt, &c, 0.37, 0.125);
-            let row = &got[t * n_keys..(t + 1) * n_keys];
-            assert_close(
-                row,
-                &want,
-                1e-4,
-                1e-4,
-                &format!("placed row {t} (lo {lo}, pos {pos})"),
-            );
+            let (q, w, _) = one.random_inputs(&mut rng);
+            let words: Vec<u32> = keys.iter().map(|v| v.to_bits()).collect();
+            let kseg = cache_segments(g, &words, dim, pool);
+            let kb = CacheRows {
+                segs: &kseg,
+                format: KeyFormat::F32,
+                row_words: dim as u32,
+            };
+            let qb = g.buffer_from(&q, "q").unwrap();
+            let wb = g.buffer_from(&w, "w").unwrap();
+            let pw: Vec<u32> = host
+                .iter()
+                .flat_map(|&(lo, p)| [lo as u32, p as u32])
+                .collect();
+            let places = g.buffer_from(&pw, "places").unwrap();
+            let chunk = Causal {
+                places: Some(&places),
+                one_sequence,
+                ..Causal::chunk(rows as u32, n_keys as u32, 0)
+            };
+            let d = IndexerDims {
+                heads: heads as u32,
+                dim: dim as u32,
+                w_scale: 0.37,
+                scale: 0.125,
+            };
+            for kernel in KERNELS {
+                let ob = Placed::filled(g, rows, n_keys, (2, n_keys + 1), 7.5);
+                let mut rec = g.recorder();
+                let (qv, wv) = (
+                    View::rows(&qb, (heads * dim) as u32),
+                    View::rows(&wb, heads as u32),
+                );
+                kernel.with(|| indexer_scores(&mut rec, qv, wv, &kb, ob.view(), chunk, &d, None));
+                rec.finish().unwrap();
+                let got = ob.read(g, "indexer_scores placed");
+                for (t, &(lo, pos)) in host.iter().enumerate() {
+                    let c = Case {
+                        rows: 1,
+                        pos0: pos,
+                        ..one
+                    };
+                    let qt = &q[t * heads * dim..(t + 1) * heads * dim];
+                    let wt = &w[t * heads..(t + 1) * heads];
+                    let kt = &keys[lo * dim..(lo + n_keys) * dim];
+                    let want = cpu_scores(qt, wt, kt, &c, 0.37, 0.125);
+                    let row = &got[t * n_keys..(t + 1) * n_keys];
+                    let what = format!("{kernel:?}: placed row {t} (lo {lo}, pos {pos})");
+                    assert_close(row, &want, 1e-4, 1e-4, &what);
+                }
+            }
         }
     }
 

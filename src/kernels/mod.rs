@@ -143,13 +143,16 @@ fn forced_mla_cpu_sg() -> Option<bool> {
 /// positions `s ≤ pos` of its own sequence, at cache rows `lo + s`; `pos0` is unused. The
 /// kernels that take it: the cache stores, the indexer's scores, top-k and select-all
 /// (which output cache rows, `lo + s`, for sparse MLA to read). A row's cache rows must lie
-/// in one segment of the cache, or `lo` be 0.
+/// in one segment of the cache, or `lo` be 0. `one_sequence`: the placed rows are all of
+/// one sequence (one `lo`: a session's own chunk), so a kernel may share the keys it reads
+/// between rows (the indexer's `scores_rows`); rows without places always are.
 #[derive(Clone, Copy, Debug)]
 pub struct Causal<'a> {
     pub rows: u32,
     pub n_keys: u32,
     pub pos0: u32,
     pub places: Option<&'a wgpu::Buffer>,
+    pub one_sequence: bool,
 }
 
 impl<'a> Causal<'a> {
@@ -160,7 +163,15 @@ impl<'a> Causal<'a> {
             n_keys,
             pos0,
             places: None,
+            // Places set later over this (`..Causal::chunk(..)`) are several sequences'
+            // unless said otherwise.
+            one_sequence: false,
         }
+    }
+
+    /// Whether every row is of one sequence: without places, or placed with `one_sequence`.
+    pub(crate) fn of_one_sequence(&self) -> bool {
+        self.places.is_none() || self.one_sequence
     }
 
     /// `P.ragged` of the kernels that take places: 1 with them.

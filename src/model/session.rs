@@ -439,6 +439,7 @@ impl Session {
             n_keys: (most + t as usize) as u32,
             pos0: most as u32,
             places: Some(&self.s.places),
+            one_sequence: true,
         }
     }
 
@@ -460,6 +461,7 @@ impl Session {
             n_keys: rows.iter().map(|r| r.1 + 1).max().unwrap_or(0) as u32,
             pos0: rows.first().map_or(0, |r| r.1) as u32,
             places: Some(&self.s.places),
+            one_sequence: rows.iter().all(|r| r.0 == rows[0].0),
         }
     }
 
