@@ -75,6 +75,28 @@ fn query_elem(hb: u32, t: u32, j: u32) -> f32 {
     return v;
 }
 
+// The key chunk at dims d0 .. d0 + DC of keys s0 .. s0 + 127 (zeros past P.n_keys, past
+// `last` and past P.dim) into kc, transposed: invocation lid loads key lid / 2, dims
+// (lid % 2) · DC / 2 .., from cache row lo + key.
+fn stage_keys(lid: u32, s0: u32, last: u32, lo: u32, d0: u32) {
+    let key = lid / 2u;
+    let dq = (lid % 2u) * (DC / 2u);
+    let s = s0 + key;
+    let live = s < P.n_keys && s <= last;
+    let kb = P.k_off + (lo + s - P.seg_lo) * P.k_stride;
+    var ks = 0.0;
+    if (KFMT == 2u && live) {
+        ks = bitcast<f32>(keys[kb + P.dim / 4u]);
+    }
+    for (var e = 0u; e < DC / 2u; e = e + 1u) {
+        var v = 0.0;
+        if (live && d0 + dq + e < P.dim) {
+            v = key_at(kb, d0 + dq + e, ks);
+        }
+        kc[(dq + e) * (KT / 4u) + key / 4u][key % 4u] = v;
+    }
+}
+
 @compute @workgroup_size(256)
 fn scores(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -116,26 +138,7 @@ fn scores(
             }
             qc[(d * NG * HPI + h) / 4u][h % 4u] = v;
         }
-        // key chunk: 128 keys × DC values; invocation i loads key i / 2, values
-        // (i % 2) · DC/2 ..
-        {
-            let key = lid / 2u;
-            let dq = (lid % 2u) * (DC / 2u);
-            let s = s0 + key;
-            let live = s < P.n_keys && s <= last;
-            let kb = P.k_off + (lo + s - P.seg_lo) * P.k_stride;
-            var ks = 0.0;
-            if (KFMT == 2u && live) {
-                ks = bitcast<f32>(keys[kb + P.dim / 4u]);
-            }
-            for (var e = 0u; e < DC / 2u; e = e + 1u) {
-                var v = 0.0;
-                if (live && d0 + dq + e < P.dim) {
-                    v = key_at(kb, d0 + dq + e, ks);
-                }
-                kc[(dq + e) * (KT / 4u) + key / 4u][key % 4u] = v;
-            }
-        }
+        stage_keys(lid, s0, last, lo, d0);
         workgroupBarrier();
         for (var d = 0u; d < DC; d = d + 1u) {
             let kv = kc[d * (KT / 4u) + kq];
@@ -193,11 +196,10 @@ fn scores(
 const RP: u32 = 128u;                 // (row, head) pairs per workgroup
 const HP: u32 = (HEADS + 3u) / 4u * 4u; // heads per row, padded to whole quads
 const RT: u32 = max(RP / HP, 1u);     // query rows per workgroup (1: scores_rows does not run)
-const SM_Q: u32 = DC * (RP / 4u);      // the staged queries' vec4s: [d][pair / 4]
-const SM_K: u32 = DC * (KT / 4u);      // the staged keys' vec4s: [d][key / 4]
-// Staged queries and keys; after the products, the row sums' parts [pair / 4][key / 4].
-var<workgroup> sm: array<vec4<f32>, SM_Q + SM_K>;
-// The row sums' parts need (RP / 4) · (KT / 4) = 1,024 vec4s: DC >= 16.
+// The staged queries [d][pair / 4]; after the products, the row sums' parts of keys 0 .. 63
+// ([pair / 4][key / 4], 512 vec4s), those of keys 64 .. 127 in kc (the keys' staging, shared
+// with `scores`): DC >= 16.
+var<workgroup> qr: array<vec4<f32>, DC * (RP / 4u)>;
 const_assert DC >= 16u && DC % 4u == 0u;
 
 // Workgroup g's first query row and first key.
@@ -287,33 +289,15 @@ fn scores_rows(
                 let t = t0 + r;
                 v = query_elem(P.q_off + t * P.q_stride + h * P.dim, t, d0 + d);
             }
-            sm[d * (RP / 4u) + p / 4u][p % 4u] = v;
+            qr[d * (RP / 4u) + p / 4u][p % 4u] = v;
         }
-        // Keys: invocation i loads key i / 2, dims (i % 2) · DC / 2 .., as `scores`.
-        {
-            let key = lid / 2u;
-            let dq = (lid % 2u) * (DC / 2u);
-            let s = s0 + key;
-            let live = s < P.n_keys && s <= last;
-            let kb = P.k_off + (lo + s - P.seg_lo) * P.k_stride;
-            var ks = 0.0;
-            if (KFMT == 2u && live) {
-                ks = bitcast<f32>(keys[kb + P.dim / 4u]);
-            }
-            for (var e = 0u; e < DC / 2u; e++) {
-                var v = 0.0;
-                if (live && d0 + dq + e < P.dim) {
-                    v = key_at(kb, d0 + dq + e, ks);
-                }
-                sm[SM_Q + (dq + e) * (KT / 4u) + key / 4u][key % 4u] = v;
-            }
-        }
+        stage_keys(lid, s0, last, lo, d0);
         workgroupBarrier();
         for (var d = 0u; d < DC; d++) {
-            let q0 = sm[d * (RP / 4u) + pg];
-            let q1 = sm[d * (RP / 4u) + 16u + pg];
-            let k0 = sm[SM_Q + d * (KT / 4u) + kg];
-            let k1 = sm[SM_Q + d * (KT / 4u) + 16u + kg];
+            let q0 = qr[d * (RP / 4u) + pg];
+            let q1 = qr[d * (RP / 4u) + 16u + pg];
+            let k0 = kc[d * (KT / 4u) + kg];
+            let k1 = kc[d * (KT / 4u) + 16u + kg];
             u00 = quad_fma(u00, q0, k0);
             u01 = quad_fma(u01, q0, k1);
             u10 = quad_fma(u10, q1, k0);
@@ -323,10 +307,10 @@ fn scores_rows(
     // ReLU and head weights; each invocation sums its pair quads (4 heads of one row: HP is
     // whole quads), then a row's quads are summed from workgroup memory.
     workgroupBarrier();
-    sm[pg * (KT / 4u) + kg] = quad_sum(t0, pg, u00);
-    sm[pg * (KT / 4u) + kg + 16u] = quad_sum(t0, pg, u01);
-    sm[(pg + 16u) * (KT / 4u) + kg] = quad_sum(t0, pg + 16u, u10);
-    sm[(pg + 16u) * (KT / 4u) + kg + 16u] = quad_sum(t0, pg + 16u, u11);
+    qr[pg * 16u + kg] = quad_sum(t0, pg, u00);
+    kc[pg * 16u + kg] = quad_sum(t0, pg, u01);
+    qr[(pg + 16u) * 16u + kg] = quad_sum(t0, pg + 16u, u10);
+    kc[(pg + 16u) * 16u + kg] = quad_sum(t0, pg + 16u, u11);
     workgroupBarrier();
     for (var i = lid; i < nr * KT; i += 256u) {
         let r = i / KT;
@@ -336,8 +320,9 @@ fn scores_rows(
             let o = P.o_off + (t0 + r) * P.o_stride + s;
             if (s <= row_pos(t0 + r)) {
                 var total = 0.0;
+                let at = (k % 64u) / 4u;
                 for (var q = r * (HP / 4u); q < (r + 1u) * (HP / 4u); q++) {
-                    total += sm[q * (KT / 4u) + k / 4u][k % 4u];
+                    total += select(qr[q * 16u + at], kc[q * 16u + at], k >= 64u)[k % 4u];
                 }
                 out[o] = bitcast<u32>(total * P.scale);
             } else {
