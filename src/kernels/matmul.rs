@@ -684,38 +684,26 @@ fn coop_gather_ahead() -> u32 {
 /// Columns of the f32 GEMM tile (`TN` in matmul_tile.wgsl).
 const PORTABLE_TILE_COLS: u32 = 64;
 
-/// Rows of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f`,
-/// compiled with knobs `k` (`TM` in the shaders; 64 in matmul_tile.wgsl).
-fn tile_rows(rec: &Recorder, f: WFormat, entry: &str, k: Knobs) -> u32 {
-    match rec.gpu().tensor_cores() {
-        true => {
-            coop_shape(
-                f.code(),
-                entry,
-                coop_operands(rec, f, entry, k),
-                rec.exact_gemms(),
-            )
-            .0
-        }
-        false => GEMM_TILE_ROWS,
+/// Rows and columns of the GEMM tile `entry` runs with on `rec`'s device for weights in
+/// format `f`, compiled with knobs `k` (`TM` and `TN` in the shaders; 64 × 64 in
+/// matmul_tile.wgsl).
+fn tile_shape(rec: &Recorder, f: WFormat, entry: &str, k: Knobs) -> (u32, u32) {
+    if !rec.gpu().tensor_cores() {
+        return (GEMM_TILE_ROWS, PORTABLE_TILE_COLS);
     }
+    let ops = coop_operands(rec, f, entry, k);
+    let (tm, tn, _) = coop_shape(f.code(), entry, ops, rec.exact_gemms());
+    (tm, tn)
 }
 
-/// Columns of the GEMM tile `entry` runs with on `rec`'s device for weights in format `f`,
-/// compiled with knobs `k` (`TN` in the shaders).
+/// Rows of the GEMM tile ([`tile_shape`]).
+fn tile_rows(rec: &Recorder, f: WFormat, entry: &str, k: Knobs) -> u32 {
+    tile_shape(rec, f, entry, k).0
+}
+
+/// Columns of the GEMM tile ([`tile_shape`]).
 fn tile_cols(rec: &Recorder, f: WFormat, entry: &str, k: Knobs) -> u32 {
-    match rec.gpu().tensor_cores() {
-        true => {
-            coop_shape(
-                f.code(),
-                entry,
-                coop_operands(rec, f, entry, k),
-                rec.exact_gemms(),
-            )
-            .1
-        }
-        false => PORTABLE_TILE_COLS,
-    }
+    tile_shape(rec, f, entry, k).1
 }
 
 /// The tiled GEMMs of weights: the entries whose x may be one f16 value ([`coop_x_f16`]).
