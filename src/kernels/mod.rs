@@ -144,8 +144,9 @@ fn forced_mla_cpu_sg() -> Option<bool> {
 /// kernels that take it: the cache stores, the indexer's scores, top-k and select-all
 /// (which output cache rows, `lo + s`, for sparse MLA to read). A row's cache rows must lie
 /// in one segment of the cache, or `lo` be 0. `one_sequence`: the placed rows are all of
-/// one sequence (one `lo`: a session's own chunk), so a kernel may share the keys it reads
-/// between rows (the indexer's `scores_rows`); rows without places always are.
+/// one sequence (one `lo`: a session's own chunk) at consecutive positions, so a kernel may
+/// share the keys it reads between rows (the indexer's `scores_rows`) and the attention may
+/// pair rows over their prefix selections; rows without places always are.
 #[derive(Clone, Copy, Debug)]
 pub struct Causal<'a> {
     pub rows: u32,

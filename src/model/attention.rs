@@ -102,10 +102,11 @@ impl Session {
             }),
         };
         let most = sel.k.min(span.n_keys);
-        // Where the whole context fits the top-k, a plain chunk's selections (this layer's
-        // or, on an IndexShare layer, the last full layer's: same span) are select_all's,
-        // each row's positions from the first in order.
-        let prefix = span.places.is_none() && self.selects_all(span, &sel);
+        // Where the whole context fits the top-k, the selections of a chunk of one sequence
+        // (this layer's or, on an IndexShare layer, the last full layer's: same span) are
+        // select_all's, each row's positions from the first in order. A session's chunks
+        // are placed, so `span.places` alone would never allow it.
+        let prefix = span.of_one_sequence() && self.selects_all(span, &sel);
         let plan = attention::MlaPlan::for_rows(queries.rows).with_prefix(prefix);
         attention::sparse_mla(rec, &queries, &cache, &sel, most, o_lat, &d.mla, plan);
         attention::up_v(rec, o_lat, &layer.kv_b, attn, t, &d.mla);

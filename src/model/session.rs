@@ -461,6 +461,8 @@ impl Session {
             n_keys: rows.iter().map(|r| r.1 + 1).max().unwrap_or(0) as u32,
             pos0: rows.first().map_or(0, |r| r.1) as u32,
             places: Some(&self.s.places),
+            // One lo is one session's rows, which its callers place at consecutive
+            // positions (a batched step's rows each have their own lo).
             one_sequence: rows.iter().all(|r| r.0 == rows[0].0),
         }
     }
